@@ -1,0 +1,203 @@
+//! The cost model: how long each op of each stage takes, and the latency of a cross-rank edge.
+//!
+//! Per stage: `F` (forward), `I` (backward for the input gradient), `W` (backward for the weight
+//! gradient), `B` (the fused full backward; defaults to I + W) and `FB` (one forward overlapped with
+//! one full backward in a single op; defaults to F + I + W). `comm` is added to every dependency
+//! edge whose two ops run on different ranks. Every figure is finite and non-negative.
+
+use crate::error::CoreError;
+use typed_builder::TypedBuilder;
+
+/// Durations of one stage's ops, as a user writes them; validated by [`StageCostsSpec::validate`].
+#[derive(Clone, Copy, Debug, TypedBuilder)]
+pub struct StageCostsSpec {
+    /// Forward.
+    #[builder(default = 1.0)]
+    forward: f64,
+    /// Backward for the input gradient.
+    #[builder(default = 1.0)]
+    input_grad: f64,
+    /// Backward for the weight gradient.
+    #[builder(default = 1.0)]
+    weight_grad: f64,
+    /// Fused full backward; default `input_grad + weight_grad`.
+    #[builder(default, setter(strip_option))]
+    full_backward: Option<f64>,
+    /// Forward overlapped with a full backward; default `forward + full_backward`.
+    #[builder(default, setter(strip_option))]
+    overlapped: Option<f64>,
+}
+
+/// Validated durations of one stage's ops.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StageCosts {
+    forward: f64,
+    input_grad: f64,
+    weight_grad: f64,
+    full_backward: f64,
+    overlapped: f64,
+}
+
+fn check_duration(stage: &str, name: &str, value: f64) -> Result<f64, CoreError> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(value)
+    } else {
+        Err(CoreError::InvalidModel {
+            model: "cost model",
+            stage: stage.to_string(),
+            reason: format!("{name} = {value} must be a finite duration >= 0"),
+        })
+    }
+}
+
+impl StageCostsSpec {
+    /// Checks that every duration is finite and non-negative.
+    pub fn validate(self) -> Result<StageCosts, CoreError> {
+        self.validate_for("all")
+    }
+
+    fn validate_for(self, stage: &str) -> Result<StageCosts, CoreError> {
+        let forward = check_duration(stage, "F", self.forward)?;
+        let input_grad = check_duration(stage, "I", self.input_grad)?;
+        let weight_grad = check_duration(stage, "W", self.weight_grad)?;
+        let full_backward = check_duration(
+            stage,
+            "B",
+            self.full_backward.unwrap_or(input_grad + weight_grad),
+        )?;
+        let overlapped = check_duration(
+            stage,
+            "FB",
+            self.overlapped.unwrap_or(forward + full_backward),
+        )?;
+        Ok(StageCosts {
+            forward,
+            input_grad,
+            weight_grad,
+            full_backward,
+            overlapped,
+        })
+    }
+}
+
+impl StageCosts {
+    /// Forward duration.
+    pub fn forward(&self) -> f64 {
+        self.forward
+    }
+    /// Input-gradient backward duration.
+    pub fn input_grad(&self) -> f64 {
+        self.input_grad
+    }
+    /// Weight-gradient backward duration.
+    pub fn weight_grad(&self) -> f64 {
+        self.weight_grad
+    }
+    /// Fused full backward duration.
+    pub fn full_backward(&self) -> f64 {
+        self.full_backward
+    }
+    /// Overlapped forward + full backward duration.
+    pub fn overlapped(&self) -> f64 {
+        self.overlapped
+    }
+    /// All durations divided by `parts` (a rank's share split into `parts` chunks).
+    pub fn split(&self, parts: u32) -> StageCosts {
+        let k = f64::from(parts.max(1));
+        StageCosts {
+            forward: self.forward / k,
+            input_grad: self.input_grad / k,
+            weight_grad: self.weight_grad / k,
+            full_backward: self.full_backward / k,
+            overlapped: self.overlapped / k,
+        }
+    }
+}
+
+impl Default for StageCosts {
+    fn default() -> Self {
+        StageCostsSpec::builder()
+            .build()
+            .validate()
+            .expect("the default unit costs are valid")
+    }
+}
+
+/// Validated costs of every stage plus the cross-rank latency.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostModel {
+    stages: Vec<StageCosts>,
+    comm: f64,
+}
+
+impl CostModel {
+    /// The same costs for each of `stages` stages.
+    pub fn uniform(stages: u32, costs: StageCosts, comm: f64) -> Result<CostModel, CoreError> {
+        Self::per_stage(vec![costs; stages as usize], comm)
+    }
+
+    /// One entry per stage.
+    pub fn per_stage(stages: Vec<StageCosts>, comm: f64) -> Result<CostModel, CoreError> {
+        let comm = check_duration("all", "comm", comm)?;
+        Ok(CostModel { stages, comm })
+    }
+
+    /// Validates per-stage specs, naming the stage in an error.
+    pub fn from_specs(specs: Vec<StageCostsSpec>, comm: f64) -> Result<CostModel, CoreError> {
+        let stages = specs
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| s.validate_for(&i.to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::per_stage(stages, comm)
+    }
+
+    /// Costs of each stage.
+    pub fn stages(&self) -> &[StageCosts] {
+        &self.stages
+    }
+    /// Costs of one stage (None when out of range).
+    pub fn stage(&self, stage: crate::StageId) -> Option<&StageCosts> {
+        self.stages.get(stage.index())
+    }
+    /// Latency of one cross-rank edge.
+    pub fn comm(&self) -> f64 {
+        self.comm
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fused_costs_default_to_sums() {
+        let c = StageCostsSpec::builder()
+            .forward(1.0)
+            .input_grad(2.0)
+            .weight_grad(0.5)
+            .build()
+            .validate()
+            .unwrap();
+        assert_eq!(c.full_backward(), 2.5);
+        assert_eq!(c.overlapped(), 3.5);
+        assert_eq!(c.split(2).forward(), 0.5);
+    }
+
+    #[test]
+    fn negative_and_nan_costs_are_rejected() {
+        let err = StageCostsSpec::builder()
+            .forward(-1.0)
+            .build()
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("F = -1 must be a finite duration"), "{err}");
+        let err = CostModel::from_specs(
+            vec![StageCostsSpec::builder().build(), StageCostsSpec::builder().weight_grad(f64::NAN).build()],
+            0.0,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("stage 1"), "{err}");
+        assert!(CostModel::uniform(2, StageCosts::default(), f64::INFINITY).is_err());
+    }
+}

@@ -1,0 +1,80 @@
+//! A text grid of a simulated plan: one row per rank, one column per time quantum.
+//!
+//! Each task shows its kind and microbatch in the cell where it starts (`F3`, `I3`, `W3`, `B3`, and
+//! `X3` for an overlapped forward+backward, labelled by its forward's microbatch); the cells it
+//! continues over show `~`, idle cells `.`. A rank's first local stage is written in capitals, its
+//! other stages (model chunks) in lower case, so interleaved schedules read like the papers' figures.
+//! The quantum is the shortest task duration, widened so the grid has at most [`MAX_COLUMNS`] columns.
+
+use crate::op::{Task, TaskKind};
+use crate::plan::Plan;
+use crate::simulate::Simulation;
+use std::fmt::Write;
+
+/// Widest grid drawn; longer schedules are drawn with a coarser quantum.
+pub const MAX_COLUMNS: usize = 160;
+
+fn label(plan: &Plan, rank: usize, task: &Task) -> String {
+    let work = task.work();
+    let first_local = plan
+        .problem()
+        .stage_to_rank()
+        .iter()
+        .position(|r| r.index() == rank);
+    let letter = match task.kind() {
+        TaskKind::Forward => 'F',
+        TaskKind::InputGrad => 'I',
+        TaskKind::WeightGrad => 'W',
+        TaskKind::Backward => 'B',
+        TaskKind::Overlapped => 'X',
+    };
+    let letter = if first_local == Some(work.stage.index()) {
+        letter
+    } else {
+        letter.to_ascii_lowercase()
+    };
+    format!("{letter}{}", work.microbatch)
+}
+
+/// Renders the grid of `simulation` (a simulation of `plan`).
+pub fn render_grid(plan: &Plan, simulation: &Simulation) -> String {
+    let timeline = simulation.timeline();
+    let makespan = simulation.makespan();
+    let shortest = timeline
+        .iter()
+        .flatten()
+        .map(|t| t.end - t.start)
+        .filter(|d| *d > 1e-12)
+        .fold(f64::INFINITY, f64::min);
+    if !shortest.is_finite() || makespan <= 0.0 {
+        return String::from("(empty schedule)\n");
+    }
+    let mut quantum = shortest;
+    if makespan / quantum > MAX_COLUMNS as f64 {
+        quantum = makespan / MAX_COLUMNS as f64;
+    }
+    let columns = ((makespan / quantum) - 1e-9).ceil().max(1.0) as usize;
+    let labels: Vec<Vec<String>> = timeline
+        .iter()
+        .enumerate()
+        .map(|(r, tasks)| tasks.iter().map(|t| label(plan, r, &t.task)).collect())
+        .collect();
+    let width = labels.iter().flatten().map(String::len).max().unwrap_or(1);
+    let mut out = String::new();
+    for (r, tasks) in timeline.iter().enumerate() {
+        let mut row = vec![".".to_string(); columns];
+        for (t, lab) in tasks.iter().zip(&labels[r]) {
+            let first = ((t.start / quantum) + 1e-9).floor() as usize;
+            let last = (((t.end / quantum) - 1e-9).ceil() as usize).max(first + 1);
+            for (c, cell) in row.iter_mut().enumerate().take(last.min(columns)).skip(first) {
+                *cell = if c == first { lab.clone() } else { "~".to_string() };
+            }
+        }
+        let _ = write!(out, "rank {r:>2} |");
+        for cell in row {
+            let _ = write!(out, " {cell:<width$}");
+        }
+        out.push('\n');
+    }
+    out
+}

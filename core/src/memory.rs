@@ -1,0 +1,182 @@
+//! The activation-memory model and the per-rank memory replay.
+//!
+//! Per stage: `total`, the activation memory one microbatch's forward leaves on the rank, and
+//! `weight_grad`, the part of it held until that microbatch's W; the rest is released by I. A fused
+//! backward (B) releases all of it. Figures are in units of one microbatch's activations of a rank's
+//! whole share of the model, so a pass that splits a rank's share into chunks divides them. The
+//! default keeps everything until W (`weight_grad = total`), which is how the reference schedules
+//! count activations.
+
+use crate::error::CoreError;
+use crate::ids::RankId;
+use crate::op::{Op, OpKind};
+use crate::plan::Plan;
+use typed_builder::TypedBuilder;
+
+/// One stage's activation figures as a user writes them.
+#[derive(Clone, Copy, Debug, TypedBuilder)]
+pub struct StageMemorySpec {
+    /// Memory one microbatch's forward leaves until its backward.
+    #[builder(default = 1.0)]
+    total: f64,
+    /// Part of `total` held until W; default all of it.
+    #[builder(default, setter(strip_option))]
+    weight_grad: Option<f64>,
+}
+
+/// Validated activation figures of one stage (`0 <= weight_grad <= total`, finite).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StageMemory {
+    total: f64,
+    weight_grad: f64,
+}
+
+impl StageMemorySpec {
+    /// Checks `0 <= weight_grad <= total`, all finite.
+    pub fn validate(self) -> Result<StageMemory, CoreError> {
+        let total = self.total;
+        let weight_grad = self.weight_grad.unwrap_or(total);
+        if !(total.is_finite() && total >= 0.0) {
+            return Err(invalid(format!("total = {total} must be finite and >= 0")));
+        }
+        if !(weight_grad.is_finite() && (0.0..=total).contains(&weight_grad)) {
+            return Err(invalid(format!(
+                "weight_grad = {weight_grad} must lie between 0 and total = {total}"
+            )));
+        }
+        Ok(StageMemory { total, weight_grad })
+    }
+}
+
+fn invalid(reason: String) -> CoreError {
+    CoreError::InvalidModel {
+        model: "memory model",
+        stage: "all".to_string(),
+        reason,
+    }
+}
+
+impl StageMemory {
+    /// Memory a forward leaves.
+    pub fn total(&self) -> f64 {
+        self.total
+    }
+    /// Part held until W.
+    pub fn weight_grad(&self) -> f64 {
+        self.weight_grad
+    }
+    /// Both figures divided by `parts`.
+    pub fn split(&self, parts: u32) -> StageMemory {
+        let k = f64::from(parts.max(1));
+        StageMemory {
+            total: self.total / k,
+            weight_grad: self.weight_grad / k,
+        }
+    }
+    /// Change of held memory when `kind` runs.
+    pub fn delta(&self, kind: OpKind) -> f64 {
+        match kind {
+            OpKind::Forward => self.total,
+            OpKind::InputGrad => -(self.total - self.weight_grad),
+            OpKind::WeightGrad => -self.weight_grad,
+        }
+    }
+}
+
+impl Default for StageMemory {
+    fn default() -> Self {
+        StageMemorySpec::builder()
+            .build()
+            .validate()
+            .expect("the default memory figures are valid")
+    }
+}
+
+/// Validated activation figures of every stage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryModel {
+    stages: Vec<StageMemory>,
+}
+
+impl MemoryModel {
+    /// The same figures for each of `stages` stages.
+    pub fn uniform(stages: u32, memory: StageMemory) -> MemoryModel {
+        MemoryModel {
+            stages: vec![memory; stages as usize],
+        }
+    }
+    /// One entry per stage.
+    pub fn per_stage(stages: Vec<StageMemory>) -> MemoryModel {
+        MemoryModel { stages }
+    }
+    /// Figures of every stage.
+    pub fn stages(&self) -> &[StageMemory] {
+        &self.stages
+    }
+}
+
+/// Peak held activation memory of one rank and the op at which it is first reached.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RankPeak {
+    /// The rank.
+    pub rank: RankId,
+    /// Peak memory, in units of one microbatch of the rank's share.
+    pub peak: f64,
+    /// The op after which the peak is first reached (None for a rank that runs nothing).
+    pub at: Option<Op>,
+}
+
+/// Replays each rank's order and returns its activation-memory peak. Independent of timing: memory
+/// only depends on the order of a rank's own ops. Ops whose stage is out of range are skipped (the
+/// verifier reports them).
+pub fn peak_per_rank(plan: &Plan) -> Vec<RankPeak> {
+    let figures = plan.memory().stages();
+    plan.orders()
+        .iter()
+        .enumerate()
+        .map(|(r, order)| {
+            let mut held = 0.0f64;
+            let mut best = RankPeak {
+                rank: RankId::new(r as u32),
+                peak: 0.0,
+                at: None,
+            };
+            for task in order {
+                for op in task.ops() {
+                    if let Some(m) = figures.get(op.stage.index()) {
+                        held += m.delta(op.kind);
+                    }
+                    if held > best.peak + 1e-12 {
+                        best.peak = held;
+                        best.at = Some(op);
+                    }
+                }
+            }
+            best
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weight_grad_must_fit_in_total() {
+        let err = StageMemorySpec::builder()
+            .total(1.0)
+            .weight_grad(1.5)
+            .build()
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("weight_grad = 1.5 must lie between 0 and total = 1"), "{err}");
+        let m = StageMemorySpec::builder()
+            .total(1.0)
+            .weight_grad(0.25)
+            .build()
+            .validate()
+            .unwrap();
+        assert_eq!(m.delta(OpKind::InputGrad), -0.75);
+        assert_eq!(m.split(2).total(), 0.5);
+    }
+}

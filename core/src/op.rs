@@ -1,0 +1,287 @@
+//! Ops and tasks, and PyTorch's action notation for them.
+//!
+//! An [`Op`] is the atomic unit of a plan: a forward (F), an input-gradient backward (I) or a
+//! weight-gradient backward (W) of one microbatch on one stage. A [`Task`] is what a rank runs as one
+//! step: a single op, a fused full backward (I directly followed by its W, notation `B`), or one
+//! forward overlapped with one full backward (`(<s>F<m>;<s>B<m>)OVERLAP_F_B`).
+//!
+//! Notation: `<stage><kind><microbatch>`, kinds `F`, `I`, `W`, `B`; e.g. `4B12`.
+
+use crate::error::CoreError;
+use crate::ids::{MicrobatchId, StageId};
+use serde::{Deserialize, Serialize};
+use smallvec::{smallvec, SmallVec};
+use std::fmt;
+use std::str::FromStr;
+
+/// The kind of an atomic op.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+pub enum OpKind {
+    /// Forward.
+    Forward,
+    /// Backward for the input gradient.
+    InputGrad,
+    /// Backward for the weight gradient.
+    WeightGrad,
+}
+
+impl OpKind {
+    /// All kinds, in dependency order.
+    pub const ALL: [OpKind; 3] = [OpKind::Forward, OpKind::InputGrad, OpKind::WeightGrad];
+
+    /// The letter of the notation.
+    pub fn letter(self) -> char {
+        match self {
+            OpKind::Forward => 'F',
+            OpKind::InputGrad => 'I',
+            OpKind::WeightGrad => 'W',
+        }
+    }
+
+    /// Dense index 0..3.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One atomic op: a kind on a (stage, microbatch).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+pub struct Op {
+    /// What runs.
+    pub kind: OpKind,
+    /// On which stage.
+    pub stage: StageId,
+    /// For which microbatch.
+    pub microbatch: MicrobatchId,
+}
+
+impl Op {
+    /// Builds an op.
+    pub fn new(kind: OpKind, stage: StageId, microbatch: MicrobatchId) -> Op {
+        Op {
+            kind,
+            stage,
+            microbatch,
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}{}", self.stage, self.kind.letter(), self.microbatch)
+    }
+}
+
+/// A (stage, microbatch) pair: where and for what a task runs.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+pub struct Work {
+    /// The stage.
+    pub stage: StageId,
+    /// The microbatch.
+    pub microbatch: MicrobatchId,
+}
+
+impl Work {
+    /// Builds a pair from raw indices.
+    pub fn new(stage: u32, microbatch: u32) -> Work {
+        Work {
+            stage: StageId::new(stage),
+            microbatch: MicrobatchId::new(microbatch),
+        }
+    }
+    /// The op of `kind` on this pair.
+    pub fn op(self, kind: OpKind) -> Op {
+        Op::new(kind, self.stage, self.microbatch)
+    }
+}
+
+/// One step of a rank's order.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub enum Task {
+    /// F.
+    Forward(Work),
+    /// I alone (its W runs later).
+    InputGrad(Work),
+    /// W alone.
+    WeightGrad(Work),
+    /// B: I directly followed by its W, run as one op.
+    Backward(Work),
+    /// One forward and one full backward run as one overlapped op.
+    Overlapped {
+        /// The forward.
+        forward: Work,
+        /// The full backward.
+        backward: Work,
+    },
+}
+
+/// The kinds of task, for costs and drawing.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub enum TaskKind {
+    /// F.
+    Forward,
+    /// I.
+    InputGrad,
+    /// W.
+    WeightGrad,
+    /// B.
+    Backward,
+    /// F&B.
+    Overlapped,
+}
+
+impl Task {
+    /// The atomic ops this task runs, in order.
+    pub fn ops(&self) -> SmallVec<[Op; 3]> {
+        match *self {
+            Task::Forward(w) => smallvec![w.op(OpKind::Forward)],
+            Task::InputGrad(w) => smallvec![w.op(OpKind::InputGrad)],
+            Task::WeightGrad(w) => smallvec![w.op(OpKind::WeightGrad)],
+            Task::Backward(w) => smallvec![w.op(OpKind::InputGrad), w.op(OpKind::WeightGrad)],
+            Task::Overlapped { forward, backward } => smallvec![
+                forward.op(OpKind::Forward),
+                backward.op(OpKind::InputGrad),
+                backward.op(OpKind::WeightGrad)
+            ],
+        }
+    }
+
+    /// The kind of task.
+    pub fn kind(&self) -> TaskKind {
+        match self {
+            Task::Forward(_) => TaskKind::Forward,
+            Task::InputGrad(_) => TaskKind::InputGrad,
+            Task::WeightGrad(_) => TaskKind::WeightGrad,
+            Task::Backward(_) => TaskKind::Backward,
+            Task::Overlapped { .. } => TaskKind::Overlapped,
+        }
+    }
+
+    /// The main (stage, microbatch) of the task; for an overlapped task, its forward.
+    pub fn work(&self) -> Work {
+        match *self {
+            Task::Forward(w) | Task::InputGrad(w) | Task::WeightGrad(w) | Task::Backward(w) => w,
+            Task::Overlapped { forward, .. } => forward,
+        }
+    }
+
+    /// Whether this task runs a forward.
+    pub fn is_forward(&self) -> bool {
+        matches!(self, Task::Forward(_))
+    }
+}
+
+impl fmt::Display for Task {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Task::Forward(w) => write!(f, "{}F{}", w.stage, w.microbatch),
+            Task::InputGrad(w) => write!(f, "{}I{}", w.stage, w.microbatch),
+            Task::WeightGrad(w) => write!(f, "{}W{}", w.stage, w.microbatch),
+            Task::Backward(w) => write!(f, "{}B{}", w.stage, w.microbatch),
+            Task::Overlapped { forward, backward } => write!(
+                f,
+                "({}F{};{}B{})OVERLAP_F_B",
+                forward.stage, forward.microbatch, backward.stage, backward.microbatch
+            ),
+        }
+    }
+}
+
+fn notation_error(text: &str, reason: impl Into<String>) -> CoreError {
+    CoreError::Notation {
+        text: text.to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn parse_index(text: &str, digits: &str, what: &str) -> Result<u32, CoreError> {
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(notation_error(text, format!("the {what} must be a decimal number")));
+    }
+    digits
+        .parse::<u32>()
+        .map_err(|_| notation_error(text, format!("the {what} {digits} is too large")))
+}
+
+fn parse_simple(text: &str) -> Result<(char, Work), CoreError> {
+    let letter_at = text
+        .find(|c: char| c.is_ascii_alphabetic())
+        .ok_or_else(|| notation_error(text, "expected <stage><F|I|W|B><microbatch>"))?;
+    let letter = text[letter_at..]
+        .chars()
+        .next()
+        .expect("find returned the position of a character");
+    let stage = parse_index(text, &text[..letter_at], "stage")?;
+    let microbatch = parse_index(text, &text[letter_at + 1..], "microbatch")?;
+    Ok((letter, Work::new(stage, microbatch)))
+}
+
+impl FromStr for Task {
+    type Err = CoreError;
+
+    fn from_str(raw: &str) -> Result<Task, CoreError> {
+        let text = raw.trim();
+        if let Some(inner) = text
+            .strip_prefix('(')
+            .and_then(|t| t.strip_suffix(")OVERLAP_F_B"))
+        {
+            let (a, b) = inner
+                .split_once(';')
+                .ok_or_else(|| notation_error(text, "an overlap needs `(<F action>;<B action>)`"))?;
+            let (fa, forward) = parse_simple(a)?;
+            let (fb, backward) = parse_simple(b)?;
+            if fa != 'F' || fb != 'B' {
+                return Err(notation_error(
+                    text,
+                    "an overlap pairs one forward (F) with one full backward (B)",
+                ));
+            }
+            return Ok(Task::Overlapped { forward, backward });
+        }
+        let (letter, work) = parse_simple(text)?;
+        match letter {
+            'F' => Ok(Task::Forward(work)),
+            'I' => Ok(Task::InputGrad(work)),
+            'W' => Ok(Task::WeightGrad(work)),
+            'B' => Ok(Task::Backward(work)),
+            other => Err(notation_error(
+                text,
+                format!("unknown action kind `{other}`; expected F, I, W or B"),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notation_round_trips() {
+        for text in ["0F0", "12B3", "4I7", "4W7", "(0F3;7B9)OVERLAP_F_B"] {
+            let task: Task = text.parse().unwrap();
+            assert_eq!(task.to_string(), text);
+        }
+        let b: Task = "2B5".parse().unwrap();
+        assert_eq!(b.ops().len(), 2);
+        assert_eq!(b.ops()[1].to_string(), "2W5");
+    }
+
+    #[test]
+    fn bad_notation_says_why() {
+        let cases = [
+            ("", "expected <stage>"),
+            ("F3", "the stage must be a decimal number"),
+            ("3X1", "unknown action kind `X`"),
+            ("3F", "the microbatch must be a decimal number"),
+            ("3F99999999999", "too large"),
+            ("(0F1;1F2)OVERLAP_F_B", "pairs one forward"),
+            ("(0F1)OVERLAP_F_B", "needs"),
+            ("1SEND_F2", "must be a decimal number"),
+        ];
+        for (text, why) in cases {
+            let err = text.parse::<Task>().unwrap_err().to_string();
+            assert!(err.contains(why), "{text}: {err}");
+        }
+    }
+}

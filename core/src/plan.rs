@@ -1,0 +1,175 @@
+//! The global plan: a problem, its cost and memory models, and every rank's order of tasks.
+//!
+//! A plan is structurally consistent by construction (one order per rank, one cost and memory entry
+//! per stage, a valid memory limit); whether its orders form a correct schedule is the verifier's
+//! job ([`crate::verify`]). Plans are values: passes take one and return a new one.
+
+use crate::cost::CostModel;
+use crate::error::CoreError;
+use crate::ids::RankId;
+use crate::memory::MemoryModel;
+use crate::op::{Op, Task};
+use crate::problem::Problem;
+
+/// A global pipeline plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    problem: Problem,
+    costs: CostModel,
+    memory: MemoryModel,
+    memory_limit: Option<f64>,
+    orders: Vec<Vec<Task>>,
+    passes: Vec<String>,
+}
+
+impl Plan {
+    /// A plan with empty orders: the input of the baseline pass.
+    pub fn unscheduled(
+        problem: Problem,
+        costs: CostModel,
+        memory: MemoryModel,
+    ) -> Result<Plan, CoreError> {
+        let ranks = problem.ranks() as usize;
+        Plan::new(problem, costs, memory, vec![Vec::new(); ranks])
+    }
+
+    /// A plan with the given orders (one per rank); checks the models match the problem.
+    pub fn new(
+        problem: Problem,
+        costs: CostModel,
+        memory: MemoryModel,
+        orders: Vec<Vec<Task>>,
+    ) -> Result<Plan, CoreError> {
+        let stages = problem.stages() as usize;
+        if costs.stages().len() != stages {
+            return Err(CoreError::StageCountMismatch {
+                model: "cost model",
+                got: costs.stages().len(),
+                expected: stages,
+            });
+        }
+        if memory.stages().len() != stages {
+            return Err(CoreError::StageCountMismatch {
+                model: "memory model",
+                got: memory.stages().len(),
+                expected: stages,
+            });
+        }
+        if orders.len() != problem.ranks() as usize {
+            return Err(CoreError::RankCountMismatch {
+                got: orders.len(),
+                expected: problem.ranks() as usize,
+            });
+        }
+        Ok(Plan {
+            problem,
+            costs,
+            memory,
+            memory_limit: None,
+            orders,
+            passes: Vec::new(),
+        })
+    }
+
+    /// The same plan with a per-rank activation-memory bound (units of one microbatch of a rank's
+    /// share) that the verifier enforces.
+    pub fn with_memory_limit(mut self, limit: Option<f64>) -> Result<Plan, CoreError> {
+        if let Some(l) = limit {
+            if !(l.is_finite() && l > 0.0) {
+                return Err(CoreError::InvalidModel {
+                    model: "memory model",
+                    stage: "all".to_string(),
+                    reason: format!("the memory limit {l} must be finite and > 0"),
+                });
+            }
+        }
+        self.memory_limit = limit;
+        Ok(self)
+    }
+
+    /// The same problem and models with new orders (one per rank).
+    pub fn with_orders(self, orders: Vec<Vec<Task>>) -> Result<Plan, CoreError> {
+        self.reshaped(None, orders)
+    }
+
+    /// New orders and, optionally, a new problem with its models (a pass that changes placement);
+    /// the memory limit and pass history carry over.
+    pub fn reshaped(
+        self,
+        shape: Option<(Problem, CostModel, MemoryModel)>,
+        orders: Vec<Vec<Task>>,
+    ) -> Result<Plan, CoreError> {
+        let (problem, costs, memory) = shape.unwrap_or((self.problem, self.costs, self.memory));
+        let mut plan = Plan::new(problem, costs, memory, orders)?;
+        plan.memory_limit = self.memory_limit;
+        plan.passes = self.passes;
+        Ok(plan)
+    }
+
+    /// Records that a pass produced this plan.
+    pub fn record_pass(mut self, name: &str) -> Plan {
+        self.passes.push(name.to_string());
+        self
+    }
+
+    /// The problem.
+    pub fn problem(&self) -> &Problem {
+        &self.problem
+    }
+    /// The cost model.
+    pub fn costs(&self) -> &CostModel {
+        &self.costs
+    }
+    /// The memory model.
+    pub fn memory(&self) -> &MemoryModel {
+        &self.memory
+    }
+    /// The per-rank memory bound, if declared.
+    pub fn memory_limit(&self) -> Option<f64> {
+        self.memory_limit
+    }
+    /// Every rank's order.
+    pub fn orders(&self) -> &[Vec<Task>] {
+        &self.orders
+    }
+    /// One rank's order (empty when out of range).
+    pub fn order(&self, rank: RankId) -> &[Task] {
+        self.orders.get(rank.index()).map_or(&[], Vec::as_slice)
+    }
+    /// Names of the passes applied so far, in order.
+    pub fn passes(&self) -> &[String] {
+        &self.passes
+    }
+    /// Total number of tasks over all ranks.
+    pub fn task_count(&self) -> usize {
+        self.orders.iter().map(Vec::len).sum()
+    }
+    /// Number of stages each rank holds, when all ranks hold the same number.
+    pub fn chunks_per_rank(&self) -> Option<u32> {
+        let mut counts = vec![0u32; self.problem.ranks() as usize];
+        for r in self.problem.stage_to_rank() {
+            counts[r.index()] += 1;
+        }
+        let first = counts[0];
+        counts.iter().all(|&c| c == first).then_some(first)
+    }
+    /// Orders in PyTorch's action notation.
+    pub fn orders_notation(&self) -> Vec<Vec<String>> {
+        self.orders
+            .iter()
+            .map(|o| o.iter().map(Task::to_string).collect())
+            .collect()
+    }
+    /// Size of a dense table indexed by [`Plan::op_slot`].
+    pub fn op_slots(&self) -> usize {
+        self.problem.stages() as usize * self.problem.microbatches() as usize * 3
+    }
+    /// Dense index of an op, or None when its stage or microbatch is out of range.
+    pub fn op_slot(&self, op: Op) -> Option<usize> {
+        let stages = self.problem.stages() as usize;
+        if op.stage.index() >= stages || op.microbatch.get() >= self.problem.microbatches() {
+            return None;
+        }
+        Some((op.microbatch.index() * stages + op.stage.index()) * 3 + op.kind.index())
+    }
+}

@@ -1,0 +1,483 @@
+//! The problem a schedule solves: ranks, microbatches, stages placed on ranks, routes, tied stages.
+//!
+//! A [`ProblemSpec`] is what a user writes (with its typed builder); [`ProblemSpec::validate`] turns
+//! it into a [`Problem`], which cannot be inconsistent: every stage sits on an existing rank, every
+//! rank holds a stage, routes cover the microbatches `0..M` exactly once with distinct, in-range
+//! stages, and every stage is on some route. Without explicit routes, every microbatch flows through
+//! stages `0..S` in order.
+//!
+//! A route is the ordered list of stages a microbatch's forward passes through; its backward runs the
+//! route in reverse. DualPipe, for example, sends half of the microbatches through mirrored replicas
+//! of the stages (`tied_stages` says which stages share weights).
+
+use crate::error::CoreError;
+use crate::ids::{MicrobatchId, RankId, StageId};
+use typed_builder::TypedBuilder;
+
+/// Largest rank count a problem may have.
+pub const MAX_RANKS: u32 = 4096;
+/// Largest microbatch count a problem may have.
+pub const MAX_MICROBATCHES: u32 = 1 << 20;
+/// Largest stage count a problem may have.
+pub const MAX_STAGES: u32 = 1 << 16;
+/// Largest number of (stage, microbatch) pairs, i.e. a third of the ops, a problem may have.
+pub const MAX_STAGE_MICROBATCH_PAIRS: u64 = 1 << 24;
+
+/// Marks "stage not on this route" in a route's position table.
+const ABSENT: u32 = u32::MAX;
+
+/// A route as a user writes it: microbatches `first..end` flow through `stages` in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteSpec {
+    /// First microbatch of the range.
+    pub first: u32,
+    /// One past the last microbatch of the range.
+    pub end: u32,
+    /// The stages in flow order.
+    pub stages: Vec<u32>,
+}
+
+/// What a user writes to describe a problem; validated by [`ProblemSpec::validate`].
+#[derive(Clone, Debug, TypedBuilder)]
+pub struct ProblemSpec {
+    /// Number of pipeline ranks.
+    ranks: u32,
+    /// Number of microbatches in one training step.
+    microbatches: u32,
+    /// Stage index -> rank. Default: one stage per rank, stage `s` on rank `s`.
+    #[builder(default, setter(strip_option))]
+    stage_to_rank: Option<Vec<u32>>,
+    /// Routes; default: every microbatch through stages `0..S`.
+    #[builder(default)]
+    routes: Vec<RouteSpec>,
+    /// Groups of stages that share one set of weights.
+    #[builder(default)]
+    tied_stages: Vec<Vec<u32>>,
+}
+
+/// One validated route.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    first: MicrobatchId,
+    end: MicrobatchId,
+    stages: Vec<StageId>,
+    /// Stage index -> position on this route, or `ABSENT`.
+    position: Vec<u32>,
+}
+
+impl Route {
+    /// First microbatch on this route.
+    pub fn first(&self) -> MicrobatchId {
+        self.first
+    }
+    /// One past the last microbatch on this route.
+    pub fn end(&self) -> MicrobatchId {
+        self.end
+    }
+    /// Stages in flow order.
+    pub fn stages(&self) -> &[StageId] {
+        &self.stages
+    }
+    /// Whether `stage` is on this route.
+    pub fn contains(&self, stage: StageId) -> bool {
+        self.position
+            .get(stage.index())
+            .is_some_and(|&p| p != ABSENT)
+    }
+    /// The stage after `stage` on this route (None at the route's end or if absent).
+    pub fn next(&self, stage: StageId) -> Option<StageId> {
+        let pos = *self.position.get(stage.index())?;
+        if pos == ABSENT {
+            return None;
+        }
+        self.stages.get(pos as usize + 1).copied()
+    }
+    /// The stage before `stage` on this route (None at the route's start or if absent).
+    pub fn prev(&self, stage: StageId) -> Option<StageId> {
+        let pos = *self.position.get(stage.index())?;
+        if pos == ABSENT || pos == 0 {
+            return None;
+        }
+        self.stages.get(pos as usize - 1).copied()
+    }
+    /// The last stage of the route, where the loss is computed.
+    pub fn last(&self) -> StageId {
+        *self
+            .stages
+            .last()
+            .expect("validated routes are never empty")
+    }
+}
+
+/// A validated problem description. Fields are private; it can only come from
+/// [`ProblemSpec::validate`], so every instance is consistent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    ranks: u32,
+    microbatches: u32,
+    stage_to_rank: Vec<RankId>,
+    routes: Vec<Route>,
+    /// Whether the routes were given explicitly (affects serialisation only).
+    explicit_routes: bool,
+    tied_stages: Vec<Vec<StageId>>,
+    /// Microbatch -> index into `routes`.
+    route_of: Vec<u32>,
+}
+
+fn check_size(what: &'static str, value: u64, max: u64) -> Result<(), CoreError> {
+    if value == 0 || value > max {
+        return Err(CoreError::SizeOutOfRange {
+            what,
+            value,
+            constraint: format!("must be between 1 and {max}"),
+        });
+    }
+    Ok(())
+}
+
+impl ProblemSpec {
+    /// Checks every rule in the module doc and builds the [`Problem`].
+    pub fn validate(self) -> Result<Problem, CoreError> {
+        check_size("ranks", self.ranks.into(), MAX_RANKS.into())?;
+        check_size("microbatches", self.microbatches.into(), MAX_MICROBATCHES.into())?;
+        let placement = self
+            .stage_to_rank
+            .unwrap_or_else(|| (0..self.ranks).collect());
+        check_size("stages", placement.len() as u64, MAX_STAGES.into())?;
+        let pairs = placement.len() as u64 * u64::from(self.microbatches);
+        if pairs > MAX_STAGE_MICROBATCH_PAIRS {
+            return Err(CoreError::SizeOutOfRange {
+                what: "stages x microbatches",
+                value: pairs,
+                constraint: format!("must be at most {MAX_STAGE_MICROBATCH_PAIRS}"),
+            });
+        }
+        let stage_count = placement.len();
+        let mut holds_stage = vec![false; self.ranks as usize];
+        for (stage, &rank) in placement.iter().enumerate() {
+            if rank >= self.ranks {
+                return Err(CoreError::InvalidProblem(format!(
+                    "stage {stage} is placed on rank {rank}, but there are only {} ranks",
+                    self.ranks
+                )));
+            }
+            holds_stage[rank as usize] = true;
+        }
+        if let Some(idle) = holds_stage.iter().position(|&h| !h) {
+            return Err(CoreError::InvalidProblem(format!(
+                "rank {idle} holds no stage; every rank must hold at least one"
+            )));
+        }
+        let explicit_routes = !self.routes.is_empty();
+        let route_specs = if explicit_routes {
+            self.routes
+        } else {
+            vec![RouteSpec {
+                first: 0,
+                end: self.microbatches,
+                stages: (0..stage_count as u32).collect(),
+            }]
+        };
+        let (routes, route_of) = validate_routes(route_specs, stage_count, self.microbatches)?;
+        let tied_stages = validate_tied(self.tied_stages, stage_count)?;
+        Ok(Problem {
+            ranks: self.ranks,
+            microbatches: self.microbatches,
+            stage_to_rank: placement.into_iter().map(RankId::new).collect(),
+            routes,
+            explicit_routes,
+            tied_stages,
+            route_of,
+        })
+    }
+}
+
+fn validate_routes(
+    specs: Vec<RouteSpec>,
+    stage_count: usize,
+    microbatches: u32,
+) -> Result<(Vec<Route>, Vec<u32>), CoreError> {
+    let mut route_of = vec![u32::MAX; microbatches as usize];
+    let mut stage_used = vec![false; stage_count];
+    let mut routes = Vec::with_capacity(specs.len());
+    for (index, spec) in specs.into_iter().enumerate() {
+        if spec.first >= spec.end || spec.end > microbatches {
+            return Err(CoreError::InvalidProblem(format!(
+                "route {index} covers microbatches {}..{}, which is empty or beyond the {microbatches} microbatches",
+                spec.first, spec.end
+            )));
+        }
+        if spec.stages.is_empty() {
+            return Err(CoreError::InvalidProblem(format!("route {index} has no stages")));
+        }
+        let mut position = vec![ABSENT; stage_count];
+        for (pos, &stage) in spec.stages.iter().enumerate() {
+            let slot = position.get_mut(stage as usize).ok_or_else(|| {
+                CoreError::InvalidProblem(format!(
+                    "route {index} names stage {stage}, but there are only {stage_count} stages"
+                ))
+            })?;
+            if *slot != ABSENT {
+                return Err(CoreError::InvalidProblem(format!(
+                    "route {index} passes stage {stage} twice"
+                )));
+            }
+            *slot = pos as u32;
+            stage_used[stage as usize] = true;
+        }
+        for mb in spec.first..spec.end {
+            let entry = &mut route_of[mb as usize];
+            if *entry != u32::MAX {
+                return Err(CoreError::InvalidProblem(format!(
+                    "microbatch {mb} is on routes {} and {index}",
+                    *entry
+                )));
+            }
+            *entry = index as u32;
+        }
+        routes.push(Route {
+            first: MicrobatchId::new(spec.first),
+            end: MicrobatchId::new(spec.end),
+            stages: spec.stages.into_iter().map(StageId::new).collect(),
+            position,
+        });
+    }
+    if let Some(mb) = route_of.iter().position(|&r| r == u32::MAX) {
+        return Err(CoreError::InvalidProblem(format!(
+            "microbatch {mb} is on no route"
+        )));
+    }
+    if let Some(stage) = stage_used.iter().position(|&u| !u) {
+        return Err(CoreError::InvalidProblem(format!(
+            "stage {stage} is on no route"
+        )));
+    }
+    Ok((routes, route_of))
+}
+
+fn validate_tied(groups: Vec<Vec<u32>>, stage_count: usize) -> Result<Vec<Vec<StageId>>, CoreError> {
+    let mut seen = vec![false; stage_count];
+    let mut out = Vec::with_capacity(groups.len());
+    for (index, group) in groups.into_iter().enumerate() {
+        if group.len() < 2 {
+            return Err(CoreError::InvalidProblem(format!(
+                "tied group {index} has {} stage(s); a group ties at least two",
+                group.len()
+            )));
+        }
+        for &stage in &group {
+            let slot = seen.get_mut(stage as usize).ok_or_else(|| {
+                CoreError::InvalidProblem(format!(
+                    "tied group {index} names stage {stage}, but there are only {stage_count} stages"
+                ))
+            })?;
+            if *slot {
+                return Err(CoreError::InvalidProblem(format!(
+                    "stage {stage} is in more than one tied group"
+                )));
+            }
+            *slot = true;
+        }
+        out.push(group.into_iter().map(StageId::new).collect());
+    }
+    Ok(out)
+}
+
+impl Problem {
+    /// Number of ranks.
+    pub fn ranks(&self) -> u32 {
+        self.ranks
+    }
+    /// Number of microbatches.
+    pub fn microbatches(&self) -> u32 {
+        self.microbatches
+    }
+    /// Number of (global) stages.
+    pub fn stages(&self) -> u32 {
+        self.stage_to_rank.len() as u32
+    }
+    /// Stage -> rank placement.
+    pub fn stage_to_rank(&self) -> &[RankId] {
+        &self.stage_to_rank
+    }
+    /// The rank that owns `stage`, or None when the stage is out of range.
+    pub fn rank_of(&self, stage: StageId) -> Option<RankId> {
+        self.stage_to_rank.get(stage.index()).copied()
+    }
+    /// The stages a rank holds, in increasing stage order.
+    pub fn stages_of(&self, rank: RankId) -> Vec<StageId> {
+        self.stage_to_rank
+            .iter()
+            .enumerate()
+            .filter(|(_, &r)| r == rank)
+            .map(|(s, _)| StageId::new(s as u32))
+            .collect()
+    }
+    /// All routes.
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+    /// Whether the routes were given explicitly rather than defaulted.
+    pub fn has_explicit_routes(&self) -> bool {
+        self.explicit_routes
+    }
+    /// The route of a microbatch, or None when it is out of range.
+    pub fn route_of(&self, microbatch: MicrobatchId) -> Option<&Route> {
+        let index = *self.route_of.get(microbatch.index())?;
+        self.routes.get(index as usize)
+    }
+    /// Tied stage groups.
+    pub fn tied_stages(&self) -> &[Vec<StageId>] {
+        &self.tied_stages
+    }
+    /// Whether the (stage, microbatch) pair exists: both in range and the stage on the route.
+    pub fn has_work(&self, stage: StageId, microbatch: MicrobatchId) -> bool {
+        self.route_of(microbatch)
+            .is_some_and(|route| route.contains(stage))
+    }
+    /// Number of (stage, microbatch) pairs that exist.
+    pub fn work_count(&self) -> usize {
+        self.routes
+            .iter()
+            .map(|r| (r.end.get() - r.first.get()) as usize * r.stages.len())
+            .sum()
+    }
+    /// Whether this is the plain layout: one stage per rank, stage `s` on rank `s`, one route
+    /// through all stages in order.
+    pub fn is_linear(&self) -> bool {
+        self.stage_to_rank.len() == self.ranks as usize
+            && self
+                .stage_to_rank
+                .iter()
+                .enumerate()
+                .all(|(s, r)| r.index() == s)
+            && self.routes.len() == 1
+            && self.tied_stages.is_empty()
+            && self.routes[0]
+                .stages
+                .iter()
+                .enumerate()
+                .all(|(i, s)| s.index() == i)
+    }
+    /// The route specs this problem was built from (for serialisation and rebuilding).
+    pub fn route_specs(&self) -> Vec<RouteSpec> {
+        self.routes
+            .iter()
+            .map(|r| RouteSpec {
+                first: r.first.get(),
+                end: r.end.get(),
+                stages: r.stages.iter().map(|s| s.get()).collect(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn linear(ranks: u32, microbatches: u32) -> Result<Problem, CoreError> {
+        ProblemSpec::builder()
+            .ranks(ranks)
+            .microbatches(microbatches)
+            .build()
+            .validate()
+    }
+
+    #[test]
+    fn default_problem_is_linear() {
+        let p = linear(4, 8).unwrap();
+        assert!(p.is_linear());
+        assert_eq!(p.stages(), 4);
+        assert_eq!(p.work_count(), 32);
+        let route = p.route_of(MicrobatchId::new(3)).unwrap();
+        assert_eq!(route.next(StageId::new(1)), Some(StageId::new(2)));
+        assert_eq!(route.prev(StageId::new(0)), None);
+        assert_eq!(route.last(), StageId::new(3));
+    }
+
+    #[test]
+    fn zero_and_absurd_sizes_are_rejected() {
+        for (ranks, mbs, what) in [(0, 4, "ranks"), (4, 0, "microbatches"), (5000, 4, "ranks")] {
+            match linear(ranks, mbs) {
+                Err(CoreError::SizeOutOfRange { what: w, .. }) => assert_eq!(w, what),
+                other => panic!("expected a size error for {what}, got {other:?}"),
+            }
+        }
+        let err = ProblemSpec::builder()
+            .ranks(4096)
+            .microbatches(1 << 20)
+            .build()
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("stages x microbatches"), "{err}");
+    }
+
+    #[test]
+    fn placement_errors_name_the_stage_and_rank() {
+        let err = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(2)
+            .stage_to_rank(vec![0, 2])
+            .build()
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid problem: stage 1 is placed on rank 2, but there are only 2 ranks"
+        );
+        let err = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(2)
+            .stage_to_rank(vec![0, 0])
+            .build()
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("rank 1 holds no stage"), "{err}");
+    }
+
+    #[test]
+    fn dualpipe_routes_validate_and_bad_routes_do_not() {
+        let ok = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(4)
+            .stage_to_rank(vec![0, 1, 1, 0])
+            .routes(vec![
+                RouteSpec { first: 0, end: 2, stages: vec![0, 1] },
+                RouteSpec { first: 2, end: 4, stages: vec![2, 3] },
+            ])
+            .tied_stages(vec![vec![0, 2], vec![1, 3]])
+            .build()
+            .validate()
+            .unwrap();
+        assert!(!ok.has_work(StageId::new(2), MicrobatchId::new(0)));
+        assert!(ok.has_work(StageId::new(2), MicrobatchId::new(3)));
+        assert_eq!(ok.work_count(), 8);
+        assert!(!ok.is_linear());
+
+        let gap = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(4)
+            .routes(vec![RouteSpec { first: 0, end: 3, stages: vec![0, 1] }])
+            .build()
+            .validate()
+            .unwrap_err();
+        assert!(gap.to_string().contains("microbatch 3 is on no route"), "{gap}");
+        let twice = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(1)
+            .routes(vec![RouteSpec { first: 0, end: 1, stages: vec![0, 1, 0] }])
+            .build()
+            .validate()
+            .unwrap_err();
+        assert!(twice.to_string().contains("passes stage 0 twice"), "{twice}");
+        let tied = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(1)
+            .tied_stages(vec![vec![0]])
+            .build()
+            .validate()
+            .unwrap_err();
+        assert!(tied.to_string().contains("ties at least two"), "{tied}");
+    }
+}

@@ -1,0 +1,356 @@
+//! The plan verifier. Running it on a plan produced by a pass is always cheap enough to do after
+//! every pass; a failure there is a bug in the pass, never a user error.
+//!
+//! Invariants, in the order they are checked (every violation is collected, not just the first):
+//!
+//! 1. **Ranges.** Every op's stage is below the stage count and its microbatch below the microbatch
+//!    count, and the stage lies on that microbatch's route.
+//! 2. **Placement.** Every op runs on the rank that owns its stage.
+//! 3. **Exactly once.** Every op (F, I and W of every (stage, microbatch) pair on a route) appears
+//!    exactly once over all orders; none is missing, none is repeated.
+//! 4. **Dependency order on a rank.** When an op and an op it depends on (F along the route, I back
+//!    along it, W after its I) run on the same rank, the dependency comes first in that rank's order.
+//! 5. **Acyclic.** The per-rank orders together with the dependencies admit an execution: replaying
+//!    them as early as possible finishes every rank. Otherwise the cycle of waiting ranks is reported.
+//! 6. **Memory bound.** When the plan declares a per-rank activation-memory limit, no rank's held
+//!    activations (F adds `total`, I frees `total - weight_grad`, W frees `weight_grad`) exceed it.
+//!
+//! Checks 4 to 6 run only when 1 to 3 hold, because they are meaningless on an incomplete plan.
+
+use crate::deps::predecessors;
+use crate::error::CoreError;
+use crate::ids::RankId;
+use crate::memory::peak_per_rank;
+use crate::op::{Op, OpKind, Task, Work};
+use crate::plan::Plan;
+use crate::replay::{replay, Blocked, EngineFault};
+use std::fmt;
+
+/// Tolerance on the memory bound (floating-point sums of fractions).
+const MEMORY_EPSILON: f64 = 1e-9;
+
+/// One broken invariant, naming where it broke.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Violation {
+    /// An op's stage or microbatch is out of range, or the stage is not on the microbatch's route.
+    OutOfRange {
+        /// The rank whose order holds it.
+        rank: RankId,
+        /// Index in that order.
+        position: usize,
+        /// The op.
+        op: Op,
+        /// Why.
+        reason: String,
+    },
+    /// An op runs on a rank that does not own its stage.
+    WrongRank {
+        /// The op.
+        op: Op,
+        /// Where it was placed.
+        placed_on: RankId,
+        /// Who owns its stage.
+        owner: RankId,
+    },
+    /// An op appears more than once.
+    Duplicate {
+        /// The op.
+        op: Op,
+        /// Rank of the repeated occurrence.
+        rank: RankId,
+        /// Rank of the first occurrence.
+        first_on: RankId,
+    },
+    /// An op appears nowhere.
+    Missing {
+        /// The op.
+        op: Op,
+        /// The rank that owns its stage.
+        owner: RankId,
+    },
+    /// A dependency on the same rank comes later in its order.
+    DependencyOrder {
+        /// The rank.
+        rank: RankId,
+        /// The op that runs too early.
+        op: Op,
+        /// The op it needs, which comes later.
+        needs: Op,
+    },
+    /// The orders and dependencies form a cycle: each rank waits for an op of the next.
+    Cycle(Vec<Blocked>),
+    /// A rank's activation memory exceeds the declared bound.
+    MemoryBound {
+        /// The rank.
+        rank: RankId,
+        /// Its peak.
+        peak: f64,
+        /// The bound.
+        limit: f64,
+        /// The op after which the peak is first reached.
+        at: Op,
+    },
+}
+
+fn describe_wait(b: &Blocked) -> String {
+    format!(
+        "rank {} waits at task {} ({}) for {} (stage {}, microbatch {})",
+        b.rank, b.position, b.task, b.needs, b.needs.stage, b.needs.microbatch
+    )
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::OutOfRange { rank, position, op, reason } => write!(
+                f,
+                "op {op} at position {position} on rank {rank}: {reason}"
+            ),
+            Violation::WrongRank { op, placed_on, owner } => write!(
+                f,
+                "op {op} runs on rank {placed_on}, but stage {} is placed on rank {owner}",
+                op.stage
+            ),
+            Violation::Duplicate { op, rank, first_on } => write!(
+                f,
+                "op {op} (stage {}, microbatch {}) runs twice: on rank {first_on} and again on rank {rank}",
+                op.stage, op.microbatch
+            ),
+            Violation::Missing { op, owner } => write!(
+                f,
+                "op {op} (stage {}, microbatch {}) is missing from rank {owner}",
+                op.stage, op.microbatch
+            ),
+            Violation::DependencyOrder { rank, op, needs } => write!(
+                f,
+                "on rank {rank}, op {op} (stage {}) runs before {needs}, which it depends on",
+                op.stage
+            ),
+            Violation::Cycle(waits) => {
+                write!(f, "deadlock: ")?;
+                for (i, w) in waits.iter().enumerate() {
+                    if i > 0 {
+                        write!(f, "; ")?;
+                    }
+                    write!(f, "{}", describe_wait(w))?;
+                }
+                Ok(())
+            }
+            Violation::MemoryBound { rank, peak, limit, at } => write!(
+                f,
+                "rank {rank} holds {peak:.4} activations after {at} (stage {}), above the limit {limit}",
+                at.stage
+            ),
+        }
+    }
+}
+
+/// Every violation found in one plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Violations(pub Vec<Violation>);
+
+/// How many violations [`Violations`]'s `Display` lists before summarising the rest.
+const SHOWN: usize = 12;
+
+impl fmt::Display for Violations {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} violation(s)", self.0.len())?;
+        for v in self.0.iter().take(SHOWN) {
+            write!(f, "\n  - {v}")?;
+        }
+        if self.0.len() > SHOWN {
+            write!(f, "\n  ... and {} more", self.0.len() - SHOWN)?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks every invariant of the module doc; `Ok` or the full list of violations.
+pub fn verify(plan: &Plan) -> Result<(), CoreError> {
+    let violations = violations(plan);
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(CoreError::Verification(Violations(violations)))
+    }
+}
+
+/// Where each op was seen: (rank, position in its order).
+struct Seen {
+    rank: Vec<u32>,
+    position: Vec<u32>,
+}
+
+/// Every violation of `plan` (empty when it is sound).
+pub fn violations(plan: &Plan) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let seen = check_structure(plan, &mut out);
+    if !out.is_empty() {
+        return out;
+    }
+    check_local_order(plan, &seen, &mut out);
+    if out.is_empty() {
+        check_acyclic(plan, &mut out);
+    }
+    check_memory(plan, &mut out);
+    out
+}
+
+fn check_structure(plan: &Plan, out: &mut Vec<Violation>) -> Seen {
+    let problem = plan.problem();
+    let mut seen = Seen {
+        rank: vec![u32::MAX; plan.op_slots()],
+        position: vec![u32::MAX; plan.op_slots()],
+    };
+    for (r, order) in plan.orders().iter().enumerate() {
+        let rank = RankId::new(r as u32);
+        for (position, task) in order.iter().enumerate() {
+            for op in task.ops() {
+                let Some(slot) = plan.op_slot(op) else {
+                    let reason = if op.stage.get() >= problem.stages() {
+                        format!("stage {} is out of range (the plan has {} stages)", op.stage, problem.stages())
+                    } else {
+                        format!(
+                            "microbatch {} is out of range (the plan has {} microbatches)",
+                            op.microbatch,
+                            problem.microbatches()
+                        )
+                    };
+                    out.push(Violation::OutOfRange { rank, position, op, reason });
+                    continue;
+                };
+                if !problem.has_work(op.stage, op.microbatch) {
+                    out.push(Violation::OutOfRange {
+                        rank,
+                        position,
+                        op,
+                        reason: format!(
+                            "stage {} is not on the route of microbatch {}",
+                            op.stage, op.microbatch
+                        ),
+                    });
+                    continue;
+                }
+                let owner = problem
+                    .rank_of(op.stage)
+                    .expect("stage checked in range above");
+                if owner != rank {
+                    out.push(Violation::WrongRank { op, placed_on: rank, owner });
+                }
+                if seen.rank[slot] != u32::MAX {
+                    out.push(Violation::Duplicate {
+                        op,
+                        rank,
+                        first_on: RankId::new(seen.rank[slot]),
+                    });
+                    continue;
+                }
+                seen.rank[slot] = r as u32;
+                seen.position[slot] = position as u32;
+            }
+        }
+    }
+    for route in problem.routes() {
+        for mb in route.first().get()..route.end().get() {
+            for &stage in route.stages() {
+                for kind in OpKind::ALL {
+                    let op = Work { stage, microbatch: mb.into() }.op(kind);
+                    let slot = plan.op_slot(op).expect("route stages and microbatches are in range");
+                    if seen.rank[slot] == u32::MAX {
+                        let owner = problem.rank_of(stage).expect("route stages are in range");
+                        out.push(Violation::Missing { op, owner });
+                    }
+                }
+            }
+        }
+    }
+    seen
+}
+
+fn check_local_order(plan: &Plan, seen: &Seen, out: &mut Vec<Violation>) {
+    let problem = plan.problem();
+    for (r, order) in plan.orders().iter().enumerate() {
+        for (position, task) in order.iter().enumerate() {
+            let ops = task.ops();
+            for (i, op) in ops.iter().enumerate() {
+                for dep in predecessors(problem, *op) {
+                    let slot = plan.op_slot(dep).expect("predecessors are in range");
+                    if seen.rank[slot] != r as u32 {
+                        continue;
+                    }
+                    let dep_position = seen.position[slot] as usize;
+                    let inside_before = dep_position == position && ops[..i].contains(&dep);
+                    if dep_position > position || (dep_position == position && !inside_before) {
+                        out.push(Violation::DependencyOrder {
+                            rank: RankId::new(r as u32),
+                            op: *op,
+                            needs: dep,
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn check_acyclic(plan: &Plan, out: &mut Vec<Violation>) {
+    match replay(plan, |_: &Task| 1.0, 0.0) {
+        Ok(result) if result.blocked.is_empty() => {}
+        Ok(result) => out.push(Violation::Cycle(wait_cycle(plan, &result.blocked))),
+        Err(EngineFault::OutOfRange(rank, position, op)) => out.push(Violation::OutOfRange {
+            rank,
+            position,
+            op,
+            reason: "out of range".to_string(),
+        }),
+        Err(EngineFault::RunsTwice(rank, _, op)) => out.push(Violation::Duplicate {
+            op,
+            rank,
+            first_on: rank,
+        }),
+    }
+}
+
+/// Follows "rank waits for an op of rank q" from the first blocked rank until a rank repeats and
+/// returns the waits on that cycle (all blocked ranks when no cycle closes, which a structurally
+/// sound plan cannot produce).
+pub fn wait_cycle(plan: &Plan, blocked: &[Blocked]) -> Vec<Blocked> {
+    let mut by_rank: Vec<Option<Blocked>> = vec![None; plan.orders().len()];
+    for b in blocked {
+        by_rank[b.rank.index()] = Some(*b);
+    }
+    let Some(start) = blocked.first() else {
+        return Vec::new();
+    };
+    let mut path: Vec<Blocked> = Vec::new();
+    let mut on_path = vec![usize::MAX; by_rank.len()];
+    let mut current = *start;
+    loop {
+        if on_path[current.rank.index()] != usize::MAX {
+            return path.split_off(on_path[current.rank.index()]);
+        }
+        on_path[current.rank.index()] = path.len();
+        path.push(current);
+        let owner = plan.problem().rank_of(current.needs.stage);
+        match owner.and_then(|o| by_rank[o.index()]) {
+            Some(next) => current = next,
+            None => return blocked.to_vec(),
+        }
+    }
+}
+
+fn check_memory(plan: &Plan, out: &mut Vec<Violation>) {
+    let Some(limit) = plan.memory_limit() else {
+        return;
+    };
+    for peak in peak_per_rank(plan) {
+        if peak.peak > limit + MEMORY_EPSILON {
+            out.push(Violation::MemoryBound {
+                rank: peak.rank,
+                peak: peak.peak,
+                limit,
+                at: peak.at.expect("a positive peak is reached at some op"),
+            });
+        }
+    }
+}
