@@ -1,1 +1,2 @@
-fn main(){}
+//! The `pipeweave` command-line tool; see `pipeweave --help` and ../shared/CLI.md.
+fn main() {}

@@ -1,0 +1,110 @@
+//! From sizes and per-rank costs to a verified plan: the glue between a user's description and the
+//! pass driver.
+
+use crate::error::Error;
+use pipeweave_core::{
+    CostModel, MemoryModel, Plan, ProblemSpec, StageCosts, StageMemory,
+};
+use pipeweave_transforms::compile_expression;
+
+/// What `pipeweave plan` needs besides the expression: sizes, costs and memory of a rank's share.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelineConfig {
+    ranks: u32,
+    microbatches: u32,
+    costs: Vec<StageCosts>,
+    comm: f64,
+    memory: StageMemory,
+    memory_limit: Option<f64>,
+}
+
+impl PipelineConfig {
+    /// Unit costs, no latency, every activation held until W, no memory limit.
+    pub fn new(ranks: u32, microbatches: u32) -> Result<PipelineConfig, Error> {
+        // Validate the sizes now so errors point at them rather than at a pass.
+        ProblemSpec::builder()
+            .ranks(ranks)
+            .microbatches(microbatches)
+            .build()
+            .validate()?;
+        Ok(PipelineConfig {
+            ranks,
+            microbatches,
+            costs: vec![StageCosts::default(); ranks as usize],
+            comm: 0.0,
+            memory: StageMemory::default(),
+            memory_limit: None,
+        })
+    }
+
+    /// The same costs for every rank's share, and the cross-rank latency.
+    pub fn with_costs(mut self, costs: StageCosts, comm: f64) -> Result<PipelineConfig, Error> {
+        CostModel::uniform(1, costs, comm)?;
+        self.costs = vec![costs; self.ranks as usize];
+        self.comm = comm;
+        Ok(self)
+    }
+
+    /// Costs per rank's share (one entry per rank; uneven models).
+    pub fn with_rank_costs(mut self, costs: Vec<StageCosts>) -> Result<PipelineConfig, Error> {
+        if costs.len() != self.ranks as usize {
+            return Err(Error::Core(pipeweave_core::CoreError::StageCountMismatch {
+                model: "cost model",
+                got: costs.len(),
+                expected: self.ranks as usize,
+            }));
+        }
+        self.costs = costs;
+        Ok(self)
+    }
+
+    /// The activation memory of one microbatch on a rank's share.
+    pub fn with_memory(mut self, memory: StageMemory) -> PipelineConfig {
+        self.memory = memory;
+        self
+    }
+
+    /// A per-rank activation-memory bound the verifier enforces after every pass.
+    pub fn with_memory_limit(mut self, limit: Option<f64>) -> PipelineConfig {
+        self.memory_limit = limit;
+        self
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> u32 {
+        self.ranks
+    }
+
+    /// Number of microbatches.
+    pub fn microbatches(&self) -> u32 {
+        self.microbatches
+    }
+
+    /// The unscheduled plan of the plain layout (stage `r` on rank `r`).
+    pub fn unscheduled_plan(&self) -> Result<Plan, Error> {
+        let problem = ProblemSpec::builder()
+            .ranks(self.ranks)
+            .microbatches(self.microbatches)
+            .build()
+            .validate()?;
+        let costs = CostModel::per_stage(self.costs.clone(), self.comm)?;
+        let memory = MemoryModel::uniform(self.ranks, self.memory);
+        Ok(Plan::unscheduled(problem, costs, memory)?.with_memory_limit(self.memory_limit)?)
+    }
+}
+
+/// Compiles `expression`, runs its passes on the plain layout of `config` and returns the verified
+/// plan.
+pub fn build_plan(expression: &str, config: &PipelineConfig) -> Result<Plan, Error> {
+    build_plan_observed(expression, config, &mut |_, _| {})
+}
+
+/// [`build_plan`], calling `observer` with every intermediate (verified) plan.
+pub fn build_plan_observed(
+    expression: &str,
+    config: &PipelineConfig,
+    observer: &mut dyn FnMut(&str, &Plan),
+) -> Result<Plan, Error> {
+    let passes = compile_expression(expression)?;
+    Ok(passes.run_observed(config.unscheduled_plan()?, observer)?)
+}

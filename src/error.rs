@@ -1,0 +1,41 @@
+//! The facade's error type: what the library glue and the command-line tool can fail with.
+
+use pipeweave_core::CoreError;
+use pipeweave_transforms::TransformError;
+use thiserror::Error;
+
+/// Errors of the facade and the CLI.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// An invalid problem, model or plan.
+    #[error(transparent)]
+    Core(#[from] CoreError),
+    /// An expression or pass error.
+    #[error(transparent)]
+    Transform(#[from] TransformError),
+    /// A command-line option with a bad value.
+    #[error("option {option}: {message}")]
+    Option {
+        /// The option, e.g. `--costs`.
+        option: &'static str,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// JSON that could not be read.
+    #[error("{path}: {message}")]
+    Json {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+}

@@ -1,0 +1,63 @@
+//! Shared helpers of the integration tests: reading `../shared/reference` files.
+#![allow(dead_code)]
+
+use pipeweave::{Plan, Task};
+use serde_json::Value;
+use std::path::PathBuf;
+
+/// The folder with the peers' reference schedules.
+pub fn reference_dir() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    for candidate in [root.join("../shared/reference"), root.join("shared/reference")] {
+        if candidate.is_dir() {
+            return candidate;
+        }
+    }
+    panic!("../shared/reference is missing next to the checkout");
+}
+
+/// Reads one reference file.
+pub fn reference(name: &str) -> Value {
+    let path = reference_dir().join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// All reference files whose name starts with `prefix`.
+pub fn references(prefix: &str) -> Vec<(String, Value)> {
+    let mut names: Vec<String> = std::fs::read_dir(reference_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(prefix) && n.ends_with(".json"))
+        .collect();
+    names.sort();
+    names.into_iter().map(|n| { let v = reference(&n); (n, v) }).collect()
+}
+
+/// Expands tasks into atomic ops as text (`B` becomes `I` then `W`), the form in which two
+/// orders are compared.
+pub fn expand(tasks: impl IntoIterator<Item = Task>) -> Vec<String> {
+    tasks.into_iter().flat_map(|t| t.ops()).map(|op| op.to_string()).collect()
+}
+
+/// A reference file's orders, expanded.
+pub fn reference_orders(file: &Value) -> Vec<Vec<String>> {
+    file["order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            expand(row.as_array().unwrap().iter().map(|a| a.as_str().unwrap().parse::<Task>().unwrap()))
+        })
+        .collect()
+}
+
+/// A plan's orders, expanded.
+pub fn plan_orders(plan: &Plan) -> Vec<Vec<String>> {
+    plan.orders().iter().map(|o| expand(o.iter().copied())).collect()
+}
+
+/// Integer field of a reference file.
+pub fn field(file: &Value, name: &str) -> u32 {
+    file[name].as_u64().unwrap() as u32
+}

@@ -1,0 +1,105 @@
+//! The one error type of `pipeweave-transforms`.
+//!
+//! It separates what the user got wrong (a malformed expression, an unknown pass or argument, a
+//! precondition a pass states, passes in the wrong order) from what a pass got wrong (a plan that
+//! fails verification after the pass: always a bug in that pass, blamed by name).
+
+use pipeweave_core::{CoreError, Violations};
+use thiserror::Error;
+
+/// Everything that can go wrong while parsing, composing and running passes.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum TransformError {
+    /// The schedule expression does not parse.
+    #[error("syntax error at column {column}: {message}")]
+    Syntax {
+        /// 1-based column in the expression.
+        column: usize,
+        /// What was expected.
+        message: String,
+    },
+    /// A pass name the expression language does not know.
+    #[error("unknown pass `{name}` at column {column}; known passes: {known}")]
+    UnknownPass {
+        /// The name given.
+        name: String,
+        /// 1-based column.
+        column: usize,
+        /// The known names.
+        known: String,
+    },
+    /// An argument a pass does not take, or a value it cannot accept.
+    #[error("pass `{pass}`, argument `{argument}` at column {column}: {message}")]
+    BadArgument {
+        /// The pass.
+        pass: String,
+        /// The argument (or `schedule` for the positional one).
+        argument: String,
+        /// 1-based column.
+        column: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// A pass exists in the client's pipeline but not in this build yet.
+    #[error("pass `{pass}` is not available yet: {reason}")]
+    Unavailable {
+        /// The pass.
+        pass: String,
+        /// Why.
+        reason: String,
+    },
+    /// Passes must follow the order gpipe, f1b, vpp, dual, zero_bubble (each at most once).
+    #[error("pass `{pass}` cannot run after `{after}`: passes apply in the order gpipe, f1b, vpp, dual, zero_bubble, each at most once")]
+    OutOfOrder {
+        /// The pass that came too late.
+        pass: String,
+        /// The pass before it.
+        after: String,
+    },
+    /// The input plan does not meet a precondition the pass states.
+    #[error("pass `{pass}` precondition `{constraint}` violated: {details}")]
+    Precondition {
+        /// The pass.
+        pass: String,
+        /// The rule, in a few words (e.g. `ranks <= group <= microbatches`).
+        constraint: String,
+        /// The values that broke it.
+        details: String,
+    },
+    /// A pass produced a plan that fails verification: a bug in that pass.
+    #[error("pass `{pass}` produced an invalid plan (a bug in the pass): {violations}")]
+    PassBroke {
+        /// The pass to blame.
+        pass: String,
+        /// What the verifier found.
+        violations: Violations,
+    },
+    /// A core error (invalid problem or model) while building or rewriting a plan.
+    #[error("{context}: {source}")]
+    Core {
+        /// Where it happened.
+        context: String,
+        /// The error.
+        #[source]
+        source: CoreError,
+    },
+}
+
+impl TransformError {
+    /// A precondition error.
+    pub fn precondition(pass: &str, constraint: &str, details: impl Into<String>) -> Self {
+        TransformError::Precondition {
+            pass: pass.to_string(),
+            constraint: constraint.to_string(),
+            details: details.into(),
+        }
+    }
+
+    /// Wraps a core error with context.
+    pub fn core(context: impl Into<String>, source: CoreError) -> Self {
+        TransformError::Core {
+            context: context.into(),
+            source,
+        }
+    }
+}
