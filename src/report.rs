@@ -1,1 +1,125 @@
-//! JSON report.
+//! The figures of a verified, simulated plan, as one serialisable report (the JSON of
+//! `pipeweave plan --format json`) and as human-readable text.
+
+use pipeweave_core::{render_grid, Plan, Simulation};
+use serde::Serialize;
+use std::fmt::Write;
+
+/// Everything `pipeweave plan` reports. Field names are the CLI contract (../shared/CLI.md).
+#[derive(Clone, Debug, Serialize)]
+pub struct PlanReport {
+    /// The expression that built the plan.
+    pub expression: String,
+    /// Names of the passes applied, in order.
+    pub passes: Vec<String>,
+    /// Number of ranks.
+    pub ranks: u32,
+    /// Number of (global) stages.
+    pub stages: u32,
+    /// Number of microbatches.
+    pub microbatches: u32,
+    /// Stage -> rank.
+    pub stage_to_rank: Vec<u32>,
+    /// `[first_mb, end_mb, [stages]]` per route, as in the reference files.
+    pub routes: Vec<(u32, u32, Vec<u32>)>,
+    /// Groups of stages sharing weights.
+    pub tied_stages: Vec<Vec<u32>>,
+    /// Per rank, the actions in PyTorch's notation.
+    pub order: Vec<Vec<String>>,
+    /// When the last op ends.
+    pub makespan: f64,
+    /// Longest per-rank span (first start to last end).
+    pub max_span: f64,
+    /// The Zero Bubble paper's bubble rate.
+    pub bubble_rate: f64,
+    /// Per rank, time spent running ops.
+    pub busy_per_rank: Vec<f64>,
+    /// Per rank, makespan minus busy time.
+    pub idle_per_rank: Vec<f64>,
+    /// Per rank, peak activations in units of one microbatch of a rank's share.
+    pub peak_activations_per_rank: Vec<f64>,
+    /// The declared per-rank memory limit, if any.
+    pub memory_limit: Option<f64>,
+    /// Whether every invariant held (always true in a report: unverified plans are errors).
+    pub verified: bool,
+}
+
+/// Rounds away floating-point noise (1e-9) so reports are stable.
+fn tidy(x: f64) -> f64 {
+    (x * 1e9).round() / 1e9
+}
+
+impl PlanReport {
+    /// Builds the report of a verified plan and its simulation.
+    pub fn new(expression: &str, plan: &Plan, simulation: &Simulation) -> PlanReport {
+        let problem = plan.problem();
+        PlanReport {
+            expression: expression.to_string(),
+            passes: plan.passes().to_vec(),
+            ranks: problem.ranks(),
+            stages: problem.stages(),
+            microbatches: problem.microbatches(),
+            stage_to_rank: problem.stage_to_rank().iter().map(|r| r.get()).collect(),
+            routes: problem
+                .route_specs()
+                .into_iter()
+                .map(|r| (r.first, r.end, r.stages))
+                .collect(),
+            tied_stages: problem
+                .tied_stages()
+                .iter()
+                .map(|g| g.iter().map(|s| s.get()).collect())
+                .collect(),
+            order: plan.orders_notation(),
+            makespan: tidy(simulation.makespan()),
+            max_span: tidy(simulation.max_span()),
+            bubble_rate: tidy(simulation.bubble_rate()),
+            busy_per_rank: simulation.ranks().iter().map(|r| tidy(r.busy)).collect(),
+            idle_per_rank: simulation.ranks().iter().map(|r| tidy(r.idle)).collect(),
+            peak_activations_per_rank: simulation
+                .ranks()
+                .iter()
+                .map(|r| tidy(r.peak_activations))
+                .collect(),
+            memory_limit: plan.memory_limit(),
+            verified: true,
+        }
+    }
+
+    /// The text form: header, grid, per-rank figures, totals.
+    pub fn to_text(&self, plan: &Plan, simulation: &Simulation) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{}  ({} ranks, {} stages, {} microbatches; passes: {})",
+            self.expression,
+            self.ranks,
+            self.stages,
+            self.microbatches,
+            self.passes.join(" -> ")
+        );
+        out.push('\n');
+        out.push_str(&render_grid(plan, simulation));
+        out.push('\n');
+        let _ = writeln!(out, "rank      busy      idle  peak activations");
+        for r in 0..self.ranks as usize {
+            let _ = writeln!(
+                out,
+                "{r:>4} {:>9.3} {:>9.3} {:>17.3}",
+                self.busy_per_rank[r], self.idle_per_rank[r], self.peak_activations_per_rank[r]
+            );
+        }
+        out.push('\n');
+        let _ = writeln!(out, "makespan     {:.3}", self.makespan);
+        let _ = writeln!(out, "bubble rate  {:.4}", self.bubble_rate);
+        if let Some(limit) = self.memory_limit {
+            let _ = writeln!(out, "memory limit {limit}");
+        }
+        let _ = writeln!(
+            out,
+            "verified     ok (placement, completeness, dependencies, acyclic{})",
+            if self.memory_limit.is_some() { ", memory bound" } else { "" }
+        );
+        out
+    }
+}

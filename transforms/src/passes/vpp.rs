@@ -13,7 +13,9 @@
 //! (`microbatch_group_size_per_vp_stage`, default `P` after `f1b` and `M` after `gpipe`), each
 //! group running every chunk in turn; backwards use the same table with chunks reversed.
 //! - after `f1b`: rank `r` warms up with `2(P - r - 1) + (chunks - 1)·group` forwards (standard
-//!   layout) or `(chunks - 1)·group + 2r` (V layout, where the turn-around is on rank 0), capped at
+//!   layout) or `(chunks - 1)·group + P - 1` on every rank (V layout: chunk-0 forwards flow down the
+//!   ranks and chunk-1 forwards flow back up, so a warm-up that shrinks in one direction would starve
+//!   the other; a uniform one keeps 1F1B's peak of `P` microbatches at the default group), capped at
 //!   `chunks·M`; then one forward and one backward alternate; then the remaining backwards.
 //! - after `gpipe`: all forwards in table order, then all backwards (breadth-first).
 //!
@@ -156,7 +158,7 @@ impl Interleave {
         let base = (self.chunks - 1) as usize * group as usize;
         match self.layout {
             Layout::Standard => base + 2 * (ranks - rank - 1) as usize,
-            Layout::V => base + 2 * rank as usize,
+            Layout::V => base + (ranks - 1) as usize,
         }
     }
 }

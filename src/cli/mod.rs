@@ -1,0 +1,71 @@
+//! The `pipeweave` command-line tool (contract: ../shared/CLI.md).
+//!
+//! - `pipeweave plan [EXPR] --ranks P --microbatches M [--costs ..] [--activation-memory ..]
+//!   [--memory-limit L] [--stage-costs FILE] [--format text|json] [--json FILE]`
+//!
+//! Exit status: 0 on success; 2 on bad input (one line on stderr naming the constraint); 1 when a
+//! pass produced an invalid plan (a bug, reported with the pass's name).
+
+mod options;
+mod plan_command;
+
+use clap::{Parser, Subcommand};
+use std::ffi::OsString;
+use std::io::Write;
+
+pub use options::{parse_activation_memory, parse_costs};
+pub use plan_command::PlanArgs;
+
+/// Command-line interface.
+#[derive(Debug, Parser)]
+#[command(name = "pipeweave", version, about = "Compose, verify and simulate pipeline-parallel schedules")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Build a schedule from an expression, verify it, simulate it and print the figures.
+    Plan(PlanArgs),
+}
+
+/// Runs the tool with `args` (including the program name); returns the exit status.
+pub fn run<I, T>(args: I, stdout: &mut dyn Write, stderr: &mut dyn Write) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = e.exit_code();
+            let rendered = e.render().to_string();
+            let _ = if code == 0 {
+                write!(stdout, "{rendered}")
+            } else {
+                write!(stderr, "{rendered}")
+            };
+            return code;
+        }
+    };
+    let result = match cli.command {
+        Command::Plan(args) => plan_command::run(&args, stdout),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            let line = e.to_string().replace('\n', " ");
+            let _ = writeln!(stderr, "error: {line}");
+            exit_code(&e)
+        }
+    }
+}
+
+/// 1 for a bug in a pass, 2 for everything the user can fix.
+fn exit_code(e: &crate::Error) -> i32 {
+    match e {
+        crate::Error::Transform(pipeweave_transforms::TransformError::PassBroke { .. }) => 1,
+        _ => 2,
+    }
+}

@@ -1,0 +1,137 @@
+//! Parsing of the `key=value,...` options: `--costs`, `--activation-memory`, `--stage-costs`.
+
+use crate::error::Error;
+use pipeweave_core::{StageCosts, StageCostsSpec, StageMemory, StageMemorySpec};
+
+fn pairs(option: &'static str, text: &str, keys: &[&str]) -> Result<Vec<(String, f64)>, Error> {
+    let mut out: Vec<(String, f64)> = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (key, value) = item.split_once('=').ok_or_else(|| Error::Option {
+            option,
+            message: format!("`{item}` is not key=value"),
+        })?;
+        let key = key.trim();
+        if !keys.contains(&key) {
+            return Err(Error::Option {
+                option,
+                message: format!("unknown key `{key}`; expected one of {}", keys.join(", ")),
+            });
+        }
+        if out.iter().any(|(k, _)| k == key) {
+            return Err(Error::Option { option, message: format!("`{key}` is given twice") });
+        }
+        let value: f64 = value.trim().parse().map_err(|_| Error::Option {
+            option,
+            message: format!("`{}` is not a number (key `{key}`)", value.trim()),
+        })?;
+        out.push((key.to_string(), value));
+    }
+    Ok(out)
+}
+
+fn get(pairs: &[(String, f64)], key: &str) -> Option<f64> {
+    pairs.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+}
+
+/// Parses `F=1,I=1,W=1,B=2,FB=3,comm=0` (every key optional; defaults F=I=W=1, comm=0).
+pub fn parse_costs(text: &str) -> Result<(StageCosts, f64), Error> {
+    let p = pairs("--costs", text, &["F", "I", "W", "B", "FB", "comm"])?;
+    let costs = stage_costs(&p)?;
+    let comm = get(&p, "comm").unwrap_or(0.0);
+    if !(comm.is_finite() && comm >= 0.0) {
+        return Err(Error::Option { option: "--costs", message: format!("comm = {comm} must be >= 0") });
+    }
+    Ok((costs, comm))
+}
+
+fn stage_costs(p: &[(String, f64)]) -> Result<StageCosts, Error> {
+    let builder = StageCostsSpec::builder()
+        .forward(get(p, "F").unwrap_or(1.0))
+        .input_grad(get(p, "I").unwrap_or(1.0))
+        .weight_grad(get(p, "W").unwrap_or(1.0));
+    let spec = match (get(p, "B"), get(p, "FB")) {
+        (Some(b), Some(fb)) => builder.full_backward(b).overlapped(fb).build(),
+        (Some(b), None) => builder.full_backward(b).build(),
+        (None, Some(fb)) => builder.overlapped(fb).build(),
+        (None, None) => builder.build(),
+    };
+    Ok(spec.validate()?)
+}
+
+/// Parses `total=1,weight_grad=0.43`.
+pub fn parse_activation_memory(text: &str) -> Result<StageMemory, Error> {
+    let p = pairs("--activation-memory", text, &["total", "weight_grad"])?;
+    let builder = StageMemorySpec::builder().total(get(&p, "total").unwrap_or(1.0));
+    let spec = match get(&p, "weight_grad") {
+        Some(w) => builder.weight_grad(w).build(),
+        None => builder.build(),
+    };
+    Ok(spec.validate()?)
+}
+
+/// Reads `--stage-costs FILE.json`: a JSON list with one object per rank's share, keys as in
+/// `--costs` (`F`, `I`, `W`, optional `B`, `FB`).
+pub fn read_stage_costs(path: &str) -> Result<Vec<StageCosts>, Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_string(), source })?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::Json { path: path.to_string(), message: e.to_string() })?;
+    let items = value.as_array().ok_or_else(|| Error::Json {
+        path: path.to_string(),
+        message: "expected a list with one cost object per rank".to_string(),
+    })?;
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let object = item.as_object().ok_or_else(|| Error::Json {
+                path: path.to_string(),
+                message: format!("entry {i} is not an object"),
+            })?;
+            let mut p = Vec::new();
+            for (key, value) in object {
+                if !["F", "I", "W", "B", "FB"].contains(&key.as_str()) {
+                    return Err(Error::Json {
+                        path: path.to_string(),
+                        message: format!("entry {i}: unknown key `{key}`; expected F, I, W, B, FB"),
+                    });
+                }
+                let v = value.as_f64().ok_or_else(|| Error::Json {
+                    path: path.to_string(),
+                    message: format!("entry {i}: `{key}` is not a number"),
+                })?;
+                p.push((key.clone(), v));
+            }
+            stage_costs(&p)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn costs_parse_with_defaults() {
+        let (c, comm) = parse_costs("F=1,I=0.5,W=0.25,comm=0.1").unwrap();
+        assert_eq!((c.forward(), c.full_backward(), c.overlapped(), comm), (1.0, 0.75, 1.75, 0.1));
+        let (c, _) = parse_costs("FB=3").unwrap();
+        assert_eq!(c.overlapped(), 3.0);
+    }
+
+    #[test]
+    fn bad_costs_name_the_key() {
+        for (text, why) in [
+            ("F=1,X=2", "unknown key `X`"),
+            ("F", "is not key=value"),
+            ("F=abc", "`abc` is not a number"),
+            ("F=-1", "F = -1 must be a finite duration"),
+            ("F=1,F=2", "given twice"),
+            ("comm=-1", "comm = -1"),
+        ] {
+            let err = parse_costs(text).unwrap_err().to_string();
+            assert!(err.contains(why), "{text}: {err}");
+        }
+        let err = parse_activation_memory("total=1,weight_grad=2").unwrap_err().to_string();
+        assert!(err.contains("weight_grad = 2 must lie between 0 and total = 1"), "{err}");
+    }
+}
