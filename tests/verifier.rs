@@ -1,0 +1,110 @@
+//! Negative tests of the verifier: hand-broken plans are rejected with the right violation, named
+//! by op, rank and stage.
+
+use pipeweave::{build_plan, verify, CoreError, PipelineConfig, Plan, Task, Violation};
+
+fn plan(expr: &str, ranks: u32, microbatches: u32) -> Plan {
+    build_plan(expr, &PipelineConfig::new(ranks, microbatches).unwrap()).unwrap()
+}
+
+fn tasks(text: &str) -> Vec<Task> {
+    text.split_whitespace().map(|t| t.parse().unwrap()).collect()
+}
+
+fn violations(plan: &Plan) -> Vec<Violation> {
+    match verify(plan) {
+        Err(CoreError::Verification(v)) => v.0,
+        other => panic!("expected violations, got {other:?}"),
+    }
+}
+
+fn with_orders(base: &Plan, orders: &[&str]) -> Plan {
+    base.clone().with_orders(orders.iter().map(|o| tasks(o)).collect()).unwrap()
+}
+
+#[test]
+fn sound_plans_verify() {
+    for expr in ["gpipe", "f1b(gpipe)", "vpp(f1b(gpipe), chunks=2)"] {
+        verify(&plan(expr, 4, 8)).unwrap();
+    }
+}
+
+#[test]
+fn a_missing_op_is_named_with_its_owner() {
+    let base = plan("f1b(gpipe)", 2, 2);
+    let broken = with_orders(&base, &["0F0 0F1 0B0 0B1", "1F0 1B0 1F1"]);
+    let v = violations(&broken);
+    assert_eq!(v.len(), 2, "{v:?}");
+    assert_eq!(v[0].to_string(), "op 1I1 (stage 1, microbatch 1) is missing from rank 1");
+    assert_eq!(v[1].to_string(), "op 1W1 (stage 1, microbatch 1) is missing from rank 1");
+}
+
+#[test]
+fn a_duplicate_and_a_misplaced_op_are_named() {
+    let base = plan("f1b(gpipe)", 2, 2);
+    let broken = with_orders(&base, &["0F0 0F1 0B0 0B1 0F1", "1F0 1B0 1F1 1B1"]);
+    let v = violations(&broken);
+    assert!(matches!(v.as_slice(), [Violation::Duplicate { .. }]), "{v:?}");
+    assert_eq!(v[0].to_string(), "op 0F1 (stage 0, microbatch 1) runs twice: on rank 0 and again on rank 0");
+
+    let moved = with_orders(&base, &["0F0 0F1 1F0 0B0 0B1", "1B0 1F1 1B1"]);
+    let v = violations(&moved);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(v[0].to_string(), "op 1F0 runs on rank 0, but stage 1 is placed on rank 1");
+}
+
+#[test]
+fn out_of_range_ids_are_rejected() {
+    let base = plan("f1b(gpipe)", 2, 2);
+    let broken = with_orders(&base, &["0F0 0F1 0B0 0B1 0F9", "1F0 1B0 1F1 1B1 7F0"]);
+    let text: Vec<String> = violations(&broken).iter().map(|v| v.to_string()).collect();
+    assert_eq!(
+        text,
+        [
+            "op 0F9 at position 4 on rank 0: microbatch 9 is out of range (the plan has 2 microbatches)",
+            "op 7F0 at position 4 on rank 1: stage 7 is out of range (the plan has 2 stages)",
+        ]
+    );
+}
+
+#[test]
+fn a_backward_before_its_forward_on_one_rank_breaks_dependency_order() {
+    let base = plan("f1b(gpipe)", 2, 2);
+    let broken = with_orders(&base, &["0F0 0F1 0B0 0B1", "1B0 1F0 1F1 1B1"]);
+    let v = violations(&broken);
+    assert_eq!(
+        v[0].to_string(),
+        "on rank 1, op 1I0 (stage 1) runs before 1F0, which it depends on"
+    );
+    let w_first = with_orders(&base, &["0F0 0F1 0W0 0I0 0B1", "1F0 1B0 1F1 1B1"]);
+    let v = violations(&w_first);
+    assert!(
+        matches!(&v[..], [Violation::DependencyOrder { needs, .. }] if needs.to_string() == "0I0"),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn a_cross_rank_cycle_is_reported_with_every_waiting_rank() {
+    let base = plan("f1b(gpipe)", 2, 2);
+    let broken = with_orders(&base, &["0F0 0B0 0F1 0B1", "1F1 1F0 1B0 1B1"]);
+    let v = violations(&broken);
+    let [Violation::Cycle(waits)] = v.as_slice() else { panic!("expected a cycle, got {v:?}") };
+    assert_eq!(waits.len(), 2);
+    assert_eq!(
+        v[0].to_string(),
+        "deadlock: rank 0 waits at task 1 (0B0) for 1I0 (stage 1, microbatch 0); \
+         rank 1 waits at task 0 (1F1) for 0F1 (stage 0, microbatch 1)"
+    );
+}
+
+#[test]
+fn a_declared_memory_bound_is_enforced() {
+    let gpipe = plan("gpipe", 2, 4).with_memory_limit(Some(2.0)).unwrap();
+    let v = violations(&gpipe);
+    assert_eq!(v.len(), 2, "{v:?}");
+    assert_eq!(v[0].to_string(), "rank 0 holds 4.0000 activations after 0F3 (stage 0), above the limit 2");
+    let f1b = plan("f1b(gpipe)", 2, 4).with_memory_limit(Some(2.0)).unwrap();
+    verify(&f1b).unwrap();
+    assert!(plan("gpipe", 2, 4).with_memory_limit(Some(-1.0)).is_err());
+}
