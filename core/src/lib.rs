@@ -34,4 +34,4 @@ pub use op::{Op, OpKind, Task, TaskKind, Work};
 pub use plan::Plan;
 pub use problem::{Problem, ProblemSpec, RouteSpec};
 pub use simulate::{simulate, Simulation};
-pub use verify::{verify, Violation, Violations};
+pub use verify::{verify, verify_schedule, Violation, Violations};

@@ -3,11 +3,14 @@
 //!
 //! The driver owns the rules that hold for every pass: passes come in the client's order, each at
 //! most once ([`Position`]); a pass's preconditions are checked before it runs; its result is
-//! verified before the next pass sees it.
+//! verified before the next pass sees it (the declared memory bound is checked on the final plan
+//! only: intermediate plans never run, and the passes that rework memory come last). A plan that breaks only the declared memory bound is the
+//! user's limit being too tight for that pass ([`TransformError::MemoryLimit`]); any other
+//! violation is a bug in the pass ([`TransformError::PassBroke`]).
 
 use crate::error::TransformError;
 use crate::transform::{Position, Transform};
-use pipeweave_core::{verify, CoreError, Plan};
+use pipeweave_core::{verify, verify_schedule, CoreError, Plan, Violation};
 
 /// An ordered list of passes.
 pub struct PassList {
@@ -51,7 +54,7 @@ impl PassList {
         observer: &mut dyn FnMut(&str, &Plan),
     ) -> Result<Plan, TransformError> {
         let mut previous: Option<(Position, &'static str)> = None;
-        for pass in &self.passes {
+        for (index, pass) in self.passes.iter().enumerate() {
             if let Some((position, name)) = previous {
                 if pass.position() <= position {
                     return Err(TransformError::OutOfOrder {
@@ -67,7 +70,19 @@ impl PassList {
             }
             pass.check(&plan)?;
             plan = pass.apply(plan)?.record_pass(pass.name());
-            verify(&plan).map_err(|e| match e {
+            let checked = if index + 1 == self.passes.len() { verify(&plan) } else { verify_schedule(&plan) };
+            checked.map_err(|e| match e {
+                CoreError::Verification(violations)
+                    if violations
+                        .0
+                        .iter()
+                        .all(|v| matches!(v, Violation::MemoryBound { .. })) =>
+                {
+                    TransformError::MemoryLimit {
+                        pass: pass.name().to_string(),
+                        violations,
+                    }
+                }
                 CoreError::Verification(violations) => TransformError::PassBroke {
                     pass: pass.name().to_string(),
                     violations,

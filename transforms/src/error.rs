@@ -74,6 +74,15 @@ pub enum TransformError {
         /// What the verifier found.
         violations: Violations,
     },
+    /// The plan a pass produced is sound but exceeds the declared memory limit: the pass cannot
+    /// meet the user's bound (not a bug).
+    #[error("pass `{pass}` exceeds the memory limit: {violations}")]
+    MemoryLimit {
+        /// The pass whose plan holds too much.
+        pass: String,
+        /// The memory-bound violations, one per rank over the limit.
+        violations: Violations,
+    },
     /// A core error (invalid problem or model) while building or rewriting a plan.
     #[error("{context}: {source}")]
     Core {

@@ -143,7 +143,7 @@ impl Interleave {
         let mut table = Vec::with_capacity((microbatches * self.chunks) as usize);
         let mut first = 0;
         while first < microbatches {
-            let end = if first + group >= microbatches { microbatches } else { first + group };
+            let end = first.saturating_add(group).min(microbatches);
             for chunk in 0..self.chunks {
                 for mb in first..end {
                     table.push((mb, chunk));
