@@ -2,9 +2,7 @@
 //! pass driver.
 
 use crate::error::Error;
-use pipeweave_core::{
-    CostModel, MemoryModel, Plan, ProblemSpec, StageCosts, StageMemory,
-};
+use pipeweave_core::{CostModel, MemoryModel, Plan, ProblemSpec, StageCosts, StageMemory};
 use pipeweave_transforms::compile_expression;
 
 /// What `pipeweave plan` needs besides the expression: sizes, costs and memory of a rank's share.

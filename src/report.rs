@@ -118,7 +118,11 @@ impl PlanReport {
         let _ = writeln!(
             out,
             "verified     ok (placement, completeness, dependencies, acyclic{})",
-            if self.memory_limit.is_some() { ", memory bound" } else { "" }
+            if self.memory_limit.is_some() {
+                ", memory bound"
+            } else {
+                ""
+            }
         );
         out
     }

@@ -3,7 +3,10 @@
 use std::process::{Command, Output};
 
 fn pipeweave(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipeweave")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_pipeweave"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn stdout(o: &Output) -> String {
@@ -27,20 +30,46 @@ fn plan_without_arguments_runs_the_documented_default() {
 
 #[test]
 fn json_report_has_the_contract_fields() {
-    let out = pipeweave(&["plan", "f1b(gpipe)", "--ranks", "4", "--microbatches", "8", "--format", "json", "--costs", "F=1,I=1,W=1"]);
+    let out = pipeweave(&[
+        "plan",
+        "f1b(gpipe)",
+        "--ranks",
+        "4",
+        "--microbatches",
+        "8",
+        "--format",
+        "json",
+        "--costs",
+        "F=1,I=1,W=1",
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     for field in [
-        "ranks", "stages", "microbatches", "stage_to_rank", "order", "makespan", "bubble_rate",
-        "idle_per_rank", "peak_activations_per_rank", "verified", "passes",
+        "ranks",
+        "stages",
+        "microbatches",
+        "stage_to_rank",
+        "order",
+        "makespan",
+        "bubble_rate",
+        "idle_per_rank",
+        "peak_activations_per_rank",
+        "verified",
+        "passes",
     ] {
         assert!(json.get(field).is_some(), "missing {field}");
     }
     assert_eq!(json["makespan"], 33.0);
     assert_eq!(json["verified"], true);
     assert_eq!(json["passes"], serde_json::json!(["gpipe", "f1b"]));
-    assert_eq!(json["peak_activations_per_rank"], serde_json::json!([4.0, 3.0, 2.0, 1.0]));
-    assert_eq!(json["idle_per_rank"], serde_json::json!([9.0, 9.0, 9.0, 9.0]));
+    assert_eq!(
+        json["peak_activations_per_rank"],
+        serde_json::json!([4.0, 3.0, 2.0, 1.0])
+    );
+    assert_eq!(
+        json["idle_per_rank"],
+        serde_json::json!([9.0, 9.0, 9.0, 9.0])
+    );
     assert_eq!(json["order"][3][0], "3F0");
     assert_eq!(json["order"][3][1], "3B0");
 }
@@ -48,15 +77,36 @@ fn json_report_has_the_contract_fields() {
 #[test]
 fn bad_input_exits_2_with_one_line_naming_the_constraint() {
     let cases: &[(&[&str], &str)] = &[
-        (&["plan", "gpipe", "--ranks", "0"], "ranks = 0 is out of range: must be between 1 and 4096"),
+        (
+            &["plan", "gpipe", "--ranks", "0"],
+            "ranks = 0 is out of range: must be between 1 and 4096",
+        ),
         (&["plan", "f1b(gpipe"], "syntax error at column 10"),
         (&["plan", "f2b(gpipe)"], "unknown pass `f2b` at column 1"),
-        (&["plan", "vpp(f1b(gpipe), chunks=2, size=3)"], "argument `size` at column 27"),
-        (&["plan", "--costs", "F=x"], "option --costs: `x` is not a number"),
-        (&["plan", "vpp(f1b(gpipe), chunks=2)", "-p", "4", "-m", "2"], "precondition `ranks <= group <= microbatches` violated"),
-        (&["plan", "gpipe", "--memory-limit", "2"], "pass `gpipe` exceeds the memory limit"),
-        (&["plan", "--activation-memory", "total=1,weight_grad=3"], "weight_grad = 3 must lie between 0 and total = 1"),
-        (&["plan", "dual(f1b(gpipe))"], "pass `dual` is not available yet"),
+        (
+            &["plan", "vpp(f1b(gpipe), chunks=2, size=3)"],
+            "argument `size` at column 27",
+        ),
+        (
+            &["plan", "--costs", "F=x"],
+            "option --costs: `x` is not a number",
+        ),
+        (
+            &["plan", "vpp(f1b(gpipe), chunks=2)", "-p", "4", "-m", "2"],
+            "precondition `ranks <= group <= microbatches` violated",
+        ),
+        (
+            &["plan", "gpipe", "--memory-limit", "2"],
+            "pass `gpipe` exceeds the memory limit",
+        ),
+        (
+            &["plan", "--activation-memory", "total=1,weight_grad=3"],
+            "weight_grad = 3 must lie between 0 and total = 1",
+        ),
+        (
+            &["plan", "dual(f1b(gpipe))"],
+            "pass `dual` is not available yet",
+        ),
         (&["plan", "--microbatches", "99999999999"], "invalid value"),
     ];
     for (args, message) in cases {
@@ -82,9 +132,19 @@ fn the_json_file_option_writes_the_report() {
     let dir = std::env::temp_dir().join(format!("pipeweave-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("plan.json");
-    let out = pipeweave(&["plan", "gpipe", "-p", "2", "-m", "3", "--json", path.to_str().unwrap()]);
+    let out = pipeweave(&[
+        "plan",
+        "gpipe",
+        "-p",
+        "2",
+        "-m",
+        "3",
+        "--json",
+        path.to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(json["makespan"], 12.0);
     std::fs::remove_dir_all(&dir).unwrap();
 }

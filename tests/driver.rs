@@ -22,12 +22,16 @@ impl Transform for DropLast {
     fn apply(&self, plan: Plan) -> Result<Plan, TransformError> {
         let mut orders = plan.orders().to_vec();
         orders[0].pop();
-        plan.with_orders(orders).map_err(|e| TransformError::core("drop_last", e))
+        plan.with_orders(orders)
+            .map_err(|e| TransformError::core("drop_last", e))
     }
 }
 
 fn start(ranks: u32, microbatches: u32) -> Plan {
-    PipelineConfig::new(ranks, microbatches).unwrap().unscheduled_plan().unwrap()
+    PipelineConfig::new(ranks, microbatches)
+        .unwrap()
+        .unscheduled_plan()
+        .unwrap()
 }
 
 fn vpp2() -> Box<dyn Transform> {
@@ -36,7 +40,11 @@ fn vpp2() -> Box<dyn Transform> {
 
 #[test]
 fn a_broken_pass_is_blamed_by_name() {
-    let passes = PassList::new(vec![Box::new(GPipe), Box::new(OneForwardOneBackward), Box::new(DropLast)]);
+    let passes = PassList::new(vec![
+        Box::new(GPipe),
+        Box::new(OneForwardOneBackward),
+        Box::new(DropLast),
+    ]);
     let err = passes.run(start(4, 8)).unwrap_err();
     match &err {
         TransformError::PassBroke { pass, violations } => {
@@ -45,32 +53,60 @@ fn a_broken_pass_is_blamed_by_name() {
         }
         other => panic!("expected PassBroke, got {other:?}"),
     }
-    assert!(err.to_string().starts_with("pass `drop_last` produced an invalid plan (a bug in the pass)"));
-    assert!(err.to_string().contains("op 0I7 (stage 0, microbatch 7) is missing from rank 0"), "{err}");
+    assert!(err
+        .to_string()
+        .starts_with("pass `drop_last` produced an invalid plan (a bug in the pass)"));
+    assert!(
+        err.to_string()
+            .contains("op 0I7 (stage 0, microbatch 7) is missing from rank 0"),
+        "{err}"
+    );
 }
 
 #[test]
 fn passes_out_of_the_clients_order_are_rejected() {
-    let passes = PassList::new(vec![Box::new(GPipe), vpp2(), Box::new(OneForwardOneBackward)]);
+    let passes = PassList::new(vec![
+        Box::new(GPipe),
+        vpp2(),
+        Box::new(OneForwardOneBackward),
+    ]);
     let err = passes.run(start(2, 4)).unwrap_err();
     assert_eq!(
         err,
-        TransformError::OutOfOrder { pass: "f1b".into(), after: "vpp".into() }
+        TransformError::OutOfOrder {
+            pass: "f1b".into(),
+            after: "vpp".into()
+        }
     );
     let twice = PassList::new(vec![Box::new(GPipe), vpp2(), vpp2()]);
-    assert!(matches!(twice.run(start(2, 4)), Err(TransformError::OutOfOrder { .. })));
+    assert!(matches!(
+        twice.run(start(2, 4)),
+        Err(TransformError::OutOfOrder { .. })
+    ));
     let no_baseline = PassList::new(vec![Box::new(OneForwardOneBackward)]);
     let err = no_baseline.run(start(2, 4)).unwrap_err();
-    assert!(err.to_string().contains("the innermost schedule must be gpipe"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("the innermost schedule must be gpipe"),
+        "{err}"
+    );
 }
 
 #[test]
 fn the_observer_sees_every_verified_intermediate_plan() {
-    let passes = PassList::new(vec![Box::new(GPipe), Box::new(OneForwardOneBackward), vpp2()]);
+    let passes = PassList::new(vec![
+        Box::new(GPipe),
+        Box::new(OneForwardOneBackward),
+        vpp2(),
+    ]);
     let mut seen = Vec::new();
     let plan = passes
         .run_observed(start(4, 8), &mut |name, plan| {
-            seen.push((name.to_string(), plan.problem().stages(), plan.passes().to_vec()))
+            seen.push((
+                name.to_string(),
+                plan.problem().stages(),
+                plan.passes().to_vec(),
+            ))
         })
         .unwrap();
     assert_eq!(seen.len(), 3);
@@ -95,17 +131,25 @@ fn preconditions_name_the_constraint_and_values() {
         MemoryModel::uniform(4, Default::default()),
     )
     .unwrap();
-    let gpipe_only = PassList::new(vec![Box::new(GPipe)]).run(plan.clone()).unwrap();
+    let gpipe_only = PassList::new(vec![Box::new(GPipe)])
+        .run(plan.clone())
+        .unwrap();
     assert_eq!(gpipe_only.task_count(), 32);
-    let err = PassList::new(vec![Box::new(GPipe), Box::new(OneForwardOneBackward)]).run(plan).unwrap_err();
+    let err = PassList::new(vec![Box::new(GPipe), Box::new(OneForwardOneBackward)])
+        .run(plan)
+        .unwrap_err();
     assert_eq!(
         err.to_string(),
         "pass `f1b` precondition `plain layout: one stage per rank, stage s on rank s, one route` \
          violated: the problem has 4 stages on 2 ranks with 1 route(s)"
     );
-    let err = PassList::new(vec![Box::new(GPipe), Box::new(OneForwardOneBackward), vpp2()])
-        .run(start(4, 2))
-        .unwrap_err();
+    let err = PassList::new(vec![
+        Box::new(GPipe),
+        Box::new(OneForwardOneBackward),
+        vpp2(),
+    ])
+    .run(start(4, 2))
+    .unwrap_err();
     assert_eq!(
         err.to_string(),
         "pass `vpp` precondition `ranks <= group <= microbatches` violated: ranks = 4, group = 4, microbatches = 2"
@@ -117,7 +161,13 @@ fn preconditions_name_the_constraint_and_values() {
     ])
     .run(start(4, 10))
     .unwrap_err();
-    assert!(err.to_string().contains("the last group has 2 < 4 microbatches"), "{err}");
-    let err = PassList::new(vec![Box::new(GPipe), Box::new(GPipe)]).run(start(2, 2)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("the last group has 2 < 4 microbatches"),
+        "{err}"
+    );
+    let err = PassList::new(vec![Box::new(GPipe), Box::new(GPipe)])
+        .run(start(2, 2))
+        .unwrap_err();
     assert!(matches!(err, TransformError::OutOfOrder { .. }), "{err}");
 }

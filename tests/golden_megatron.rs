@@ -8,7 +8,11 @@ use pipeweave::{build_plan, PipelineConfig};
 #[test]
 fn every_megatron_reference_is_reproduced_op_for_op() {
     let files = references("megatron_");
-    assert!(files.len() >= 9, "expected the Megatron reference files, found {}", files.len());
+    assert!(
+        files.len() >= 9,
+        "expected the Megatron reference files, found {}",
+        files.len()
+    );
     for (name, file) in files {
         let ranks = field(&file, "ranks");
         let stages = field(&file, "stages");
@@ -17,19 +21,33 @@ fn every_megatron_reference_is_reproduced_op_for_op() {
         let expression = if chunks == 1 {
             "f1b(gpipe)".to_string()
         } else {
-            let group = file["microbatch_group_size_per_vp_stage"].as_u64().unwrap_or(ranks as u64);
+            let group = file["microbatch_group_size_per_vp_stage"]
+                .as_u64()
+                .unwrap_or(ranks as u64);
             format!("vpp(f1b(gpipe), chunks={chunks}, group={group})")
         };
         let config = PipelineConfig::new(ranks, microbatches).unwrap();
         let plan = build_plan(&expression, &config).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let placement: Vec<u32> = plan.problem().stage_to_rank().iter().map(|r| r.get()).collect();
-        let expected_placement: Vec<u32> =
-            file["stage_to_rank"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let placement: Vec<u32> = plan
+            .problem()
+            .stage_to_rank()
+            .iter()
+            .map(|r| r.get())
+            .collect();
+        let expected_placement: Vec<u32> = file["stage_to_rank"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
         assert_eq!(placement, expected_placement, "{name}: placement");
         let ours = plan_orders(&plan);
         let theirs = reference_orders(&file);
         for (rank, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-            assert_eq!(a, b, "{name}: rank {rank} differs from Megatron-Core ({expression})");
+            assert_eq!(
+                a, b,
+                "{name}: rank {rank} differs from Megatron-Core ({expression})"
+            );
         }
     }
 }

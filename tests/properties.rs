@@ -1,14 +1,23 @@
 //! Property tests over random sizes: every pass prefix verifies, and simulated figures match the
 //! closed forms where they exist.
 
-use pipeweave::{build_plan, simulate, PipelineConfig, StageCostsSpec, TransformError};
 use pipeweave::Error;
+use pipeweave::{build_plan, simulate, PipelineConfig, StageCostsSpec, TransformError};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
 fn config(ranks: u32, microbatches: u32, f: f64, i: f64, w: f64) -> PipelineConfig {
-    let costs = StageCostsSpec::builder().forward(f).input_grad(i).weight_grad(w).build().validate().unwrap();
-    PipelineConfig::new(ranks, microbatches).unwrap().with_costs(costs, 0.0).unwrap()
+    let costs = StageCostsSpec::builder()
+        .forward(f)
+        .input_grad(i)
+        .weight_grad(w)
+        .build()
+        .validate()
+        .unwrap();
+    PipelineConfig::new(ranks, microbatches)
+        .unwrap()
+        .with_costs(costs, 0.0)
+        .unwrap()
 }
 
 fn close(a: f64, b: f64) -> bool {

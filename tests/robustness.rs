@@ -6,8 +6,32 @@ use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
 const PIECES: &[&str] = &[
-    "gpipe", "f1b", "vpp", "dual", "zero_bubble", "(", ")", ",", "=", "chunks", "group", "layout",
-    "v", "standard", "0", "1", "2", "3", "7", "-1", "1e9", "4294967296", " ", "policy", "h1", "x",
+    "gpipe",
+    "f1b",
+    "vpp",
+    "dual",
+    "zero_bubble",
+    "(",
+    ")",
+    ",",
+    "=",
+    "chunks",
+    "group",
+    "layout",
+    "v",
+    "standard",
+    "0",
+    "1",
+    "2",
+    "3",
+    "7",
+    "-1",
+    "1e9",
+    "4294967296",
+    " ",
+    "policy",
+    "h1",
+    "x",
 ];
 
 fn expression() -> impl Strategy<Value = String> {

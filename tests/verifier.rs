@@ -8,7 +8,9 @@ fn plan(expr: &str, ranks: u32, microbatches: u32) -> Plan {
 }
 
 fn tasks(text: &str) -> Vec<Task> {
-    text.split_whitespace().map(|t| t.parse().unwrap()).collect()
+    text.split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect()
 }
 
 fn violations(plan: &Plan) -> Vec<Violation> {
@@ -19,7 +21,9 @@ fn violations(plan: &Plan) -> Vec<Violation> {
 }
 
 fn with_orders(base: &Plan, orders: &[&str]) -> Plan {
-    base.clone().with_orders(orders.iter().map(|o| tasks(o)).collect()).unwrap()
+    base.clone()
+        .with_orders(orders.iter().map(|o| tasks(o)).collect())
+        .unwrap()
 }
 
 #[test]
@@ -35,8 +39,14 @@ fn a_missing_op_is_named_with_its_owner() {
     let broken = with_orders(&base, &["0F0 0F1 0B0 0B1", "1F0 1B0 1F1"]);
     let v = violations(&broken);
     assert_eq!(v.len(), 2, "{v:?}");
-    assert_eq!(v[0].to_string(), "op 1I1 (stage 1, microbatch 1) is missing from rank 1");
-    assert_eq!(v[1].to_string(), "op 1W1 (stage 1, microbatch 1) is missing from rank 1");
+    assert_eq!(
+        v[0].to_string(),
+        "op 1I1 (stage 1, microbatch 1) is missing from rank 1"
+    );
+    assert_eq!(
+        v[1].to_string(),
+        "op 1W1 (stage 1, microbatch 1) is missing from rank 1"
+    );
 }
 
 #[test]
@@ -44,13 +54,22 @@ fn a_duplicate_and_a_misplaced_op_are_named() {
     let base = plan("f1b(gpipe)", 2, 2);
     let broken = with_orders(&base, &["0F0 0F1 0B0 0B1 0F1", "1F0 1B0 1F1 1B1"]);
     let v = violations(&broken);
-    assert!(matches!(v.as_slice(), [Violation::Duplicate { .. }]), "{v:?}");
-    assert_eq!(v[0].to_string(), "op 0F1 (stage 0, microbatch 1) runs twice: on rank 0 and again on rank 0");
+    assert!(
+        matches!(v.as_slice(), [Violation::Duplicate { .. }]),
+        "{v:?}"
+    );
+    assert_eq!(
+        v[0].to_string(),
+        "op 0F1 (stage 0, microbatch 1) runs twice: on rank 0 and again on rank 0"
+    );
 
     let moved = with_orders(&base, &["0F0 0F1 1F0 0B0 0B1", "1B0 1F1 1B1"]);
     let v = violations(&moved);
     assert_eq!(v.len(), 1, "{v:?}");
-    assert_eq!(v[0].to_string(), "op 1F0 runs on rank 0, but stage 1 is placed on rank 1");
+    assert_eq!(
+        v[0].to_string(),
+        "op 1F0 runs on rank 0, but stage 1 is placed on rank 1"
+    );
 }
 
 #[test]
@@ -89,7 +108,9 @@ fn a_cross_rank_cycle_is_reported_with_every_waiting_rank() {
     let base = plan("f1b(gpipe)", 2, 2);
     let broken = with_orders(&base, &["0F0 0B0 0F1 0B1", "1F1 1F0 1B0 1B1"]);
     let v = violations(&broken);
-    let [Violation::Cycle(waits)] = v.as_slice() else { panic!("expected a cycle, got {v:?}") };
+    let [Violation::Cycle(waits)] = v.as_slice() else {
+        panic!("expected a cycle, got {v:?}")
+    };
     assert_eq!(waits.len(), 2);
     assert_eq!(
         v[0].to_string(),
@@ -103,8 +124,13 @@ fn a_declared_memory_bound_is_enforced() {
     let gpipe = plan("gpipe", 2, 4).with_memory_limit(Some(2.0)).unwrap();
     let v = violations(&gpipe);
     assert_eq!(v.len(), 2, "{v:?}");
-    assert_eq!(v[0].to_string(), "rank 0 holds 4.0000 activations after 0F3 (stage 0), above the limit 2");
-    let f1b = plan("f1b(gpipe)", 2, 4).with_memory_limit(Some(2.0)).unwrap();
+    assert_eq!(
+        v[0].to_string(),
+        "rank 0 holds 4.0000 activations after 0F3 (stage 0), above the limit 2"
+    );
+    let f1b = plan("f1b(gpipe)", 2, 4)
+        .with_memory_limit(Some(2.0))
+        .unwrap();
     verify(&f1b).unwrap();
     assert!(plan("gpipe", 2, 4).with_memory_limit(Some(-1.0)).is_err());
 }

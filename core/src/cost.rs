@@ -191,9 +191,15 @@ mod tests {
             .build()
             .validate()
             .unwrap_err();
-        assert!(err.to_string().contains("F = -1 must be a finite duration"), "{err}");
+        assert!(
+            err.to_string().contains("F = -1 must be a finite duration"),
+            "{err}"
+        );
         let err = CostModel::from_specs(
-            vec![StageCostsSpec::builder().build(), StageCostsSpec::builder().weight_grad(f64::NAN).build()],
+            vec![
+                StageCostsSpec::builder().build(),
+                StageCostsSpec::builder().weight_grad(f64::NAN).build(),
+            ],
             0.0,
         )
         .unwrap_err();

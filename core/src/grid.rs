@@ -66,8 +66,17 @@ pub fn render_grid(plan: &Plan, simulation: &Simulation) -> String {
         for (t, lab) in tasks.iter().zip(&labels[r]) {
             let first = ((t.start / quantum) + 1e-9).floor() as usize;
             let last = (((t.end / quantum) - 1e-9).ceil() as usize).max(first + 1);
-            for (c, cell) in row.iter_mut().enumerate().take(last.min(columns)).skip(first) {
-                *cell = if c == first { lab.clone() } else { "~".to_string() };
+            for (c, cell) in row
+                .iter_mut()
+                .enumerate()
+                .take(last.min(columns))
+                .skip(first)
+            {
+                *cell = if c == first {
+                    lab.clone()
+                } else {
+                    "~".to_string()
+                };
             }
         }
         let _ = write!(out, "rank {r:>2} |");

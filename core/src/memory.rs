@@ -169,7 +169,11 @@ mod tests {
             .build()
             .validate()
             .unwrap_err();
-        assert!(err.to_string().contains("weight_grad = 1.5 must lie between 0 and total = 1"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("weight_grad = 1.5 must lie between 0 and total = 1"),
+            "{err}"
+        );
         let m = StageMemorySpec::builder()
             .total(1.0)
             .weight_grad(0.25)

@@ -196,7 +196,10 @@ fn notation_error(text: &str, reason: impl Into<String>) -> CoreError {
 
 fn parse_index(text: &str, digits: &str, what: &str) -> Result<u32, CoreError> {
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(notation_error(text, format!("the {what} must be a decimal number")));
+        return Err(notation_error(
+            text,
+            format!("the {what} must be a decimal number"),
+        ));
     }
     digits
         .parse::<u32>()
@@ -225,9 +228,9 @@ impl FromStr for Task {
             .strip_prefix('(')
             .and_then(|t| t.strip_suffix(")OVERLAP_F_B"))
         {
-            let (a, b) = inner
-                .split_once(';')
-                .ok_or_else(|| notation_error(text, "an overlap needs `(<F action>;<B action>)`"))?;
+            let (a, b) = inner.split_once(';').ok_or_else(|| {
+                notation_error(text, "an overlap needs `(<F action>;<B action>)`")
+            })?;
             let (fa, forward) = parse_simple(a)?;
             let (fb, backward) = parse_simple(b)?;
             if fa != 'F' || fb != 'B' {

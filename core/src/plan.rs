@@ -170,6 +170,9 @@ impl Plan {
         if op.stage.index() >= stages || op.microbatch.get() >= self.problem.microbatches() {
             return None;
         }
-        Some((op.microbatch.index() * stages + op.stage.index()) * 3 + op.kind.index())
+        // Stage-major: a rank walks its own stages' microbatches in order, so its ops sit close
+        // together in every table indexed by slot.
+        let microbatches = self.problem.microbatches() as usize;
+        Some((op.stage.index() * microbatches + op.microbatch.index()) * 3 + op.kind.index())
     }
 }

@@ -139,7 +139,11 @@ impl ProblemSpec {
     /// Checks every rule in the module doc and builds the [`Problem`].
     pub fn validate(self) -> Result<Problem, CoreError> {
         check_size("ranks", self.ranks.into(), MAX_RANKS.into())?;
-        check_size("microbatches", self.microbatches.into(), MAX_MICROBATCHES.into())?;
+        check_size(
+            "microbatches",
+            self.microbatches.into(),
+            MAX_MICROBATCHES.into(),
+        )?;
         let placement = self
             .stage_to_rank
             .unwrap_or_else(|| (0..self.ranks).collect());
@@ -208,7 +212,9 @@ fn validate_routes(
             )));
         }
         if spec.stages.is_empty() {
-            return Err(CoreError::InvalidProblem(format!("route {index} has no stages")));
+            return Err(CoreError::InvalidProblem(format!(
+                "route {index} has no stages"
+            )));
         }
         let mut position = vec![ABSENT; stage_count];
         for (pos, &stage) in spec.stages.iter().enumerate() {
@@ -255,7 +261,10 @@ fn validate_routes(
     Ok((routes, route_of))
 }
 
-fn validate_tied(groups: Vec<Vec<u32>>, stage_count: usize) -> Result<Vec<Vec<StageId>>, CoreError> {
+fn validate_tied(
+    groups: Vec<Vec<u32>>,
+    stage_count: usize,
+) -> Result<Vec<Vec<StageId>>, CoreError> {
     let mut seen = vec![false; stage_count];
     let mut out = Vec::with_capacity(groups.len());
     for (index, group) in groups.into_iter().enumerate() {
@@ -443,8 +452,16 @@ mod tests {
             .microbatches(4)
             .stage_to_rank(vec![0, 1, 1, 0])
             .routes(vec![
-                RouteSpec { first: 0, end: 2, stages: vec![0, 1] },
-                RouteSpec { first: 2, end: 4, stages: vec![2, 3] },
+                RouteSpec {
+                    first: 0,
+                    end: 2,
+                    stages: vec![0, 1],
+                },
+                RouteSpec {
+                    first: 2,
+                    end: 4,
+                    stages: vec![2, 3],
+                },
             ])
             .tied_stages(vec![vec![0, 2], vec![1, 3]])
             .build()
@@ -458,19 +475,33 @@ mod tests {
         let gap = ProblemSpec::builder()
             .ranks(2)
             .microbatches(4)
-            .routes(vec![RouteSpec { first: 0, end: 3, stages: vec![0, 1] }])
+            .routes(vec![RouteSpec {
+                first: 0,
+                end: 3,
+                stages: vec![0, 1],
+            }])
             .build()
             .validate()
             .unwrap_err();
-        assert!(gap.to_string().contains("microbatch 3 is on no route"), "{gap}");
+        assert!(
+            gap.to_string().contains("microbatch 3 is on no route"),
+            "{gap}"
+        );
         let twice = ProblemSpec::builder()
             .ranks(2)
             .microbatches(1)
-            .routes(vec![RouteSpec { first: 0, end: 1, stages: vec![0, 1, 0] }])
+            .routes(vec![RouteSpec {
+                first: 0,
+                end: 1,
+                stages: vec![0, 1, 0],
+            }])
             .build()
             .validate()
             .unwrap_err();
-        assert!(twice.to_string().contains("passes stage 0 twice"), "{twice}");
+        assert!(
+            twice.to_string().contains("passes stage 0 twice"),
+            "{twice}"
+        );
         let tied = ProblemSpec::builder()
             .ranks(2)
             .microbatches(1)

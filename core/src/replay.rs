@@ -60,10 +60,12 @@ pub struct Replay {
 }
 
 /// Replays `plan` with `duration` giving each task's length and `comm` the cross-rank latency.
+/// With `record` false the timeline comes back empty (a feasibility check needs no times).
 pub fn replay(
     plan: &Plan,
     duration: impl Fn(&Task) -> f64,
     comm: f64,
+    record: bool,
 ) -> Result<Replay, EngineFault> {
     let problem = plan.problem();
     let ranks = plan.orders().len();
@@ -75,7 +77,7 @@ pub fn replay(
     let mut timeline: Vec<Vec<TimedTask>> = plan
         .orders()
         .iter()
-        .map(|o| Vec::with_capacity(o.len()))
+        .map(|o| Vec::with_capacity(if record { o.len() } else { 0 }))
         .collect();
     let mut waiting_for: Vec<Option<Op>> = vec![None; ranks];
     let mut ready: VecDeque<usize> = (0..ranks).collect();
@@ -86,9 +88,17 @@ pub fn replay(
             let task = order[position[r]];
             let ops = task.ops();
             let mut start = clock[r];
-            for op in &ops {
-                if plan.op_slot(*op).is_none() || !problem.has_work(op.stage, op.microbatch) {
-                    return Err(EngineFault::OutOfRange(RankId::new(r as u32), position[r], *op));
+            let mut slots = [0usize; 3];
+            for (k, op) in ops.iter().enumerate() {
+                match plan.op_slot(*op) {
+                    Some(slot) if problem.has_work(op.stage, op.microbatch) => slots[k] = slot,
+                    _ => {
+                        return Err(EngineFault::OutOfRange(
+                            RankId::new(r as u32),
+                            position[r],
+                            *op,
+                        ))
+                    }
                 }
                 for dep in predecessors(problem, *op) {
                     if ops.contains(&dep) {
@@ -110,10 +120,13 @@ pub fn replay(
                 }
             }
             let end = start + duration(&task);
-            for op in &ops {
-                let slot = plan.op_slot(*op).expect("checked in range above");
+            for (op, &slot) in ops.iter().zip(&slots) {
                 if !finish[slot].is_nan() {
-                    return Err(EngineFault::RunsTwice(RankId::new(r as u32), position[r], *op));
+                    return Err(EngineFault::RunsTwice(
+                        RankId::new(r as u32),
+                        position[r],
+                        *op,
+                    ));
                 }
                 finish[slot] = end;
                 let mut w = std::mem::replace(&mut waiter_head[slot], NONE);
@@ -126,7 +139,9 @@ pub fn replay(
                 }
             }
             clock[r] = end;
-            timeline[r].push(TimedTask { task, start, end });
+            if record {
+                timeline[r].push(TimedTask { task, start, end });
+            }
             position[r] += 1;
         }
     }

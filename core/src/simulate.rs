@@ -81,18 +81,19 @@ pub fn task_duration(plan: &Plan, task: &Task) -> f64 {
 
 /// Simulates `plan`. Fails with the violation when the plan cannot run to completion.
 pub fn simulate(plan: &Plan) -> Result<Simulation, CoreError> {
-    let outcome = replay(plan, |t| task_duration(plan, t), plan.costs().comm()).map_err(|fault| {
-        let (rank, position, op, reason) = match fault {
-            EngineFault::OutOfRange(r, p, op) => (r, p, op, "out of range"),
-            EngineFault::RunsTwice(r, p, op) => (r, p, op, "runs twice"),
-        };
-        CoreError::Verification(Violations(vec![Violation::OutOfRange {
-            rank,
-            position,
-            op,
-            reason: reason.to_string(),
-        }]))
-    })?;
+    let outcome =
+        replay(plan, |t| task_duration(plan, t), plan.costs().comm(), true).map_err(|fault| {
+            let (rank, position, op, reason) = match fault {
+                EngineFault::OutOfRange(r, p, op) => (r, p, op, "out of range"),
+                EngineFault::RunsTwice(r, p, op) => (r, p, op, "runs twice"),
+            };
+            CoreError::Verification(Violations(vec![Violation::OutOfRange {
+                rank,
+                position,
+                op,
+                reason: reason.to_string(),
+            }]))
+        })?;
     if !outcome.blocked.is_empty() {
         return Err(CoreError::Verification(Violations(vec![Violation::Cycle(
             wait_cycle(plan, &outcome.blocked),

@@ -223,7 +223,11 @@ fn check_structure(plan: &Plan, out: &mut Vec<Violation>) -> Seen {
             for op in task.ops() {
                 let Some(slot) = plan.op_slot(op) else {
                     let reason = if op.stage.get() >= problem.stages() {
-                        format!("stage {} is out of range (the plan has {} stages)", op.stage, problem.stages())
+                        format!(
+                            "stage {} is out of range (the plan has {} stages)",
+                            op.stage,
+                            problem.stages()
+                        )
                     } else {
                         format!(
                             "microbatch {} is out of range (the plan has {} microbatches)",
@@ -231,7 +235,12 @@ fn check_structure(plan: &Plan, out: &mut Vec<Violation>) -> Seen {
                             problem.microbatches()
                         )
                     };
-                    out.push(Violation::OutOfRange { rank, position, op, reason });
+                    out.push(Violation::OutOfRange {
+                        rank,
+                        position,
+                        op,
+                        reason,
+                    });
                     continue;
                 };
                 if !problem.has_work(op.stage, op.microbatch) {
@@ -250,7 +259,11 @@ fn check_structure(plan: &Plan, out: &mut Vec<Violation>) -> Seen {
                     .rank_of(op.stage)
                     .expect("stage checked in range above");
                 if owner != rank {
-                    out.push(Violation::WrongRank { op, placed_on: rank, owner });
+                    out.push(Violation::WrongRank {
+                        op,
+                        placed_on: rank,
+                        owner,
+                    });
                 }
                 if seen.rank[slot] != u32::MAX {
                     out.push(Violation::Duplicate {
@@ -269,8 +282,14 @@ fn check_structure(plan: &Plan, out: &mut Vec<Violation>) -> Seen {
         for mb in route.first().get()..route.end().get() {
             for &stage in route.stages() {
                 for kind in OpKind::ALL {
-                    let op = Work { stage, microbatch: mb.into() }.op(kind);
-                    let slot = plan.op_slot(op).expect("route stages and microbatches are in range");
+                    let op = Work {
+                        stage,
+                        microbatch: mb.into(),
+                    }
+                    .op(kind);
+                    let slot = plan
+                        .op_slot(op)
+                        .expect("route stages and microbatches are in range");
                     if seen.rank[slot] == u32::MAX {
                         let owner = problem.rank_of(stage).expect("route stages are in range");
                         out.push(Violation::Missing { op, owner });
@@ -309,7 +328,7 @@ fn check_local_order(plan: &Plan, seen: &Seen, out: &mut Vec<Violation>) {
 }
 
 fn check_acyclic(plan: &Plan, out: &mut Vec<Violation>) {
-    match replay(plan, |_: &Task| 1.0, 0.0) {
+    match replay(plan, |_: &Task| 1.0, 0.0, false) {
         Ok(result) if result.blocked.is_empty() => {}
         Ok(result) => out.push(Violation::Cycle(wait_cycle(plan, &result.blocked))),
         Err(EngineFault::OutOfRange(rank, position, op)) => out.push(Violation::OutOfRange {

@@ -18,7 +18,11 @@ pub use plan_command::PlanArgs;
 
 /// Command-line interface.
 #[derive(Debug, Parser)]
-#[command(name = "pipeweave", version, about = "Compose, verify and simulate pipeline-parallel schedules")]
+#[command(
+    name = "pipeweave",
+    version,
+    about = "Compose, verify and simulate pipeline-parallel schedules"
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,

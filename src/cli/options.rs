@@ -18,7 +18,10 @@ fn pairs(option: &'static str, text: &str, keys: &[&str]) -> Result<Vec<(String,
             });
         }
         if out.iter().any(|(k, _)| k == key) {
-            return Err(Error::Option { option, message: format!("`{key}` is given twice") });
+            return Err(Error::Option {
+                option,
+                message: format!("`{key}` is given twice"),
+            });
         }
         let value: f64 = value.trim().parse().map_err(|_| Error::Option {
             option,
@@ -39,7 +42,10 @@ pub fn parse_costs(text: &str) -> Result<(StageCosts, f64), Error> {
     let costs = stage_costs(&p)?;
     let comm = get(&p, "comm").unwrap_or(0.0);
     if !(comm.is_finite() && comm >= 0.0) {
-        return Err(Error::Option { option: "--costs", message: format!("comm = {comm} must be >= 0") });
+        return Err(Error::Option {
+            option: "--costs",
+            message: format!("comm = {comm} must be >= 0"),
+        });
     }
     Ok((costs, comm))
 }
@@ -72,9 +78,14 @@ pub fn parse_activation_memory(text: &str) -> Result<StageMemory, Error> {
 /// Reads `--stage-costs FILE.json`: a JSON list with one object per rank's share, keys as in
 /// `--costs` (`F`, `I`, `W`, optional `B`, `FB`).
 pub fn read_stage_costs(path: &str) -> Result<Vec<StageCosts>, Error> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_string(), source })?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| Error::Json { path: path.to_string(), message: e.to_string() })?;
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.to_string(),
+        source,
+    })?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Json {
+        path: path.to_string(),
+        message: e.to_string(),
+    })?;
     let items = value.as_array().ok_or_else(|| Error::Json {
         path: path.to_string(),
         message: "expected a list with one cost object per rank".to_string(),
@@ -113,7 +124,10 @@ mod tests {
     #[test]
     fn costs_parse_with_defaults() {
         let (c, comm) = parse_costs("F=1,I=0.5,W=0.25,comm=0.1").unwrap();
-        assert_eq!((c.forward(), c.full_backward(), c.overlapped(), comm), (1.0, 0.75, 1.75, 0.1));
+        assert_eq!(
+            (c.forward(), c.full_backward(), c.overlapped(), comm),
+            (1.0, 0.75, 1.75, 0.1)
+        );
         let (c, _) = parse_costs("FB=3").unwrap();
         assert_eq!(c.overlapped(), 3.0);
     }
@@ -131,7 +145,12 @@ mod tests {
             let err = parse_costs(text).unwrap_err().to_string();
             assert!(err.contains(why), "{text}: {err}");
         }
-        let err = parse_activation_memory("total=1,weight_grad=2").unwrap_err().to_string();
-        assert!(err.contains("weight_grad = 2 must lie between 0 and total = 1"), "{err}");
+        let err = parse_activation_memory("total=1,weight_grad=2")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("weight_grad = 2 must lie between 0 and total = 1"),
+            "{err}"
+        );
     }
 }

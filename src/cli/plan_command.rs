@@ -58,7 +58,10 @@ pub fn run(args: &PlanArgs, stdout: &mut dyn Write) -> Result<(), Error> {
     let memory = parse_activation_memory(&args.activation_memory)?;
     if let Some(limit) = args.memory_limit {
         if !(limit.is_finite() && limit > 0.0) {
-            return Err(Error::Option { option: "--memory-limit", message: format!("{limit} must be > 0") });
+            return Err(Error::Option {
+                option: "--memory-limit",
+                message: format!("{limit} must be > 0"),
+            });
         }
     }
     let mut config = PipelineConfig::new(args.ranks, args.microbatches)?
@@ -73,7 +76,10 @@ pub fn run(args: &PlanArgs, stdout: &mut dyn Write) -> Result<(), Error> {
     let report = PlanReport::new(&args.expression, &plan, &simulation);
     let json = serde_json::to_string_pretty(&report).expect("a report always serialises");
     if let Some(path) = &args.json {
-        std::fs::write(path, &json).map_err(|source| Error::Io { path: path.clone(), source })?;
+        std::fs::write(path, &json).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
     }
     let text = match args.format {
         Format::Text => report.to_text(&plan, &simulation),
@@ -81,5 +87,8 @@ pub fn run(args: &PlanArgs, stdout: &mut dyn Write) -> Result<(), Error> {
     };
     stdout
         .write_all(text.as_bytes())
-        .map_err(|source| Error::Io { path: "<stdout>".to_string(), source })
+        .map_err(|source| Error::Io {
+            path: "<stdout>".to_string(),
+            source,
+        })
 }

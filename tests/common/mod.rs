@@ -8,7 +8,10 @@ use std::path::PathBuf;
 /// The folder with the peers' reference schedules.
 pub fn reference_dir() -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    for candidate in [root.join("../shared/reference"), root.join("shared/reference")] {
+    for candidate in [
+        root.join("../shared/reference"),
+        root.join("shared/reference"),
+    ] {
         if candidate.is_dir() {
             return candidate;
         }
@@ -31,13 +34,23 @@ pub fn references(prefix: &str) -> Vec<(String, Value)> {
         .filter(|n| n.starts_with(prefix) && n.ends_with(".json"))
         .collect();
     names.sort();
-    names.into_iter().map(|n| { let v = reference(&n); (n, v) }).collect()
+    names
+        .into_iter()
+        .map(|n| {
+            let v = reference(&n);
+            (n, v)
+        })
+        .collect()
 }
 
 /// Expands tasks into atomic ops as text (`B` becomes `I` then `W`), the form in which two
 /// orders are compared.
 pub fn expand(tasks: impl IntoIterator<Item = Task>) -> Vec<String> {
-    tasks.into_iter().flat_map(|t| t.ops()).map(|op| op.to_string()).collect()
+    tasks
+        .into_iter()
+        .flat_map(|t| t.ops())
+        .map(|op| op.to_string())
+        .collect()
 }
 
 /// A reference file's orders, expanded.
@@ -47,14 +60,22 @@ pub fn reference_orders(file: &Value) -> Vec<Vec<String>> {
         .unwrap()
         .iter()
         .map(|row| {
-            expand(row.as_array().unwrap().iter().map(|a| a.as_str().unwrap().parse::<Task>().unwrap()))
+            expand(
+                row.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| a.as_str().unwrap().parse::<Task>().unwrap()),
+            )
         })
         .collect()
 }
 
 /// A plan's orders, expanded.
 pub fn plan_orders(plan: &Plan) -> Vec<Vec<String>> {
-    plan.orders().iter().map(|o| expand(o.iter().copied())).collect()
+    plan.orders()
+        .iter()
+        .map(|o| expand(o.iter().copied()))
+        .collect()
 }
 
 /// Integer field of a reference file.

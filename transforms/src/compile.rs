@@ -28,10 +28,20 @@ pub fn compile(root: &Call) -> Result<PassList, TransformError> {
             [] => break,
             [Node::Call(inner)] => current = inner,
             [other] => {
-                return Err(bad(current, "schedule", other.column(), "expected a schedule expression such as f1b(gpipe), found a number"))
+                return Err(bad(
+                    current,
+                    "schedule",
+                    other.column(),
+                    "expected a schedule expression such as f1b(gpipe), found a number",
+                ))
             }
             [_, extra, ..] => {
-                return Err(bad(current, "schedule", extra.column(), "takes one schedule to rewrite; write other arguments as name=value"))
+                return Err(bad(
+                    current,
+                    "schedule",
+                    extra.column(),
+                    "takes one schedule to rewrite; write other arguments as name=value",
+                ))
             }
         }
     }
@@ -59,7 +69,10 @@ fn pass_for(call: &Call) -> Result<Box<dyn Transform>, TransformError> {
                 call,
                 "schedule",
                 call.column,
-                &format!("needs the schedule it rewrites as first argument, e.g. {}(gpipe)", call.name),
+                &format!(
+                    "needs the schedule it rewrites as first argument, e.g. {}(gpipe)",
+                    call.name
+                ),
             ))
         } else {
             Ok(())
@@ -69,7 +82,12 @@ fn pass_for(call: &Call) -> Result<Box<dyn Transform>, TransformError> {
         "gpipe" => {
             reject_keywords(call, &[])?;
             if let Some(inner) = call.positional.first() {
-                return Err(bad(call, "schedule", inner.column(), "gpipe is the baseline and rewrites no schedule"));
+                return Err(bad(
+                    call,
+                    "schedule",
+                    inner.column(),
+                    "gpipe is the baseline and rewrites no schedule",
+                ));
             }
             Ok(Box::new(GPipe))
         }
@@ -85,12 +103,20 @@ fn pass_for(call: &Call) -> Result<Box<dyn Transform>, TransformError> {
             let group = integer_argument(call, "group")?;
             let layout = match keyword(call, "layout") {
                 None => Layout::Standard,
-                Some((_, Node::Call(c))) if c.name == "standard" && c.positional.is_empty() => Layout::Standard,
+                Some((_, Node::Call(c))) if c.name == "standard" && c.positional.is_empty() => {
+                    Layout::Standard
+                }
                 Some((_, Node::Call(c))) if c.name == "v" && c.positional.is_empty() => Layout::V,
-                Some((column, _)) => return Err(bad(call, "layout", column, "expected `standard` or `v`")),
+                Some((column, _)) => {
+                    return Err(bad(call, "layout", column, "expected `standard` or `v`"))
+                }
             };
             let pass = Interleave::new(chunks, group, layout).map_err(|e| match e {
-                TransformError::Precondition { constraint, details, .. } => TransformError::BadArgument {
+                TransformError::Precondition {
+                    constraint,
+                    details,
+                    ..
+                } => TransformError::BadArgument {
                     pass: "vpp".to_string(),
                     argument: constraint.clone(),
                     column: call.column,
@@ -102,7 +128,9 @@ fn pass_for(call: &Call) -> Result<Box<dyn Transform>, TransformError> {
         }
         "dual" | "zero_bubble" => Err(TransformError::Unavailable {
             pass: call.name.clone(),
-            reason: "this build implements gpipe, f1b and vpp; dual and zero_bubble are being added".to_string(),
+            reason:
+                "this build implements gpipe, f1b and vpp; dual and zero_bubble are being added"
+                    .to_string(),
         }),
         other => Err(TransformError::UnknownPass {
             name: other.to_string(),
@@ -125,7 +153,11 @@ fn reject_keywords(call: &Call, allowed: &[&str]) -> Result<(), TransformError> 
             let message = if allowed.is_empty() {
                 format!("`{}` takes no arguments besides its schedule", call.name)
             } else {
-                format!("unknown argument; `{}` takes {}", call.name, allowed.join(", "))
+                format!(
+                    "unknown argument; `{}` takes {}",
+                    call.name,
+                    allowed.join(", ")
+                )
             };
             return Err(bad(call, name, *column, &message));
         }
@@ -136,9 +168,21 @@ fn reject_keywords(call: &Call, allowed: &[&str]) -> Result<(), TransformError> 
 fn integer_argument(call: &Call, name: &str) -> Result<Option<u32>, TransformError> {
     match keyword(call, name) {
         None => Ok(None),
-        Some((_, Node::Number { value, text, column })) => {
+        Some((
+            _,
+            Node::Number {
+                value,
+                text,
+                column,
+            },
+        )) => {
             if value.fract() != 0.0 || *value < 0.0 || *value > f64::from(u32::MAX) {
-                Err(bad(call, name, *column, &format!("`{text}` is not a whole number between 0 and {}", u32::MAX)))
+                Err(bad(
+                    call,
+                    name,
+                    *column,
+                    &format!("`{text}` is not a whole number between 0 and {}", u32::MAX),
+                ))
             } else {
                 Ok(Some(*value as u32))
             }
@@ -155,7 +199,9 @@ mod tests {
     fn nested_calls_become_pass_lists() {
         assert_eq!(compile_expression("gpipe").unwrap().names(), ["gpipe"]);
         assert_eq!(
-            compile_expression("vpp(f1b(gpipe), chunks=3, group=8)").unwrap().names(),
+            compile_expression("vpp(f1b(gpipe), chunks=3, group=8)")
+                .unwrap()
+                .names(),
             ["gpipe", "f1b", "vpp"]
         );
     }
@@ -163,19 +209,35 @@ mod tests {
     #[test]
     fn unknown_names_and_arguments_are_errors() {
         let err = compile_expression("f1b(gpype)").unwrap_err();
-        assert!(matches!(err, TransformError::UnknownPass { column: 5, .. }), "{err}");
+        assert!(
+            matches!(err, TransformError::UnknownPass { column: 5, .. }),
+            "{err}"
+        );
         let err = compile_expression("vpp(f1b(gpipe), chunk=2)").unwrap_err();
-        assert!(err.to_string().contains("argument `chunk` at column 17: unknown argument"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("argument `chunk` at column 17: unknown argument"),
+            "{err}"
+        );
         let err = compile_expression("f1b(gpipe, 3)").unwrap_err();
         assert!(err.to_string().contains("takes one schedule"), "{err}");
         let err = compile_expression("vpp(f1b(gpipe), chunks=2.5)").unwrap_err();
         assert!(err.to_string().contains("not a whole number"), "{err}");
         let err = compile_expression("vpp(f1b(gpipe), chunks=3, layout=v)").unwrap_err();
-        assert!(err.to_string().contains("layout = v needs chunks = 2"), "{err}");
+        assert!(
+            err.to_string().contains("layout = v needs chunks = 2"),
+            "{err}"
+        );
         let err = compile_expression("vpp(f1b(gpipe), layout=w)").unwrap_err();
-        assert!(err.to_string().contains("expected `standard` or `v`"), "{err}");
+        assert!(
+            err.to_string().contains("expected `standard` or `v`"),
+            "{err}"
+        );
         let err = compile_expression("f1b").unwrap_err();
-        assert!(err.to_string().contains("needs the schedule it rewrites"), "{err}");
+        assert!(
+            err.to_string().contains("needs the schedule it rewrites"),
+            "{err}"
+        );
         let err = compile_expression("gpipe(gpipe)").unwrap_err();
         assert!(err.to_string().contains("baseline"), "{err}");
         let err = compile_expression("vpp(f1b(gpipe), chunks=0)").unwrap_err();

@@ -70,7 +70,11 @@ impl PassList {
             }
             pass.check(&plan)?;
             plan = pass.apply(plan)?.record_pass(pass.name());
-            let checked = if index + 1 == self.passes.len() { verify(&plan) } else { verify_schedule(&plan) };
+            let checked = if index + 1 == self.passes.len() {
+                verify(&plan)
+            } else {
+                verify_schedule(&plan)
+            };
             checked.map_err(|e| match e {
                 CoreError::Verification(violations)
                     if violations

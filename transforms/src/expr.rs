@@ -63,7 +63,10 @@ pub fn parse(text: &str) -> Result<Call, TransformError> {
     let call = p.call()?;
     p.skip_space();
     if p.pos < text.len() {
-        return Err(p.error(format!("unexpected `{}` after the expression", p.rest_char())));
+        return Err(p.error(format!(
+            "unexpected `{}` after the expression",
+            p.rest_char()
+        )));
     }
     Ok(call)
 }
@@ -151,7 +154,10 @@ impl<'a> Parser<'a> {
     }
 
     fn argument(&mut self, call: &mut Call) -> Result<(), TransformError> {
-        if self.peek().is_some_and(|c| c.is_ascii_digit() || c == '.' || c == '-') {
+        if self
+            .peek()
+            .is_some_and(|c| c.is_ascii_digit() || c == '.' || c == '-')
+        {
             let number = self.number()?;
             call.positional.push(number);
             return Ok(());
@@ -174,7 +180,8 @@ impl<'a> Parser<'a> {
         } else {
             self.pos = save;
             if !call.keywords.is_empty() {
-                return Err(self.error("positional arguments must come before keyword arguments".to_string()));
+                return Err(self
+                    .error("positional arguments must come before keyword arguments".to_string()));
             }
             let inner = self.call()?;
             call.positional.push(Node::Call(inner));
@@ -183,7 +190,10 @@ impl<'a> Parser<'a> {
     }
 
     fn value(&mut self) -> Result<Node, TransformError> {
-        if self.peek().is_some_and(|c| c.is_ascii_digit() || c == '.' || c == '-') {
+        if self
+            .peek()
+            .is_some_and(|c| c.is_ascii_digit() || c == '.' || c == '-')
+        {
             self.number()
         } else {
             Ok(Node::Call(self.call()?))
@@ -226,7 +236,9 @@ mod tests {
         assert_eq!(call.column, 2);
         assert_eq!(call.keywords.len(), 2);
         assert_eq!(call.keywords[1].0, "group");
-        let Node::Call(inner) = &call.positional[0] else { panic!("expected a call") };
+        let Node::Call(inner) = &call.positional[0] else {
+            panic!("expected a call")
+        };
         assert_eq!(inner.name, "f1b");
         let bare = parse("gpipe").unwrap();
         assert!(bare.positional.is_empty());
@@ -240,13 +252,20 @@ mod tests {
             ("f1b(gpipe))", 11, "unexpected `)`"),
             ("vpp(f1b(gpipe), chunks=)", 24, "expected a name"),
             ("vpp(f1b(gpipe), chunks=2x)", 24, "`2x` is not a number"),
-            ("vpp(chunks=2, f1b(gpipe))", 15, "positional arguments must come before"),
+            (
+                "vpp(chunks=2, f1b(gpipe))",
+                15,
+                "positional arguments must come before",
+            ),
             ("vpp(f1b(gpipe), chunks=2, chunks=3)", 27, "given twice"),
             ("f1b(gpipe) + 1", 12, "unexpected `+`"),
         ];
         for (text, column, message) in cases {
             match parse(text) {
-                Err(TransformError::Syntax { column: c, message: m }) => {
+                Err(TransformError::Syntax {
+                    column: c,
+                    message: m,
+                }) => {
                     assert_eq!(c, column, "{text}: {m}");
                     assert!(m.contains(message), "{text}: {m}");
                 }

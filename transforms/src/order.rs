@@ -24,16 +24,24 @@ mod tests {
     use super::*;
 
     fn tasks(text: &str) -> Vec<Task> {
-        text.split_whitespace().map(|t| t.parse().unwrap()).collect()
+        text.split_whitespace()
+            .map(|t| t.parse().unwrap())
+            .collect()
     }
 
     #[test]
     fn merge_has_warmup_steady_and_cooldown() {
         let f = tasks("0F0 0F1 0F2 0F3");
         let b = tasks("0B0 0B1 0B2 0B3");
-        let merged: Vec<String> = warmup_merge(&f, &b, 2).iter().map(|t| t.to_string()).collect();
+        let merged: Vec<String> = warmup_merge(&f, &b, 2)
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
         assert_eq!(merged.join(" "), "0F0 0F1 0F2 0B0 0F3 0B1 0B2 0B3");
-        let all: Vec<String> = warmup_merge(&f, &b, 9).iter().map(|t| t.to_string()).collect();
+        let all: Vec<String> = warmup_merge(&f, &b, 9)
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
         assert_eq!(all.join(" "), "0F0 0F1 0F2 0F3 0B0 0B1 0B2 0B3");
     }
 }

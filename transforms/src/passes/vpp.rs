@@ -31,9 +31,7 @@
 use crate::error::TransformError;
 use crate::order::warmup_merge;
 use crate::transform::{Position, Transform};
-use pipeweave_core::{
-    CostModel, MemoryModel, Plan, Problem, ProblemSpec, Task, Work,
-};
+use pipeweave_core::{CostModel, MemoryModel, Plan, Problem, ProblemSpec, Task, Work};
 
 /// Largest chunk count accepted.
 pub const MAX_CHUNKS: u32 = 64;
@@ -58,7 +56,11 @@ pub struct Interleave {
 
 impl Interleave {
     /// Validates the arguments that do not depend on the plan.
-    pub fn new(chunks: u32, group: Option<u32>, layout: Layout) -> Result<Interleave, TransformError> {
+    pub fn new(
+        chunks: u32,
+        group: Option<u32>,
+        layout: Layout,
+    ) -> Result<Interleave, TransformError> {
         if chunks == 0 || chunks > MAX_CHUNKS {
             return Err(TransformError::precondition(
                 "vpp",
@@ -74,9 +76,17 @@ impl Interleave {
             ));
         }
         if group == Some(0) {
-            return Err(TransformError::precondition("vpp", "group >= 1", "group = 0"));
+            return Err(TransformError::precondition(
+                "vpp",
+                "group >= 1",
+                "group = 0",
+            ));
         }
-        Ok(Interleave { chunks, group, layout })
+        Ok(Interleave {
+            chunks,
+            group,
+            layout,
+        })
     }
 
     /// Number of chunks per rank.
@@ -205,7 +215,8 @@ impl Transform for Interleave {
             ));
         }
         let stages = u64::from(problem.ranks()) * u64::from(self.chunks);
-        if stages * u64::from(problem.microbatches()) > pipeweave_core::problem::MAX_STAGE_MICROBATCH_PAIRS
+        if stages * u64::from(problem.microbatches())
+            > pipeweave_core::problem::MAX_STAGE_MICROBATCH_PAIRS
             || stages > u64::from(pipeweave_core::problem::MAX_STAGES)
         {
             return Err(TransformError::precondition(
@@ -220,7 +231,11 @@ impl Transform for Interleave {
             ));
         }
         if self.chunks >= 2 && Self::after_f1b(plan) {
-            let (p, m, g) = (problem.ranks(), problem.microbatches(), self.group_for(plan));
+            let (p, m, g) = (
+                problem.ranks(),
+                problem.microbatches(),
+                self.group_for(plan),
+            );
             if !(p <= g && g <= m) {
                 return Err(TransformError::precondition(
                     "vpp",
@@ -253,7 +268,9 @@ impl Transform for Interleave {
             .map(|rank| {
                 let forwards: Vec<Task> = table
                     .iter()
-                    .map(|&(mb, chunk)| Task::Forward(Work::new(self.stage(ranks, rank, chunk), mb)))
+                    .map(|&(mb, chunk)| {
+                        Task::Forward(Work::new(self.stage(ranks, rank, chunk), mb))
+                    })
                     .collect();
                 let backwards: Vec<Task> = table
                     .iter()
