@@ -13,7 +13,10 @@ fn main() -> Result<(), pipeweave::Error> {
             "after `{pass}`: makespan {:.2}, bubble rate {:.4}, peak activations {:?}",
             sim.makespan(),
             sim.bubble_rate(),
-            sim.ranks().iter().map(|r| r.peak_activations).collect::<Vec<_>>()
+            sim.ranks()
+                .iter()
+                .map(|r| r.peak_activations)
+                .collect::<Vec<_>>()
         );
         println!("{}", render_grid(plan, &sim));
     })?;

@@ -7,7 +7,7 @@
 use crate::driver::PassList;
 use crate::error::TransformError;
 use crate::expr::{parse, Call, Node};
-use crate::passes::{GPipe, Interleave, Layout, OneForwardOneBackward};
+use crate::passes::{Dual, GPipe, Interleave, Layout, OneForwardOneBackward, Policy, ZeroBubble};
 use crate::transform::Transform;
 
 /// Pass names the language knows.
@@ -126,12 +126,65 @@ fn pass_for(call: &Call) -> Result<Box<dyn Transform>, TransformError> {
             })?;
             Ok(Box::new(pass))
         }
-        "dual" | "zero_bubble" => Err(TransformError::Unavailable {
-            pass: call.name.clone(),
-            reason:
-                "this build implements gpipe, f1b and vpp; dual and zero_bubble are being added"
-                    .to_string(),
-        }),
+        "dual" => {
+            needs_inner(call)?;
+            reject_keywords(call, &[])?;
+            Ok(Box::new(Dual))
+        }
+        "zero_bubble" => {
+            needs_inner(call)?;
+            reject_keywords(call, &["policy", "memory"])?;
+            let memory = number_argument(call, "memory")?;
+            let policy = match keyword(call, "policy") {
+                None if memory.is_some() => Policy::Auto { memory },
+                None => Policy::Default,
+                Some((column, Node::Call(c))) => match (c.name.as_str(), c.positional.as_slice()) {
+                    ("h1", []) => Policy::H1,
+                    ("h2", []) => Policy::H2,
+                    ("deepseek", []) => Policy::DeepSeek,
+                    ("auto", []) => Policy::Auto { memory },
+                    ("auto", [Node::Number { value, .. }]) if memory.is_none() => Policy::Auto {
+                        memory: Some(*value),
+                    },
+                    ("auto", _) => {
+                        return Err(bad(
+                            call,
+                            "policy",
+                            column,
+                            "write auto, auto(N) or policy=auto, memory=N (not both)",
+                        ))
+                    }
+                    _ => {
+                        return Err(bad(
+                            call,
+                            "policy",
+                            column,
+                            "expected h1, h2, auto, auto(N) or deepseek",
+                        ))
+                    }
+                },
+                Some((column, _)) => {
+                    return Err(bad(
+                        call,
+                        "policy",
+                        column,
+                        "expected h1, h2, auto, auto(N) or deepseek",
+                    ))
+                }
+            };
+            if memory.is_some() && !matches!(policy, Policy::Auto { .. }) {
+                let column = keyword(call, "memory").map_or(call.column, |(c, _)| c);
+                return Err(bad(
+                    call,
+                    "memory",
+                    column,
+                    "a memory limit applies to policy=auto only",
+                ));
+            }
+            let pass = ZeroBubble::new(policy)
+                .map_err(|e| bad(call, "memory", call.column, &e.to_string()))?;
+            Ok(Box::new(pass))
+        }
         other => Err(TransformError::UnknownPass {
             name: other.to_string(),
             column: call.column,
@@ -163,6 +216,14 @@ fn reject_keywords(call: &Call, allowed: &[&str]) -> Result<(), TransformError> 
         }
     }
     Ok(())
+}
+
+fn number_argument(call: &Call, name: &str) -> Result<Option<f64>, TransformError> {
+    match keyword(call, name) {
+        None => Ok(None),
+        Some((_, Node::Number { value, .. })) => Ok(Some(*value)),
+        Some((column, _)) => Err(bad(call, name, column, "expected a number")),
+    }
 }
 
 fn integer_argument(call: &Call, name: &str) -> Result<Option<u32>, TransformError> {
@@ -240,6 +301,25 @@ mod tests {
         );
         let err = compile_expression("gpipe(gpipe)").unwrap_err();
         assert!(err.to_string().contains("baseline"), "{err}");
+        for (text, why) in [
+            (
+                "zero_bubble(f1b(gpipe), policy=h3)",
+                "expected h1, h2, auto",
+            ),
+            (
+                "zero_bubble(f1b(gpipe), policy=h1, memory=4)",
+                "applies to policy=auto only",
+            ),
+            (
+                "zero_bubble(f1b(gpipe), policy=auto(4), memory=4)",
+                "not both",
+            ),
+            ("zero_bubble(f1b(gpipe), memory=-1)", "memory > 0"),
+            ("dual(f1b(gpipe), x=1)", "takes no arguments"),
+        ] {
+            let err = compile_expression(text).unwrap_err().to_string();
+            assert!(err.contains(why), "{text}: {err}");
+        }
         let err = compile_expression("vpp(f1b(gpipe), chunks=0)").unwrap_err();
         assert!(err.to_string().contains("1 <= chunks <= 64"), "{err}");
     }

@@ -1,0 +1,201 @@
+//! Golden tests of `dual` and `zero_bubble` against DeepSeek's and sail-sg's schedules in
+//! ../shared/reference: orders op for op where the peer's schedule is deterministic by rule, and
+//! the files' figures (makespan, idle time, peak activations) under their cost models.
+
+mod common;
+
+use common::*;
+use pipeweave::{build_plan, simulate, PipelineConfig, Plan, Simulation, StageCostsSpec};
+use serde_json::Value;
+
+/// The reference file's costs as the costs of a rank's share (`per_stage_factor` converts costs
+/// given per stage into a rank's share holding that many stages' worth).
+fn config(file: &Value, per_stage_factor: f64, memory_limit: Option<f64>) -> PipelineConfig {
+    let c = &file["expect"]["costs"];
+    let get = |k: &str| c[k].as_f64().map(|v| v * per_stage_factor);
+    let f = get("F").unwrap();
+    let i = get("I").unwrap();
+    let w = get("W").unwrap();
+    let builder = StageCostsSpec::builder()
+        .forward(f)
+        .input_grad(i)
+        .weight_grad(w);
+    let costs = match get("OVERLAP_F_B") {
+        Some(fb) => builder.overlapped(fb).build(),
+        None => builder.build(),
+    }
+    .validate()
+    .unwrap();
+    PipelineConfig::new(field(file, "ranks"), field(file, "microbatches"))
+        .unwrap()
+        .with_costs(costs, c["comm"].as_f64().unwrap_or(0.0))
+        .unwrap()
+        .with_memory_limit(memory_limit)
+}
+
+fn numbers(file: &Value, key: &str) -> Vec<f64> {
+    file["expect"][key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 2e-6 * (1.0 + b.abs())
+}
+
+fn assert_same_order(name: &str, plan: &Plan, file: &Value) {
+    let placement: Vec<u32> = plan
+        .problem()
+        .stage_to_rank()
+        .iter()
+        .map(|r| r.get())
+        .collect();
+    let expected: Vec<u32> = file["stage_to_rank"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(placement, expected, "{name}: placement");
+    for (rank, (ours, theirs)) in plan_orders(plan)
+        .iter()
+        .zip(&reference_orders(file))
+        .enumerate()
+    {
+        assert_eq!(ours, theirs, "{name}: rank {rank}");
+    }
+}
+
+/// Makespan and idle time equal the file's; peaks equal after converting our units (a rank's
+/// share) into the file's (`peak_factor` stages per share).
+fn assert_figures(name: &str, sim: &Simulation, file: &Value, peak_factor: f64) {
+    let expect_makespan = file["expect"]["makespan"].as_f64().unwrap();
+    assert!(
+        close(sim.makespan(), expect_makespan),
+        "{name}: makespan {} != {expect_makespan}",
+        sim.makespan()
+    );
+    for (r, (ours, theirs)) in sim
+        .ranks()
+        .iter()
+        .zip(numbers(file, "idle_per_rank"))
+        .enumerate()
+    {
+        assert!(
+            close(ours.idle, theirs),
+            "{name}: rank {r} idle {} != {theirs}",
+            ours.idle
+        );
+    }
+    for (r, (ours, theirs)) in sim
+        .ranks()
+        .iter()
+        .zip(numbers(file, "peak_activations_per_rank"))
+        .enumerate()
+    {
+        assert!(
+            close(ours.peak_activations * peak_factor, theirs),
+            "{name}: rank {r} peak {} != {theirs}",
+            ours.peak_activations
+        );
+    }
+    if let Some(rate) = file["expect"]["bubble_rate"].as_f64() {
+        assert!(
+            (sim.bubble_rate() - rate).abs() < 1e-5,
+            "{name}: bubble rate {} != {rate}",
+            sim.bubble_rate()
+        );
+    }
+}
+
+#[test]
+fn dualpipe_is_zero_bubble_of_dual_1f1b() {
+    let files = references("dualpipe_");
+    assert!(!files.is_empty());
+    for (name, file) in files {
+        let plan = build_plan("zero_bubble(dual(f1b(gpipe)))", &config(&file, 1.0, None)).unwrap();
+        assert_eq!(
+            plan.problem().tied_stages().len(),
+            field(&file, "ranks") as usize
+        );
+        assert_same_order(&name, &plan, &file);
+        assert_figures(&name, &simulate(&plan).unwrap(), &file, 1.0);
+    }
+}
+
+#[test]
+fn dualpipev_is_zero_bubble_of_dual_interleaved() {
+    let files = references("dualpipev_");
+    assert!(!files.is_empty());
+    for (name, file) in files {
+        // The file's costs are per stage; a rank's share is two stages.
+        let plan = build_plan(
+            "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
+            &config(&file, 2.0, None),
+        )
+        .unwrap();
+        assert_same_order(&name, &plan, &file);
+        assert_figures(&name, &simulate(&plan).unwrap(), &file, 2.0);
+        // The V layout as input gives the same DualPipeV.
+        let from_v = build_plan(
+            "zero_bubble(dual(vpp(f1b(gpipe), chunks=2, layout=v)))",
+            &config(&file, 2.0, None),
+        )
+        .unwrap();
+        assert_eq!(
+            plan_orders(&from_v),
+            plan_orders(&plan),
+            "{name}: from the V layout"
+        );
+    }
+}
+
+#[test]
+fn zb_h1_and_h2_are_reproduced_op_for_op() {
+    for (prefix, policy) in [("zb-h1_", "h1"), ("zb-h2_", "h2")] {
+        let files = references(prefix);
+        assert!(!files.is_empty());
+        for (name, file) in files {
+            let expr = format!("zero_bubble(f1b(gpipe), policy={policy})");
+            let plan = build_plan(&expr, &config(&file, 1.0, None)).unwrap();
+            assert_same_order(&name, &plan, &file);
+            assert_figures(&name, &simulate(&plan).unwrap(), &file, 1.0);
+        }
+    }
+}
+
+/// ZB-V and ZB-2p come from heuristics; ours must match or beat their makespan at no more memory.
+#[test]
+fn zb_v_and_zb_2p_are_matched_or_beaten_at_no_more_memory() {
+    let cases = [
+        ("zb-v_", "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))"),
+        ("zb-2p_", "zero_bubble(f1b(gpipe), policy=auto)"),
+    ];
+    for (prefix, expr) in cases {
+        let files = references(prefix);
+        assert!(!files.is_empty());
+        for (name, file) in files {
+            let theirs_peak = numbers(&file, "peak_activations_per_rank")
+                .into_iter()
+                .fold(0.0, f64::max);
+            let plan = build_plan(expr, &config(&file, 1.0, Some(theirs_peak))).unwrap();
+            let sim = simulate(&plan).unwrap();
+            let theirs = file["expect"]["makespan"].as_f64().unwrap();
+            assert!(
+                sim.makespan() <= theirs + 1e-6,
+                "{name}: makespan {} > {theirs}",
+                sim.makespan()
+            );
+            for (r, figures) in sim.ranks().iter().enumerate() {
+                assert!(
+                    figures.peak_activations <= theirs_peak + 1e-9,
+                    "{name}: rank {r} peak {}",
+                    figures.peak_activations
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! `dual`: bidirectional pipelines (DeepSeek DualPipe and DualPipeV).
+//!
+//! Source: DeepSeek's `dualpipe.py` / `dualpipev.py` (`step()`), phases as in
+//! [`crate::schedules::dualpipe`].
+//!
+//! - On a one-chunk 1F1B plan: **DualPipe**. Every stage `i` gets a mirrored replica, stage
+//!   `P + i`, on rank `P - 1 - i`, holding the same weights (tied stages). Microbatches `0..M/2`
+//!   flow from rank 0 down through stages `0..P`; microbatches `M/2..M` flow from rank `P - 1` up
+//!   through the replicas. A replica costs and holds what its original does.
+//! - On a two-chunk plan (`vpp(.., chunks=2)`, either layout): **DualPipeV**. The model's `2P`
+//!   chunks are placed in a V, rank `r` holding stages `r` and `2P - 1 - r`; all microbatches enter
+//!   and leave at rank 0. Chunk `c` of rank `r` keeps the costs and memory chunk `c` had.
+//!
+//! One forward of one direction is paired with one full backward of the other into an overlapped
+//! F&B task (its own cost, `FB`). Without `zero_bubble` every backward is a full B; DeepSeek's
+//! split of the last backwards into I and queued W comes with `zero_bubble` (its default policy on
+//! dual plans).
+//!
+//! Preconditions: the input comes from `f1b` or `vpp` after `f1b`; DualPipe needs an even rank
+//! count and an even microbatch count `M >= 2P`; DualPipeV needs `M >= 2P`; more than two chunks
+//! per rank are rejected.
+//! May change: placement (stages, routes, tied stages), per-stage costs and memory, orders.
+//!
+//! `dual(f1b(gpipe))` at 2 ranks, 4 microbatches, unit costs (`X` is an overlapped F&B, labelled by
+//! its forward; lower case marks the replica stage):
+//! ```text
+//! rank  0 | F0 f2 B0 ~  x3 ~  ~  b3 ~  B1 ~  .
+//! rank  1 | f2 F0 b2 ~  X1 ~  ~  B1 ~  b3 ~  .
+//! ```
+//! (see the `dual_grid` snapshot test for the exact picture).
+
+use crate::error::TransformError;
+use crate::schedules::dualpipe::DualShape;
+use crate::transform::{Position, Transform};
+use pipeweave_core::{
+    CostModel, MemoryModel, Plan, Problem, ProblemSpec, RouteSpec, StageCosts, StageMemory,
+};
+
+/// The bidirectional pass.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Dual;
+
+/// Which bidirectional pipeline a plan becomes.
+fn shape_of(plan: &Plan) -> Result<DualShape, TransformError> {
+    let problem = plan.problem();
+    let (p, m) = (problem.ranks(), problem.microbatches());
+    let has_f1b = plan.passes().iter().any(|n| n == "f1b");
+    if !has_f1b {
+        return Err(TransformError::precondition(
+            "dual",
+            "input is a 1F1B plan (f1b or vpp after f1b)",
+            format!("the plan came from passes [{}]", plan.passes().join(", ")),
+        ));
+    }
+    match plan.chunks_per_rank() {
+        Some(1) if problem.is_linear() => {
+            if p % 2 != 0 {
+                return Err(TransformError::precondition(
+                    "dual",
+                    "DualPipe needs an even number of ranks",
+                    format!("ranks = {p}"),
+                ));
+            }
+            if m % 2 != 0 || m < 2 * p {
+                return Err(TransformError::precondition(
+                    "dual",
+                    "DualPipe needs an even number of microbatches >= 2 x ranks",
+                    format!("microbatches = {m}, ranks = {p}"),
+                ));
+            }
+            Ok(DualShape {
+                ranks: p,
+                microbatches: m,
+                v: false,
+            })
+        }
+        Some(2) => {
+            if m < 2 * p {
+                return Err(TransformError::precondition(
+                    "dual",
+                    "DualPipeV needs microbatches >= 2 x ranks",
+                    format!("microbatches = {m}, ranks = {p}"),
+                ));
+            }
+            Ok(DualShape {
+                ranks: p,
+                microbatches: m,
+                v: true,
+            })
+        }
+        other => Err(TransformError::precondition(
+            "dual",
+            "one chunk per rank (DualPipe) or two (DualPipeV)",
+            match other {
+                Some(c) => format!("the plan has {c} chunks per rank"),
+                None => "ranks hold different numbers of stages".to_string(),
+            },
+        )),
+    }
+}
+
+/// The problem, costs and memory of the bidirectional layout.
+fn reshape(
+    plan: &Plan,
+    shape: DualShape,
+) -> Result<(Problem, CostModel, MemoryModel), TransformError> {
+    let input = plan.problem();
+    let p = shape.ranks;
+    // For every new stage, the input stage whose costs and memory it takes.
+    let mut source = vec![0u32; 2 * p as usize];
+    let mut owner = vec![0u32; 2 * p as usize];
+    for rank in 0..p {
+        let second = shape.second_stage(rank);
+        owner[rank as usize] = rank;
+        owner[second as usize] = rank;
+        if shape.v {
+            let held = input.stages_of(rank.into());
+            source[rank as usize] = held[0].get();
+            source[second as usize] = held[1].get();
+        } else {
+            source[rank as usize] = rank;
+            // Stage P + i replicates stage i: rank r holds the replica of stage P - 1 - r.
+            source[second as usize] = p - 1 - rank;
+        }
+    }
+    let spec = if shape.v {
+        ProblemSpec::builder()
+            .ranks(p)
+            .microbatches(shape.microbatches)
+            .stage_to_rank(owner)
+            .build()
+    } else {
+        let half = shape.microbatches / 2;
+        ProblemSpec::builder()
+            .ranks(p)
+            .microbatches(shape.microbatches)
+            .stage_to_rank(owner)
+            .routes(vec![
+                RouteSpec {
+                    first: 0,
+                    end: half,
+                    stages: (0..p).collect(),
+                },
+                RouteSpec {
+                    first: half,
+                    end: shape.microbatches,
+                    stages: (p..2 * p).collect(),
+                },
+            ])
+            .tied_stages((0..p).map(|i| vec![i, p + i]).collect())
+            .build()
+    };
+    let problem = spec
+        .validate()
+        .map_err(|e| TransformError::core("dual: building the layout", e))?;
+    let costs: Vec<StageCosts> = source
+        .iter()
+        .map(|&s| plan.costs().stages()[s as usize])
+        .collect();
+    let memory: Vec<StageMemory> = source
+        .iter()
+        .map(|&s| plan.memory().stages()[s as usize])
+        .collect();
+    let costs = CostModel::per_stage(costs, plan.costs().comm())
+        .map_err(|e| TransformError::core("dual: costs", e))?;
+    Ok((problem, costs, MemoryModel::per_stage(memory)))
+}
+
+impl Transform for Dual {
+    fn name(&self) -> &'static str {
+        "dual"
+    }
+
+    fn position(&self) -> Position {
+        Position::Dual
+    }
+
+    fn check(&self, plan: &Plan) -> Result<(), TransformError> {
+        shape_of(plan).map(|_| ())
+    }
+
+    fn apply(&self, plan: Plan) -> Result<Plan, TransformError> {
+        let shape = shape_of(&plan)?;
+        let layout = reshape(&plan, shape)?;
+        let orders = (0..shape.ranks).map(|r| shape.order(r, false)).collect();
+        plan.reshaped(Some(layout), orders)
+            .map_err(|e| TransformError::core("dual", e))
+    }
+}
+
+/// The bidirectional shape of a plan produced by `dual` (None for any other plan).
+pub fn dual_shape_of_output(plan: &Plan) -> Option<DualShape> {
+    if plan.passes().last().map(String::as_str) != Some("dual") {
+        return None;
+    }
+    let problem = plan.problem();
+    Some(DualShape {
+        ranks: problem.ranks(),
+        microbatches: problem.microbatches(),
+        v: problem.routes().len() == 1,
+    })
+}

@@ -1,0 +1,280 @@
+//! `zero_bubble(policy, memory)`: split backwards into I and W and move the Ws into bubbles.
+//!
+//! Source: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024) and sail-sg's schedules;
+//! DeepSeek's DualPipe/DualPipeV for the W handling of dual plans.
+//!
+//! Policies:
+//! - `h1`: ZB-H1, memory as the input schedule (see [`crate::schedules::lagged`]);
+//! - `h2`: ZB-H2, about twice 1F1B's activations, near zero bubble;
+//! - `auto` (with `memory=N`, or `auto(N)`): cost-model driven. Candidates are the input order,
+//!   `h1`, `h2` (non-dual plans), the handcrafted ZB-V (V placement,
+//!   [`crate::schedules::zbv`]), DeepSeek's order (dual plans) and the list scheduler of
+//!   [`crate::schedules::greedy`] in several variants; each is verified and simulated, those within
+//!   the memory limit compete and the shortest longest per-rank span wins (then the makespan, then
+//!   the earlier candidate), so `auto` is deterministic and never worse than any candidate that
+//!   fits, `h1` and DeepSeek's order included. The limit defaults to the plan's declared limit, else
+//!   the input plan's peak.
+//! - `deepseek` (dual plans only): DeepSeek's DualPipe/DualPipeV order with its split backwards and
+//!   W queue.
+//! - default: `deepseek` on dual plans, `auto` elsewhere.
+//!
+//! Preconditions: the input comes from `f1b`, `vpp` after `f1b`, or `dual`; `h1` and `h2` need a
+//! plan of plain forwards and full backwards (not a dual plan); `deepseek` needs a dual plan;
+//! `auto` must find a schedule within the limit.
+//! May change: the orders only (placement, costs and memory stay).
+//!
+//! `zero_bubble(f1b(gpipe), policy=h1)` at 4 ranks, 8 microbatches, unit costs (before: `f1b`):
+//! see the `zero_bubble_grids` snapshot test for the exact grids.
+
+use crate::error::TransformError;
+use crate::passes::dual::dual_shape_of_output;
+use crate::schedules::greedy::{self, FillWaits, Variant};
+use crate::schedules::lagged::{lagged_orders, Hand};
+use crate::schedules::zbv::{zbv_orders, Cooldown};
+use crate::transform::{Position, Transform};
+use pipeweave_core::memory::peak_per_rank;
+use pipeweave_core::{simulate, verify_schedule, Plan, Task};
+
+/// How `zero_bubble` places weight gradients.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Policy {
+    /// `deepseek` on dual plans, `auto` elsewhere.
+    Default,
+    /// ZB-H1.
+    H1,
+    /// ZB-H2.
+    H2,
+    /// Cost-model-driven search within a memory limit (units of a rank's activations).
+    Auto {
+        /// The per-rank limit; None takes the plan's declared limit or the input's peak.
+        memory: Option<f64>,
+    },
+    /// DeepSeek's DualPipe/DualPipeV order.
+    DeepSeek,
+}
+
+/// The zero-bubble pass.
+#[derive(Clone, Copy, Debug)]
+pub struct ZeroBubble {
+    policy: Policy,
+}
+
+impl ZeroBubble {
+    /// Validates the arguments that do not depend on the plan.
+    pub fn new(policy: Policy) -> Result<ZeroBubble, TransformError> {
+        if let Policy::Auto { memory: Some(m) } = policy {
+            if !(m.is_finite() && m > 0.0) {
+                return Err(TransformError::precondition(
+                    "zero_bubble",
+                    "memory > 0",
+                    format!("memory = {m}"),
+                ));
+            }
+        }
+        Ok(ZeroBubble { policy })
+    }
+
+    fn resolved(&self, plan: &Plan) -> Policy {
+        match self.policy {
+            Policy::Default if dual_shape_of_output(plan).is_some() => Policy::DeepSeek,
+            Policy::Default => Policy::Auto { memory: None },
+            other => other,
+        }
+    }
+}
+
+fn max_peak(plan: &Plan) -> f64 {
+    peak_per_rank(plan)
+        .iter()
+        .map(|p| p.peak)
+        .fold(0.0, f64::max)
+}
+
+/// A candidate order set scored by (longest per-rank span, makespan).
+struct Scored {
+    orders: Vec<Vec<Task>>,
+    span: f64,
+    makespan: f64,
+}
+
+fn score(plan: &Plan, orders: Vec<Vec<Task>>, limit: f64) -> Option<Scored> {
+    let candidate = plan.clone().with_orders(orders).ok()?;
+    verify_schedule(&candidate).ok()?;
+    if max_peak(&candidate) > limit + 1e-9 {
+        return None;
+    }
+    let sim = simulate(&candidate).ok()?;
+    Some(Scored {
+        span: sim.max_span(),
+        makespan: sim.makespan(),
+        orders: candidate.orders().to_vec(),
+    })
+}
+
+/// Whether the plan has the V placement (rank `r` holds exactly stages `r` and `2P - 1 - r`, one
+/// route through all stages in order).
+fn is_v_layout(plan: &Plan) -> bool {
+    let problem = plan.problem();
+    let p = problem.ranks() as usize;
+    problem.stages() as usize == 2 * p
+        && problem.routes().len() == 1
+        && problem.routes()[0]
+            .stages()
+            .iter()
+            .enumerate()
+            .all(|(i, s)| s.index() == i)
+        && problem
+            .stage_to_rank()
+            .iter()
+            .enumerate()
+            .all(|(s, r)| r.index() == if s < p { s } else { 2 * p - 1 - s })
+}
+
+/// The `auto` search.
+fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError> {
+    let dual = dual_shape_of_output(plan);
+    let mut candidates: Vec<Vec<Vec<Task>>> = vec![plan.orders().to_vec()];
+    match dual {
+        Some(shape) => candidates.push((0..shape.ranks).map(|r| shape.order(r, true)).collect()),
+        None => {
+            for hand in [Hand::H1, Hand::H2] {
+                if let Ok(orders) = lagged_orders(plan, hand) {
+                    candidates.push(orders);
+                }
+            }
+            if is_v_layout(plan) {
+                let (p, m) = (plan.problem().ranks(), plan.problem().microbatches());
+                for cooldown in [Cooldown::Eager, Cooldown::Deferred] {
+                    candidates.push(zbv_orders(p, m, cooldown));
+                }
+            }
+        }
+    }
+    let multi_stage = plan.chunks_per_rank() != Some(1);
+    for prefer_input_grad in [true, false] {
+        for fill in [FillWaits::IfTheyFit, FillWaits::Always] {
+            for reserve in [false, true] {
+                if reserve && !multi_stage {
+                    continue;
+                }
+                for overlap in [false, true] {
+                    if overlap && dual.is_none() {
+                        continue;
+                    }
+                    let variant = Variant {
+                        prefer_input_grad,
+                        fill,
+                        reserve,
+                        overlap,
+                    };
+                    if let Some(orders) = greedy::schedule(plan, limit, variant) {
+                        candidates.push(orders);
+                    }
+                }
+            }
+        }
+    }
+    let mut best: Option<Scored> = None;
+    for orders in candidates {
+        let Some(scored) = score(plan, orders, limit) else {
+            continue;
+        };
+        let better = best.as_ref().is_none_or(|b| {
+            scored.span < b.span - 1e-9
+                || (scored.span < b.span + 1e-9 && scored.makespan < b.makespan - 1e-9)
+        });
+        if better {
+            best = Some(scored);
+        }
+    }
+    best.map(|b| b.orders).ok_or_else(|| {
+        TransformError::precondition(
+            "zero_bubble",
+            "auto finds a schedule within the memory limit",
+            format!(
+                "no candidate fits in {limit} activations per rank (the input needs {})",
+                max_peak(plan)
+            ),
+        )
+    })
+}
+
+impl Transform for ZeroBubble {
+    fn name(&self) -> &'static str {
+        "zero_bubble"
+    }
+
+    fn position(&self) -> Position {
+        Position::ZeroBubble
+    }
+
+    fn describe(&self) -> String {
+        match self.policy {
+            Policy::Default => "zero_bubble".to_string(),
+            Policy::H1 => "zero_bubble(policy=h1)".to_string(),
+            Policy::H2 => "zero_bubble(policy=h2)".to_string(),
+            Policy::DeepSeek => "zero_bubble(policy=deepseek)".to_string(),
+            Policy::Auto { memory: Some(m) } => format!("zero_bubble(policy=auto, memory={m})"),
+            Policy::Auto { memory: None } => "zero_bubble(policy=auto)".to_string(),
+        }
+    }
+
+    fn check(&self, plan: &Plan) -> Result<(), TransformError> {
+        if !plan.passes().iter().any(|n| n == "f1b") {
+            return Err(TransformError::precondition(
+                "zero_bubble",
+                "input comes from f1b, vpp after f1b, or dual",
+                format!("the plan came from passes [{}]", plan.passes().join(", ")),
+            ));
+        }
+        let dual = dual_shape_of_output(plan).is_some();
+        match self.resolved(plan) {
+            Policy::H1 | Policy::H2 if dual => Err(TransformError::precondition(
+                "zero_bubble",
+                "policies h1 and h2 need plain forwards and full backwards (not a dual plan)",
+                "the input is a dual plan; use the default (deepseek) or auto".to_string(),
+            )),
+            Policy::DeepSeek if !dual => Err(TransformError::precondition(
+                "zero_bubble",
+                "policy deepseek needs a dual plan",
+                format!("the plan came from passes [{}]", plan.passes().join(", ")),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn apply(&self, plan: Plan) -> Result<Plan, TransformError> {
+        let orders = match self.resolved(&plan) {
+            Policy::H1 | Policy::H2 => {
+                let hand = if self.resolved(&plan) == Policy::H1 {
+                    Hand::H1
+                } else {
+                    Hand::H2
+                };
+                lagged_orders(&plan, hand).map_err(|e| {
+                    TransformError::precondition(
+                        "zero_bubble",
+                        "plain forwards and full backwards",
+                        format!("rank {} runs {}", e.rank, e.task),
+                    )
+                })?
+            }
+            Policy::DeepSeek => {
+                let shape = dual_shape_of_output(&plan).expect("check() accepted a dual plan");
+                (0..shape.ranks).map(|r| shape.order(r, true)).collect()
+            }
+            policy @ (Policy::Auto { .. } | Policy::Default) => {
+                let memory = match policy {
+                    Policy::Auto { memory } => memory,
+                    _ => None,
+                };
+                let limit = memory
+                    .or(plan.memory_limit())
+                    .unwrap_or_else(|| max_peak(&plan));
+                auto_orders(&plan, limit)?
+            }
+        };
+        plan.with_orders(orders)
+            .map_err(|e| TransformError::core("zero_bubble", e))
+    }
+}
