@@ -17,6 +17,7 @@
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod paper_table;
 pub mod report;
 
 pub use config::{build_plan, build_plan_observed, PipelineConfig};

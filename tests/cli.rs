@@ -104,8 +104,34 @@ fn bad_input_exits_2_with_one_line_naming_the_constraint() {
             "weight_grad = 3 must lie between 0 and total = 1",
         ),
         (
-            &["plan", "dual(f1b(gpipe))"],
-            "pass `dual` is not available yet",
+            &["plan", "dual(f1b(gpipe))", "-p", "3", "-m", "8"],
+            "precondition `DualPipe needs an even number of ranks` violated: ranks = 3",
+        ),
+        (
+            &[
+                "plan",
+                "dual(vpp(f1b(gpipe), chunks=3))",
+                "-p",
+                "2",
+                "-m",
+                "8",
+            ],
+            "one chunk per rank (DualPipe) or two (DualPipeV)",
+        ),
+        (
+            &[
+                "plan",
+                "zero_bubble(dual(f1b(gpipe)), policy=h1)",
+                "-p",
+                "2",
+                "-m",
+                "4",
+            ],
+            "policies h1 and h2 need plain forwards",
+        ),
+        (
+            &["plan", "zero_bubble(f1b(gpipe), policy=auto, memory=0.5)"],
+            "auto finds a schedule within the memory limit",
         ),
         (&["plan", "--microbatches", "99999999999"], "invalid value"),
     ];

@@ -40,14 +40,6 @@ pub enum TransformError {
         /// What is wrong.
         message: String,
     },
-    /// A pass exists in the client's pipeline but not in this build yet.
-    #[error("pass `{pass}` is not available yet: {reason}")]
-    Unavailable {
-        /// The pass.
-        pass: String,
-        /// Why.
-        reason: String,
-    },
     /// Passes must follow the order gpipe, f1b, vpp, dual, zero_bubble (each at most once).
     #[error("pass `{pass}` cannot run after `{after}`: passes apply in the order gpipe, f1b, vpp, dual, zero_bubble, each at most once")]
     OutOfOrder {

@@ -28,7 +28,7 @@
 
 use crate::error::TransformError;
 use crate::passes::dual::dual_shape_of_output;
-use crate::schedules::greedy::{self, FillWaits, Variant};
+use crate::schedules::greedy::{self, FillWaits, InFlight, Variant};
 use crate::schedules::lagged::{lagged_orders, Hand};
 use crate::schedules::zbv::{zbv_orders, Cooldown};
 use crate::transform::{Position, Transform};
@@ -130,6 +130,74 @@ fn is_v_layout(plan: &Plan) -> bool {
             .all(|(s, r)| r.index() == if s < p { s } else { 2 * p - 1 - s })
 }
 
+/// The warm-up rules the search tries.
+const IN_FLIGHT: [InFlight; 7] = [
+    InFlight::Memory,
+    InFlight::Slope(1),
+    InFlight::Slope(2),
+    InFlight::CostAware {
+        round_up: false,
+        extra: 0,
+    },
+    InFlight::CostAware {
+        round_up: true,
+        extra: 0,
+    },
+    InFlight::CostAware {
+        round_up: false,
+        extra: 1,
+    },
+    InFlight::CostAware {
+        round_up: false,
+        extra: 2,
+    },
+];
+
+/// The best of the list scheduler's variants by its own timing (longest per-rank span, then
+/// makespan, then the earlier variant).
+fn best_greedy(plan: &Plan, limit: f64, dual: bool) -> Option<Vec<Vec<Task>>> {
+    let multi_stage = plan.chunks_per_rank() != Some(1);
+    let mut best: Option<greedy::Schedule> = None;
+    for prefer_input_grad in [true, false] {
+        for fill in [FillWaits::IfTheyFit, FillWaits::Always] {
+            for reserve in [false, true] {
+                if reserve && !multi_stage {
+                    continue;
+                }
+                for overlap in [false, true] {
+                    if overlap && !dual {
+                        continue;
+                    }
+                    for in_flight in IN_FLIGHT {
+                        for keep_weights_slope in [0, 1, 2] {
+                            let variant = Variant {
+                                prefer_input_grad,
+                                fill,
+                                reserve,
+                                overlap,
+                                in_flight,
+                                keep_weights_slope,
+                            };
+                            let Some(found) = greedy::schedule(plan, limit, variant) else {
+                                continue;
+                            };
+                            let better = best.as_ref().is_none_or(|b| {
+                                found.max_span < b.max_span - 1e-9
+                                    || (found.max_span < b.max_span + 1e-9
+                                        && found.makespan < b.makespan - 1e-9)
+                            });
+                            if better {
+                                best = Some(found);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    best.map(|b| b.orders)
+}
+
 /// The `auto` search.
 fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError> {
     let dual = dual_shape_of_output(plan);
@@ -150,29 +218,8 @@ fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError
             }
         }
     }
-    let multi_stage = plan.chunks_per_rank() != Some(1);
-    for prefer_input_grad in [true, false] {
-        for fill in [FillWaits::IfTheyFit, FillWaits::Always] {
-            for reserve in [false, true] {
-                if reserve && !multi_stage {
-                    continue;
-                }
-                for overlap in [false, true] {
-                    if overlap && dual.is_none() {
-                        continue;
-                    }
-                    let variant = Variant {
-                        prefer_input_grad,
-                        fill,
-                        reserve,
-                        overlap,
-                    };
-                    if let Some(orders) = greedy::schedule(plan, limit, variant) {
-                        candidates.push(orders);
-                    }
-                }
-            }
-        }
+    if let Some(best) = best_greedy(plan, limit, dual.is_some()) {
+        candidates.push(best);
     }
     let mut best: Option<Scored> = None;
     for orders in candidates {

@@ -38,12 +38,86 @@ pub struct Variant {
     pub reserve: bool,
     /// Pair a ready F with a ready backward into one overlapped F&B (full backward).
     pub overlap: bool,
+    /// Cap on a rank's forwards whose I has not run.
+    pub in_flight: InFlight,
+    /// Ws a rank keeps for the cool-down, as `k (w_r - 1)`: in a wait mid-schedule a W runs only
+    /// while more than that many are pending (memory pressure and the cool-down use them all).
+    pub keep_weights_slope: u32,
+}
+
+/// How many forwards a rank may run ahead of its input-gradient backwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InFlight {
+    /// Memory alone decides.
+    Memory,
+    /// `k (w_r - 1) + 1`, with `w_r` the forwards rank `r` runs before its first backward in the
+    /// input plan (`k = 1`: 1F1B's pacing; `k = 2`: ZB-H2's).
+    Slope(u32),
+    /// As many forwards as fit, back to back, between the rank's first forward and the earliest
+    /// arrival of its first I (microbatch 0's critical path under the cost model), rounded down or
+    /// up: the warm-up that neither idles nor delays the first backward.
+    CostAware {
+        /// Round up (one forward may overlap the arrival) rather than down.
+        round_up: bool,
+        /// Forwards allowed beyond that warm-up (a deeper pipeline of in-flight work lets the
+        /// last microbatches' backwards start sooner when memory allows).
+        extra: u32,
+    },
 }
 
 const EPSILON: f64 = 1e-9;
 
+/// The warm-up of `rank` under `InFlight::CostAware`: forwards that fit between the start of its
+/// first forward and the earliest arrival of that microbatch's input gradient.
+fn cost_aware_warmup(plan: &Plan, rank: usize, round_up: bool) -> usize {
+    let problem = plan.problem();
+    let costs = plan.costs();
+    let comm = costs.comm();
+    let Some(route) = problem.route_of(0.into()) else {
+        return 1;
+    };
+    let stages = route.stages();
+    let Some(position) = stages
+        .iter()
+        .position(|s| problem.rank_of(*s).map(|r| r.index()) == Some(rank))
+    else {
+        return 1;
+    };
+    let cost = |s: StageId| costs.stage(s).copied().unwrap_or_default();
+    let crossing = |a: StageId, b: StageId| {
+        if problem.rank_of(a) == problem.rank_of(b) {
+            0.0
+        } else {
+            comm
+        }
+    };
+    let mut window = 0.0;
+    for (i, &s) in stages.iter().enumerate().skip(position) {
+        window += cost(s).forward();
+        if let Some(&next) = stages.get(i + 1) {
+            window += crossing(s, next) * 2.0 + cost(next).input_grad();
+        }
+    }
+    let forward = cost(stages[position]).forward();
+    if forward <= EPSILON {
+        return usize::MAX;
+    }
+    let count = window / forward;
+    let count = if round_up {
+        (count - EPSILON).ceil()
+    } else {
+        (count + EPSILON).floor()
+    };
+    (count.max(1.0)) as usize
+}
+
 struct Rank {
     stages: Vec<StageId>,
+    in_flight: usize,
+    in_flight_cap: usize,
+    keep_weights: usize,
+    forwards_left: usize,
+    first_start: f64,
     next_forward: Vec<usize>,
     pending_input: Vec<Work>,
     pending_weight: VecDeque<Work>,
@@ -57,7 +131,7 @@ struct Rank {
 
 /// Schedules `plan`'s problem under its cost and memory models within `limit` activations per
 /// rank. The returned orders still need verification.
-pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Vec<Vec<Task>>> {
+pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Schedule> {
     let problem = plan.problem();
     let costs = plan.costs();
     let memory = plan.memory().stages();
@@ -79,7 +153,25 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Vec<Vec<Tas
                 .iter()
                 .map(|s| stage_microbatches[s.index()].len() * 3)
                 .sum();
+            let order = plan.order(r.into());
+            let warmup = order
+                .iter()
+                .position(|t| !t.is_forward())
+                .unwrap_or(order.len())
+                .max(1);
+            let in_flight_cap = match variant.in_flight {
+                InFlight::Slope(k) => k as usize * (warmup - 1) + 1,
+                InFlight::Memory => usize::MAX,
+                InFlight::CostAware { round_up, extra } => {
+                    cost_aware_warmup(plan, r as usize, round_up).saturating_add(extra as usize)
+                }
+            };
             Rank {
+                in_flight: 0,
+                in_flight_cap,
+                keep_weights: variant.keep_weights_slope as usize * (warmup - 1),
+                forwards_left: remaining / 3,
+                first_start: f64::NAN,
                 next_forward: vec![0; stages.len()],
                 stages,
                 pending_input: Vec::new(),
@@ -126,10 +218,19 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Vec<Vec<Tas
             .filter(|&r| ranks[r].remaining > 0 && !ranks[r].waiting)
             .min_by(|&a, &b| ranks[a].clock.total_cmp(&ranks[b].clock).then(a.cmp(&b)))
         else {
-            return ranks
+            if ranks.iter().any(|k| k.remaining > 0) {
+                return None;
+            }
+            let max_span = ranks
                 .iter()
-                .all(|k| k.remaining == 0)
-                .then(|| ranks.into_iter().map(|k| k.order).collect());
+                .map(|k| k.free - k.first_start)
+                .fold(0.0, f64::max);
+            let makespan = ranks.iter().map(|k| k.free).fold(0.0, f64::max);
+            return Some(Schedule {
+                orders: ranks.into_iter().map(|k| k.order).collect(),
+                max_span,
+                makespan,
+            });
         };
         let t = ranks[r].clock;
         let rank = &ranks[r];
@@ -172,7 +273,7 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Vec<Vec<Tas
                     .map(|(_, s)| memory.get(s.index()).map_or(0.0, |m| m.total()))
                     .sum::<f64>();
             }
-            let fits = need <= limit + EPSILON;
+            let fits = need <= limit + EPSILON && rank.in_flight < rank.in_flight_cap;
             if at > t + EPSILON {
                 if fits {
                     next_known = next_known.min(at);
@@ -189,10 +290,11 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Vec<Vec<Tas
         }
         let weight = rank.pending_weight.front().copied();
         let run_weight = weight.is_some_and(|w| {
-            variant.fill == FillWaits::Always
-                || blocked_by_memory
+            let fills = variant.fill == FillWaits::Always
                 || next_known.is_infinite()
-                || next_known - t >= cost(w).weight_grad() - EPSILON
+                || next_known - t >= cost(w).weight_grad() - EPSILON;
+            let spare = rank.forwards_left == 0 || rank.pending_weight.len() > rank.keep_weights;
+            blocked_by_memory || (fills && spare)
         });
         let rank = &mut ranks[r];
         let (task, duration) = match (input, forward) {
@@ -243,10 +345,13 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Vec<Vec<Tas
             match op.kind {
                 OpKind::Forward => {
                     rank.held += total(w);
+                    rank.in_flight += 1;
+                    rank.forwards_left -= 1;
                     rank.pending_input.push(w);
                 }
                 OpKind::InputGrad => {
                     rank.held -= total(w) - weight_part(w);
+                    rank.in_flight -= 1;
                     if !matches!(task, Task::Overlapped { .. }) {
                         rank.pending_weight.push_back(w);
                     }
@@ -255,14 +360,45 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Vec<Vec<Tas
             }
         }
         rank.remaining -= task.ops().len();
+        if rank.first_start.is_nan() {
+            rank.first_start = t;
+        }
         rank.free = end;
         rank.clock = end;
         rank.order.push(task);
-        for other in ranks.iter_mut() {
-            if other.waiting || other.clock > end {
+        // Wake the ranks whose candidates depend on what just finished.
+        for op in task.ops() {
+            let Some(route) = problem.route_of(op.microbatch) else {
+                continue;
+            };
+            let dependent = match op.kind {
+                OpKind::Forward => route.next(op.stage),
+                OpKind::InputGrad => route.prev(op.stage),
+                OpKind::WeightGrad => None,
+            };
+            let Some(q) = dependent.map(owner) else {
+                continue;
+            };
+            if q == r || q >= ranks.len() {
+                continue;
+            }
+            let at = end + comm;
+            let other = &mut ranks[q];
+            if other.waiting || other.clock > at {
                 other.waiting = false;
-                other.clock = other.free.max(end);
+                other.clock = other.free.max(at);
             }
         }
     }
+}
+
+/// A schedule the list scheduler built, with its own timing (as early as possible).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    /// Every rank's order.
+    pub orders: Vec<Vec<Task>>,
+    /// The longest per-rank span (first start to last end).
+    pub max_span: f64,
+    /// When the last task ends.
+    pub makespan: f64,
 }
