@@ -11,8 +11,9 @@
 //!   [`crate::schedules::zbv`]), DeepSeek's order (dual plans) and the list scheduler of
 //!   [`crate::schedules::greedy`] in several variants; each is verified and simulated, those within
 //!   the memory limit compete and the shortest longest per-rank span wins (then the makespan, then
-//!   the earlier candidate), so `auto` is deterministic and never worse than any candidate that
-//!   fits, `h1` and DeepSeek's order included. The limit defaults to the plan's declared limit, else
+//!   the earlier candidate); the winner is then improved by critical-path swaps
+//!   ([`crate::schedules::refine`]), which only accept improvements. So `auto` is deterministic and
+//!   never worse than any candidate that fits, `h1` and DeepSeek's order included. The limit defaults to the plan's declared limit, else
 //!   the input plan's peak.
 //! - `deepseek` (dual plans only): DeepSeek's DualPipe/DualPipeV order with its split backwards and
 //!   W queue.
@@ -30,10 +31,11 @@ use crate::error::TransformError;
 use crate::passes::dual::dual_shape_of_output;
 use crate::schedules::greedy::{self, FillWaits, InFlight, Variant};
 use crate::schedules::lagged::{lagged_orders, Hand};
+use crate::schedules::refine::refine;
 use crate::schedules::zbv::{zbv_orders, Cooldown};
 use crate::transform::{Position, Transform};
 use pipeweave_core::memory::peak_per_rank;
-use pipeweave_core::{simulate, verify_schedule, Plan, Task};
+use pipeweave_core::{simulate, Plan, Task};
 
 /// How `zero_bubble` places weight gradients.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -97,10 +99,18 @@ struct Scored {
     makespan: f64,
 }
 
+/// Simulates a candidate. Candidates come from this crate's generators; a cheap check that every
+/// op is there (the op count, with the simulator rejecting repeats and deadlocks) stands in for
+/// full verification, which the driver runs on the winner.
 fn score(plan: &Plan, orders: Vec<Vec<Task>>, limit: f64) -> Option<Scored> {
     let candidate = plan.clone().with_orders(orders).ok()?;
-    verify_schedule(&candidate).ok()?;
-    if max_peak(&candidate) > limit + 1e-9 {
+    let ops: usize = candidate
+        .orders()
+        .iter()
+        .flatten()
+        .map(|t| t.ops().len())
+        .sum();
+    if ops != plan.problem().work_count() * 3 || max_peak(&candidate) > limit + 1e-9 {
         return None;
     }
     let sim = simulate(&candidate).ok()?;
@@ -130,65 +140,59 @@ fn is_v_layout(plan: &Plan) -> bool {
             .all(|(s, r)| r.index() == if s < p { s } else { 2 * p - 1 - s })
 }
 
-/// The warm-up rules the search tries.
-const IN_FLIGHT: [InFlight; 7] = [
-    InFlight::Memory,
-    InFlight::Slope(1),
-    InFlight::Slope(2),
-    InFlight::CostAware {
-        round_up: false,
-        extra: 0,
-    },
+/// Simulated ops the local search may spend in total (its number of candidate evaluations is this
+/// divided by the plan's op count, between 8 and 400).
+const REFINE_OP_BUDGET: usize = 200_000;
+
+/// The warm-up rules the search tries, the usual winners first (so the bound prunes more).
+const IN_FLIGHT: [InFlight; 4] = [
     InFlight::CostAware {
         round_up: true,
         extra: 0,
     },
     InFlight::CostAware {
         round_up: false,
-        extra: 1,
+        extra: 0,
     },
-    InFlight::CostAware {
-        round_up: false,
-        extra: 2,
-    },
+    InFlight::Slope(2),
+    InFlight::Memory,
 ];
 
 /// The best of the list scheduler's variants by its own timing (longest per-rank span, then
-/// makespan, then the earlier variant).
-fn best_greedy(plan: &Plan, limit: f64, dual: bool) -> Option<Vec<Vec<Task>>> {
+/// makespan, then the earlier variant). Variants that cannot beat the best so far stop early.
+fn best_greedy(plan: &Plan, limit: f64, dual: bool, bound: f64) -> Option<Vec<Vec<Task>>> {
     let multi_stage = plan.chunks_per_rank() != Some(1);
     let mut best: Option<greedy::Schedule> = None;
-    for prefer_input_grad in [true, false] {
-        for fill in [FillWaits::IfTheyFit, FillWaits::Always] {
-            for reserve in [false, true] {
-                if reserve && !multi_stage {
-                    continue;
-                }
-                for overlap in [false, true] {
-                    if overlap && !dual {
+    for in_flight in IN_FLIGHT {
+        for fill in [FillWaits::Always, FillWaits::IfTheyFit] {
+            for prefer_input_grad in [true, false] {
+                for reserve in [false, true] {
+                    if reserve && !multi_stage {
                         continue;
                     }
-                    for in_flight in IN_FLIGHT {
-                        for keep_weights_slope in [0, 1, 2] {
-                            let variant = Variant {
-                                prefer_input_grad,
-                                fill,
-                                reserve,
-                                overlap,
-                                in_flight,
-                                keep_weights_slope,
-                            };
-                            let Some(found) = greedy::schedule(plan, limit, variant) else {
-                                continue;
-                            };
-                            let better = best.as_ref().is_none_or(|b| {
-                                found.max_span < b.max_span - 1e-9
-                                    || (found.max_span < b.max_span + 1e-9
-                                        && found.makespan < b.makespan - 1e-9)
-                            });
-                            if better {
-                                best = Some(found);
-                            }
+                    for overlap in [false, true] {
+                        if overlap && !dual {
+                            continue;
+                        }
+                        let variant = Variant {
+                            prefer_input_grad,
+                            fill,
+                            reserve,
+                            overlap,
+                            in_flight,
+                        };
+                        let bound = best.as_ref().map_or(bound, |b| b.max_span.min(bound));
+                        let Some(found) = greedy::schedule_within(plan, limit, variant, bound)
+                        else {
+                            continue;
+                        };
+                        let better = best.as_ref().is_none_or(|b| {
+                            found.max_span < b.max_span - 1e-9
+                                || (found.max_span < b.max_span + 1e-9
+                                    && found.makespan < b.makespan - 1e-9)
+                        });
+                        if better {
+                            best = Some(found);
                         }
                     }
                 }
@@ -218,32 +222,40 @@ fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError
             }
         }
     }
-    if let Some(best) = best_greedy(plan, limit, dual.is_some()) {
-        candidates.push(best);
-    }
     let mut best: Option<Scored> = None;
-    for orders in candidates {
+    let consider = |best: &mut Option<Scored>, orders: Vec<Vec<Task>>| {
         let Some(scored) = score(plan, orders, limit) else {
-            continue;
+            return;
         };
         let better = best.as_ref().is_none_or(|b| {
             scored.span < b.span - 1e-9
                 || (scored.span < b.span + 1e-9 && scored.makespan < b.makespan - 1e-9)
         });
         if better {
-            best = Some(scored);
+            *best = Some(scored);
         }
+    };
+    for orders in candidates {
+        consider(&mut best, orders);
     }
-    best.map(|b| b.orders).ok_or_else(|| {
-        TransformError::precondition(
-            "zero_bubble",
-            "auto finds a schedule within the memory limit",
-            format!(
-                "no candidate fits in {limit} activations per rank (the input needs {})",
-                max_peak(plan)
-            ),
-        )
-    })
+    // The list scheduler only has to beat the handcrafted candidates.
+    let bound = best.as_ref().map_or(f64::INFINITY, |b| b.span);
+    if let Some(orders) = best_greedy(plan, limit, dual.is_some(), bound) {
+        consider(&mut best, orders);
+    }
+    let ops = plan.problem().work_count() * 3;
+    let budget = (REFINE_OP_BUDGET / ops.max(1)).clamp(8, 400);
+    best.map(|b| refine(plan, b.orders, limit, budget))
+        .ok_or_else(|| {
+            TransformError::precondition(
+                "zero_bubble",
+                "auto finds a schedule within the memory limit",
+                format!(
+                    "no candidate fits in {limit} activations per rank (the input needs {})",
+                    max_peak(plan)
+                ),
+            )
+        })
 }
 
 impl Transform for ZeroBubble {
@@ -318,7 +330,13 @@ impl Transform for ZeroBubble {
                 let limit = memory
                     .or(plan.memory_limit())
                     .unwrap_or_else(|| max_peak(&plan));
-                auto_orders(&plan, limit)?
+                let orders = auto_orders(&plan, limit)?;
+                // The limit becomes the plan's declared bound, which the driver verifies.
+                let declared = plan.memory_limit().map_or(limit, |l| l.min(limit));
+                return plan
+                    .with_orders(orders)
+                    .and_then(|p| p.with_memory_limit(Some(declared)))
+                    .map_err(|e| TransformError::core("zero_bubble", e));
             }
         };
         plan.with_orders(orders)

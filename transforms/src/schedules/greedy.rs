@@ -3,20 +3,22 @@
 //!
 //! Time advances rank by rank, always at the rank with the earliest decision time, so when a rank
 //! decides, every result that can reach it by then is known. At each decision the rank runs, by
-//! the variant's priorities, a ready I (on the critical path), a ready F that fits in memory
-//! (deepest stage first), or a pending W; otherwise it waits for the next known arrival. Ws fill
-//! the waits: always (`FillWaits::Always`) or only when they end before the next known arrival
-//! (`FillWaits::IfTheyFit`); a W also runs when memory blocks every ready F. With `reserve`, a rank
-//! that holds several stages of a route keeps room for one forward of each deeper stage, so early
-//! chunks cannot fill memory and starve later ones. The scheduler returns `None` when a variant
-//! cannot finish within the limit.
+//! the variant's priorities, a ready I (on the critical path), a ready F that fits in memory and
+//! in the in-flight cap (deepest stage first), or a pending W; otherwise it waits for the next
+//! known arrival. Ws fill the waits: always (`FillWaits::Always`) or only when they end before the
+//! next known arrival (`FillWaits::IfTheyFit`); a W also runs when memory blocks a ready F. With
+//! `reserve`, a rank that holds several stages of a route keeps room for one forward of each deeper
+//! stage, so early chunks cannot fill memory and starve later ones. Readiness is event driven
+//! (each finished op tells the ranks that wait for it), so a schedule costs `O(ops log ops)`. The
+//! scheduler returns `None` when a variant cannot finish within the limit.
 //!
 //! This is the heuristic family of the Zero Bubble paper's automatic scheduler (warm up with as
-//! many forwards as memory allows, then one F and one B per round, Ws into waits and when memory
-//! runs out); `zero_bubble(policy=auto)` tries several variants and keeps the best verified one.
+//! many forwards as memory and the first backward's arrival allow, then one F and one B per round,
+//! Ws into waits and when memory runs out); `zero_bubble(policy=auto)` tries several variants.
 
 use pipeweave_core::{Op, OpKind, Plan, StageId, Task, Work};
-use std::collections::VecDeque;
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
 
 /// When pending Ws run in a wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,9 +42,6 @@ pub struct Variant {
     pub overlap: bool,
     /// Cap on a rank's forwards whose I has not run.
     pub in_flight: InFlight,
-    /// Ws a rank keeps for the cool-down, as `k (w_r - 1)`: in a wait mid-schedule a W runs only
-    /// while more than that many are pending (memory pressure and the cool-down use them all).
-    pub keep_weights_slope: u32,
 }
 
 /// How many forwards a rank may run ahead of its input-gradient backwards.
@@ -111,33 +110,119 @@ fn cost_aware_warmup(plan: &Plan, rank: usize, round_up: bool) -> usize {
     (count.max(1.0)) as usize
 }
 
+/// An input-gradient backward whose dependencies are known, keyed by when it can start.
+#[derive(Clone, Copy, Debug)]
+struct ReadyInput {
+    at: f64,
+    work: Work,
+}
+
+impl PartialEq for ReadyInput {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for ReadyInput {}
+impl PartialOrd for ReadyInput {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for ReadyInput {
+    /// Reversed, so that `BinaryHeap` pops the earliest, then the lowest microbatch and stage.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .at
+            .total_cmp(&self.at)
+            .then(other.work.microbatch.cmp(&self.work.microbatch))
+            .then(other.work.stage.cmp(&self.work.stage))
+    }
+}
+
+/// A rank's pending decision time in the agenda (stale entries are skipped when popped).
+#[derive(Clone, Copy, Debug)]
+struct Due {
+    at: f64,
+    rank: usize,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Due {
+    /// Reversed, so that `BinaryHeap` pops the earliest, then the lowest rank.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .at
+            .total_cmp(&self.at)
+            .then(other.rank.cmp(&self.rank))
+    }
+}
+
 struct Rank {
     stages: Vec<StageId>,
+    next_forward: Vec<usize>,
+    ready_inputs: BinaryHeap<ReadyInput>,
+    pending_weight: VecDeque<Work>,
     in_flight: usize,
     in_flight_cap: usize,
-    keep_weights: usize,
-    forwards_left: usize,
-    first_start: f64,
-    next_forward: Vec<usize>,
-    pending_input: Vec<Work>,
-    pending_weight: VecDeque<Work>,
     held: f64,
+    remaining_work: f64,
     free: f64,
     clock: f64,
+    first_start: f64,
     waiting: bool,
     remaining: usize,
     order: Vec<Task>,
 }
 
+impl Rank {
+    /// Makes the rank decide again at `at` (not before it is free); true when its time changed.
+    fn wake(&mut self, at: f64) -> bool {
+        if self.waiting || self.clock > at {
+            self.waiting = false;
+            self.clock = self.free.max(at);
+            return true;
+        }
+        false
+    }
+}
+
+/// A schedule the list scheduler built, with its own timing (as early as possible).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    /// Every rank's order.
+    pub orders: Vec<Vec<Task>>,
+    /// The longest per-rank span (first start to last end).
+    pub max_span: f64,
+    /// When the last task ends.
+    pub makespan: f64,
+}
+
 /// Schedules `plan`'s problem under its cost and memory models within `limit` activations per
 /// rank. The returned orders still need verification.
 pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Schedule> {
+    schedule_within(plan, limit, variant, f64::INFINITY)
+}
+
+/// [`schedule`], giving up (None) as soon as some rank's span must exceed `bound`: a search that
+/// already holds a schedule of span `bound` need not finish a worse one. Without overlap, a rank's
+/// span is at least its current end plus the durations of its ops still to run, which prunes a
+/// losing variant as soon as its idle time exceeds the best one's.
+pub fn schedule_within(plan: &Plan, limit: f64, variant: Variant, bound: f64) -> Option<Schedule> {
     let problem = plan.problem();
     let costs = plan.costs();
     let memory = plan.memory().stages();
     let comm = costs.comm();
-    let stage_count = problem.stages() as usize;
-    let mut stage_microbatches: Vec<Vec<u32>> = vec![Vec::new(); stage_count];
+    let mut stage_microbatches: Vec<Vec<u32>> = vec![Vec::new(); problem.stages() as usize];
     for route in problem.routes() {
         for &stage in route.stages() {
             stage_microbatches[stage.index()].extend(route.first().get()..route.end().get());
@@ -146,6 +231,10 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Schedule> {
     for list in &mut stage_microbatches {
         list.sort_unstable();
     }
+    let owner = |stage: StageId| problem.rank_of(stage).map_or(usize::MAX, |r| r.index());
+    let cost = |w: Work| costs.stage(w.stage).copied().unwrap_or_default();
+    let total = |s: StageId| memory.get(s.index()).map_or(0.0, |m| m.total());
+    let weight_part = |s: StageId| memory.get(s.index()).map_or(0.0, |m| m.weight_grad());
     let mut ranks: Vec<Rank> = (0..problem.ranks())
         .map(|r| {
             let stages = problem.stages_of(r.into());
@@ -166,58 +255,53 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Schedule> {
                     cost_aware_warmup(plan, r as usize, round_up).saturating_add(extra as usize)
                 }
             };
+            let remaining_work = stages
+                .iter()
+                .map(|&s| {
+                    let c = costs.stage(s).copied().unwrap_or_default();
+                    stage_microbatches[s.index()].len() as f64
+                        * (c.forward() + c.input_grad() + c.weight_grad())
+                })
+                .sum();
             Rank {
-                in_flight: 0,
-                in_flight_cap,
-                keep_weights: variant.keep_weights_slope as usize * (warmup - 1),
-                forwards_left: remaining / 3,
-                first_start: f64::NAN,
+                remaining_work,
                 next_forward: vec![0; stages.len()],
                 stages,
-                pending_input: Vec::new(),
+                ready_inputs: BinaryHeap::new(),
                 pending_weight: VecDeque::new(),
+                in_flight: 0,
+                in_flight_cap,
                 held: 0.0,
                 free: 0.0,
                 clock: 0.0,
+                first_start: f64::NAN,
                 waiting: false,
                 remaining,
                 order: Vec::new(),
             }
         })
         .collect();
-    let mut finish = vec![f64::NAN; plan.op_slots()];
-    let owner = |stage: StageId| problem.rank_of(stage).map_or(usize::MAX, |r| r.index());
+    // Finish time of every forward (the only op whose finish a later decision looks up).
+    let mut forward_finish = vec![f64::NAN; plan.op_slots()];
     let slot = |op: Op| plan.op_slot(op).expect("scheduled ops are in range");
-    // When the result of `dep` can be used on rank `r`, if known.
-    let arrival = |finish: &[f64], dep: Op, r: usize| -> Option<f64> {
-        let f = finish[slot(dep)];
-        (!f.is_nan()).then(|| if owner(dep.stage) == r { f } else { f + comm })
-    };
-    let forward_ready = |finish: &[f64], w: Work, r: usize| -> Option<f64> {
-        let route = problem.route_of(w.microbatch)?;
-        match route.prev(w.stage) {
-            None => Some(0.0),
-            Some(prev) => arrival(finish, Op::new(OpKind::Forward, prev, w.microbatch), r),
-        }
-    };
-    let input_ready = |finish: &[f64], w: Work, r: usize| -> Option<f64> {
-        let route = problem.route_of(w.microbatch)?;
-        let own = arrival(finish, w.op(OpKind::Forward), r)?;
-        match route.next(w.stage) {
-            None => Some(own),
-            Some(next) => arrival(finish, Op::new(OpKind::InputGrad, next, w.microbatch), r)
-                .map(|a| a.max(own)),
-        }
-    };
-    let cost = |w: Work| costs.stage(w.stage).copied().unwrap_or_default();
-    let total = |w: Work| memory.get(w.stage.index()).map_or(0.0, |m| m.total());
-    let weight_part = |w: Work| memory.get(w.stage.index()).map_or(0.0, |m| m.weight_grad());
 
+    let mut agenda: BinaryHeap<Due> = (0..ranks.len())
+        .filter(|&r| ranks[r].remaining > 0)
+        .map(|rank| Due { at: 0.0, rank })
+        .collect();
     loop {
-        let Some(r) = (0..ranks.len())
-            .filter(|&r| ranks[r].remaining > 0 && !ranks[r].waiting)
-            .min_by(|&a, &b| ranks[a].clock.total_cmp(&ranks[b].clock).then(a.cmp(&b)))
-        else {
+        let next = loop {
+            match agenda.pop() {
+                None => break None,
+                Some(due) => {
+                    let k = &ranks[due.rank];
+                    if k.remaining > 0 && !k.waiting && k.clock == due.at {
+                        break Some(due.rank);
+                    }
+                }
+            }
+        };
+        let Some(r) = next else {
             if ranks.iter().any(|k| k.remaining > 0) {
                 return None;
             }
@@ -235,19 +319,14 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Schedule> {
         let t = ranks[r].clock;
         let rank = &ranks[r];
         let mut next_known = f64::INFINITY;
-        // Best ready I: earliest arrival, then lowest microbatch.
-        let mut input: Option<(usize, f64)> = None;
-        for (i, &w) in rank.pending_input.iter().enumerate() {
-            if let Some(at) = input_ready(&finish, w, r) {
-                if at <= t + EPSILON {
-                    if input.is_none_or(|(_, best)| at < best - EPSILON) {
-                        input = Some((i, at));
-                    }
-                } else {
-                    next_known = next_known.min(at);
-                }
+        let input = match rank.ready_inputs.peek() {
+            Some(ready) if ready.at <= t + EPSILON => Some(ready.work),
+            Some(ready) => {
+                next_known = ready.at;
+                None
             }
-        }
+            None => None,
+        };
         // Best ready F that fits: deepest local stage first.
         let mut forward: Option<(usize, Work)> = None;
         let mut blocked_by_memory = false;
@@ -259,10 +338,24 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Schedule> {
                 stage,
                 microbatch: mb.into(),
             };
-            let Some(at) = forward_ready(&finish, w, r) else {
+            let Some(route) = problem.route_of(w.microbatch) else {
                 continue;
             };
-            let mut need = rank.held + total(w);
+            let at = match route.prev(stage) {
+                None => 0.0,
+                Some(prev) => {
+                    let f = forward_finish[slot(Op::new(OpKind::Forward, prev, w.microbatch))];
+                    if f.is_nan() {
+                        continue;
+                    }
+                    if owner(prev) == r {
+                        f
+                    } else {
+                        f + comm
+                    }
+                }
+            };
+            let mut need = rank.held + total(stage);
             if variant.reserve {
                 need += rank.stages[k + 1..]
                     .iter()
@@ -270,7 +363,7 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Schedule> {
                     .filter(|(j, s)| {
                         stage_microbatches[s.index()].len() > rank.next_forward[k + 1 + j]
                     })
-                    .map(|(_, s)| memory.get(s.index()).map_or(0.0, |m| m.total()))
+                    .map(|(_, s)| total(*s))
                     .sum::<f64>();
             }
             let fits = need <= limit + EPSILON && rank.in_flight < rank.in_flight_cap;
@@ -281,7 +374,7 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Schedule> {
                 continue;
             }
             if !fits {
-                blocked_by_memory = true;
+                blocked_by_memory |= need > limit + EPSILON;
                 continue;
             }
             if forward.is_none() {
@@ -290,44 +383,43 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Schedule> {
         }
         let weight = rank.pending_weight.front().copied();
         let run_weight = weight.is_some_and(|w| {
-            let fills = variant.fill == FillWaits::Always
+            blocked_by_memory
+                || variant.fill == FillWaits::Always
                 || next_known.is_infinite()
-                || next_known - t >= cost(w).weight_grad() - EPSILON;
-            let spare = rank.forwards_left == 0 || rank.pending_weight.len() > rank.keep_weights;
-            blocked_by_memory || (fills && spare)
+                || next_known - t >= cost(w).weight_grad() - EPSILON
         });
         let rank = &mut ranks[r];
-        let (task, duration) = match (input, forward) {
-            (Some((i, _)), Some((k, f)))
-                if variant.overlap && rank.held + total(f) <= limit + EPSILON =>
+        let task = match (input, forward) {
+            (Some(b), Some((k, f)))
+                if variant.overlap && rank.held + total(f.stage) <= limit + EPSILON =>
             {
-                let b = rank.pending_input.swap_remove(i);
+                rank.ready_inputs.pop();
                 rank.next_forward[k] += 1;
-                let d = cost(f).overlapped().max(cost(b).overlapped());
-                (
-                    Task::Overlapped {
-                        forward: f,
-                        backward: b,
-                    },
-                    d,
-                )
+                Task::Overlapped {
+                    forward: f,
+                    backward: b,
+                }
             }
-            (Some((i, _)), f) if variant.prefer_input_grad || f.is_none() => {
-                let b = rank.pending_input.swap_remove(i);
-                (Task::InputGrad(b), cost(b).input_grad())
+            (Some(b), f) if variant.prefer_input_grad || f.is_none() => {
+                rank.ready_inputs.pop();
+                Task::InputGrad(b)
             }
             (_, Some((k, f))) => {
                 rank.next_forward[k] += 1;
-                (Task::Forward(f), cost(f).forward())
+                Task::Forward(f)
             }
             (_, None) => match weight {
                 Some(w) if run_weight => {
                     rank.pending_weight.pop_front();
-                    (Task::WeightGrad(w), cost(w).weight_grad())
+                    Task::WeightGrad(w)
                 }
                 _ => {
                     if next_known.is_finite() {
                         rank.clock = next_known;
+                        agenda.push(Due {
+                            at: next_known,
+                            rank: r,
+                        });
                     } else {
                         rank.waiting = true;
                     }
@@ -335,70 +427,110 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Schedule> {
                 }
             },
         };
-        let end = t + duration;
-        for op in task.ops() {
-            finish[slot(op)] = end;
-            let w = Work {
-                stage: op.stage,
-                microbatch: op.microbatch,
-            };
-            match op.kind {
-                OpKind::Forward => {
-                    rank.held += total(w);
-                    rank.in_flight += 1;
-                    rank.forwards_left -= 1;
-                    rank.pending_input.push(w);
-                }
-                OpKind::InputGrad => {
-                    rank.held -= total(w) - weight_part(w);
-                    rank.in_flight -= 1;
-                    if !matches!(task, Task::Overlapped { .. }) {
-                        rank.pending_weight.push_back(w);
-                    }
-                }
-                OpKind::WeightGrad => rank.held -= weight_part(w),
+        let duration = match task {
+            Task::Forward(w) => cost(w).forward(),
+            Task::InputGrad(w) => cost(w).input_grad(),
+            Task::WeightGrad(w) => cost(w).weight_grad(),
+            Task::Backward(w) => cost(w).full_backward(),
+            Task::Overlapped { forward, backward } => {
+                cost(forward).overlapped().max(cost(backward).overlapped())
             }
-        }
-        rank.remaining -= task.ops().len();
+        };
+        let end = t + duration;
         if rank.first_start.is_nan() {
             rank.first_start = t;
+        }
+        let ops_work: f64 = task
+            .ops()
+            .iter()
+            .map(|op| {
+                let c = cost(Work {
+                    stage: op.stage,
+                    microbatch: op.microbatch,
+                });
+                match op.kind {
+                    OpKind::Forward => c.forward(),
+                    OpKind::InputGrad => c.input_grad(),
+                    OpKind::WeightGrad => c.weight_grad(),
+                }
+            })
+            .sum();
+        rank.remaining_work -= ops_work;
+        let least_end = if variant.overlap {
+            end
+        } else {
+            end + rank.remaining_work
+        };
+        if least_end - rank.first_start > bound + EPSILON {
+            return None;
         }
         rank.free = end;
         rank.clock = end;
         rank.order.push(task);
-        // Wake the ranks whose candidates depend on what just finished.
+        rank.remaining -= task.ops().len();
+        // Book-keeping, and the arrivals this task makes known (on this rank or another).
+        let mut arrivals: Vec<(usize, Option<ReadyInput>, f64)> = Vec::new();
         for op in task.ops() {
+            let stage = op.stage;
+            let w = Work {
+                stage,
+                microbatch: op.microbatch,
+            };
             let Some(route) = problem.route_of(op.microbatch) else {
                 continue;
             };
-            let dependent = match op.kind {
-                OpKind::Forward => route.next(op.stage),
-                OpKind::InputGrad => route.prev(op.stage),
-                OpKind::WeightGrad => None,
-            };
-            let Some(q) = dependent.map(owner) else {
-                continue;
-            };
-            if q == r || q >= ranks.len() {
-                continue;
+            match op.kind {
+                OpKind::Forward => {
+                    forward_finish[slot(op)] = end;
+                    ranks[r].held += total(stage);
+                    ranks[r].in_flight += 1;
+                    match route.next(stage) {
+                        // The last stage's I needs only its own F.
+                        None => arrivals.push((r, Some(ReadyInput { at: end, work: w }), end)),
+                        Some(next) => {
+                            let q = owner(next);
+                            let at = if q == r { end } else { end + comm };
+                            arrivals.push((q, None, at));
+                        }
+                    }
+                }
+                OpKind::InputGrad => {
+                    ranks[r].held -= total(stage) - weight_part(stage);
+                    ranks[r].in_flight -= 1;
+                    if !matches!(task, Task::Overlapped { .. }) {
+                        ranks[r].pending_weight.push_back(w);
+                    }
+                    if let Some(prev) = route.prev(stage) {
+                        let q = owner(prev);
+                        let own_forward =
+                            forward_finish[slot(Op::new(OpKind::Forward, prev, op.microbatch))];
+                        let at = (if q == r { end } else { end + comm }).max(own_forward);
+                        let work = Work {
+                            stage: prev,
+                            microbatch: op.microbatch,
+                        };
+                        arrivals.push((q, Some(ReadyInput { at, work }), at));
+                    }
+                }
+                OpKind::WeightGrad => ranks[r].held -= weight_part(stage),
             }
-            let at = end + comm;
-            let other = &mut ranks[q];
-            if other.waiting || other.clock > at {
-                other.waiting = false;
-                other.clock = other.free.max(at);
+        }
+        if ranks[r].remaining > 0 {
+            agenda.push(Due { at: end, rank: r });
+        }
+        for (q, ready, at) in arrivals {
+            let Some(target) = ranks.get_mut(q) else {
+                continue;
+            };
+            if let Some(ready) = ready {
+                target.ready_inputs.push(ready);
+            }
+            if q != r && target.remaining > 0 && target.wake(at) {
+                agenda.push(Due {
+                    at: target.clock,
+                    rank: q,
+                });
             }
         }
     }
-}
-
-/// A schedule the list scheduler built, with its own timing (as early as possible).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Schedule {
-    /// Every rank's order.
-    pub orders: Vec<Vec<Task>>,
-    /// The longest per-rank span (first start to last end).
-    pub max_span: f64,
-    /// When the last task ends.
-    pub makespan: f64,
 }

@@ -4,4 +4,5 @@
 pub mod dualpipe;
 pub mod greedy;
 pub mod lagged;
+pub mod refine;
 pub mod zbv;
