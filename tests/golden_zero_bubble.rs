@@ -199,3 +199,33 @@ fn zb_v_and_zb_2p_are_matched_or_beaten_at_no_more_memory() {
         }
     }
 }
+
+/// The Zero Bubble paper's table: 1F1B, ZB-H1 and ZB-H2 reproduced, and `auto` at p (resp. 2p)
+/// activations no worse than the paper's ZB-1p (resp. ZB-2p) column, at the table's precision.
+#[test]
+fn paper_table_is_matched_or_beaten() {
+    let path = reference_dir().join("zb_paper_table.json");
+    let table = pipeweave::paper_table::read_table(path.to_str().unwrap()).unwrap();
+    assert_eq!(table.rows.len(), 12);
+    let rounded = |x: f64| (x * 1e4).round() / 1e4;
+    for row in &table.rows {
+        let ours = row.ours().unwrap();
+        let paper = |k: &str| row.bubble_rate[k];
+        let label = format!("p={} m={} T_W={}", row.p, row.m, row.t_w);
+        assert_eq!(rounded(ours.one_f_one_b), paper("1F1B"), "{label}: 1F1B");
+        assert_eq!(rounded(ours.h1), paper("ZB-H1"), "{label}: ZB-H1");
+        assert_eq!(rounded(ours.h2), paper("ZB-H2"), "{label}: ZB-H2");
+        assert!(
+            rounded(ours.auto_1p) <= paper("ZB-1p"),
+            "{label}: ZB-1p {} > {}",
+            ours.auto_1p,
+            paper("ZB-1p")
+        );
+        assert!(
+            rounded(ours.auto_2p) <= paper("ZB-2p"),
+            "{label}: ZB-2p {} > {}",
+            ours.auto_2p,
+            paper("ZB-2p")
+        );
+    }
+}

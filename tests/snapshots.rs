@@ -60,6 +60,45 @@ fn vpp_grid_snapshot() {
 }
 
 #[test]
+fn dual_grid() {
+    check("dual_f1b_p2_m4", "dual(f1b(gpipe))", 2, 4);
+    check(
+        "zero_bubble_dual_f1b_p4_m8",
+        "zero_bubble(dual(f1b(gpipe)))",
+        4,
+        8,
+    );
+    check(
+        "zero_bubble_dual_vpp_p4_m8",
+        "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
+        4,
+        8,
+    );
+}
+
+#[test]
+fn zero_bubble_grids() {
+    check(
+        "zero_bubble_h1_p4_m8",
+        "zero_bubble(f1b(gpipe), policy=h1)",
+        4,
+        8,
+    );
+    check(
+        "zero_bubble_h2_p4_m8",
+        "zero_bubble(f1b(gpipe), policy=h2)",
+        4,
+        8,
+    );
+    check(
+        "zero_bubble_v_p4_m8",
+        "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
+        4,
+        8,
+    );
+}
+
+#[test]
 fn textbook_one_f_one_b_matches_the_reference_figures() {
     let file = common::reference("1f1b_pp4_m8_unit.json");
     let plan = build_plan("f1b(gpipe)", &PipelineConfig::new(4, 8).unwrap()).unwrap();

@@ -21,13 +21,12 @@
 //! per rank are rejected.
 //! May change: placement (stages, routes, tied stages), per-stage costs and memory, orders.
 //!
-//! `dual(f1b(gpipe))` at 2 ranks, 4 microbatches, unit costs (`X` is an overlapped F&B, labelled by
-//! its forward; lower case marks the replica stage):
+//! Before (`f1b(gpipe)`) and after (`dual(f1b(gpipe))`), 2 ranks, 4 microbatches, unit costs
+//! (`X` is an overlapped F&B labelled by its forward; lower case marks the rank's second stage):
 //! ```text
-//! rank  0 | F0 f2 B0 ~  x3 ~  ~  b3 ~  B1 ~  .
-//! rank  1 | f2 F0 b2 ~  X1 ~  ~  B1 ~  b3 ~  .
+//! rank  0 | F0 F1 .  .  B0 ~  F2 B1 ~  F3 B2 ~  .  B3 ~        rank  0 | F0 f2 F1 b2 ~  x3 ~  ~  b3 ~  B1 ~
+//! rank  1 | .  F0 B0 ~  F1 B1 ~  F2 B2 ~  F3 B3 ~  .  .         rank  1 | f2 F0 f3 B0 ~  X1 ~  ~  B1 ~  b3 ~
 //! ```
-//! (see the `dual_grid` snapshot test for the exact picture).
 
 use crate::error::TransformError;
 use crate::schedules::dualpipe::DualShape;

@@ -21,12 +21,20 @@
 //!
 //! Preconditions: the input comes from `gpipe` or `f1b` on the plain layout; `chunks >= 1`
 //! (`chunks = 1` leaves the plan as it is); `layout = v` needs `chunks = 2`; after `f1b` with
-//! `chunks >= 2`, Megatron's rules on the group size: `P <= group <= M` and `M mod group` is 0 or
-//! at least `P` (otherwise the last group has dependency bubbles).
+//! `chunks >= 2` in the standard layout, Megatron's rules on the group size: `P <= group <= M` and
+//! `M mod group` is 0 or at least `P` (otherwise the last group has dependency bubbles). The V
+//! layout is not Megatron's schedule and takes any group size.
 //! May change: placement (stages, stage-to-rank), per-stage costs and memory, and the orders.
 //!
-//! Before (`f1b`) and after (`chunks = 2`), 2 ranks, 4 microbatches, unit costs of a rank's share:
-//! see the `vpp_grid_snapshot` test in `tests/`, which holds the exact grids.
+//! Before (`f1b`) and after (`chunks = 2`), 2 ranks, 4 microbatches, unit costs of a rank's share
+//! (lower case: the rank's second chunk; the `vpp_grid_snapshot` test holds more):
+//! ```text
+//! rank  0 | F0 F1 .  .  B0 ~  F2 B1 ~  F3 B2 ~  .  B3 ~
+//! rank  1 | .  F0 B0 ~  F1 B1 ~  F2 B2 ~  F3 B3 ~  .  .
+//!
+//! rank  0 | F0 F1 f0 f1 F2 .  b0 ~  F3 b1 ~  f2 B0 ~  f3 B1 ~  .  b2 ~  .  b3 ~  B2 ~  B3 ~
+//! rank  1 | .  F0 F1 f0 b0 ~  f1 b1 ~  F2 B0 ~  F3 B1 ~  f2 b2 ~  f3 b3 ~  B2 ~  B3 ~  .  .
+//! ```
 
 use crate::error::TransformError;
 use crate::order::warmup_merge;
@@ -230,7 +238,7 @@ impl Transform for Interleave {
                 ),
             ));
         }
-        if self.chunks >= 2 && Self::after_f1b(plan) {
+        if self.chunks >= 2 && Self::after_f1b(plan) && self.layout == Layout::Standard {
             let (p, m, g) = (
                 problem.ranks(),
                 problem.microbatches(),

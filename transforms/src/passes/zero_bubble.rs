@@ -24,8 +24,19 @@
 //! `auto` must find a schedule within the limit.
 //! May change: the orders only (placement, costs and memory stay).
 //!
-//! `zero_bubble(f1b(gpipe), policy=h1)` at 4 ranks, 8 microbatches, unit costs (before: `f1b`):
-//! see the `zero_bubble_grids` snapshot test for the exact grids.
+//! Before (`f1b(gpipe)`) and after (`zero_bubble(f1b(gpipe), policy=h1)`), 4 ranks, 8
+//! microbatches, unit costs (the `zero_bubble_grids` snapshot test holds more):
+//! ```text
+//! rank  0 | F0 F1 F2 F3 .  .  .  .  .  .  B0 ~  F4 B1 ~  F5 B2 ~  F6 B3 ~  F7 B4 ~  .  B5 ~  .  B6 ~  .  B7 ~
+//! rank  1 | .  F0 F1 F2 .  .  .  .  B0 ~  F3 B1 ~  F4 B2 ~  F5 B3 ~  F6 B4 ~  F7 B5 ~  .  B6 ~  .  B7 ~  .  .
+//! rank  2 | .  .  F0 F1 .  .  B0 ~  F2 B1 ~  F3 B2 ~  F4 B3 ~  F5 B4 ~  F6 B5 ~  F7 B6 ~  .  B7 ~  .  .  .  .
+//! rank  3 | .  .  .  F0 B0 ~  F1 B1 ~  F2 B2 ~  F3 B3 ~  F4 B4 ~  F5 B5 ~  F6 B6 ~  F7 B7 ~  .  .  .  .  .  .
+//!
+//! rank  0 | F0 F1 F2 F3 .  .  .  I0 W0 F4 I1 W1 F5 I2 W2 F6 I3 W3 F7 I4 W4 I5 W5 I6 W6 I7 W7
+//! rank  1 | .  F0 F1 F2 .  .  I0 F3 I1 W0 F4 I2 W1 F5 I3 W2 F6 I4 W3 F7 I5 W4 I6 W5 I7 W6 W7
+//! rank  2 | .  .  F0 F1 .  I0 F2 I1 F3 I2 W0 F4 I3 W1 F5 I4 W2 F6 I5 W3 F7 I6 W4 I7 W5 W6 W7
+//! rank  3 | .  .  .  F0 I0 F1 I1 F2 I2 F3 I3 W0 F4 I4 W1 F5 I5 W2 F6 I6 W3 F7 I7 W4 W5 W6 W7
+//! ```
 
 use crate::error::TransformError;
 use crate::passes::dual::dual_shape_of_output;

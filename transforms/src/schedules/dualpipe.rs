@@ -14,6 +14,7 @@
 //!    backwards are input-gradient only (DeepSeek's parity rule on `h` picks which one switches first);
 //! 7. `n-h-1` x (one queued W, input-gradient backward dir 0);
 //! 8. the queued Ws.
+//!
 //! The weight gradients of input-gradient-only backwards wait in a FIFO; each W runs the oldest.
 //! Without zero bubble every backward is a full B and phases 7 and 8 hold only backwards.
 
