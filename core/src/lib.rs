@@ -6,12 +6,15 @@
 //! - [`plan`]: the global plan (problem, models, per-rank orders, pass history);
 //! - [`deps`]: the dependency rule; [`replay`]: the as-early-as-possible execution engine;
 //! - [`verify`]: the invariants and their checker; [`simulate`]: makespan, bubble, memory;
-//! - [`grid`]: a rank x time text grid.
+//! - [`grid`]: a rank x time text grid;
+//! - [`program`] and [`project`]: per-rank SPMD programs and the projection that builds them;
+//! - [`check`]: the communication checker (matching sends and receives, freedom from deadlock).
 //!
 //! This crate depends on no tensor library and knows no particular schedule: schedules are passes in
 //! `pipeweave-transforms`.
 #![warn(missing_docs)]
 
+pub mod check;
 pub mod cost;
 pub mod deps;
 pub mod error;
@@ -21,10 +24,13 @@ pub mod memory;
 pub mod op;
 pub mod plan;
 pub mod problem;
+pub mod program;
+pub mod project;
 pub mod replay;
 pub mod simulate;
 pub mod verify;
 
+pub use check::{check_programs, CheckReport, CommError, Semantics};
 pub use cost::{CostModel, StageCosts, StageCostsSpec};
 pub use error::CoreError;
 pub use grid::render_grid;
@@ -33,5 +39,9 @@ pub use memory::{MemoryModel, StageMemory, StageMemorySpec};
 pub use op::{Op, OpKind, Task, TaskKind, Work};
 pub use plan::Plan;
 pub use problem::{Problem, ProblemSpec, RouteSpec};
+pub use program::{
+    CommGroup, CommOp, Direction, Instr, Message, ProgramSet, RankProgram, ShapeSlot,
+};
+pub use project::{project, ProjectionOptions, RecvPolicy};
 pub use simulate::{simulate, Simulation};
 pub use verify::{verify, verify_schedule, Violation, Violations};

@@ -26,6 +26,9 @@ pub struct TimedTask {
     pub start: f64,
     /// End time.
     pub end: f64,
+    /// Position of this task in the order the engine completed tasks: a topological order of
+    /// the per-rank orders together with the dependencies (used to order messages globally).
+    pub sequence: usize,
 }
 
 /// A rank that cannot continue: the task it is at and the op it waits for.
@@ -81,6 +84,7 @@ pub fn replay(
         .collect();
     let mut waiting_for: Vec<Option<Op>> = vec![None; ranks];
     let mut ready: VecDeque<usize> = (0..ranks).collect();
+    let mut completed = 0usize;
 
     while let Some(r) = ready.pop_front() {
         let order = &plan.orders()[r];
@@ -140,8 +144,14 @@ pub fn replay(
             }
             clock[r] = end;
             if record {
-                timeline[r].push(TimedTask { task, start, end });
+                timeline[r].push(TimedTask {
+                    task,
+                    start,
+                    end,
+                    sequence: completed,
+                });
             }
+            completed += 1;
             position[r] += 1;
         }
     }

@@ -1,0 +1,270 @@
+//! Per-rank SPMD programs: what one rank executes, projected from a global plan.
+//!
+//! A [`RankProgram`] is a list of [`Instr`]: compute tasks, the loss on the last stage of a
+//! route, groups of sends and receives posted together ([`CommGroup`], like PyTorch's
+//! `batch_isend_irecv`), and markers for the executor: free an output once it is sent, fire the
+//! data-parallel gradient sync of a stage, flush the remaining weight gradients at the end.
+//! A [`Message`] names what travels: an activation or a gradient of one microbatch across one stage
+//! boundary, with the tensor-shape slot of that boundary.
+
+use crate::ids::{MicrobatchId, RankId, StageId};
+use crate::op::{Task, Work};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Which way a message goes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+pub enum Direction {
+    /// A forward activation, to the next stage of the route.
+    Activation,
+    /// An input gradient, to the previous stage of the route.
+    Gradient,
+}
+
+/// The shape slot of a stage boundary: activations leaving stage `s` and the gradients coming back
+/// to it have one shape, named by slot `s`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ShapeSlot(u32);
+
+impl ShapeSlot {
+    /// The slot of the boundary after `stage`.
+    pub fn after(stage: StageId) -> ShapeSlot {
+        ShapeSlot(stage.get())
+    }
+    /// The raw value.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+/// One tensor crossing one stage boundary for one microbatch.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+pub struct Message {
+    /// Activation or gradient.
+    pub direction: Direction,
+    /// The stage that produces it.
+    pub from_stage: StageId,
+    /// The stage that consumes it.
+    pub to_stage: StageId,
+    /// The microbatch.
+    pub microbatch: MicrobatchId,
+    /// The tensor-shape slot.
+    pub slot: ShapeSlot,
+}
+
+impl Message {
+    /// The activation `from -> to` of `microbatch`.
+    pub fn activation(from: StageId, to: StageId, microbatch: MicrobatchId) -> Message {
+        Message {
+            direction: Direction::Activation,
+            from_stage: from,
+            to_stage: to,
+            microbatch,
+            slot: ShapeSlot::after(from),
+        }
+    }
+
+    /// The gradient `from -> to` of `microbatch` (from the later stage back to the earlier).
+    pub fn gradient(from: StageId, to: StageId, microbatch: MicrobatchId) -> Message {
+        Message {
+            direction: Direction::Gradient,
+            from_stage: from,
+            to_stage: to,
+            microbatch,
+            slot: ShapeSlot::after(to),
+        }
+    }
+
+    /// The work (stage, microbatch) on the receiving side.
+    pub fn consumer(&self) -> Work {
+        Work {
+            stage: self.to_stage,
+            microbatch: self.microbatch,
+        }
+    }
+}
+
+impl fmt::Display for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.direction {
+            Direction::Activation => "act",
+            Direction::Gradient => "grad",
+        };
+        write!(
+            f,
+            "{what}(stage {} -> {}, mb {})",
+            self.from_stage, self.to_stage, self.microbatch
+        )
+    }
+}
+
+/// One send or receive inside a group.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum CommOp {
+    /// Send `message` to `to`.
+    Send {
+        /// The peer.
+        to: RankId,
+        /// What.
+        message: Message,
+    },
+    /// Receive `message` from `from`.
+    Recv {
+        /// The peer.
+        from: RankId,
+        /// What.
+        message: Message,
+    },
+}
+
+impl CommOp {
+    /// The peer rank.
+    pub fn peer(&self) -> RankId {
+        match *self {
+            CommOp::Send { to, .. } => to,
+            CommOp::Recv { from, .. } => from,
+        }
+    }
+    /// The message.
+    pub fn message(&self) -> Message {
+        match *self {
+            CommOp::Send { message, .. } | CommOp::Recv { message, .. } => message,
+        }
+    }
+}
+
+impl fmt::Display for CommOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CommOp::Send { to, message } => {
+                let what = match message.direction {
+                    Direction::Activation => "send-act",
+                    Direction::Gradient => "send-grad",
+                };
+                write!(
+                    f,
+                    "{what}(stage {}, mb {}) to rank {to}",
+                    message.from_stage, message.microbatch
+                )
+            }
+            CommOp::Recv { from, message } => {
+                let what = match message.direction {
+                    Direction::Activation => "recv-act",
+                    Direction::Gradient => "recv-grad",
+                };
+                write!(
+                    f,
+                    "{what}(stage {}, mb {}) from rank {from}",
+                    message.to_stage, message.microbatch
+                )
+            }
+        }
+    }
+}
+
+/// Sends and receives posted together and waited for together.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct CommGroup {
+    /// The operations, in posting order.
+    pub ops: Vec<CommOp>,
+}
+
+/// One instruction of a rank program.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub enum Instr {
+    /// Run a compute task.
+    Compute(Task),
+    /// Compute the loss of a microbatch on the last stage of its route (after its forward); its
+    /// gradient starts that microbatch's backward.
+    Loss(Work),
+    /// Post a group of sends and receives and wait for all of them.
+    Comm(CommGroup),
+    /// The forward output of this work has been sent: its data may be freed (the autograd graph
+    /// stays until the backward).
+    FreeOutput(Work),
+    /// The next compute is the last one producing weight gradients of this stage on this rank:
+    /// enable the data-parallel gradient sync for it.
+    GradSync(StageId),
+    /// End of the step: flush weight gradients still pending.
+    FlushWeightGrads,
+}
+
+impl fmt::Display for Instr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Instr::Compute(t) => write!(f, "{t}"),
+            Instr::Loss(w) => write!(f, "loss(stage {}, mb {})", w.stage, w.microbatch),
+            Instr::Comm(g) => {
+                write!(f, "[")?;
+                for (i, op) in g.ops.iter().enumerate() {
+                    if i > 0 {
+                        write!(f, ", ")?;
+                    }
+                    write!(f, "{op}")?;
+                }
+                write!(f, "]")
+            }
+            Instr::FreeOutput(w) => {
+                write!(f, "free-output(stage {}, mb {})", w.stage, w.microbatch)
+            }
+            Instr::GradSync(s) => write!(f, "grad-sync(stage {s})"),
+            Instr::FlushWeightGrads => write!(f, "flush-weight-grads"),
+        }
+    }
+}
+
+/// The program of one rank.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct RankProgram {
+    /// The rank.
+    pub rank: RankId,
+    /// Its instructions, in order.
+    pub instrs: Vec<Instr>,
+}
+
+impl RankProgram {
+    /// Number of compute instructions.
+    pub fn compute_count(&self) -> usize {
+        self.instrs
+            .iter()
+            .filter(|i| matches!(i, Instr::Compute(_)))
+            .count()
+    }
+    /// Every send and receive in program order.
+    pub fn comm_ops(&self) -> impl Iterator<Item = (usize, &CommOp)> {
+        self.instrs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, instr)| match instr {
+                Instr::Comm(g) => g.ops.iter().map(move |op| (i, op)).collect::<Vec<_>>(),
+                _ => Vec::new(),
+            })
+    }
+}
+
+/// The programs of every rank.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ProgramSet {
+    /// One program per rank, in rank order.
+    pub programs: Vec<RankProgram>,
+    /// Whether the programs run the forward only (evaluation).
+    pub forward_only: bool,
+    /// The weakest communication semantics the programs must complete under: `Blocking` (each
+    /// send and receive on its own, which implies batched groups work too) or `Batched` only.
+    pub semantics: crate::check::Semantics,
+}
+
+impl ProgramSet {
+    /// Total number of instructions, counting each send and receive of a group.
+    pub fn instruction_count(&self) -> usize {
+        self.programs
+            .iter()
+            .flat_map(|p| &p.instrs)
+            .map(|i| match i {
+                Instr::Comm(g) => g.ops.len(),
+                _ => 1,
+            })
+            .sum()
+    }
+}
