@@ -18,6 +18,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod paper_table;
+pub mod reference;
 pub mod report;
 
 pub use config::{build_plan, build_plan_observed, PipelineConfig};

@@ -1,7 +1,7 @@
 //! The figures of a verified, simulated plan, as one serialisable report (the JSON of
 //! `pipeweave plan --format json`) and as human-readable text.
 
-use pipeweave_core::{render_grid, Plan, Simulation};
+use pipeweave_core::{render_grid, Instr, Plan, ProgramSet, Semantics, Simulation};
 use serde::Serialize;
 use std::fmt::Write;
 
@@ -42,6 +42,12 @@ pub struct PlanReport {
     pub memory_limit: Option<f64>,
     /// Whether every invariant held (always true in a report: unverified plans are errors).
     pub verified: bool,
+    /// Messages between ranks in the checked programs.
+    pub messages: usize,
+    /// Communication groups (batched sends and receives) in the checked programs.
+    pub communication_groups: usize,
+    /// The semantics the programs were checked under.
+    pub communication_checked: Vec<String>,
 }
 
 /// Rounds away floating-point noise (1e-9) so reports are stable.
@@ -83,7 +89,27 @@ impl PlanReport {
                 .collect(),
             memory_limit: plan.memory_limit(),
             verified: true,
+            messages: 0,
+            communication_groups: 0,
+            communication_checked: Vec::new(),
         }
+    }
+
+    /// Adds the figures of the checked programs.
+    pub fn with_programs(mut self, programs: &ProgramSet) -> PlanReport {
+        let ops = programs.programs.iter().flat_map(|p| p.comm_ops()).count();
+        self.messages = ops / 2;
+        self.communication_groups = programs
+            .programs
+            .iter()
+            .flat_map(|p| &p.instrs)
+            .filter(|i| matches!(i, Instr::Comm(_)))
+            .count();
+        self.communication_checked = match programs.semantics {
+            Semantics::Blocking => vec!["blocking rendezvous".to_string(), "batched".to_string()],
+            Semantics::Batched => vec!["batched".to_string()],
+        };
+        self
     }
 
     /// The text form: header, grid, per-rank figures, totals.
@@ -124,6 +150,15 @@ impl PlanReport {
                 ""
             }
         );
+        if !self.communication_checked.is_empty() {
+            let _ = writeln!(
+                out,
+                "programs     ok ({} messages in {} groups; sends match receives; completes under {} semantics)",
+                self.messages,
+                self.communication_groups,
+                self.communication_checked.join(" and ")
+            );
+        }
         out
     }
 }

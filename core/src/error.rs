@@ -60,6 +60,22 @@ pub enum CoreError {
         /// Why it is not an action.
         reason: String,
     },
+    /// A schedule CSV cell or row is malformed.
+    #[error("line {line}, column {column}: {reason}")]
+    Csv {
+        /// 1-based line (the rank is `line - 1`).
+        line: usize,
+        /// 1-based cell index in the line.
+        column: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An imported schedule is consistent as text but not as a pipeline.
+    #[error("imported schedule: {0}")]
+    Import(String),
+    /// Projected or imported programs failed the communication check.
+    #[error("communication check failed: {0}")]
+    Communication(#[from] crate::check::CommError),
     /// The plan broke one or more invariants; every violation is listed.
     #[error("plan verification failed: {0}")]
     Verification(Violations),

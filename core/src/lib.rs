@@ -18,6 +18,7 @@ pub mod check;
 pub mod cost;
 pub mod deps;
 pub mod error;
+pub mod formats;
 pub mod grid;
 pub mod ids;
 pub mod memory;

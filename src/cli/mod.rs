@@ -1,12 +1,18 @@
 //! The `pipeweave` command-line tool (contract: ../shared/CLI.md).
 //!
 //! - `pipeweave plan [EXPR] --ranks P --microbatches M [--costs ..] [--activation-memory ..]
-//!   [--memory-limit L] [--stage-costs FILE] [--format text|json] [--json FILE]`
+//!   [--memory-limit L] [--stage-costs FILE] [outputs]`
+//! - `pipeweave check FILE.csv|FILE.json [--costs ..] [outputs]`
+//!
+//! Outputs: `--format text|json`, `--json FILE`, `--svg FILE`, `--trace FILE`, `--csv FILE
+//! [--lowered]`, `--programs FILE`, `--recv early|just-in-time`.
 //!
 //! Exit status: 0 on success; 2 on bad input (one line on stderr naming the constraint); 1 when a
 //! pass produced an invalid plan (a bug, reported with the pass's name).
 
+mod check_command;
 mod options;
+mod outputs;
 mod plan_command;
 
 use clap::{Parser, Subcommand};
@@ -32,6 +38,8 @@ pub struct Cli {
 enum Command {
     /// Build a schedule from an expression, verify it, simulate it and print the figures.
     Plan(PlanArgs),
+    /// Import a schedule CSV (or reference JSON), verify it, check its communication, simulate it.
+    Check(check_command::CheckArgs),
 }
 
 /// Runs the tool with `args` (including the program name); returns the exit status.
@@ -55,6 +63,7 @@ where
     };
     let result = match cli.command {
         Command::Plan(args) => plan_command::run(&args, stdout),
+        Command::Check(args) => check_command::run(&args, stdout),
     };
     match result {
         Ok(()) => 0,

@@ -1,24 +1,15 @@
-//! `pipeweave plan`: build, verify, simulate and report a schedule.
+//! `pipeweave plan`: build a schedule from an expression, verify it, project and check its
+//! programs, simulate it, and report (text or JSON) and write the requested files.
 
 use crate::cli::options::{parse_activation_memory, parse_costs, read_stage_costs};
+use crate::cli::outputs::{check_plan, emit, OutputArgs};
 use crate::config::{build_plan, PipelineConfig};
 use crate::error::Error;
-use crate::report::PlanReport;
-use clap::{Args, ValueEnum};
-use pipeweave_core::simulate;
+use clap::Args;
 use std::io::Write;
 
 /// The schedule `pipeweave plan` builds when no expression is given.
 pub const DEFAULT_EXPRESSION: &str = "vpp(f1b(gpipe), chunks=2)";
-
-/// Output format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Format {
-    /// Grid and figures for humans.
-    Text,
-    /// One JSON document.
-    Json,
-}
 
 /// Arguments of `pipeweave plan`.
 #[derive(Debug, Args)]
@@ -44,12 +35,8 @@ pub struct PlanArgs {
     /// Per-rank activation bound (units of `total`), verified after every pass.
     #[arg(long)]
     memory_limit: Option<f64>,
-    /// Output format on stdout.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    format: Format,
-    /// Also write the JSON report to FILE.
-    #[arg(long, value_name = "FILE")]
-    json: Option<String>,
+    #[command(flatten)]
+    outputs: OutputArgs,
 }
 
 /// Runs `pipeweave plan`.
@@ -72,23 +59,6 @@ pub fn run(args: &PlanArgs, stdout: &mut dyn Write) -> Result<(), Error> {
         config = config.with_rank_costs(read_stage_costs(path)?)?;
     }
     let plan = build_plan(&args.expression, &config)?;
-    let simulation = simulate(&plan)?;
-    let report = PlanReport::new(&args.expression, &plan, &simulation);
-    let json = serde_json::to_string_pretty(&report).expect("a report always serialises");
-    if let Some(path) = &args.json {
-        std::fs::write(path, &json).map_err(|source| Error::Io {
-            path: path.clone(),
-            source,
-        })?;
-    }
-    let text = match args.format {
-        Format::Text => report.to_text(&plan, &simulation),
-        Format::Json => json + "\n",
-    };
-    stdout
-        .write_all(text.as_bytes())
-        .map_err(|source| Error::Io {
-            path: "<stdout>".to_string(),
-            source,
-        })
+    let checked = check_plan(plan, None, args.outputs.recv)?;
+    emit(&args.expression, &checked, &args.outputs, stdout)
 }

@@ -1,0 +1,496 @@
+//! PyTorch pipelining's schedule CSV (`torch.distributed.pipelining`), both directions.
+//!
+//! Dialect: no header; exactly one row per rank, in rank order; comma-separated cells, one action
+//! each, in execution order. Compute files may hold empty cells (bubbles). Lowered files hold the
+//! communication too: `<s>SEND_F<m>` (stage `s` sends microbatch `m`'s activation to the next
+//! stage), `<s>RECV_F<m>` (stage `s` receives it), `<s>SEND_B<m>` / `<s>RECV_B<m>` (gradients to
+//! the previous stage), and `<s>WAIT_SEND_F<m>` / `<s>WAIT_SEND_B<m>`: every send needs a later
+//! wait on the same rank. Our markers (loss, free, gradient sync) have no PyTorch action and are
+//! not written; the importer adds the loss and the final flush back.
+//!
+//! Import takes the stage placement from the row a stage's actions appear in, the microbatch count
+//! from the largest microbatch, and each microbatch's route from the stages its actions touch (in
+//! stage order; a microbatch whose stages are a strict subset of another's takes the larger set,
+//! so a missing op is reported as missing). Every error names the line and column.
+
+use crate::check::Semantics;
+use crate::cost::{CostModel, StageCosts};
+use crate::error::CoreError;
+use crate::ids::{MicrobatchId, RankId, StageId};
+use crate::memory::{MemoryModel, StageMemory};
+use crate::op::Task;
+use crate::plan::Plan;
+use crate::problem::{Problem, ProblemSpec, RouteSpec};
+use crate::program::{CommGroup, CommOp, Direction, Instr, Message, ProgramSet, RankProgram};
+use std::collections::BTreeMap;
+
+/// A communication action of a lowered file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommAction {
+    /// `SEND_F` / `SEND_B`.
+    Send(Direction),
+    /// `RECV_F` / `RECV_B`.
+    Recv(Direction),
+    /// `WAIT_SEND_F` / `WAIT_SEND_B`.
+    WaitSend(Direction),
+}
+
+/// One cell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// A compute action.
+    Compute(Task),
+    /// A communication action on `stage` for `microbatch`.
+    Comm {
+        /// What.
+        action: CommAction,
+        /// The stage named in the action.
+        stage: StageId,
+        /// The microbatch.
+        microbatch: MicrobatchId,
+    },
+}
+
+const COMM_NAMES: [(&str, CommAction); 6] = [
+    ("WAIT_SEND_F", CommAction::WaitSend(Direction::Activation)),
+    ("WAIT_SEND_B", CommAction::WaitSend(Direction::Gradient)),
+    ("SEND_F", CommAction::Send(Direction::Activation)),
+    ("SEND_B", CommAction::Send(Direction::Gradient)),
+    ("RECV_F", CommAction::Recv(Direction::Activation)),
+    ("RECV_B", CommAction::Recv(Direction::Gradient)),
+];
+
+fn comm_name(action: CommAction) -> &'static str {
+    COMM_NAMES
+        .iter()
+        .find(|(_, a)| *a == action)
+        .map(|(n, _)| *n)
+        .expect("every communication action has a name")
+}
+
+fn csv_error(line: usize, column: usize, reason: impl Into<String>) -> CoreError {
+    CoreError::Csv {
+        line,
+        column,
+        reason: reason.into(),
+    }
+}
+
+fn parse_number(text: &str, what: &str, line: usize, column: usize) -> Result<u32, CoreError> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(csv_error(
+            line,
+            column,
+            format!("the {what} must be a decimal number"),
+        ));
+    }
+    text.parse()
+        .map_err(|_| csv_error(line, column, format!("the {what} {text} is too large")))
+}
+
+/// Parses one cell.
+pub fn parse_action(cell: &str, line: usize, column: usize) -> Result<Action, CoreError> {
+    for (name, action) in COMM_NAMES {
+        if let Some(at) = cell.find(name) {
+            let stage = parse_number(&cell[..at], "stage", line, column)?;
+            let microbatch = parse_number(&cell[at + name.len()..], "microbatch", line, column)?;
+            return Ok(Action::Comm {
+                action,
+                stage: StageId::new(stage),
+                microbatch: MicrobatchId::new(microbatch),
+            });
+        }
+    }
+    cell.parse::<Task>()
+        .map(Action::Compute)
+        .map_err(|e| match e {
+            CoreError::Notation { reason, .. } => {
+                csv_error(line, column, format!("`{cell}`: {reason}"))
+            }
+            other => other,
+        })
+}
+
+/// Parses a whole file into one row of actions per rank (empty cells dropped).
+pub fn parse_rows(text: &str) -> Result<Vec<Vec<Action>>, CoreError> {
+    let mut rows = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = i + 1;
+        let raw = raw.trim_end_matches('\r');
+        if raw.trim().is_empty() {
+            if text.lines().skip(i).all(|l| l.trim().is_empty()) {
+                break;
+            }
+            return Err(csv_error(
+                line,
+                1,
+                "empty line: every rank needs one row, in rank order",
+            ));
+        }
+        let mut row = Vec::new();
+        for (c, cell) in raw.split(',').enumerate() {
+            let cell = cell.trim();
+            if cell.is_empty() {
+                continue;
+            }
+            row.push(parse_action(cell, line, c + 1)?);
+        }
+        rows.push(row);
+    }
+    if rows.is_empty() {
+        return Err(csv_error(1, 1, "the file has no rows"));
+    }
+    Ok(rows)
+}
+
+/// What an import produced.
+#[derive(Clone, Debug)]
+pub struct Imported {
+    /// The compute plan (not yet verified).
+    pub plan: Plan,
+    /// The programs, when the file was lowered.
+    pub programs: Option<ProgramSet>,
+}
+
+/// Builds the problem of an imported schedule (see the module doc).
+fn infer_problem(rows: &[Vec<Action>]) -> Result<Problem, CoreError> {
+    let mut owner: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
+    let mut touched: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for (rank, row) in rows.iter().enumerate() {
+        for (position, action) in row.iter().enumerate() {
+            let Action::Compute(task) = action else {
+                continue;
+            };
+            for op in task.ops() {
+                let entry = owner.entry(op.stage.get()).or_insert((rank, position));
+                if entry.0 != rank {
+                    return Err(CoreError::Import(format!(
+                        "stage {} appears on rank {} (line {}) and on rank {rank} (line {})",
+                        op.stage,
+                        entry.0,
+                        entry.0 + 1,
+                        rank + 1
+                    )));
+                }
+                touched
+                    .entry(op.microbatch.get())
+                    .or_default()
+                    .push(op.stage.get());
+            }
+        }
+    }
+    let Some((&last_stage, _)) = owner.last_key_value() else {
+        return Err(CoreError::Import(
+            "the file holds no compute action".to_string(),
+        ));
+    };
+    let stages = u64::from(last_stage) + 1;
+    if stages > u64::from(crate::problem::MAX_STAGES) {
+        return Err(CoreError::SizeOutOfRange {
+            what: "stages",
+            value: stages,
+            constraint: format!("must be at most {}", crate::problem::MAX_STAGES),
+        });
+    }
+    if let Some(missing) = (0..=last_stage).find(|s| !owner.contains_key(s)) {
+        return Err(CoreError::Import(format!(
+            "stage {missing} appears in no row (stages 0..={last_stage} are used)"
+        )));
+    }
+    let microbatches = touched
+        .last_key_value()
+        .map_or(0, |(&m, _)| u64::from(m) + 1);
+    if microbatches > u64::from(crate::problem::MAX_MICROBATCHES) {
+        return Err(CoreError::SizeOutOfRange {
+            what: "microbatches",
+            value: microbatches,
+            constraint: format!("must be at most {}", crate::problem::MAX_MICROBATCHES),
+        });
+    }
+    if let Some(missing) = (0..microbatches as u32).find(|m| !touched.contains_key(m)) {
+        return Err(CoreError::Import(format!(
+            "microbatch {missing} appears in no action (microbatches 0..{microbatches} are used)"
+        )));
+    }
+    let sets: Vec<Vec<u32>> = (0..microbatches as u32)
+        .map(|m| {
+            let mut set = touched.remove(&m).unwrap_or_default();
+            set.sort_unstable();
+            set.dedup();
+            set
+        })
+        .collect();
+    // A strict subset of another microbatch's stages is an incomplete microbatch, not a route.
+    let mut distinct: Vec<&Vec<u32>> = sets.iter().collect();
+    distinct.sort();
+    distinct.dedup();
+    let widen = |set: &Vec<u32>| -> Vec<u32> {
+        distinct
+            .iter()
+            .filter(|other| {
+                other.len() > set.len() && set.iter().all(|s| other.binary_search(s).is_ok())
+            })
+            .max_by_key(|other| other.len())
+            .map_or_else(|| set.clone(), |o| (*o).clone())
+    };
+    let mut routes: Vec<RouteSpec> = Vec::new();
+    for (m, set) in sets.iter().enumerate() {
+        let stages = widen(set);
+        match routes.last_mut() {
+            Some(route) if route.stages == stages => route.end = m as u32 + 1,
+            _ => routes.push(RouteSpec {
+                first: m as u32,
+                end: m as u32 + 1,
+                stages,
+            }),
+        }
+    }
+    let placement: Vec<u32> = owner.values().map(|&(rank, _)| rank as u32).collect();
+    let ranks = rows.len() as u32;
+    ProblemSpec::builder()
+        .ranks(ranks)
+        .microbatches(microbatches as u32)
+        .stage_to_rank(placement)
+        .routes(routes)
+        .build()
+        .validate()
+}
+
+/// Imports a schedule CSV. `share_costs` are the costs of a rank's whole share (divided among the
+/// stages a rank holds), `comm` the cross-rank latency.
+pub fn import_csv(text: &str, share_costs: StageCosts, comm: f64) -> Result<Imported, CoreError> {
+    let rows = parse_rows(text)?;
+    let problem = infer_problem(&rows)?;
+    let chunks: Vec<u32> = (0..problem.ranks())
+        .map(|r| problem.stages_of(RankId::new(r)).len() as u32)
+        .collect();
+    let costs = problem
+        .stage_to_rank()
+        .iter()
+        .map(|r| share_costs.split(chunks[r.index()]))
+        .collect();
+    let memory = problem
+        .stage_to_rank()
+        .iter()
+        .map(|r| StageMemory::default().split(chunks[r.index()]))
+        .collect();
+    let orders: Vec<Vec<Task>> = rows
+        .iter()
+        .map(|row| {
+            row.iter()
+                .filter_map(|a| match a {
+                    Action::Compute(t) => Some(*t),
+                    Action::Comm { .. } => None,
+                })
+                .collect()
+        })
+        .collect();
+    let lowered = rows
+        .iter()
+        .flatten()
+        .any(|a| matches!(a, Action::Comm { .. }));
+    let programs = if lowered {
+        Some(lower_rows(&problem, &rows)?)
+    } else {
+        None
+    };
+    let plan = Plan::new(
+        problem,
+        CostModel::per_stage(costs, comm)?,
+        MemoryModel::per_stage(memory),
+        orders,
+    )?;
+    Ok(Imported { plan, programs })
+}
+
+/// Builds programs from the rows of a lowered file.
+fn lower_rows(problem: &Problem, rows: &[Vec<Action>]) -> Result<ProgramSet, CoreError> {
+    let mut programs = Vec::with_capacity(rows.len());
+    for (r, row) in rows.iter().enumerate() {
+        let line = r + 1;
+        let rank = RankId::new(r as u32);
+        let mut instrs = Vec::new();
+        let mut group = CommGroup::default();
+        let mut unwaited: Vec<(Direction, StageId, MicrobatchId, usize)> = Vec::new();
+        for (c, action) in row.iter().enumerate() {
+            let column = c + 1;
+            match *action {
+                Action::Compute(task) => {
+                    if !group.ops.is_empty() {
+                        instrs.push(Instr::Comm(std::mem::take(&mut group)));
+                    }
+                    instrs.push(Instr::Compute(task));
+                    for op in task.ops() {
+                        let last = problem
+                            .route_of(op.microbatch)
+                            .is_some_and(|route| route.next(op.stage).is_none());
+                        if op.kind == crate::op::OpKind::Forward && last {
+                            instrs.push(Instr::Loss(crate::op::Work {
+                                stage: op.stage,
+                                microbatch: op.microbatch,
+                            }));
+                        }
+                    }
+                }
+                Action::Comm {
+                    action,
+                    stage,
+                    microbatch,
+                } => {
+                    let route = problem.route_of(microbatch).ok_or_else(|| {
+                        csv_error(
+                            line,
+                            column,
+                            format!("microbatch {microbatch} is out of range"),
+                        )
+                    })?;
+                    if !route.contains(stage) {
+                        return Err(csv_error(
+                            line,
+                            column,
+                            format!("stage {stage} is not on the route of microbatch {microbatch}"),
+                        ));
+                    }
+                    let (direction, send) = match action {
+                        CommAction::Send(d) => (d, true),
+                        CommAction::Recv(d) => (d, false),
+                        CommAction::WaitSend(d) => {
+                            match unwaited
+                                .iter()
+                                .position(|&(dd, s, m, _)| dd == d && s == stage && m == microbatch)
+                            {
+                                Some(i) => {
+                                    unwaited.remove(i);
+                                }
+                                None => {
+                                    return Err(csv_error(line, column, format!("{stage}{}{microbatch} waits for a send that did not happen before it", comm_name(action))));
+                                }
+                            }
+                            continue;
+                        }
+                    };
+                    // The stage on the other side of the boundary.
+                    let other = match (direction, send) {
+                        (Direction::Activation, true) | (Direction::Gradient, false) => route.next(stage),
+                        (Direction::Activation, false) | (Direction::Gradient, true) => route.prev(stage),
+                    }
+                    .ok_or_else(|| {
+                        csv_error(line, column, format!("stage {stage} has no neighbour on microbatch {microbatch}'s route in that direction"))
+                    })?;
+                    let message = match (direction, send) {
+                        (Direction::Activation, true) => {
+                            Message::activation(stage, other, microbatch)
+                        }
+                        (Direction::Activation, false) => {
+                            Message::activation(other, stage, microbatch)
+                        }
+                        (Direction::Gradient, true) => Message::gradient(stage, other, microbatch),
+                        (Direction::Gradient, false) => Message::gradient(other, stage, microbatch),
+                    };
+                    let peer = problem.rank_of(other).expect("route stages are in range");
+                    if problem.rank_of(stage) != Some(rank) {
+                        return Err(csv_error(
+                            line,
+                            column,
+                            format!(
+                                "stage {stage} runs on rank {}, not on rank {rank}",
+                                problem.rank_of(stage).map_or(0, |r| r.get())
+                            ),
+                        ));
+                    }
+                    group.ops.push(if send {
+                        unwaited.push((direction, stage, microbatch, column));
+                        CommOp::Send { to: peer, message }
+                    } else {
+                        CommOp::Recv {
+                            from: peer,
+                            message,
+                        }
+                    });
+                }
+            }
+        }
+        if let Some(&(d, s, m, column)) = unwaited.first() {
+            let name = if d == Direction::Activation {
+                "SEND_F"
+            } else {
+                "SEND_B"
+            };
+            return Err(csv_error(
+                line,
+                column,
+                format!("{s}{name}{m} has no later WAIT_SEND on its rank"),
+            ));
+        }
+        if !group.ops.is_empty() {
+            instrs.push(Instr::Comm(group));
+        }
+        instrs.push(Instr::FlushWeightGrads);
+        programs.push(RankProgram { rank, instrs });
+    }
+    Ok(ProgramSet {
+        programs,
+        forward_only: false,
+        semantics: Semantics::Batched,
+    })
+}
+
+/// The compute-only CSV of a plan.
+pub fn compute_csv(plan: &Plan) -> String {
+    let mut out = String::new();
+    for row in plan.orders_notation() {
+        out.push_str(&row.join(","));
+        out.push('\n');
+    }
+    out
+}
+
+fn comm_cell(op: &CommOp) -> (String, Option<String>) {
+    let m = op.message();
+    let (action, stage) = match op {
+        CommOp::Send { .. } => (CommAction::Send(m.direction), m.from_stage),
+        CommOp::Recv { .. } => (CommAction::Recv(m.direction), m.to_stage),
+    };
+    let cell = format!("{stage}{}{}", comm_name(action), m.microbatch);
+    let wait = matches!(op, CommOp::Send { .. }).then(|| {
+        format!(
+            "{stage}{}{}",
+            comm_name(CommAction::WaitSend(m.direction)),
+            m.microbatch
+        )
+    });
+    (cell, wait)
+}
+
+/// The lowered CSV of projected programs: compute and communication actions in execution order.
+/// Sends are waited for right after their group when the programs are projected for blocking
+/// semantics, at the end of the rank's row otherwise.
+pub fn lowered_csv(set: &ProgramSet) -> String {
+    let mut out = String::new();
+    for program in &set.programs {
+        let mut cells: Vec<String> = Vec::new();
+        let mut deferred: Vec<String> = Vec::new();
+        for instr in &program.instrs {
+            match instr {
+                Instr::Compute(t) => cells.push(t.to_string()),
+                Instr::Comm(group) => {
+                    let mut waits = Vec::new();
+                    for op in &group.ops {
+                        let (cell, wait) = comm_cell(op);
+                        cells.push(cell);
+                        waits.extend(wait);
+                    }
+                    match set.semantics {
+                        Semantics::Blocking => cells.extend(waits),
+                        Semantics::Batched => deferred.extend(waits),
+                    }
+                }
+                _ => {}
+            }
+        }
+        cells.extend(deferred);
+        out.push_str(&cells.join(","));
+        out.push('\n');
+    }
+    out
+}

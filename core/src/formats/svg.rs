@@ -1,0 +1,203 @@
+//! An SVG timeline like the papers' figures: ranks as rows, time as columns, one box per task
+//! coloured by kind (F, B, I, W, overlapped F&B) with its microbatch number, later model chunks
+//! hatched, a legend, and the makespan and bubble rate in the title.
+
+use crate::op::TaskKind;
+use crate::plan::Plan;
+use crate::simulate::Simulation;
+use std::fmt::Write;
+
+const ROW_HEIGHT: f64 = 30.0;
+const LEFT: f64 = 70.0;
+const TOP: f64 = 48.0;
+const MAX_WIDTH: f64 = 1600.0;
+const MIN_UNIT: f64 = 8.0;
+
+fn colour(kind: TaskKind) -> &'static str {
+    match kind {
+        TaskKind::Forward => "#4e79a7",
+        TaskKind::Backward => "#59a14f",
+        TaskKind::InputGrad => "#8cd17d",
+        TaskKind::WeightGrad => "#f1ce63",
+        TaskKind::Overlapped => "#b07aa1",
+    }
+}
+
+fn label(kind: TaskKind) -> &'static str {
+    match kind {
+        TaskKind::Forward => "F forward",
+        TaskKind::Backward => "B full backward",
+        TaskKind::InputGrad => "I input-gradient backward",
+        TaskKind::WeightGrad => "W weight-gradient backward",
+        TaskKind::Overlapped => "F&B overlapped forward and backward",
+    }
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The SVG document of `simulation` (a simulation of `plan`), titled `title`.
+pub fn timeline_svg(plan: &Plan, simulation: &Simulation, title: &str) -> String {
+    let makespan = simulation.makespan().max(1e-9);
+    let shortest = simulation
+        .timeline()
+        .iter()
+        .flatten()
+        .map(|t| t.end - t.start)
+        .filter(|d| *d > 1e-12)
+        .fold(f64::INFINITY, f64::min);
+    let shortest = if shortest.is_finite() { shortest } else { 1.0 };
+    // About 30 px for the shortest task, within MAX_WIDTH unless that leaves it under MIN_UNIT.
+    let scale = (30.0 / shortest)
+        .min(MAX_WIDTH / makespan)
+        .max(MIN_UNIT / shortest);
+    let ranks = simulation.timeline().len();
+    let width = LEFT + makespan * scale + 20.0;
+    let legend_top = TOP + ranks as f64 * ROW_HEIGHT + 30.0;
+    let height = legend_top + 40.0;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="Helvetica, Arial, sans-serif">"#
+    );
+    let _ = writeln!(
+        out,
+        r#"<defs><pattern id="later-chunk" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="2.5" height="6" fill="white" fill-opacity="0.45"/></pattern></defs>"#
+    );
+    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        out,
+        r#"<text x="{LEFT}" y="22" font-size="15" font-weight="bold">{} — makespan {:.3}, bubble {:.1}%</text>"#,
+        escape(title),
+        simulation.makespan(),
+        simulation.bubble_rate() * 100.0
+    );
+    let first_local: Vec<Option<usize>> = (0..ranks)
+        .map(|r| {
+            plan.problem()
+                .stage_to_rank()
+                .iter()
+                .position(|x| x.index() == r)
+        })
+        .collect();
+    for (r, tasks) in simulation.timeline().iter().enumerate() {
+        let y = TOP + r as f64 * ROW_HEIGHT;
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.0}" y="{:.1}" font-size="13" text-anchor="end">rank {r}</text>"#,
+            LEFT - 8.0,
+            y + ROW_HEIGHT / 2.0 + 4.0
+        );
+        let _ = writeln!(
+            out,
+            r##"<rect x="{LEFT}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="#f4f4f4"/>"##,
+            makespan * scale,
+            ROW_HEIGHT - 4.0
+        );
+        for t in tasks {
+            let x = LEFT + t.start * scale;
+            let w = ((t.end - t.start) * scale).max(0.5);
+            let kind = t.task.kind();
+            let work = t.task.work();
+            let later_chunk = first_local[r] != Some(work.stage.index());
+            let _ = writeln!(
+                out,
+                r#"<rect x="{x:.1}" y="{y:.1}" width="{w:.1}" height="{:.1}" fill="{}" stroke="white" stroke-width="1"><title>{} [{:.3}, {:.3}]</title></rect>"#,
+                ROW_HEIGHT - 4.0,
+                colour(kind),
+                escape(&t.task.to_string()),
+                t.start,
+                t.end
+            );
+            if later_chunk {
+                let _ = writeln!(
+                    out,
+                    r#"<rect x="{x:.1}" y="{y:.1}" width="{w:.1}" height="{:.1}" fill="url(#later-chunk)" stroke="white" stroke-width="1"/>"#,
+                    ROW_HEIGHT - 4.0
+                );
+            }
+            if w >= 12.0 {
+                let _ = writeln!(
+                    out,
+                    r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle" fill="{}">{}</text>"#,
+                    x + w / 2.0,
+                    y + ROW_HEIGHT / 2.0 + 2.0,
+                    if matches!(kind, TaskKind::WeightGrad | TaskKind::InputGrad) {
+                        "#222"
+                    } else {
+                        "white"
+                    },
+                    work.microbatch
+                );
+            }
+        }
+    }
+    let axis_y = TOP + ranks as f64 * ROW_HEIGHT + 4.0;
+    let step = nice_step(makespan);
+    let mut tick = 0.0;
+    while tick <= makespan + 1e-9 {
+        let x = LEFT + tick * scale;
+        let _ = writeln!(
+            out,
+            r##"<line x1="{x:.1}" y1="{axis_y:.1}" x2="{x:.1}" y2="{:.1}" stroke="#888"/>"##,
+            axis_y + 5.0
+        );
+        let _ = writeln!(
+            out,
+            r##"<text x="{x:.1}" y="{:.1}" font-size="10" text-anchor="middle" fill="#555">{}</text>"##,
+            axis_y + 16.0,
+            trim(tick)
+        );
+        tick += step;
+    }
+    let kinds = [
+        TaskKind::Forward,
+        TaskKind::Backward,
+        TaskKind::InputGrad,
+        TaskKind::WeightGrad,
+        TaskKind::Overlapped,
+    ];
+    let mut x = LEFT;
+    for kind in kinds {
+        let _ = writeln!(
+            out,
+            r#"<rect x="{x:.1}" y="{legend_top:.1}" width="14" height="14" fill="{}"/>"#,
+            colour(kind)
+        );
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{:.1}" font-size="12">{}</text>"#,
+            x + 19.0,
+            legend_top + 11.5,
+            escape(label(kind))
+        );
+        x += 19.0 + 7.2 * label(kind).len() as f64 + 18.0;
+    }
+    let _ = writeln!(
+        out,
+        r##"<text x="{:.1}" y="{:.1}" font-size="12" fill="#555">hatched: a rank's later model chunks (virtual stages); numbers are microbatches</text>"##,
+        LEFT,
+        legend_top + 32.0
+    );
+    out.push_str("</svg>\n");
+    out
+}
+
+fn nice_step(span: f64) -> f64 {
+    let raw = span / 10.0;
+    let magnitude = 10f64.powf(raw.log10().floor());
+    for m in [1.0, 2.0, 5.0, 10.0] {
+        if raw <= m * magnitude {
+            return m * magnitude;
+        }
+    }
+    10.0 * magnitude
+}
+
+fn trim(x: f64) -> String {
+    let s = format!("{x:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
