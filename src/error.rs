@@ -13,6 +13,9 @@ pub enum Error {
     /// An expression or pass error.
     #[error(transparent)]
     Transform(#[from] TransformError),
+    /// A run on a backend failed.
+    #[error(transparent)]
+    Backend(#[from] pipeweave_backends::BackendError),
     /// A command-line option with a bad value.
     #[error("option {option}: {message}")]
     Option {

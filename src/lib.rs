@@ -23,6 +23,7 @@ pub mod report;
 
 pub use config::{build_plan, build_plan_observed, PipelineConfig};
 pub use error::Error;
+pub use pipeweave_backends as backends;
 pub use pipeweave_core as core_ir;
 pub use pipeweave_core::{
     render_grid, simulate, verify, CoreError, CostModel, MemoryModel, MicrobatchId, Op, OpKind,

@@ -3,7 +3,8 @@
 //! Every cross-rank dependency becomes a message: an activation when a forward's next stage runs on
 //! another rank, a gradient when an input-gradient backward's previous stage does. Messages are
 //! ordered globally by the position of their producing task in a topological order of the plan
-//! (the order in which the replay engine completes tasks), and every rank lays out its events by
+//! that follows simulated time (tasks sorted by simulated end, the replay engine's completion order
+//! breaking ties), and every rank lays out its events by
 //! that one key: its computes, the sends right after the compute that produces them, and its
 //! receives. With `Early` receives every rank's communication follows the one global key, so the
 //! programs complete even under blocking rendezvous semantics; `JustInTime` receives keep each
@@ -62,7 +63,15 @@ enum Event {
     GradSync(StageId),
 }
 
-type Key = (usize, u8, u64);
+/// Sort key of an event: (time, position in the topological order, class, message).
+/// Times are non-negative, so their bit patterns sort like the numbers. A compute sits at its start
+/// (`2 q` for its position `q`), its sends at its end (`2 q + 1`), a receive where its message is
+/// produced (early) or just before its consumer (just in time).
+type Key = (u64, u64, u8, u64);
+
+fn time_bits(t: f64) -> u64 {
+    t.max(0.0).to_bits()
+}
 
 fn message_key(m: &Message) -> u64 {
     let direction = match m.direction {
@@ -94,7 +103,7 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
     } else {
         plan.clone()
     };
-    let outcome = replay(
+    let mut outcome = replay(
         &source,
         |t| task_duration(&source, t),
         source.costs().comm(),
@@ -106,6 +115,23 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
             wait_cycle(&source, &outcome.blocked),
         )])));
     }
+    // Renumber tasks in the order of their simulated end (the engine's order breaking ties): a
+    // topological order that follows time, used to break ties between equal times.
+    let mut by_time: Vec<(f64, usize, usize, usize)> = outcome
+        .timeline
+        .iter()
+        .enumerate()
+        .flat_map(|(r, tasks)| {
+            tasks
+                .iter()
+                .enumerate()
+                .map(move |(i, t)| (t.end, t.sequence, r, i))
+        })
+        .collect();
+    by_time.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    for (position, &(_, _, r, i)) in by_time.iter().enumerate() {
+        outcome.timeline[r][i].sequence = position;
+    }
     let problem = source.problem();
     let owner = |s: StageId| {
         problem
@@ -114,6 +140,7 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
     };
     // The completion sequence of every op's task.
     let mut sequence = vec![usize::MAX; source.op_slots()];
+    let mut produced_at = vec![0.0f64; source.op_slots()];
     let slot = |op: Op| {
         source
             .op_slot(op)
@@ -123,6 +150,7 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
         for t in tasks {
             for op in t.task.ops() {
                 sequence[slot(op)] = t.sequence;
+                produced_at[slot(op)] = t.end;
             }
         }
     }
@@ -138,10 +166,12 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
             }
         }
         let mut events: Vec<(Key, Event)> = Vec::new();
-        // Just-in-time receives: (peer, producing sequence, consuming sequence, message).
-        let mut late: Vec<(RankId, usize, usize, Message)> = Vec::new();
+        // Just-in-time receives: (peer, producing sequence, consumer's key, message).
+        let mut late: Vec<(RankId, usize, (u64, u64), Message)> = Vec::new();
         for t in tasks {
             let q = t.sequence;
+            let (start, end) = (time_bits(t.start), time_bits(t.end));
+            let (at_start, at_end) = (2 * q as u64, 2 * q as u64 + 1);
             let ops = t.task.ops();
             for op in &ops {
                 for dep in predecessors(problem, *op) {
@@ -156,10 +186,17 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
                     let from = owner(dep.stage);
                     match options.recv {
                         RecvPolicy::Early => events.push((
-                            (produced, 4, message_key(&message)),
+                            (
+                                time_bits(produced_at[slot(dep)]),
+                                2 * produced as u64 + 1,
+                                4,
+                                message_key(&message),
+                            ),
                             Event::Comm(CommOp::Recv { from, message }),
                         )),
-                        RecvPolicy::JustInTime => late.push((from, produced, q, message)),
+                        RecvPolicy::JustInTime => {
+                            late.push((from, produced, (start, at_start), message))
+                        }
                     }
                 }
             }
@@ -169,10 +206,13 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
                 .map(|o| o.stage)
             {
                 if last_weight.get(&stage) == Some(&q) {
-                    events.push(((q, 1, u64::from(stage.get())), Event::GradSync(stage)));
+                    events.push((
+                        (start, at_start, 1, u64::from(stage.get())),
+                        Event::GradSync(stage),
+                    ));
                 }
             }
-            events.push(((q, 2, 0), Event::Compute(t.task)));
+            events.push(((start, at_start, 2, 0), Event::Compute(t.task)));
             for op in &ops {
                 let Some(route) = problem.route_of(op.microbatch) else {
                     continue;
@@ -180,7 +220,7 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
                 match op.kind {
                     OpKind::Forward => match route.next(op.stage) {
                         None => events.push((
-                            (q, 3, 0),
+                            (start, at_start, 3, 0),
                             Event::Loss(Work {
                                 stage: op.stage,
                                 microbatch: op.microbatch,
@@ -189,7 +229,7 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
                         Some(next) if owner(next) != rank => {
                             let message = Message::activation(op.stage, next, op.microbatch);
                             events.push((
-                                (q, 4, message_key(&message)),
+                                (end, at_end, 4, message_key(&message)),
                                 Event::Comm(CommOp::Send {
                                     to: owner(next),
                                     message,
@@ -199,7 +239,10 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
                                 stage: op.stage,
                                 microbatch: op.microbatch,
                             };
-                            events.push(((q, 5, message_key(&message)), Event::FreeOutput(work)));
+                            events.push((
+                                (end, at_end, 5, message_key(&message)),
+                                Event::FreeOutput(work),
+                            ));
                         }
                         Some(_) => {}
                     },
@@ -208,7 +251,7 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
                             if owner(prev) != rank {
                                 let message = Message::gradient(op.stage, prev, op.microbatch);
                                 events.push((
-                                    (q, 4, message_key(&message)),
+                                    (end, at_end, 4, message_key(&message)),
                                     Event::Comm(CommOp::Send {
                                         to: owner(prev),
                                         message,
@@ -222,7 +265,7 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
             }
         }
         place_just_in_time(&mut late, &mut events);
-        events.sort_by(|a, b| a.0.cmp(&b.0));
+        events.sort_by_key(|e| e.0);
         programs.push(RankProgram {
             rank,
             instrs: lay_out(events, options.forward_only),
@@ -243,25 +286,25 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
 /// peer keep the order of that peer's sends (the k-th send matches the k-th receive): a receive
 /// moves earlier when a later message of the same peer is needed sooner.
 fn place_just_in_time(
-    late: &mut [(RankId, usize, usize, Message)],
+    late: &mut [(RankId, usize, (u64, u64), Message)],
     events: &mut Vec<(Key, Event)>,
 ) {
     // The peer sends in the order (producing sequence, message key).
     late.sort_by_key(|&(peer, produced, _, m)| (peer, produced, message_key(&m)));
     let mut i = late.len();
-    let mut bound = usize::MAX;
+    let mut bound = (u64::MAX, u64::MAX);
     let mut current_peer = None;
     while i > 0 {
         i -= 1;
         let (peer, produced, consumer, message) = late[i];
         if current_peer != Some(peer) {
             current_peer = Some(peer);
-            bound = usize::MAX;
+            bound = (u64::MAX, u64::MAX);
         }
         bound = bound.min(consumer);
         let tiebreak = ((produced as u64) << 20) ^ message_key(&message);
         events.push((
-            (bound, 0, tiebreak),
+            (bound.0, bound.1, 0, tiebreak),
             Event::Comm(CommOp::Recv {
                 from: peer,
                 message,

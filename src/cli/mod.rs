@@ -3,17 +3,20 @@
 //! - `pipeweave plan [EXPR] --ranks P --microbatches M [--costs ..] [--activation-memory ..]
 //!   [--memory-limit L] [--stage-costs FILE] [outputs]`
 //! - `pipeweave check FILE.csv|FILE.json [--costs ..] [outputs]`
+//! - `pipeweave run [EXPR] --ranks P --microbatches M [--backend threads] [--time-scale MS]`
 //!
 //! Outputs: `--format text|json`, `--json FILE`, `--svg FILE`, `--trace FILE`, `--csv FILE
 //! [--lowered]`, `--programs FILE`, `--recv early|just-in-time`.
 //!
 //! Exit status: 0 on success; 2 on bad input (one line on stderr naming the constraint); 1 when a
-//! pass produced an invalid plan (a bug, reported with the pass's name).
+//! pass produced an invalid plan (a bug, reported with the pass's name), when a run fails, or when
+//! its gradients differ from the single-device computation.
 
 mod check_command;
 mod options;
 mod outputs;
-mod plan_command;
+pub mod plan_command;
+mod run_command;
 
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
@@ -40,6 +43,8 @@ enum Command {
     Plan(PlanArgs),
     /// Import a schedule CSV (or reference JSON), verify it, check its communication, simulate it.
     Check(check_command::CheckArgs),
+    /// Execute a plan on a backend with a numeric model; compare time and gradients.
+    Run(run_command::RunArgs),
 }
 
 /// Runs the tool with `args` (including the program name); returns the exit status.
@@ -62,11 +67,13 @@ where
         }
     };
     let result = match cli.command {
-        Command::Plan(args) => plan_command::run(&args, stdout),
-        Command::Check(args) => check_command::run(&args, stdout),
+        Command::Plan(args) => plan_command::run(&args, stdout).map(|()| true),
+        Command::Check(args) => check_command::run(&args, stdout).map(|()| true),
+        Command::Run(args) => run_command::run(&args, stdout),
     };
     match result {
-        Ok(()) => 0,
+        Ok(true) => 0,
+        Ok(false) => 1,
         Err(e) => {
             let line = e.to_string().replace('\n', " ");
             let _ = writeln!(stderr, "error: {line}");
@@ -79,6 +86,7 @@ where
 fn exit_code(e: &crate::Error) -> i32 {
     match e {
         crate::Error::Transform(pipeweave_transforms::TransformError::PassBroke { .. }) => 1,
+        crate::Error::Backend(_) => 1,
         _ => 2,
     }
 }

@@ -1,0 +1,103 @@
+//! The one error type of `pipeweave-backends`: what stops a run, and where.
+
+use pipeweave_core::{CoreError, Message, RankId};
+use thiserror::Error;
+
+/// Why a run failed. Every variant names the rank and the instruction index where it happened.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum BackendError {
+    /// The programs failed the communication check; nothing ran.
+    #[error("the programs were not run: {0}")]
+    Unchecked(#[from] CoreError),
+    /// A stage's computation returned an error.
+    #[error("rank {rank}, instruction {instr} ({what}): the stage failed: {reason}")]
+    Stage {
+        /// The rank.
+        rank: RankId,
+        /// The instruction index.
+        instr: usize,
+        /// The instruction.
+        what: String,
+        /// The stage's error.
+        reason: String,
+    },
+    /// A stage's computation panicked.
+    #[error("rank {rank}, instruction {instr} ({what}): the stage panicked: {reason}")]
+    Panicked {
+        /// The rank.
+        rank: RankId,
+        /// The instruction index.
+        instr: usize,
+        /// The instruction.
+        what: String,
+        /// The panic message.
+        reason: String,
+    },
+    /// A tensor the program needs is not there (an inconsistent program).
+    #[error("rank {rank}, instruction {instr} ({what}): {reason}")]
+    Program {
+        /// The rank.
+        rank: RankId,
+        /// The instruction index.
+        instr: usize,
+        /// The instruction.
+        what: String,
+        /// What is missing.
+        reason: String,
+    },
+    /// A different message arrived than the one the program expects.
+    #[error("rank {rank}, instruction {instr}: expected {expected} from rank {from}, got {got}")]
+    Protocol {
+        /// The receiving rank.
+        rank: RankId,
+        /// The instruction index.
+        instr: usize,
+        /// The peer.
+        from: RankId,
+        /// What the program expects.
+        expected: Message,
+        /// What arrived.
+        got: Message,
+    },
+    /// A transport failed (a peer is gone, a link is closed).
+    #[error("rank {rank}, instruction {instr}: transport failed: {reason}")]
+    Transport {
+        /// The rank.
+        rank: RankId,
+        /// The instruction index.
+        instr: usize,
+        /// Why.
+        reason: String,
+    },
+    /// This rank stopped because another rank failed first.
+    #[error("rank {rank}, instruction {instr}: stopped because rank {failed} failed")]
+    Aborted {
+        /// The rank that stopped.
+        rank: RankId,
+        /// Where it stopped.
+        instr: usize,
+        /// The rank that failed.
+        failed: RankId,
+    },
+    /// A receive waited longer than the run's limit.
+    #[error("rank {rank}, instruction {instr}: waited more than {seconds} s for {message} from rank {from}")]
+    Timeout {
+        /// The waiting rank.
+        rank: RankId,
+        /// The instruction index.
+        instr: usize,
+        /// The peer.
+        from: RankId,
+        /// The awaited message.
+        message: Message,
+        /// The limit.
+        seconds: f64,
+    },
+}
+
+impl BackendError {
+    /// Whether this error only reports that another rank failed first.
+    pub fn is_secondary(&self) -> bool {
+        matches!(self, BackendError::Aborted { .. })
+    }
+}

@@ -1,0 +1,24 @@
+//! `pipeweave-backends`: executors of per-rank programs.
+//!
+//! - [`interpreter`]: one interpreter of a rank program, generic over a [`transport::Transport`]
+//!   and a [`compute::StageCompute`];
+//! - [`threads`]: the threaded backend (a thread per rank, channels as links, abort on failure);
+//! - [`numeric`]: a scalar affine stage model and its single-device reference, for end-to-end
+//!   gradient checks.
+//!
+//! Architecture invariant: backends only consume checked per-rank programs; they never look at
+//! the global plan's orders. Threads, MPI and NCCL differ only in the transport.
+#![warn(missing_docs)]
+
+pub mod compute;
+pub mod error;
+pub mod interpreter;
+pub mod numeric;
+pub mod threads;
+pub mod transport;
+
+pub use compute::StageCompute;
+pub use error::BackendError;
+pub use numeric::{AffineModel, AffineStage};
+pub use threads::{run_threads, ThreadOptions};
+pub use transport::{Transport, TransportFailure};

@@ -1,0 +1,218 @@
+//! A small numeric stage model for end-to-end tests and `pipeweave run`: every stage is a scalar
+//! affine map `y = a x + b` in f64, and the loss of a microbatch is `(y - t)^2 / 2` on the last
+//! stage of its route. Tied stages (DualPipe's replicas) share one set of weights.
+//!
+//! [`AffineModel::sequential_gradients`] computes the gradients of one step on a single device,
+//! microbatch after microbatch; [`AffineStage`] is one rank's share for a backend, which
+//! accumulates the same gradients in whatever order the schedule runs. The two must agree to
+//! rounding.
+
+use crate::compute::StageCompute;
+use pipeweave_core::{Problem, StageId, Work};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// The weights, inputs and targets of one training step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AffineModel {
+    /// Weight set of every stage (the first stage of its tied group).
+    weight_set: Vec<usize>,
+    /// `a` of every weight set.
+    scale: Vec<f64>,
+    /// `b` of every weight set.
+    shift: Vec<f64>,
+    /// Input of every microbatch.
+    inputs: Vec<f64>,
+    /// Target of every microbatch.
+    targets: Vec<f64>,
+}
+
+/// Gradients of every weight set: (d loss / d a, d loss / d b).
+pub type Gradients = Vec<(f64, f64)>;
+
+impl AffineModel {
+    /// Deterministic weights and data for `problem`.
+    pub fn new(problem: &Problem) -> AffineModel {
+        let stages = problem.stages() as usize;
+        let mut weight_set: Vec<usize> = (0..stages).collect();
+        for group in problem.tied_stages() {
+            let first = group.iter().map(|s| s.index()).min().unwrap_or(0);
+            for s in group {
+                weight_set[s.index()] = first;
+            }
+        }
+        let scale = (0..stages)
+            .map(|s| 1.0 + 0.1 * ((s as f64) + 1.0).sin())
+            .collect();
+        let shift = (0..stages).map(|s| 0.05 * (s as f64).cos()).collect();
+        let m = problem.microbatches() as usize;
+        let inputs = (0..m)
+            .map(|i| 0.5 + 0.1 * ((i as f64) * 0.7).cos())
+            .collect();
+        let targets = (0..m).map(|i| 1.0 - 0.03 * (i as f64)).collect();
+        AffineModel {
+            weight_set,
+            scale,
+            shift,
+            inputs,
+            targets,
+        }
+    }
+
+    fn params(&self, stage: StageId) -> (f64, f64) {
+        let w = self.weight_set[stage.index()];
+        (self.scale[w], self.shift[w])
+    }
+
+    /// The gradients of one step computed on one device, microbatch by microbatch.
+    pub fn sequential_gradients(&self, problem: &Problem) -> Gradients {
+        let mut grads = vec![(0.0, 0.0); self.scale.len()];
+        for route in problem.routes() {
+            for mb in route.first().get()..route.end().get() {
+                let mut xs = Vec::with_capacity(route.stages().len());
+                let mut x = self.inputs[mb as usize];
+                for &stage in route.stages() {
+                    xs.push(x);
+                    let (a, b) = self.params(stage);
+                    x = a * x + b;
+                }
+                let mut g = x - self.targets[mb as usize];
+                for (&stage, &input) in route.stages().iter().zip(&xs).rev() {
+                    let (a, _) = self.params(stage);
+                    let w = self.weight_set[stage.index()];
+                    grads[w].0 += g * input;
+                    grads[w].1 += g;
+                    g *= a;
+                }
+            }
+        }
+        grads
+    }
+
+    /// The share of rank `rank`, spending `delay(work, kind)` of wall time in each op (for runs
+    /// that compare measured with simulated time; zero for correctness runs).
+    pub fn stage(&self, delay: impl Fn(Work, char) -> Duration + Send + 'static) -> AffineStage {
+        AffineStage {
+            model: self.clone(),
+            saved_input: HashMap::new(),
+            saved_grad: HashMap::new(),
+            grads: vec![(0.0, 0.0); self.scale.len()],
+            delay: Box::new(delay),
+        }
+    }
+
+    /// The largest relative difference between two gradient sets (0 when equal).
+    pub fn max_relative_error(a: &Gradients, b: &Gradients) -> f64 {
+        a.iter()
+            .zip(b)
+            .flat_map(|(x, y)| [(x.0, y.0), (x.1, y.1)])
+            .map(|(x, y)| {
+                let scale = x.abs().max(y.abs()).max(1e-300);
+                (x - y).abs() / scale
+            })
+            .fold(
+                if a.len() == b.len() {
+                    0.0
+                } else {
+                    f64::INFINITY
+                },
+                f64::max,
+            )
+    }
+}
+
+/// One rank's share of an [`AffineModel`].
+pub struct AffineStage {
+    model: AffineModel,
+    saved_input: HashMap<Work, f64>,
+    saved_grad: HashMap<Work, f64>,
+    grads: Gradients,
+    delay: Box<dyn Fn(Work, char) -> Duration + Send>,
+}
+
+impl AffineStage {
+    /// The gradients this rank accumulated (zero for weight sets it does not hold).
+    pub fn gradients(&self) -> &Gradients {
+        &self.grads
+    }
+
+    fn spend(&self, work: Work, kind: char) {
+        let d = (self.delay)(work, kind);
+        if !d.is_zero() {
+            let until = Instant::now() + d;
+            while Instant::now() < until {
+                std::thread::sleep(
+                    Duration::from_micros(50).min(until.saturating_duration_since(Instant::now())),
+                );
+            }
+        }
+    }
+}
+
+/// Sums the gradients of every rank into one set.
+pub fn total_gradients(stages: &[AffineStage]) -> Gradients {
+    let sets = stages.first().map_or(0, |s| s.grads.len());
+    let mut total = vec![(0.0, 0.0); sets];
+    for stage in stages {
+        for (t, g) in total.iter_mut().zip(&stage.grads) {
+            t.0 += g.0;
+            t.1 += g.1;
+        }
+    }
+    total
+}
+
+impl StageCompute for AffineStage {
+    type Tensor = f64;
+
+    fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, String> {
+        self.spend(work, 'F');
+        let x = match input {
+            Some(x) => x,
+            None => *self
+                .model
+                .inputs
+                .get(work.microbatch.index())
+                .ok_or_else(|| format!("no input for microbatch {}", work.microbatch))?,
+        };
+        self.saved_input.insert(work, x);
+        let (a, b) = self.model.params(work.stage);
+        Ok(a * x + b)
+    }
+
+    fn loss(&mut self, work: Work, output: f64) -> Result<f64, String> {
+        let target = self
+            .model
+            .targets
+            .get(work.microbatch.index())
+            .ok_or_else(|| format!("no target for microbatch {}", work.microbatch))?;
+        Ok(output - target)
+    }
+
+    fn backward_input(&mut self, work: Work, grad_output: f64) -> Result<Option<f64>, String> {
+        self.spend(work, 'I');
+        self.saved_grad.insert(work, grad_output);
+        let (a, _) = self.model.params(work.stage);
+        Ok(Some(a * grad_output))
+    }
+
+    fn backward_weight(&mut self, work: Work) -> Result<(), String> {
+        self.spend(work, 'W');
+        let g = self.saved_grad.remove(&work).ok_or_else(|| {
+            format!(
+                "weight gradient of stage {} microbatch {} before its input gradient",
+                work.stage, work.microbatch
+            )
+        })?;
+        let x = self.saved_input.remove(&work).ok_or_else(|| {
+            format!(
+                "weight gradient of stage {} microbatch {} without its forward",
+                work.stage, work.microbatch
+            )
+        })?;
+        let w = self.model.weight_set[work.stage.index()];
+        self.grads[w].0 += g * x;
+        self.grads[w].1 += g;
+        Ok(())
+    }
+}

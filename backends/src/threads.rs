@@ -1,0 +1,207 @@
+//! The threaded backend: one OS thread per rank, one channel per ordered pair of ranks as links.
+//!
+//! Channels buffer, so a send never blocks; a receive waits on its peer's channel, waking every
+//! few milliseconds to see whether another rank has failed, and gives up after the run's time
+//! limit. When a rank fails (its stage returns an error or panics, or a message is wrong) it raises
+//! the shared abort flag; every other rank stops at its next receive, so the run ends within one
+//! poll interval of the last computation in flight, and the error of the first failing rank is
+//! returned.
+
+use crate::compute::StageCompute;
+use crate::error::BackendError;
+use crate::interpreter::run_rank;
+use crate::transport::{Transport, TransportFailure};
+use pipeweave_core::{check_programs, CoreError, Message, Problem, ProgramSet, RankId};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const NO_FAILURE: u32 = u32::MAX;
+const POLL: Duration = Duration::from_millis(5);
+
+/// Options of a threaded run.
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadOptions {
+    /// How long a receive may wait before the run is declared stuck.
+    pub receive_timeout: Duration,
+}
+
+impl Default for ThreadOptions {
+    fn default() -> Self {
+        ThreadOptions {
+            receive_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// One rank's end of the channels.
+pub struct ChannelTransport<T> {
+    rank: RankId,
+    senders: Vec<Sender<(Message, T)>>,
+    receivers: Vec<Receiver<(Message, T)>>,
+    failed: Arc<AtomicU32>,
+    timeout: Duration,
+}
+
+impl<T: Send> Transport<T> for ChannelTransport<T> {
+    fn send(&mut self, to: RankId, message: Message, payload: T) -> Result<(), TransportFailure> {
+        let failed = self.failed.load(Ordering::SeqCst);
+        if failed != NO_FAILURE {
+            return Err(TransportFailure::Aborted {
+                failed: RankId::new(failed),
+            });
+        }
+        let link = self.senders.get(to.index()).ok_or_else(|| {
+            TransportFailure::Broken(format!("no link from rank {} to rank {to}", self.rank))
+        })?;
+        link.send((message, payload))
+            .map_err(|_| TransportFailure::Broken(format!("rank {to} has stopped")))
+    }
+
+    fn recv(&mut self, from: RankId, message: Message) -> Result<T, TransportFailure> {
+        let link = self.receivers.get(from.index()).ok_or_else(|| {
+            TransportFailure::Broken(format!("no link from rank {from} to rank {}", self.rank))
+        })?;
+        let start = Instant::now();
+        loop {
+            match link.recv_timeout(POLL) {
+                Ok((got, payload)) if got == message => return Ok(payload),
+                Ok((got, _)) => return Err(TransportFailure::Unexpected { got }),
+                Err(RecvTimeoutError::Timeout) => {
+                    let failed = self.failed.load(Ordering::SeqCst);
+                    if failed != NO_FAILURE {
+                        return Err(TransportFailure::Aborted {
+                            failed: RankId::new(failed),
+                        });
+                    }
+                    if start.elapsed() > self.timeout {
+                        return Err(TransportFailure::Timeout {
+                            seconds: self.timeout.as_secs_f64(),
+                        });
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let failed = self.failed.load(Ordering::SeqCst);
+                    if failed != NO_FAILURE {
+                        return Err(TransportFailure::Aborted {
+                            failed: RankId::new(failed),
+                        });
+                    }
+                    return Err(TransportFailure::Broken(format!(
+                        "rank {from} ended without sending {message}"
+                    )));
+                }
+            }
+        }
+    }
+
+    fn abort(&mut self) {
+        let _ = self.failed.compare_exchange(
+            NO_FAILURE,
+            self.rank.get(),
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+    }
+}
+
+/// Builds the transports of `ranks` ranks sharing one abort flag.
+pub fn channel_transports<T>(ranks: usize, timeout: Duration) -> Vec<ChannelTransport<T>> {
+    let failed = Arc::new(AtomicU32::new(NO_FAILURE));
+    // links[from][to]
+    let mut senders: Vec<Vec<Sender<(Message, T)>>> =
+        (0..ranks).map(|_| Vec::with_capacity(ranks)).collect();
+    let mut receivers: Vec<Vec<Option<Receiver<(Message, T)>>>> = (0..ranks)
+        .map(|_| (0..ranks).map(|_| None).collect())
+        .collect();
+    for (from, row) in senders.iter_mut().enumerate() {
+        for to_receivers in receivers.iter_mut() {
+            let (tx, rx) = channel();
+            row.push(tx);
+            to_receivers[from] = Some(rx);
+        }
+    }
+    senders
+        .into_iter()
+        .zip(receivers)
+        .enumerate()
+        .map(|(r, (senders, receivers))| ChannelTransport {
+            rank: RankId::new(r as u32),
+            senders,
+            receivers: receivers
+                .into_iter()
+                .map(|rx| rx.expect("every link was made"))
+                .collect(),
+            failed: Arc::clone(&failed),
+            timeout,
+        })
+        .collect()
+}
+
+/// Checks `programs` against `problem`, then runs them on one thread per rank with the stage
+/// computes made by `make_compute`. Returns the computes (holding, say, their gradients) in rank
+/// order, or the error of the first rank that failed.
+pub fn run_threads<C, F>(
+    problem: &Problem,
+    programs: &ProgramSet,
+    make_compute: F,
+    options: ThreadOptions,
+) -> Result<Vec<C>, BackendError>
+where
+    C: StageCompute + Send,
+    F: Fn(RankId) -> C,
+{
+    check_programs(problem, programs).map_err(CoreError::from)?;
+    let ranks = programs.programs.len();
+    let transports = channel_transports::<C::Tensor>(ranks, options.receive_timeout);
+    let computes: Vec<C> = (0..ranks)
+        .map(|r| make_compute(RankId::new(r as u32)))
+        .collect();
+    let results: Vec<(C, Result<(), BackendError>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = programs
+            .programs
+            .iter()
+            .zip(transports)
+            .zip(computes)
+            .map(|((program, mut transport), mut compute)| {
+                scope.spawn(move || {
+                    let result = run_rank(program, problem, &mut compute, &mut transport);
+                    if result.is_err() {
+                        transport.abort();
+                    }
+                    (compute, result)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank threads catch the stage's panics"))
+            .collect()
+    });
+    let mut computes = Vec::with_capacity(ranks);
+    let mut errors: Vec<(RankId, BackendError)> = Vec::new();
+    for (r, (compute, result)) in results.into_iter().enumerate() {
+        match result {
+            Ok(()) => computes.push(compute),
+            Err(e) => errors.push((RankId::new(r as u32), e)),
+        }
+    }
+    // The rank the others name as the first to fail, else the first rank with an error of its own.
+    let named = errors.iter().find_map(|(_, e)| match e {
+        BackendError::Aborted { failed, .. } => Some(*failed),
+        _ => None,
+    });
+    let root = named
+        .and_then(|f| {
+            errors
+                .iter()
+                .position(|(r, e)| *r == f && !e.is_secondary())
+        })
+        .or_else(|| errors.iter().position(|(_, e)| !e.is_secondary()))
+        .or(if errors.is_empty() { None } else { Some(0) });
+    match root {
+        Some(i) => Err(errors.swap_remove(i).1),
+        None => Ok(computes),
+    }
+}
