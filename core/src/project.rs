@@ -302,7 +302,9 @@ fn place_just_in_time(
             bound = (u64::MAX, u64::MAX);
         }
         bound = bound.min(consumer);
-        let tiebreak = ((produced as u64) << 20) ^ message_key(&message);
+        // The peer's send order: by producing task, then activation before gradient.
+        let tiebreak =
+            ((produced as u64) << 1) | u64::from(message.direction == Direction::Gradient);
         events.push((
             (bound.0, bound.1, 0, tiebreak),
             Event::Comm(CommOp::Recv {

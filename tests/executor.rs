@@ -1,0 +1,212 @@
+//! End-to-end execution on the threaded backend: every schedule gives the single-device gradients
+//! (1e-12 relative, f64), and a failing or panicking rank stops the whole run, quickly, with an
+//! error that names it.
+
+use pipeweave::backends::numeric::{total_gradients, AffineModel, AffineStage};
+use pipeweave::backends::{run_threads, BackendError, StageCompute, ThreadOptions};
+use pipeweave::core_ir::{project, ProjectionOptions, RecvPolicy};
+use pipeweave::{build_plan, PipelineConfig, StageCostsSpec, Work};
+use std::time::{Duration, Instant};
+
+const EXPRESSIONS: &[&str] = &[
+    "gpipe",
+    "f1b(gpipe)",
+    "vpp(gpipe, chunks=2)",
+    "vpp(f1b(gpipe), chunks=2)",
+    "vpp(f1b(gpipe), chunks=3, group=4)",
+    "vpp(f1b(gpipe), chunks=2, layout=v)",
+    "zero_bubble(f1b(gpipe), policy=h1)",
+    "zero_bubble(f1b(gpipe), policy=h2)",
+    "zero_bubble(f1b(gpipe), policy=auto, memory=6)",
+    "zero_bubble(vpp(f1b(gpipe), chunks=2))",
+    "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
+    "dual(f1b(gpipe))",
+    "zero_bubble(dual(f1b(gpipe)))",
+    "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
+    "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)), policy=auto)",
+];
+
+fn no_delay(_: Work, _: char) -> Duration {
+    Duration::ZERO
+}
+
+#[test]
+fn every_schedule_gives_the_single_device_gradients() {
+    let costs = StageCostsSpec::builder()
+        .forward(1.0)
+        .input_grad(1.2)
+        .weight_grad(0.7)
+        .build()
+        .validate()
+        .unwrap();
+    for &(p, m) in &[(2u32, 4u32), (4, 8), (4, 12)] {
+        let config = PipelineConfig::new(p, m)
+            .unwrap()
+            .with_costs(costs, 0.05)
+            .unwrap();
+        for expr in EXPRESSIONS {
+            let plan =
+                build_plan(expr, &config).unwrap_or_else(|e| panic!("{expr} P={p} M={m}: {e}"));
+            let model = AffineModel::new(plan.problem());
+            let reference = model.sequential_gradients(plan.problem());
+            for recv in [RecvPolicy::Early, RecvPolicy::JustInTime] {
+                let programs = project(
+                    &plan,
+                    ProjectionOptions {
+                        recv,
+                        forward_only: false,
+                    },
+                )
+                .unwrap();
+                let stages = run_threads(
+                    plan.problem(),
+                    &programs,
+                    |_| model.stage(no_delay),
+                    ThreadOptions::default(),
+                )
+                .unwrap_or_else(|e| panic!("{expr} P={p} M={m}: {e}"));
+                let error = AffineModel::max_relative_error(&total_gradients(&stages), &reference);
+                assert!(
+                    error <= 1e-12,
+                    "{expr} P={p} M={m} {recv:?}: relative error {error}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn forward_only_runs_compute_losses_and_no_gradients() {
+    let plan = build_plan(
+        "zero_bubble(dual(f1b(gpipe)))",
+        &PipelineConfig::new(4, 8).unwrap(),
+    )
+    .unwrap();
+    let model = AffineModel::new(plan.problem());
+    let programs = project(
+        &plan,
+        ProjectionOptions {
+            recv: RecvPolicy::Early,
+            forward_only: true,
+        },
+    )
+    .unwrap();
+    let stages = run_threads(
+        plan.problem(),
+        &programs,
+        |_| model.stage(no_delay),
+        ThreadOptions::default(),
+    )
+    .unwrap();
+    assert!(total_gradients(&stages)
+        .iter()
+        .all(|&(a, b)| a == 0.0 && b == 0.0));
+}
+
+/// A stage that fails (or panics) at one work item and behaves otherwise.
+struct Faulty {
+    inner: AffineStage,
+    at: Option<Work>,
+    panic: bool,
+}
+
+impl StageCompute for Faulty {
+    type Tensor = f64;
+    fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, String> {
+        if Some(work) == self.at {
+            if self.panic {
+                panic!("injected panic in stage {}", work.stage);
+            }
+            return Err(format!("injected failure in stage {}", work.stage));
+        }
+        self.inner.forward(work, input)
+    }
+    fn loss(&mut self, work: Work, output: f64) -> Result<f64, String> {
+        self.inner.loss(work, output)
+    }
+    fn backward_input(&mut self, work: Work, grad: f64) -> Result<Option<f64>, String> {
+        self.inner.backward_input(work, grad)
+    }
+    fn backward_weight(&mut self, work: Work) -> Result<(), String> {
+        self.inner.backward_weight(work)
+    }
+}
+
+fn run_with_fault(panic: bool) -> (BackendError, Duration) {
+    let plan = build_plan(
+        "vpp(f1b(gpipe), chunks=2)",
+        &PipelineConfig::new(4, 8).unwrap(),
+    )
+    .unwrap();
+    let model = AffineModel::new(plan.problem());
+    let programs = project(&plan, ProjectionOptions::default()).unwrap();
+    let bad = Work::new(6, 3); // stage 6 runs on rank 2
+    let start = Instant::now();
+    let err = run_threads(
+        plan.problem(),
+        &programs,
+        |rank| Faulty {
+            inner: model.stage(no_delay),
+            at: (rank.get() == 2).then_some(bad),
+            panic,
+        },
+        ThreadOptions {
+            receive_timeout: Duration::from_secs(30),
+        },
+    )
+    .err()
+    .expect("the run fails");
+    (err, start.elapsed())
+}
+
+#[test]
+fn a_failing_rank_stops_the_run_with_its_error() {
+    let (err, took) = run_with_fault(false);
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    match &err {
+        BackendError::Stage {
+            rank, what, reason, ..
+        } => {
+            assert_eq!(rank.get(), 2);
+            assert_eq!(what, "6F3");
+            assert_eq!(reason, "injected failure in stage 6");
+        }
+        other => panic!("expected the stage error of rank 2, got {other}"),
+    }
+    assert!(err.to_string().starts_with("rank 2, instruction "), "{err}");
+}
+
+#[test]
+fn a_panicking_rank_stops_the_run_with_its_message() {
+    let (err, took) = run_with_fault(true);
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    match &err {
+        BackendError::Panicked {
+            rank, what, reason, ..
+        } => {
+            assert_eq!((rank.get(), what.as_str()), (2, "6F3"));
+            assert_eq!(reason, "injected panic in stage 6");
+        }
+        other => panic!("expected the panic of rank 2, got {other}"),
+    }
+}
+
+#[test]
+fn unchecked_programs_are_not_run() {
+    let plan = build_plan("f1b(gpipe)", &PipelineConfig::new(2, 2).unwrap()).unwrap();
+    let model = AffineModel::new(plan.problem());
+    let mut programs = project(&plan, ProjectionOptions::default()).unwrap();
+    programs.programs.pop();
+    let err = run_threads(
+        plan.problem(),
+        &programs,
+        |_| model.stage(no_delay),
+        ThreadOptions::default(),
+    )
+    .err()
+    .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "the programs were not run: communication check failed: 1 programs for 2 ranks"
+    );
+}
