@@ -20,7 +20,7 @@ use crate::ids::RankId;
 use crate::op::OpKind;
 use crate::problem::Problem;
 use crate::program::{CommOp, Instr, Message, ProgramSet};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use thiserror::Error;
 
@@ -181,21 +181,46 @@ pub fn check_programs(problem: &Problem, set: &ProgramSet) -> Result<CheckReport
     Ok(CheckReport { messages, groups })
 }
 
+/// Dense index of a message: (direction, receiving stage, microbatch) names it, since the route
+/// gives the sending stage. None when out of range.
+fn message_index(problem: &Problem, m: &Message) -> Option<usize> {
+    let (stages, mbs) = (problem.stages() as usize, problem.microbatches() as usize);
+    if m.to_stage.index() >= stages || m.microbatch.index() >= mbs {
+        return None;
+    }
+    let direction = usize::from(m.direction == crate::program::Direction::Gradient);
+    Some(((m.to_stage.index() * mbs) + m.microbatch.index()) * 2 + direction)
+}
+
+/// Dense index of an op, or None when out of range.
+fn op_index(problem: &Problem, op: crate::op::Op) -> Option<usize> {
+    let (stages, mbs) = (problem.stages() as usize, problem.microbatches() as usize);
+    if op.stage.index() >= stages || op.microbatch.index() >= mbs {
+        return None;
+    }
+    Some(((op.stage.index() * mbs) + op.microbatch.index()) * 3 + op.kind.index())
+}
+
 /// Check 1: every cross-rank input is received before the compute using it, and every send
 /// carries data computed earlier on its rank.
 fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> {
     let owner = |s| problem.rank_of(s);
+    let slots = problem.stages() as usize * problem.microbatches() as usize;
+    // Stamps instead of clearing: entry == rank + 1 means "on this rank".
+    let mut received = vec![0u32; slots * 2];
+    let mut computed = vec![0u32; slots * 3];
     for program in &set.programs {
         let rank = program.rank;
-        let mut received: HashSet<Message> = HashSet::new();
-        let mut computed: HashSet<crate::op::Op> = HashSet::new();
+        let stamp = rank.get() + 1;
         for (i, instr) in program.instrs.iter().enumerate() {
             match instr {
                 Instr::Comm(group) => {
                     for op in &group.ops {
                         match *op {
                             CommOp::Recv { message, .. } => {
-                                received.insert(message);
+                                if let Some(k) = message_index(problem, &message) {
+                                    received[k] = stamp;
+                                }
                             }
                             CommOp::Send { message, .. } => {
                                 let kind = match message.direction {
@@ -207,9 +232,9 @@ fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> 
                                     message.from_stage,
                                     message.microbatch,
                                 );
-                                if !computed.contains(&source)
-                                    || owner(message.from_stage) != Some(rank)
-                                {
+                                let done =
+                                    op_index(problem, source).is_some_and(|k| computed[k] == stamp);
+                                if !done || owner(message.from_stage) != Some(rank) {
                                     return Err(CommError::BadSend {
                                         rank,
                                         instr: i,
@@ -236,7 +261,8 @@ fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> 
                                 }
                                 _ => Message::gradient(dep.stage, op.stage, op.microbatch),
                             };
-                            if !received.contains(&message) {
+                            if message_index(problem, &message).is_none_or(|k| received[k] != stamp)
+                            {
                                 return Err(CommError::NotReceived {
                                     rank,
                                     instr: i,
@@ -246,7 +272,9 @@ fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> 
                                 });
                             }
                         }
-                        computed.insert(*op);
+                        if let Some(k) = op_index(problem, *op) {
+                            computed[k] = stamp;
+                        }
                     }
                 }
                 _ => {}
@@ -258,27 +286,34 @@ fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> 
 
 /// Check 2: per ordered pair, the k-th send is the k-th receive. Returns the message count.
 fn check_matching(set: &ProgramSet) -> Result<usize, CommError> {
-    let mut sends: HashMap<(RankId, RankId), Vec<Message>> = HashMap::new();
-    let mut recvs: HashMap<(RankId, RankId), Vec<Message>> = HashMap::new();
+    let ranks = set.programs.len();
+    let mut sends: Vec<Vec<Message>> = vec![Vec::new(); ranks * ranks];
+    let mut recvs: Vec<Vec<Message>> = vec![Vec::new(); ranks * ranks];
     for program in &set.programs {
         for (_, op) in program.comm_ops() {
             match *op {
-                CommOp::Send { to, message } => {
-                    sends.entry((program.rank, to)).or_default().push(message)
+                CommOp::Send { to, message } if to.index() < ranks => {
+                    sends[program.rank.index() * ranks + to.index()].push(message)
                 }
-                CommOp::Recv { from, message } => {
-                    recvs.entry((from, program.rank)).or_default().push(message)
+                CommOp::Recv { from, message } if from.index() < ranks => {
+                    recvs[from.index() * ranks + program.rank.index()].push(message)
+                }
+                _ => {
+                    return Err(CommError::RankCount {
+                        got: op.peer().index() + 1,
+                        expected: ranks,
+                    });
                 }
             }
         }
     }
-    let mut pairs: Vec<(RankId, RankId)> = sends.keys().chain(recvs.keys()).copied().collect();
-    pairs.sort();
-    pairs.dedup();
     let mut total = 0;
-    for (from, to) in pairs {
-        let s = sends.get(&(from, to)).map_or(&[][..], Vec::as_slice);
-        let r = recvs.get(&(from, to)).map_or(&[][..], Vec::as_slice);
+    for pair in 0..ranks * ranks {
+        let (from, to) = (
+            RankId::new((pair / ranks) as u32),
+            RankId::new((pair % ranks) as u32),
+        );
+        let (s, r) = (&sends[pair], &recvs[pair]);
         for (index, (sent, expected)) in s.iter().zip(r).enumerate() {
             if sent != expected {
                 return Err(CommError::Mismatch {
@@ -309,88 +344,91 @@ fn check_matching(set: &ProgramSet) -> Result<usize, CommError> {
     Ok(total)
 }
 
-/// Checks 3 and 4: runs the programs' communication under `semantics`.
+/// One send or receive of the communication replay, with its place in its pair's sequence.
+#[derive(Clone, Copy)]
+struct Slot {
+    op: CommOp,
+    pair: usize,
+    ordinal: usize,
+    is_send: bool,
+}
+
+/// Checks 3 and 4: runs the programs' communication under `semantics`. Assumes the peers are in
+/// range (check 2 establishes it).
 pub fn simulate_comm(set: &ProgramSet, semantics: Semantics) -> Result<(), CommError> {
     let ranks = set.programs.len();
-    // Flatten every program into units: under blocking semantics one op per unit, under batched
-    // one group per unit. Computes and markers need no unit: they always proceed.
-    let units: Vec<Vec<(usize, Vec<CommOp>)>> = set
-        .programs
-        .iter()
-        .map(|p| {
-            let mut out = Vec::new();
-            for (i, instr) in p.instrs.iter().enumerate() {
-                if let Instr::Comm(g) = instr {
-                    match semantics {
-                        Semantics::Blocking => out.extend(g.ops.iter().map(|op| (i, vec![*op]))),
-                        Semantics::Batched => out.push((i, g.ops.clone())),
-                    }
-                }
+    // Units: under blocking semantics one op each, under batched one group each. Computes and
+    // markers always proceed and need none.
+    let mut counters = vec![[0usize; 2]; ranks * ranks];
+    // Per rank: every slot in program order, and the units as (instruction, slot range).
+    let mut slots: Vec<Vec<Slot>> = Vec::with_capacity(ranks);
+    let mut units: Vec<Vec<(usize, std::ops::Range<usize>)>> = Vec::with_capacity(ranks);
+    for p in &set.programs {
+        let mut rank_slots = Vec::new();
+        let mut rank_units = Vec::new();
+        for (i, instr) in p.instrs.iter().enumerate() {
+            let Instr::Comm(g) = instr else { continue };
+            let first = rank_slots.len();
+            for op in g.ops.iter().filter(|op| op.peer().index() < ranks) {
+                let (pair, is_send) = match *op {
+                    CommOp::Send { to, .. } => (p.rank.index() * ranks + to.index(), true),
+                    CommOp::Recv { from, .. } => (from.index() * ranks + p.rank.index(), false),
+                };
+                let c = &mut counters[pair][usize::from(is_send)];
+                *c += 1;
+                rank_slots.push(Slot {
+                    op: *op,
+                    pair,
+                    ordinal: *c - 1,
+                    is_send,
+                });
             }
-            out
-        })
-        .collect();
-    // Index of each op within its (from, to) sequence, to pair sends with receives.
-    let mut counters: HashMap<(RankId, RankId, bool), usize> = HashMap::new();
-    let mut ordinal: Vec<Vec<Vec<usize>>> = Vec::with_capacity(ranks);
-    for (r, rank_units) in units.iter().enumerate() {
-        let rank = RankId::new(r as u32);
-        ordinal.push(
-            rank_units
-                .iter()
-                .map(|(_, ops)| {
-                    ops.iter()
-                        .map(|op| {
-                            let key = match *op {
-                                CommOp::Send { to, .. } => (rank, to, true),
-                                CommOp::Recv { from, .. } => (from, rank, false),
-                            };
-                            let c = counters.entry(key).or_insert(0);
-                            *c += 1;
-                            *c - 1
-                        })
-                        .collect()
-                })
-                .collect(),
-        );
+            match semantics {
+                Semantics::Blocking => {
+                    rank_units.extend((first..rank_slots.len()).map(|k| (i, k..k + 1)))
+                }
+                Semantics::Batched => rank_units.push((i, first..rank_slots.len())),
+            }
+        }
+        slots.push(rank_slots);
+        units.push(rank_units);
     }
-    let mut posted: HashSet<(RankId, RankId, bool, usize)> = HashSet::new();
+    // posted[pair][is_send][ordinal]
+    let mut posted: Vec<[Vec<bool>; 2]> = counters
+        .iter()
+        .map(|c| [vec![false; c[0]], vec![false; c[1]]])
+        .collect();
+    let partner_posted = |posted: &Vec<[Vec<bool>; 2]>, s: &Slot| -> bool {
+        posted[s.pair][usize::from(!s.is_send)]
+            .get(s.ordinal)
+            .copied()
+            .unwrap_or(false)
+    };
+    let waits_for = |s: &Slot| !(semantics == Semantics::Batched && s.is_send);
     let mut position = vec![0usize; ranks];
     let mut posted_through = vec![0usize; ranks];
     let mut queue: VecDeque<usize> = (0..ranks).collect();
     let mut queued = vec![true; ranks];
-    let key_of = |r: usize, op: &CommOp, k: usize| -> (RankId, RankId, bool, usize) {
-        let rank = RankId::new(r as u32);
-        match *op {
-            CommOp::Send { to, .. } => (rank, to, true, k),
-            CommOp::Recv { from, .. } => (from, rank, false, k),
-        }
-    };
-    let partner = |(from, to, is_send, k): (RankId, RankId, bool, usize)| (from, to, !is_send, k);
     while let Some(r) = queue.pop_front() {
         queued[r] = false;
         while position[r] < units[r].len() {
             let u = position[r];
-            let (_, ops) = &units[r][u];
+            let unit = &slots[r][units[r][u].1.clone()];
             if posted_through[r] <= u {
                 posted_through[r] = u + 1;
-                for (op, &k) in ops.iter().zip(&ordinal[r][u]) {
-                    posted.insert(key_of(r, op, k));
-                }
-                // Tell the peers: their own units may now be complete.
-                for op in ops {
-                    let p = op.peer().index();
-                    if p < ranks && !queued[p] && p != r {
+                for s in unit {
+                    posted[s.pair][usize::from(s.is_send)][s.ordinal] = true;
+                    let p = s.op.peer().index();
+                    if p != r && !queued[p] {
                         queued[p] = true;
                         queue.push_back(p);
                     }
                 }
             }
-            let done = ops.iter().zip(&ordinal[r][u]).all(|(op, &k)| {
-                (semantics == Semantics::Batched && matches!(op, CommOp::Send { .. }))
-                    || posted.contains(&partner(key_of(r, op, k)))
-            });
-            if !done {
+            if !unit
+                .iter()
+                .all(|s| !waits_for(s) || partner_posted(&posted, s))
+            {
                 break;
             }
             position[r] += 1;
@@ -399,17 +437,13 @@ pub fn simulate_comm(set: &ProgramSet, semantics: Semantics) -> Result<(), CommE
     if (0..ranks).all(|r| position[r] == units[r].len()) {
         return Ok(());
     }
-    // Build the cycle: follow "rank waits for an op whose partner its peer has not posted".
+    // The cycle: follow "rank waits for an op whose partner its peer has not posted".
     let waiting_op = |r: usize| -> Option<(usize, CommOp)> {
-        let u = position[r];
-        let (instr, ops) = units[r].get(u)?;
-        ops.iter()
-            .zip(&ordinal[r][u])
-            .find(|(op, &k)| {
-                !(semantics == Semantics::Batched && matches!(op, CommOp::Send { .. }))
-                    && !posted.contains(&partner(key_of(r, op, k)))
-            })
-            .map(|(op, _)| (*instr, *op))
+        let (instr, range) = units[r].get(position[r])?;
+        slots[r][range.clone()]
+            .iter()
+            .find(|s| waits_for(s) && !partner_posted(&posted, s))
+            .map(|s| (*instr, s.op))
     };
     let start = (0..ranks)
         .find(|&r| position[r] < units[r].len())

@@ -2,9 +2,8 @@
 //!
 //! Every cross-rank dependency becomes a message: an activation when a forward's next stage runs on
 //! another rank, a gradient when an input-gradient backward's previous stage does. Messages are
-//! ordered globally by the position of their producing task in a topological order of the plan
-//! that follows simulated time (tasks sorted by simulated end, the replay engine's completion order
-//! breaking ties), and every rank lays out its events by
+//! ordered globally by the simulated time at which their producing task ends (the replay engine's
+//! completion order, a topological order, breaking ties), and every rank lays out its events by
 //! that one key: its computes, the sends right after the compute that produces them, and its
 //! receives. With `Early` receives every rank's communication follows the one global key, so the
 //! programs complete even under blocking rendezvous semantics; `JustInTime` receives keep each
@@ -67,7 +66,20 @@ enum Event {
 /// Times are non-negative, so their bit patterns sort like the numbers. A compute sits at its start
 /// (`2 q` for its position `q`), its sends at its end (`2 q + 1`), a receive where its message is
 /// produced (early) or just before its consumer (just in time).
-type Key = (u64, u64, u8, u64);
+type Key = u128;
+
+/// Packs a key: 64 bits of time, 30 of topological position, 3 of class, 31 of tie-break.
+fn key(time: u64, topo: u64, class: u8, sub: u64) -> Key {
+    (u128::from(time) << 64)
+        | (u128::from(topo & ((1 << 30) - 1)) << 34)
+        | (u128::from(class & 7) << 31)
+        | u128::from(sub & ((1 << 31) - 1))
+}
+
+/// The tie-break between the messages of one task: activation before gradient.
+fn direction_bit(m: &Message) -> u64 {
+    u64::from(m.direction == Direction::Gradient)
+}
 
 fn time_bits(t: f64) -> u64 {
     t.max(0.0).to_bits()
@@ -90,9 +102,14 @@ fn forward_part(task: &Task) -> Option<Task> {
     }
 }
 
-/// Projects `plan` (verified here first) into per-rank programs.
+/// Projects `plan` into per-rank programs. The plan must be complete and runnable: an
+/// incomplete plan is rejected (with the verifier's violations), and a replay that cannot finish
+/// is rejected with its cycle; the programs themselves are for [`crate::check_programs`] to check.
 pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, CoreError> {
-    verify_schedule(plan)?;
+    let ops: usize = plan.orders().iter().flatten().map(|t| t.ops().len()).sum();
+    if ops != plan.problem().work_count() * 3 {
+        verify_schedule(plan)?;
+    }
     let source = if options.forward_only {
         let orders = plan
             .orders()
@@ -103,34 +120,20 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
     } else {
         plan.clone()
     };
-    let mut outcome = replay(
+    let outcome = replay(
         &source,
         |t| task_duration(&source, t),
         source.costs().comm(),
         true,
     )
-    .map_err(|_| CoreError::Verification(Violations(Vec::new())))?;
+    .map_err(|_| match verify_schedule(plan) {
+        Err(e) => e,
+        Ok(()) => CoreError::Verification(Violations(Vec::new())),
+    })?;
     if !outcome.blocked.is_empty() {
         return Err(CoreError::Verification(Violations(vec![Violation::Cycle(
             wait_cycle(&source, &outcome.blocked),
         )])));
-    }
-    // Renumber tasks in the order of their simulated end (the engine's order breaking ties): a
-    // topological order that follows time, used to break ties between equal times.
-    let mut by_time: Vec<(f64, usize, usize, usize)> = outcome
-        .timeline
-        .iter()
-        .enumerate()
-        .flat_map(|(r, tasks)| {
-            tasks
-                .iter()
-                .enumerate()
-                .map(move |(i, t)| (t.end, t.sequence, r, i))
-        })
-        .collect();
-    by_time.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    for (position, &(_, _, r, i)) in by_time.iter().enumerate() {
-        outcome.timeline[r][i].sequence = position;
     }
     let problem = source.problem();
     let owner = |s: StageId| {
@@ -186,11 +189,11 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
                     let from = owner(dep.stage);
                     match options.recv {
                         RecvPolicy::Early => events.push((
-                            (
+                            key(
                                 time_bits(produced_at[slot(dep)]),
                                 2 * produced as u64 + 1,
                                 4,
-                                message_key(&message),
+                                direction_bit(&message),
                             ),
                             Event::Comm(CommOp::Recv { from, message }),
                         )),
@@ -207,12 +210,12 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
             {
                 if last_weight.get(&stage) == Some(&q) {
                     events.push((
-                        (start, at_start, 1, u64::from(stage.get())),
+                        key(start, at_start, 1, u64::from(stage.get())),
                         Event::GradSync(stage),
                     ));
                 }
             }
-            events.push(((start, at_start, 2, 0), Event::Compute(t.task)));
+            events.push((key(start, at_start, 2, 0), Event::Compute(t.task)));
             for op in &ops {
                 let Some(route) = problem.route_of(op.microbatch) else {
                     continue;
@@ -220,7 +223,7 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
                 match op.kind {
                     OpKind::Forward => match route.next(op.stage) {
                         None => events.push((
-                            (start, at_start, 3, 0),
+                            key(start, at_start, 3, 0),
                             Event::Loss(Work {
                                 stage: op.stage,
                                 microbatch: op.microbatch,
@@ -229,7 +232,7 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
                         Some(next) if owner(next) != rank => {
                             let message = Message::activation(op.stage, next, op.microbatch);
                             events.push((
-                                (end, at_end, 4, message_key(&message)),
+                                key(end, at_end, 4, direction_bit(&message)),
                                 Event::Comm(CommOp::Send {
                                     to: owner(next),
                                     message,
@@ -240,7 +243,7 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
                                 microbatch: op.microbatch,
                             };
                             events.push((
-                                (end, at_end, 5, message_key(&message)),
+                                key(end, at_end, 5, direction_bit(&message)),
                                 Event::FreeOutput(work),
                             ));
                         }
@@ -251,7 +254,7 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
                             if owner(prev) != rank {
                                 let message = Message::gradient(op.stage, prev, op.microbatch);
                                 events.push((
-                                    (end, at_end, 4, message_key(&message)),
+                                    key(end, at_end, 4, direction_bit(&message)),
                                     Event::Comm(CommOp::Send {
                                         to: owner(prev),
                                         message,
@@ -265,7 +268,7 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Co
             }
         }
         place_just_in_time(&mut late, &mut events);
-        events.sort_by_key(|e| e.0);
+        events.sort_unstable_by_key(|e| e.0);
         programs.push(RankProgram {
             rank,
             instrs: lay_out(events, options.forward_only),
@@ -306,7 +309,7 @@ fn place_just_in_time(
         let tiebreak =
             ((produced as u64) << 1) | u64::from(message.direction == Direction::Gradient);
         events.push((
-            (bound.0, bound.1, 0, tiebreak),
+            key(bound.0, bound.1, 0, tiebreak),
             Event::Comm(CommOp::Recv {
                 from: peer,
                 message,
