@@ -174,3 +174,123 @@ fn the_json_file_option_writes_the_report() {
     assert_eq!(json["makespan"], 12.0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn plan_writes_svg_trace_csv_and_programs() {
+    let dir = std::env::temp_dir().join(format!("pipeweave-cli-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let out = pipeweave(&[
+        "plan",
+        "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--svg",
+        &path("t.svg"),
+        "--trace",
+        &path("t.json"),
+        "--csv",
+        &path("l.csv"),
+        "--lowered",
+        "--programs",
+        &path("p.json"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("programs     ok (96 messages"),
+        "{}",
+        stdout(&out)
+    );
+    let svg = std::fs::read_to_string(path("t.svg")).unwrap();
+    assert!(
+        svg.starts_with("<svg")
+            && svg.contains("makespan 27.000")
+            && svg.contains("F&amp;B overlapped")
+    );
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path("t.json")).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    assert!(events
+        .iter()
+        .any(|e| e["ph"] == "X" && e["name"] == "(0F7;7B3)OVERLAP_F_B"));
+    assert_eq!(
+        events.iter().filter(|e| e["ph"] == "s").count(),
+        96,
+        "one flow arrow per message"
+    );
+    let csv = std::fs::read_to_string(path("l.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 4);
+    assert!(
+        csv.lines().all(|l| !l.split(',').any(str::is_empty)),
+        "no empty cells in a lowered file"
+    );
+    let programs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path("p.json")).unwrap()).unwrap();
+    assert_eq!(programs["programs"].as_array().unwrap().len(), 4);
+    // The lowered file checks cleanly with `check`, with the same figures.
+    let checked = pipeweave(&[
+        "check",
+        &path("l.csv"),
+        "--costs",
+        "F=1,I=1,W=1",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(checked.status.code(), Some(0), "{}", stderr(&checked));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&checked)).unwrap();
+    assert_eq!(report["messages"], 96);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn check_reports_a_deadlock_with_its_cycle_and_exit_2() {
+    let dir = std::env::temp_dir().join(format!("pipeweave-cli-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("deadlock.csv");
+    std::fs::write(&file, "0F0,0B0,0F1,0B1\n1F1,1F0,1B0,1B1\n").unwrap();
+    let out = pipeweave(&["check", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("deadlock: rank 0 waits at task 1 (0B0) for 1I0"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let reference = pipeweave(&[
+        "check",
+        "../shared/reference/dualpipe_pp4_m8.json",
+        "--costs",
+        "F=2,I=2,W=2,FB=6",
+    ]);
+    if std::path::Path::new("../shared/reference/dualpipe_pp4_m8.json").exists() {
+        assert_eq!(reference.status.code(), Some(0), "{}", stderr(&reference));
+        assert!(
+            stdout(&reference).contains("makespan     26.000"),
+            "{}",
+            stdout(&reference)
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn run_executes_on_threads_and_compares_gradients() {
+    let out = pipeweave(&[
+        "run",
+        "zero_bubble(dual(f1b(gpipe)))",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["gradients_equal"], true);
+    assert_eq!(report["backend"], "threads");
+    assert_eq!(report["simulated_makespan"], 26.0);
+    let bad = pipeweave(&["run", "f1b(gpipe)", "--time-scale", "-1"]);
+    assert_eq!(bad.status.code(), Some(2));
+}
