@@ -3,9 +3,7 @@
 //! action notation.
 
 use crate::error::Error;
-use pipeweave_core::{
-    CostModel, MemoryModel, Plan, ProblemSpec, RankId, RouteSpec, StageCosts, StageMemory, Task,
-};
+use pipeweave_core::{Plan, ProblemSpec, RouteSpec, StageCosts, Task};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -50,23 +48,5 @@ pub fn read_reference(path: &str, text: &str, share: StageCosts, comm: f64) -> R
                 .collect::<Result<Vec<_>, _>>()
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let chunks: Vec<u32> = (0..problem.ranks())
-        .map(|r| problem.stages_of(RankId::new(r)).len() as u32)
-        .collect();
-    let costs = problem
-        .stage_to_rank()
-        .iter()
-        .map(|r| share.split(chunks[r.index()]))
-        .collect();
-    let memory = problem
-        .stage_to_rank()
-        .iter()
-        .map(|r| StageMemory::default().split(chunks[r.index()]))
-        .collect();
-    Ok(Plan::new(
-        problem,
-        CostModel::per_stage(costs, comm)?,
-        MemoryModel::per_stage(memory),
-        orders,
-    )?)
+    Ok(Plan::from_rank_shares(problem, share, comm, orders)?)
 }

@@ -18,6 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const NO_FAILURE: u32 = u32::MAX;
+
+/// One end of a link: messages with their payloads.
+type Link<T> = Receiver<(Message, T)>;
 const POLL: Duration = Duration::from_millis(5);
 
 /// Options of a threaded run.
@@ -39,7 +42,7 @@ impl Default for ThreadOptions {
 pub struct ChannelTransport<T> {
     rank: RankId,
     senders: Vec<Sender<(Message, T)>>,
-    receivers: Vec<Receiver<(Message, T)>>,
+    receivers: Vec<Link<T>>,
     failed: Arc<AtomicU32>,
     timeout: Duration,
 }
@@ -112,7 +115,7 @@ pub fn channel_transports<T>(ranks: usize, timeout: Duration) -> Vec<ChannelTran
     // links[from][to]
     let mut senders: Vec<Vec<Sender<(Message, T)>>> =
         (0..ranks).map(|_| Vec::with_capacity(ranks)).collect();
-    let mut receivers: Vec<Vec<Option<Receiver<(Message, T)>>>> = (0..ranks)
+    let mut receivers: Vec<Vec<Option<Link<T>>>> = (0..ranks)
         .map(|_| (0..ranks).map(|_| None).collect())
         .collect();
     for (from, row) in senders.iter_mut().enumerate() {

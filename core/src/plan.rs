@@ -71,6 +71,37 @@ impl Plan {
         })
     }
 
+    /// A plan whose per-stage costs and activation memory come from one rank's whole share:
+    /// every stage gets the share divided by the number of stages its rank holds (so a rank holding
+    /// two chunks runs each in half the time). Memory is the default (everything held until W).
+    pub fn from_rank_shares(
+        problem: Problem,
+        share: crate::cost::StageCosts,
+        comm: f64,
+        orders: Vec<Vec<Task>>,
+    ) -> Result<Plan, CoreError> {
+        let chunks: Vec<u32> = (0..problem.ranks())
+            .map(|r| problem.stages_of(RankId::new(r)).len() as u32)
+            .collect();
+        let per_stage = |r: &RankId| chunks[r.index()];
+        let costs = problem
+            .stage_to_rank()
+            .iter()
+            .map(|r| share.split(per_stage(r)))
+            .collect();
+        let memory = problem
+            .stage_to_rank()
+            .iter()
+            .map(|r| crate::memory::StageMemory::default().split(per_stage(r)))
+            .collect();
+        Plan::new(
+            problem,
+            CostModel::per_stage(costs, comm)?,
+            MemoryModel::per_stage(memory),
+            orders,
+        )
+    }
+
     /// The same plan with a per-rank activation-memory bound (units of one microbatch of a rank's
     /// share) that the verifier enforces.
     pub fn with_memory_limit(mut self, limit: Option<f64>) -> Result<Plan, CoreError> {

@@ -11,21 +11,36 @@ use std::io::Write;
 /// The schedule `pipeweave plan` builds when no expression is given.
 pub const DEFAULT_EXPRESSION: &str = "vpp(f1b(gpipe), chunks=2)";
 
+/// What `plan` and `run` share: the expression, the sizes and the costs.
+#[derive(Debug, Args)]
+pub struct ScheduleArgs {
+    /// Schedule expression, e.g. `vpp(f1b(gpipe), chunks=2)`.
+    #[arg(default_value = DEFAULT_EXPRESSION)]
+    pub expression: String,
+    /// Number of pipeline ranks.
+    #[arg(long, short = 'p', default_value_t = 4)]
+    pub ranks: u32,
+    /// Number of microbatches.
+    #[arg(long, short = 'm', default_value_t = 8)]
+    pub microbatches: u32,
+    /// Durations of a rank's whole share: `F=1,I=1,W=1,B=..,FB=..,comm=0`.
+    #[arg(long, default_value = "F=1,I=1,W=1,comm=0")]
+    pub costs: String,
+}
+
+impl ScheduleArgs {
+    /// The sizes and uniform costs as a configuration.
+    pub fn config(&self) -> Result<PipelineConfig, Error> {
+        let (costs, comm) = parse_costs(&self.costs)?;
+        PipelineConfig::new(self.ranks, self.microbatches)?.with_costs(costs, comm)
+    }
+}
+
 /// Arguments of `pipeweave plan`.
 #[derive(Debug, Args)]
 pub struct PlanArgs {
-    /// Schedule expression, e.g. `vpp(f1b(gpipe), chunks=2)`.
-    #[arg(default_value = DEFAULT_EXPRESSION)]
-    expression: String,
-    /// Number of pipeline ranks.
-    #[arg(long, short = 'p', default_value_t = 4)]
-    ranks: u32,
-    /// Number of microbatches.
-    #[arg(long, short = 'm', default_value_t = 8)]
-    microbatches: u32,
-    /// Durations of a rank's whole share: `F=1,I=1,W=1,B=..,FB=..,comm=0`.
-    #[arg(long, default_value = "F=1,I=1,W=1,comm=0")]
-    costs: String,
+    #[command(flatten)]
+    schedule: ScheduleArgs,
     /// Per-rank costs from a JSON list (`[{"F":1,"I":1,"W":1}, ...]`), one entry per rank.
     #[arg(long, value_name = "FILE")]
     stage_costs: Option<String>,
@@ -41,7 +56,6 @@ pub struct PlanArgs {
 
 /// Runs `pipeweave plan`.
 pub fn run(args: &PlanArgs, stdout: &mut dyn Write) -> Result<(), Error> {
-    let (costs, comm) = parse_costs(&args.costs)?;
     let memory = parse_activation_memory(&args.activation_memory)?;
     if let Some(limit) = args.memory_limit {
         if !(limit.is_finite() && limit > 0.0) {
@@ -51,14 +65,15 @@ pub fn run(args: &PlanArgs, stdout: &mut dyn Write) -> Result<(), Error> {
             });
         }
     }
-    let mut config = PipelineConfig::new(args.ranks, args.microbatches)?
-        .with_costs(costs, comm)?
+    let mut config = args
+        .schedule
+        .config()?
         .with_memory(memory)
         .with_memory_limit(args.memory_limit);
     if let Some(path) = &args.stage_costs {
         config = config.with_rank_costs(read_stage_costs(path)?)?;
     }
-    let plan = build_plan(&args.expression, &config)?;
+    let plan = build_plan(&args.schedule.expression, &config)?;
     let checked = check_plan(plan, None, args.outputs.recv)?;
-    emit(&args.expression, &checked, &args.outputs, stdout)
+    emit(&args.schedule.expression, &checked, &args.outputs, stdout)
 }

@@ -2,9 +2,9 @@
 //! report measured against simulated time and whether the gradients equal the single-device
 //! computation.
 
-use crate::cli::options::parse_costs;
 use crate::cli::outputs::{check_plan, RecvArg};
-use crate::config::{build_plan, PipelineConfig};
+use crate::cli::plan_command::ScheduleArgs;
+use crate::config::build_plan;
 use crate::error::Error;
 use clap::{Args, ValueEnum};
 use pipeweave_backends::numeric::{total_gradients, AffineModel};
@@ -27,18 +27,8 @@ pub enum Backend {
 /// Arguments of `pipeweave run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Schedule expression.
-    #[arg(default_value = crate::cli::plan_command::DEFAULT_EXPRESSION)]
-    expression: String,
-    /// Number of pipeline ranks.
-    #[arg(long, short = 'p', default_value_t = 4)]
-    ranks: u32,
-    /// Number of microbatches.
-    #[arg(long, short = 'm', default_value_t = 8)]
-    microbatches: u32,
-    /// Durations of a rank's whole share: `F=1,I=1,W=1,B=..,FB=..,comm=0`.
-    #[arg(long, default_value = "F=1,I=1,W=1,comm=0")]
-    costs: String,
+    #[command(flatten)]
+    schedule: ScheduleArgs,
     /// The backend.
     #[arg(long, value_enum, default_value_t = Backend::Threads)]
     backend: Backend,
@@ -80,9 +70,7 @@ pub fn run(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error> {
             message: format!("{} must be >= 0", args.time_scale),
         });
     }
-    let (costs, comm) = parse_costs(&args.costs)?;
-    let config = PipelineConfig::new(args.ranks, args.microbatches)?.with_costs(costs, comm)?;
-    let plan = build_plan(&args.expression, &config)?;
+    let plan = build_plan(&args.schedule.expression, &args.schedule.config()?)?;
     let checked = check_plan(plan, None, args.recv)?;
     let problem = checked.plan.problem().clone();
     let model = AffineModel::new(&problem);
@@ -114,7 +102,7 @@ pub fn run(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error> {
     let gradients = total_gradients(&stages);
     let error = AffineModel::max_relative_error(&gradients, &reference);
     let report = RunReport {
-        expression: args.expression.clone(),
+        expression: args.schedule.expression.clone(),
         backend: format!("{:?}", args.backend).to_lowercase(),
         simulated_makespan: checked.simulation.makespan(),
         simulated_seconds: checked.simulation.makespan() * scale / 1000.0,

@@ -82,3 +82,28 @@ pub fn plan_orders(plan: &Plan) -> Vec<Vec<String>> {
 pub fn field(file: &Value, name: &str) -> u32 {
     file[name].as_u64().unwrap() as u32
 }
+
+/// Asserts that `plan` has the file's placement and, rank by rank, its order (a `B` equal to an
+/// `I` directly followed by its `W`).
+pub fn assert_same_order(name: &str, plan: &Plan, file: &Value) {
+    let placement: Vec<u32> = plan
+        .problem()
+        .stage_to_rank()
+        .iter()
+        .map(|r| r.get())
+        .collect();
+    let expected: Vec<u32> = file["stage_to_rank"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(placement, expected, "{name}: placement");
+    for (rank, (ours, theirs)) in plan_orders(plan)
+        .iter()
+        .zip(&reference_orders(file))
+        .enumerate()
+    {
+        assert_eq!(ours, theirs, "{name}: rank {rank}");
+    }
+}

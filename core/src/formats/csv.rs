@@ -14,10 +14,9 @@
 //! so a missing op is reported as missing). Every error names the line and column.
 
 use crate::check::Semantics;
-use crate::cost::{CostModel, StageCosts};
+use crate::cost::StageCosts;
 use crate::error::CoreError;
 use crate::ids::{MicrobatchId, RankId, StageId};
-use crate::memory::{MemoryModel, StageMemory};
 use crate::op::Task;
 use crate::plan::Plan;
 use crate::problem::{Problem, ProblemSpec, RouteSpec};
@@ -261,19 +260,6 @@ fn infer_problem(rows: &[Vec<Action>]) -> Result<Problem, CoreError> {
 pub fn import_csv(text: &str, share_costs: StageCosts, comm: f64) -> Result<Imported, CoreError> {
     let rows = parse_rows(text)?;
     let problem = infer_problem(&rows)?;
-    let chunks: Vec<u32> = (0..problem.ranks())
-        .map(|r| problem.stages_of(RankId::new(r)).len() as u32)
-        .collect();
-    let costs = problem
-        .stage_to_rank()
-        .iter()
-        .map(|r| share_costs.split(chunks[r.index()]))
-        .collect();
-    let memory = problem
-        .stage_to_rank()
-        .iter()
-        .map(|r| StageMemory::default().split(chunks[r.index()]))
-        .collect();
     let orders: Vec<Vec<Task>> = rows
         .iter()
         .map(|row| {
@@ -294,12 +280,7 @@ pub fn import_csv(text: &str, share_costs: StageCosts, comm: f64) -> Result<Impo
     } else {
         None
     };
-    let plan = Plan::new(
-        problem,
-        CostModel::per_stage(costs, comm)?,
-        MemoryModel::per_stage(memory),
-        orders,
-    )?;
+    let plan = Plan::from_rank_shares(problem, share_costs, comm, orders)?;
     Ok(Imported { plan, programs })
 }
 

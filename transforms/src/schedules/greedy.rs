@@ -16,6 +16,7 @@
 //! many forwards as memory and the first backward's arrival allow, then one F and one B per round,
 //! Ws into waits and when memory runs out); `zero_bubble(policy=auto)` tries several variants.
 
+use pipeweave_core::simulate::task_duration;
 use pipeweave_core::{Op, OpKind, Plan, StageId, Task, Work};
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
@@ -427,15 +428,7 @@ pub fn schedule_within(plan: &Plan, limit: f64, variant: Variant, bound: f64) ->
                 }
             },
         };
-        let duration = match task {
-            Task::Forward(w) => cost(w).forward(),
-            Task::InputGrad(w) => cost(w).input_grad(),
-            Task::WeightGrad(w) => cost(w).weight_grad(),
-            Task::Backward(w) => cost(w).full_backward(),
-            Task::Overlapped { forward, backward } => {
-                cost(forward).overlapped().max(cost(backward).overlapped())
-            }
-        };
+        let duration = task_duration(plan, &task);
         let end = t + duration;
         if rank.first_start.is_nan() {
             rank.first_start = t;
