@@ -75,6 +75,62 @@ proptest! {
     }
 }
 
+const CELLS: &[&str] = &[
+    "0F0",
+    "1F0",
+    "0B0",
+    "1B0",
+    "0I1",
+    "1W1",
+    "0SEND_F0",
+    "1RECV_F0",
+    "1SEND_B0",
+    "0RECV_B0",
+    "0WAIT_SEND_F0",
+    "1WAIT_SEND_B0",
+    "(0F1;1B0)OVERLAP_F_B",
+    "",
+    " ",
+    "x",
+    "9F9",
+    "0F4294967295",
+    "0F99999999999",
+    "3B",
+    "F1",
+    "-1F0",
+];
+
+fn csv_text() -> impl Strategy<Value = String> {
+    prop::collection::vec(
+        prop::collection::vec(prop::sample::select(CELLS), 0..8),
+        0..4,
+    )
+    .prop_map(|rows| rows.into_iter().map(|r| r.join(",") + "\n").collect())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 300,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/robustness_csv.txt"))),
+        ..ProptestConfig::default()
+    })]
+
+    /// Any CSV-like text imports, verifies, projects and checks to a value or a typed error.
+    #[test]
+    fn random_schedule_files_never_panic(text in csv_text()) {
+        use pipeweave::core_ir::{check_programs, formats::csv::import_csv, project, verify, ProjectionOptions};
+        if let Ok(imported) = import_csv(&text, pipeweave::StageCosts::default(), 0.0) {
+            if let Some(programs) = &imported.programs {
+                let _ = check_programs(imported.plan.problem(), programs);
+            }
+            if verify(&imported.plan).is_ok() {
+                let programs = project(&imported.plan, ProjectionOptions::default()).unwrap();
+                check_programs(imported.plan.problem(), &programs).unwrap();
+            }
+        }
+    }
+}
+
 #[test]
 fn absurd_sizes_are_typed_errors() {
     assert!(PipelineConfig::new(0, 1).is_err());
