@@ -12,11 +12,15 @@
 //! Orders follow Megatron's schedule table: microbatches in groups of `group`
 //! (`microbatch_group_size_per_vp_stage`, default `P` after `f1b` and `M` after `gpipe`), each
 //! group running every chunk in turn; backwards use the same table with chunks reversed.
-//! - after `f1b`: rank `r` warms up with `2(P - r - 1) + (chunks - 1)·group` forwards (standard
-//!   layout) or `(chunks - 1)·group + P - 1` on every rank (V layout: chunk-0 forwards flow down the
-//!   ranks and chunk-1 forwards flow back up, so a warm-up that shrinks in one direction would starve
-//!   the other; a uniform one keeps 1F1B's peak of `P` microbatches at the default group), capped at
-//!   `chunks·M`; then one forward and one backward alternate; then the remaining backwards.
+//! - after `f1b`, standard layout: rank `r` warms up with `2(P - r - 1) + (chunks - 1)·group`
+//!   forwards, capped at `chunks·M`; then one forward and one backward alternate; then the
+//!   remaining backwards.
+//! - after `f1b`, V layout: the ZB-V order with whole backwards (warm-up `2(P - r) - 1` chunk-0
+//!   forwards, `r` pairs of chunk-1 and chunk-0 forwards, `P - r` chunk-1 forward+backward pairs,
+//!   then F0 B0 F1 B1 rounds; see [`crate::schedules::zbv`]), 1F1B's memory. With an explicit
+//!   `group`, Megatron's table with a uniform warm-up `(chunks - 1)·group + P - 1` instead (chunk-0
+//!   forwards flow down the ranks and chunk-1 forwards back up, so a warm-up that shrinks in one
+//!   direction would starve the other).
 //! - after `gpipe`: all forwards in table order, then all backwards (breadth-first).
 //!
 //! Preconditions: the input comes from `gpipe` or `f1b` on the plain layout; `chunks >= 1`
@@ -38,6 +42,7 @@
 
 use crate::error::TransformError;
 use crate::order::warmup_merge;
+use crate::schedules::zbv::{zbv_orders, Cooldown};
 use crate::transform::{Position, Transform};
 use pipeweave_core::{CostModel, MemoryModel, Plan, Problem, ProblemSpec, Task, Work};
 
@@ -181,6 +186,28 @@ impl Interleave {
     }
 }
 
+/// 1F1B on the V placement: the handcrafted ZB-V order with every backward kept whole (each W
+/// right after its I, fused into B), which keeps 1F1B's memory (`P` of a rank's share) and, unlike
+/// a Megatron table on the V, keeps both chunks busy.
+fn v_one_f_one_b(ranks: u32, microbatches: u32) -> Vec<Vec<Task>> {
+    zbv_orders(ranks, microbatches, Cooldown::Eager)
+        .into_iter()
+        .map(|order| {
+            let mut fused = Vec::with_capacity(order.len());
+            for task in order {
+                match (fused.last(), task) {
+                    (Some(&Task::InputGrad(i)), Task::WeightGrad(w)) if i == w => {
+                        fused.pop();
+                        fused.push(Task::Backward(w));
+                    }
+                    _ => fused.push(task),
+                }
+            }
+            fused
+        })
+        .collect()
+}
+
 impl Transform for Interleave {
     fn name(&self) -> &'static str {
         "vpp"
@@ -271,6 +298,13 @@ impl Transform for Interleave {
         let microbatches = plan.problem().microbatches();
         let group = self.group_for(&plan);
         let one_f_one_b = Self::after_f1b(&plan);
+        if one_f_one_b && self.layout == Layout::V && self.group.is_none() {
+            let orders = v_one_f_one_b(ranks, microbatches);
+            let shape = self.reshape(&plan)?;
+            return plan
+                .reshaped(Some(shape), orders)
+                .map_err(|e| TransformError::core("vpp", e));
+        }
         let table = self.table(microbatches, group);
         let orders = (0..ranks)
             .map(|rank| {
