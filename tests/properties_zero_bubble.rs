@@ -123,6 +123,10 @@ proptest! {
                 build_plan(expr, &config(p, m, f as f64, i as f64, w as f64, None)).unwrap();
             }
         }
+        // On dual plans auto never does worse than DeepSeek's order.
+        let deepseek = simulate(&build_plan("zero_bubble(dual(vpp(f1b(gpipe), chunks=2, layout=v)))", &c).unwrap()).unwrap();
+        let auto_dual = simulate(&build_plan("zero_bubble(dual(vpp(f1b(gpipe), chunks=2, layout=v)), policy=auto)", &c).unwrap()).unwrap();
+        prop_assert!(auto_dual.max_span() <= deepseek.max_span() + 1e-9, "auto {} worse than DeepSeek {}", auto_dual.max_span(), deepseek.max_span());
         let h1 = simulate(&build_plan("zero_bubble(f1b(gpipe), policy=h1)", &c).unwrap()).unwrap();
         let h1_peak = h1.ranks().iter().map(|r| r.peak_activations).fold(0.0, f64::max);
         let limit = h1_peak + f64::from(slack);

@@ -13,8 +13,9 @@
 //!   the memory limit compete and the shortest longest per-rank span wins (then the makespan, then
 //!   the earlier candidate); the winner is then improved by critical-path swaps
 //!   ([`crate::schedules::refine`]), which only accept improvements. So `auto` is deterministic and
-//!   never worse than any candidate that fits, `h1` and DeepSeek's order included. The limit defaults to the plan's declared limit, else
-//!   the input plan's peak.
+//!   never worse than any candidate that fits, `h1` and DeepSeek's order included. The limit
+//!   defaults to the plan's declared limit, else the input plan's peak (on a dual plan, the larger
+//!   of that and DeepSeek's peak).
 //! - `deepseek` (dual plans only): DeepSeek's DualPipe/DualPipeV order with its split backwards and
 //!   W queue.
 //! - default: `deepseek` on dual plans, `auto` elsewhere.
@@ -101,6 +102,21 @@ fn max_peak(plan: &Plan) -> f64 {
         .iter()
         .map(|p| p.peak)
         .fold(0.0, f64::max)
+}
+
+/// `auto`'s memory limit when none is given: the input plan's peak, or on a dual plan DeepSeek's
+/// (so that `auto` can always fall back on DeepSeek's order and never does worse).
+fn default_limit(plan: &Plan) -> f64 {
+    let input = max_peak(plan);
+    match dual_shape_of_output(plan) {
+        Some(shape) => {
+            let orders = (0..shape.ranks).map(|r| shape.order(r, true)).collect();
+            plan.clone()
+                .with_orders(orders)
+                .map_or(input, |deepseek| input.max(max_peak(&deepseek)))
+        }
+        None => input,
+    }
 }
 
 /// A candidate order set scored by (longest per-rank span, makespan).
@@ -340,7 +356,7 @@ impl Transform for ZeroBubble {
                 };
                 let limit = memory
                     .or(plan.memory_limit())
-                    .unwrap_or_else(|| max_peak(&plan));
+                    .unwrap_or_else(|| default_limit(&plan));
                 let orders = auto_orders(&plan, limit)?;
                 // The limit becomes the plan's declared bound, which the driver verifies.
                 let declared = plan.memory_limit().map_or(limit, |l| l.min(limit));
