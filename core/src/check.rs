@@ -76,6 +76,18 @@ pub enum CommError {
         /// Ranks in the problem.
         expected: usize,
     },
+    /// A send or receive names a peer that is not a rank of the problem.
+    #[error("rank {rank}: {op} names rank {peer}, but there are only {ranks} ranks")]
+    PeerOutOfRange {
+        /// The rank whose program holds it.
+        rank: RankId,
+        /// The operation.
+        op: CommOp,
+        /// The peer it names.
+        peer: RankId,
+        /// Ranks in the problem.
+        ranks: usize,
+    },
     /// A compute needs a message that was never received before it.
     #[error("rank {rank}, instruction {instr} ({task}): needs {message} from rank {from}, which it never received before")]
     NotReceived {
