@@ -76,6 +76,14 @@ pub enum CommError {
         /// Ranks in the problem.
         expected: usize,
     },
+    /// Program `index` says it belongs to another rank.
+    #[error("program {index} is labelled rank {rank}; programs must be in rank order")]
+    Misnumbered {
+        /// Position in the set.
+        index: usize,
+        /// The rank it names.
+        rank: RankId,
+    },
     /// A send or receive names a peer that is not a rank of the problem.
     #[error("rank {rank}: {op} names rank {peer}, but there are only {ranks} ranks")]
     PeerOutOfRange {
@@ -176,6 +184,17 @@ pub fn check_programs(problem: &Problem, set: &ProgramSet) -> Result<CheckReport
         return Err(CommError::RankCount {
             got: set.programs.len(),
             expected: ranks,
+        });
+    }
+    if let Some((index, p)) = set
+        .programs
+        .iter()
+        .enumerate()
+        .find(|(i, p)| p.rank.index() != *i)
+    {
+        return Err(CommError::Misnumbered {
+            index,
+            rank: p.rank,
         });
     }
     check_dataflow(problem, set)?;
@@ -311,9 +330,11 @@ fn check_matching(set: &ProgramSet) -> Result<usize, CommError> {
                     recvs[from.index() * ranks + program.rank.index()].push(message)
                 }
                 _ => {
-                    return Err(CommError::RankCount {
-                        got: op.peer().index() + 1,
-                        expected: ranks,
+                    return Err(CommError::PeerOutOfRange {
+                        rank: program.rank,
+                        op: *op,
+                        peer: op.peer(),
+                        ranks,
                     });
                 }
             }
