@@ -390,6 +390,17 @@ struct Slot {
 /// range (check 2 establishes it).
 pub fn simulate_comm(set: &ProgramSet, semantics: Semantics) -> Result<(), CommError> {
     let ranks = set.programs.len();
+    if let Some((index, p)) = set
+        .programs
+        .iter()
+        .enumerate()
+        .find(|(i, p)| p.rank.index() != *i)
+    {
+        return Err(CommError::Misnumbered {
+            index,
+            rank: p.rank,
+        });
+    }
     // Units: under blocking semantics one op each, under batched one group each. Computes and
     // markers always proceed and need none.
     let mut counters = vec![[0usize; 2]; ranks * ranks];
