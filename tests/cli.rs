@@ -294,3 +294,57 @@ fn run_executes_on_threads_and_compares_gradients() {
     let bad = pipeweave(&["run", "f1b(gpipe)", "--time-scale", "-1"]);
     assert_eq!(bad.status.code(), Some(2));
 }
+
+#[test]
+fn stage_costs_files_set_uneven_costs_and_bad_ones_are_named() {
+    let dir = std::env::temp_dir().join(format!("pipeweave-cli-costs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.json");
+    std::fs::write(&good, r#"[{"F":1,"I":1,"W":1},{"F":2,"I":2,"W":2}]"#).unwrap();
+    let out = pipeweave(&[
+        "plan",
+        "f1b(gpipe)",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--stage-costs",
+        good.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    // The slow second rank dominates: it starts at 1 and is busy 4 x 6 = 24 without a gap; then
+    // rank 0's last backward (2) follows: 1 + 24 + 2.
+    assert_eq!(json["makespan"], 27.0);
+    assert_eq!(json["idle_per_rank"], serde_json::json!([15.0, 3.0]));
+    for (body, message) in [
+        (
+            r#"[{"F":1}]"#,
+            "cost model describes 1 stages but the problem has 2",
+        ),
+        (r#"[{"F":1},{"X":2}]"#, "entry 1: unknown key `X`"),
+        (
+            r#"{"F":1}"#,
+            "expected a list with one cost object per rank",
+        ),
+        (r#"[{"F":-1},{"F":1}]"#, "F = -1 must be a finite duration"),
+    ] {
+        let bad = dir.join("bad.json");
+        std::fs::write(&bad, body).unwrap();
+        let out = pipeweave(&[
+            "plan",
+            "f1b(gpipe)",
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "--stage-costs",
+            bad.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{body}");
+        assert!(stderr(&out).contains(message), "{body}: {}", stderr(&out));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
