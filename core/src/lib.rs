@@ -8,7 +8,8 @@
 //! - [`verify`]: the invariants and their checker; [`simulate`]: makespan, bubble, memory;
 //! - [`grid`]: a rank x time text grid;
 //! - [`program`] and [`project`]: per-rank SPMD programs and the projection that builds them;
-//! - [`check`]: the communication checker (matching sends and receives, freedom from deadlock).
+//! - [`check`]: the communication checker (matching sends and receives, freedom from deadlock);
+//! - [`formats`]: PyTorch schedule CSV (import and export), Chrome trace, SVG timeline.
 //!
 //! This crate depends on no tensor library and knows no particular schedule: schedules are passes in
 //! `pipeweave-transforms`.

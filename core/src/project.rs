@@ -3,9 +3,10 @@
 //! Every cross-rank dependency becomes a message: an activation when a forward's next stage runs on
 //! another rank, a gradient when an input-gradient backward's previous stage does. Messages are
 //! ordered globally by the simulated time at which their producing task ends (the replay engine's
-//! completion order, a topological order, breaking ties), and every rank lays out its events by
-//! that one key: its computes, the sends right after the compute that produces them, and its
-//! receives. With `Early` receives every rank's communication follows the one global key, so the
+//! completion order, a topological order, breaking ties), and every rank lays out its events on that
+//! one time line: a compute at its simulated start, its sends at its end, a receive where its message
+//! is produced (early) or just before its consumer. So the programs follow the simulated schedule:
+//! executed with the costs of the model, they take the simulated time. With `Early` receives every rank's communication follows the one global key, so the
 //! programs complete even under blocking rendezvous semantics; `JustInTime` receives keep each
 //! peer's send order but are guaranteed to complete under batched semantics only (a two-rank
 //! exchange of one send each way deadlocks when each blocks on its send).
