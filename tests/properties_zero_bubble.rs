@@ -110,6 +110,8 @@ proptest! {
             "zero_bubble(f1b(gpipe), policy=h2)",
             "zero_bubble(f1b(gpipe))",
             "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
+            "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v), policy=h1)",
+            "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v), policy=h2)",
             "dual(vpp(f1b(gpipe), chunks=2, layout=v))",
             "zero_bubble(dual(vpp(f1b(gpipe), chunks=2, layout=v)))",
             "zero_bubble(dual(vpp(f1b(gpipe), chunks=2, layout=v)), policy=auto)",
