@@ -186,17 +186,7 @@ pub fn check_programs(problem: &Problem, set: &ProgramSet) -> Result<CheckReport
             expected: ranks,
         });
     }
-    if let Some((index, p)) = set
-        .programs
-        .iter()
-        .enumerate()
-        .find(|(i, p)| p.rank.index() != *i)
-    {
-        return Err(CommError::Misnumbered {
-            index,
-            rank: p.rank,
-        });
-    }
+    check_numbering(set)?;
     check_dataflow(problem, set)?;
     let messages = check_matching(set)?;
     if set.semantics == Semantics::Blocking {
@@ -210,6 +200,22 @@ pub fn check_programs(problem: &Problem, set: &ProgramSet) -> Result<CheckReport
         .filter(|i| matches!(i, Instr::Comm(_)))
         .count();
     Ok(CheckReport { messages, groups })
+}
+
+/// Program `i` must be rank `i`'s.
+fn check_numbering(set: &ProgramSet) -> Result<(), CommError> {
+    match set
+        .programs
+        .iter()
+        .enumerate()
+        .find(|(i, p)| p.rank.index() != *i)
+    {
+        Some((index, p)) => Err(CommError::Misnumbered {
+            index,
+            rank: p.rank,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Dense index of a message: (direction, receiving stage, microbatch) names it, since the route
@@ -390,17 +396,7 @@ struct Slot {
 /// range (check 2 establishes it).
 pub fn simulate_comm(set: &ProgramSet, semantics: Semantics) -> Result<(), CommError> {
     let ranks = set.programs.len();
-    if let Some((index, p)) = set
-        .programs
-        .iter()
-        .enumerate()
-        .find(|(i, p)| p.rank.index() != *i)
-    {
-        return Err(CommError::Misnumbered {
-            index,
-            rank: p.rank,
-        });
-    }
+    check_numbering(set)?;
     // Units: under blocking semantics one op each, under batched one group each. Computes and
     // markers always proceed and need none.
     let mut counters = vec![[0usize; 2]; ranks * ranks];
