@@ -1,28 +1,13 @@
 //! Property tests over random sizes: every pass prefix verifies, and simulated figures match the
 //! closed forms where they exist.
 
+mod common;
+
+use common::{close, uniform_config};
 use pipeweave::Error;
-use pipeweave::{build_plan, simulate, PipelineConfig, StageCostsSpec, TransformError};
+use pipeweave::{build_plan, simulate, TransformError};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-
-fn config(ranks: u32, microbatches: u32, f: f64, i: f64, w: f64) -> PipelineConfig {
-    let costs = StageCostsSpec::builder()
-        .forward(f)
-        .input_grad(i)
-        .weight_grad(w)
-        .build()
-        .validate()
-        .unwrap();
-    PipelineConfig::new(ranks, microbatches)
-        .unwrap()
-        .with_costs(costs, 0.0)
-        .unwrap()
-}
-
-fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()))
-}
 
 /// Whether Megatron accepts this interleaving (its rules on the group size).
 fn megatron_accepts(p: u32, m: u32, g: u32) -> bool {
@@ -38,7 +23,7 @@ proptest! {
 
     #[test]
     fn every_pass_prefix_verifies(p in 1u32..=16, m in 1u32..=64, v in 1u32..=4, extra in 0u32..=4) {
-        let c = config(p, m, 1.0, 1.0, 1.0);
+        let c = uniform_config(p, m, 1.0, 1.0, 1.0, None);
         for expr in ["gpipe", "f1b(gpipe)"] {
             let plan = build_plan(expr, &c).unwrap();
             prop_assert_eq!(plan.passes().len(), if expr == "gpipe" { 1 } else { 2 });
@@ -76,7 +61,7 @@ proptest! {
         p in 1u32..=16, m in 1u32..=64, f in 1u32..=4, i in 1u32..=4, w in 0u32..=4,
     ) {
         let (f, i, w) = (f as f64, i as f64, w as f64);
-        let c = config(p, m, f, i, w);
+        let c = uniform_config(p, m, f, i, w, None);
         let expected = f64::from(m + p - 1) * (f + i + w);
         for expr in ["gpipe", "f1b(gpipe)"] {
             let sim = simulate(&build_plan(expr, &c).unwrap()).unwrap();
@@ -94,7 +79,7 @@ proptest! {
         p in 1u32..=8, k in 1u32..=6, v in 2u32..=4, f in 1u32..=3, b in 1u32..=4,
     ) {
         let m = p * k;
-        let c = config(p, m, f as f64, b as f64, 0.0);
+        let c = uniform_config(p, m, f as f64, b as f64, 0.0, None);
         let sim = simulate(&build_plan(&format!("vpp(f1b(gpipe), chunks={v})"), &c).unwrap()).unwrap();
         let expected = f64::from(p - 1) / f64::from(v * m + p - 1);
         for figures in sim.ranks() {

@@ -1,37 +1,12 @@
 //! Property tests of `dual` and `zero_bubble` over random sizes: every pass prefix verifies, the
 //! memory cap holds, and the closed forms of DualPipe and ZB-H1 hold under uniform costs.
 
-use pipeweave::{build_plan, simulate, PipelineConfig, StageCostsSpec};
+mod common;
+
+use common::{close, uniform_config};
+use pipeweave::{build_plan, simulate};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-
-fn config(
-    ranks: u32,
-    microbatches: u32,
-    f: f64,
-    i: f64,
-    w: f64,
-    fb: Option<f64>,
-) -> PipelineConfig {
-    let builder = StageCostsSpec::builder()
-        .forward(f)
-        .input_grad(i)
-        .weight_grad(w);
-    let costs = match fb {
-        Some(fb) => builder.overlapped(fb).build(),
-        None => builder.build(),
-    }
-    .validate()
-    .unwrap();
-    PipelineConfig::new(ranks, microbatches)
-        .unwrap()
-        .with_costs(costs, 0.0)
-        .unwrap()
-}
-
-fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()))
-}
 
 proptest! {
     #![proptest_config(ProptestConfig {
@@ -48,7 +23,7 @@ proptest! {
         let m = 2 * p + 2 * extra;
         let (f, i, w) = (unit as f64, unit as f64, unit as f64);
         let fb = f + i + w;
-        let c = config(p, m, f, i, w, Some(fb));
+        let c = uniform_config(p, m, f, i, w, Some(fb));
         for expr in ["dual(f1b(gpipe))", "zero_bubble(dual(f1b(gpipe)))"] {
             let plan = build_plan(expr, &c).unwrap();
             let sim = simulate(&plan).unwrap();
@@ -68,7 +43,7 @@ proptest! {
         let m = 2 * p + extra;
         let (f, i, w) = (2.0 * unit as f64, 2.0 * unit as f64, 2.0 * unit as f64);
         let fb = f + i + w;
-        let c = config(p, m, f, i, w, Some(fb));
+        let c = uniform_config(p, m, f, i, w, Some(fb));
         // The V layout takes any microbatch count; the standard one only Megatron's.
         let plan = build_plan("zero_bubble(dual(vpp(f1b(gpipe), chunks=2, layout=v)))", &c).unwrap();
         let sim = simulate(&plan).unwrap();
@@ -88,7 +63,7 @@ proptest! {
         let m = p * k;
         let (f, i, w) = (f as f64, i as f64, w as f64);
         prop_assume!(w <= f && w <= i);
-        let plan = build_plan("zero_bubble(f1b(gpipe), policy=h1)", &config(p, m, f, i, w, None)).unwrap();
+        let plan = build_plan("zero_bubble(f1b(gpipe), policy=h1)", &uniform_config(p, m, f, i, w, None)).unwrap();
         let sim = simulate(&plan).unwrap();
         let expected = f64::from(p - 1) * (f + i - w);
         for (r, figures) in sim.ranks().iter().enumerate() {
@@ -104,7 +79,7 @@ proptest! {
         p in 1u32..=6, extra in 0u32..=6, f in 1u32..=3, i in 1u32..=3, w in 1u32..=3, slack in 0u32..=4,
     ) {
         let m = 2 * p + extra;
-        let c = config(p, m, f as f64, i as f64, w as f64, None);
+        let c = uniform_config(p, m, f as f64, i as f64, w as f64, None);
         for expr in [
             "zero_bubble(f1b(gpipe), policy=h1)",
             "zero_bubble(f1b(gpipe), policy=h2)",
@@ -122,7 +97,7 @@ proptest! {
         if p % 2 == 0 {
             for expr in ["dual(f1b(gpipe))", "zero_bubble(dual(f1b(gpipe)))", "zero_bubble(dual(f1b(gpipe)), policy=auto)"] {
                 let m = m + m % 2;
-                build_plan(expr, &config(p, m, f as f64, i as f64, w as f64, None)).unwrap();
+                build_plan(expr, &uniform_config(p, m, f as f64, i as f64, w as f64, None)).unwrap();
             }
         }
         // On dual plans auto never does worse than DeepSeek's order.

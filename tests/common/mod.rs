@@ -107,3 +107,33 @@ pub fn assert_same_order(name: &str, plan: &Plan, file: &Value) {
         assert_eq!(ours, theirs, "{name}: rank {rank}");
     }
 }
+
+/// `ranks` x `microbatches` with uniform costs F, I, W (and F&B when given), no latency.
+pub fn uniform_config(
+    ranks: u32,
+    microbatches: u32,
+    f: f64,
+    i: f64,
+    w: f64,
+    fb: Option<f64>,
+) -> pipeweave::PipelineConfig {
+    let builder = pipeweave::StageCostsSpec::builder()
+        .forward(f)
+        .input_grad(i)
+        .weight_grad(w);
+    let costs = match fb {
+        Some(fb) => builder.overlapped(fb).build(),
+        None => builder.build(),
+    }
+    .validate()
+    .unwrap();
+    pipeweave::PipelineConfig::new(ranks, microbatches)
+        .unwrap()
+        .with_costs(costs, 0.0)
+        .unwrap()
+}
+
+/// Equal up to floating-point noise.
+pub fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()))
+}
