@@ -48,6 +48,8 @@ pub struct PlanReport {
     pub communication_groups: usize,
     /// The semantics the programs were checked under.
     pub communication_checked: Vec<String>,
+    /// Per rank, the most received tensors waiting for their compute at once.
+    pub receive_buffers_per_rank: Vec<usize>,
 }
 
 /// Rounds away floating-point noise (1e-9) so reports are stable.
@@ -92,6 +94,7 @@ impl PlanReport {
             messages: 0,
             communication_groups: 0,
             communication_checked: Vec::new(),
+            receive_buffers_per_rank: Vec::new(),
         }
     }
 
@@ -105,6 +108,7 @@ impl PlanReport {
             .flat_map(|p| &p.instrs)
             .filter(|i| matches!(i, Instr::Comm(_)))
             .count();
+        self.receive_buffers_per_rank = programs.peak_receive_buffers();
         self.communication_checked = match programs.semantics {
             Semantics::Blocking => vec!["blocking rendezvous".to_string(), "batched".to_string()],
             Semantics::Batched => vec!["batched".to_string()],
@@ -157,6 +161,15 @@ impl PlanReport {
                 self.messages,
                 self.communication_groups,
                 self.communication_checked.join(" and ")
+            );
+            let _ = writeln!(
+                out,
+                "recv buffers {} (most received tensors waiting per rank)",
+                self.receive_buffers_per_rank
+                    .iter()
+                    .map(|b| b.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
             );
         }
         out

@@ -229,3 +229,39 @@ fn a_two_rank_exchange_needs_batching_or_early_receives() {
          rank 1 waits at instruction 0 for send-act(stage 2, mb 0) to rank 0"
     );
 }
+
+#[test]
+fn just_in_time_receives_hold_no_more_buffers_than_early_ones() {
+    for expr in [
+        "f1b(gpipe)",
+        "vpp(f1b(gpipe), chunks=2)",
+        "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
+    ] {
+        let plan = plan_with_costs(expr, 4, 16, (1, 2, 1, 1));
+        let early = project(
+            &plan,
+            ProjectionOptions {
+                recv: RecvPolicy::Early,
+                forward_only: false,
+            },
+        )
+        .unwrap();
+        let late = project(
+            &plan,
+            ProjectionOptions {
+                recv: RecvPolicy::JustInTime,
+                forward_only: false,
+            },
+        )
+        .unwrap();
+        let (e, l) = (early.peak_receive_buffers(), late.peak_receive_buffers());
+        assert!(
+            l.iter().zip(&e).all(|(l, e)| l <= e),
+            "{expr}: just in time {l:?}, early {e:?}"
+        );
+        assert!(
+            l.iter().all(|&b| b >= 1),
+            "{expr}: every rank receives something"
+        );
+    }
+}

@@ -256,6 +256,39 @@ pub struct ProgramSet {
 }
 
 impl ProgramSet {
+    /// Per rank, the most received tensors held at once before their computes consume them: the
+    /// receive buffers the placement policy costs (early receives hold more than just-in-time).
+    pub fn peak_receive_buffers(&self) -> Vec<usize> {
+        self.programs
+            .iter()
+            .map(|program| {
+                let mut held: Vec<Message> = Vec::new();
+                let mut peak = 0;
+                for instr in &program.instrs {
+                    match instr {
+                        Instr::Comm(group) => {
+                            held.extend(group.ops.iter().filter_map(|op| match op {
+                                CommOp::Recv { message, .. } => Some(*message),
+                                CommOp::Send { .. } => None,
+                            }));
+                            peak = peak.max(held.len());
+                        }
+                        Instr::Compute(task) => {
+                            let ops = task.ops();
+                            held.retain(|m| {
+                                !ops.iter().any(|op| {
+                                    op.stage == m.to_stage && op.microbatch == m.microbatch
+                                })
+                            });
+                        }
+                        _ => {}
+                    }
+                }
+                peak
+            })
+            .collect()
+    }
+
     /// Total number of instructions, counting each send and receive of a group.
     pub fn instruction_count(&self) -> usize {
         self.programs
