@@ -43,7 +43,7 @@ use crate::error::TransformError;
 use crate::passes::dual::dual_shape_of_output;
 use crate::schedules::greedy::{self, FillWaits, InFlight, Variant};
 use crate::schedules::lagged::{lagged_orders, Hand};
-use crate::schedules::refine::refine;
+use crate::schedules::refine::{better, refine};
 use crate::schedules::zbv::{zbv_orders, Cooldown};
 use crate::transform::{Position, Transform};
 use pipeweave_core::memory::peak_per_rank;
@@ -213,12 +213,10 @@ fn best_greedy(plan: &Plan, limit: f64, dual: bool, bound: f64) -> Option<Vec<Ve
                         else {
                             continue;
                         };
-                        let better = best.as_ref().is_none_or(|b| {
-                            found.max_span < b.max_span - 1e-9
-                                || (found.max_span < b.max_span + 1e-9
-                                    && found.makespan < b.makespan - 1e-9)
+                        let wins = best.as_ref().is_none_or(|b| {
+                            better((found.max_span, found.makespan), (b.max_span, b.makespan))
                         });
-                        if better {
+                        if wins {
                             best = Some(found);
                         }
                     }
@@ -254,11 +252,10 @@ fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError
         let Some(scored) = score(plan, orders, limit) else {
             return;
         };
-        let better = best.as_ref().is_none_or(|b| {
-            scored.span < b.span - 1e-9
-                || (scored.span < b.span + 1e-9 && scored.makespan < b.makespan - 1e-9)
-        });
-        if better {
+        let wins = best
+            .as_ref()
+            .is_none_or(|b| better((scored.span, scored.makespan), (b.span, b.makespan)));
+        if wins {
             *best = Some(scored);
         }
     };

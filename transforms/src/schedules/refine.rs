@@ -32,7 +32,9 @@ fn score(sim: &Simulation) -> (f64, f64) {
     (sim.max_span(), sim.makespan())
 }
 
-fn better(a: (f64, f64), b: (f64, f64)) -> bool {
+/// Whether schedule score `a` (longest per-rank span, makespan) beats `b`: a shorter span, or the
+/// same span and a shorter makespan, beyond floating-point noise.
+pub fn better(a: (f64, f64), b: (f64, f64)) -> bool {
     a.0 < b.0 - EPSILON || (a.0 < b.0 + EPSILON && a.1 < b.1 - EPSILON)
 }
 
