@@ -1,6 +1,6 @@
 //! The facade's error type: what the library glue and the command-line tool can fail with.
 
-use pipeweave_core::CoreError;
+use pipeweave_core::{CommError, CoreError, ReplayError, Violations};
 use pipeweave_transforms::TransformError;
 use thiserror::Error;
 
@@ -13,6 +13,15 @@ pub enum Error {
     /// An expression or pass error.
     #[error(transparent)]
     Transform(#[from] TransformError),
+    /// A plan (imported, or built and then changed) that fails verification.
+    #[error("plan verification failed: {0}")]
+    Verification(#[from] Violations),
+    /// A plan that cannot run to completion.
+    #[error("the plan cannot run: {0}")]
+    Replay(#[from] ReplayError),
+    /// Programs that fail the communication check.
+    #[error("communication check failed: {0}")]
+    Communication(#[from] CommError),
     /// A run on a backend failed.
     #[error(transparent)]
     Backend(#[from] pipeweave_backends::BackendError),

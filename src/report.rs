@@ -1,7 +1,7 @@
 //! The figures of a verified, simulated plan, as one serialisable report (the JSON of
 //! `pipeweave plan --format json`) and as human-readable text.
 
-use pipeweave_core::{render_grid, Instr, Plan, ProgramSet, Semantics, Simulation};
+use pipeweave_core::{render_grid, CheckReport, Plan, ProgramSet, Semantics, Simulation};
 use serde::Serialize;
 use std::fmt::Write;
 
@@ -98,16 +98,10 @@ impl PlanReport {
         }
     }
 
-    /// Adds the figures of the checked programs.
-    pub fn with_programs(mut self, programs: &ProgramSet) -> PlanReport {
-        let ops = programs.programs.iter().flat_map(|p| p.comm_ops()).count();
-        self.messages = ops / 2;
-        self.communication_groups = programs
-            .programs
-            .iter()
-            .flat_map(|p| &p.instrs)
-            .filter(|i| matches!(i, Instr::Comm(_)))
-            .count();
+    /// Adds the figures of the checked programs and what their check counted.
+    pub fn with_programs(mut self, programs: &ProgramSet, counts: &CheckReport) -> PlanReport {
+        self.messages = counts.messages;
+        self.communication_groups = counts.groups;
         self.receive_buffers_per_rank = programs.peak_receive_buffers();
         self.communication_checked = match programs.semantics {
             Semantics::Blocking => vec!["blocking rendezvous".to_string(), "batched".to_string()],

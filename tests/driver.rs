@@ -1,7 +1,8 @@
 //! The pass driver: order rules, preconditions, observation, and blame of a broken pass by name.
 
-use pipeweave::transforms::passes::{GPipe, Interleave, Layout, OneForwardOneBackward};
-use pipeweave::transforms::{Position, Transform};
+use pipeweave::core_ir::{ChunkPlacement, LayoutKind, Pacing};
+use pipeweave::transforms::passes::{GPipe, Interleave, OneForwardOneBackward};
+use pipeweave::transforms::{Changes, Contract, Pass, Requires, Transform};
 use pipeweave::{
     CostModel, MemoryModel, PassList, PipelineConfig, Plan, ProblemSpec, StageCosts, TransformError,
 };
@@ -9,17 +10,25 @@ use pipeweave::{
 /// A pass that drops the last task of rank 0: always produces an incomplete plan.
 struct DropLast;
 
-impl Transform for DropLast {
-    fn name(&self) -> &'static str {
+impl Pass for DropLast {
+    type Prepared = ();
+    fn name(&self) -> &str {
         "drop_last"
     }
-    fn position(&self) -> Position {
-        Position::ZeroBubble
+    fn contract(&self) -> Contract {
+        Contract {
+            requires: Requires {
+                pacing: &[Pacing::OneForwardOneBackward],
+                layout: LayoutKind::ALL,
+                whole_backwards: false,
+            },
+            changes: Changes::default(),
+        }
     }
-    fn check(&self, _: &Plan) -> Result<(), TransformError> {
+    fn prepare(&self, _: &Plan) -> Result<(), TransformError> {
         Ok(())
     }
-    fn apply(&self, plan: Plan) -> Result<Plan, TransformError> {
+    fn apply(&self, plan: Plan, (): ()) -> Result<Plan, TransformError> {
         let mut orders = plan.orders().to_vec();
         orders[0].pop();
         plan.with_orders(orders)
@@ -35,7 +44,7 @@ fn start(ranks: u32, microbatches: u32) -> Plan {
 }
 
 fn vpp2() -> Box<dyn Transform> {
-    Box::new(Interleave::new(2, None, Layout::Standard).unwrap())
+    Box::new(Interleave::new(2, None, ChunkPlacement::Standard).unwrap())
 }
 
 #[test]
@@ -75,7 +84,9 @@ fn passes_out_of_the_clients_order_are_rejected() {
         err,
         TransformError::OutOfOrder {
             pass: "f1b".into(),
-            after: "vpp".into()
+            after: "vpp".into(),
+            needs: "plain layout: one stage per rank, stage s on rank s, one route".into(),
+            found: "the interleaved (2 chunks, standard placement) layout".into(),
         }
     );
     let twice = PassList::new(vec![Box::new(GPipe), vpp2(), vpp2()]);
@@ -157,7 +168,7 @@ fn preconditions_name_the_constraint_and_values() {
     let err = PassList::new(vec![
         Box::new(GPipe),
         Box::new(OneForwardOneBackward),
-        Box::new(Interleave::new(2, Some(4), Layout::Standard).unwrap()),
+        Box::new(Interleave::new(2, Some(4), ChunkPlacement::Standard).unwrap()),
     ])
     .run(start(4, 10))
     .unwrap_err();

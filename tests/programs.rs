@@ -184,7 +184,9 @@ fn a_swap_of_sends_that_keeps_dataflow_is_a_mismatch() {
 fn a_two_rank_exchange_needs_batching_or_early_receives() {
     // A hand-made program set: both ranks send first, then receive, one op per group. Batched
     // (sends buffered) completes; blocking rendezvous deadlocks, with the cycle named.
-    use pipeweave::core_ir::{check::simulate_comm, CommGroup, Message, RankProgram, Semantics};
+    use pipeweave::core_ir::{
+        spmd::check::simulate_comm, CommGroup, Message, RankProgram, Semantics,
+    };
     use pipeweave::{MicrobatchId, RankId, StageId};
     let a = Message::activation(StageId::new(0), StageId::new(1), MicrobatchId::new(0));
     let b = Message::activation(StageId::new(2), StageId::new(3), MicrobatchId::new(0));

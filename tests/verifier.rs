@@ -1,7 +1,8 @@
 //! Negative tests of the verifier: hand-broken plans are rejected with the right violation, named
 //! by op, rank and stage.
 
-use pipeweave::{build_plan, verify, CoreError, PipelineConfig, Plan, Task, Violation};
+use pipeweave::core_ir::{Backwards, Facts};
+use pipeweave::{build_plan, verify, PipelineConfig, Plan, Task, Violation};
 
 fn plan(expr: &str, ranks: u32, microbatches: u32) -> Plan {
     build_plan(expr, &PipelineConfig::new(ranks, microbatches).unwrap()).unwrap()
@@ -15,13 +16,20 @@ fn tasks(text: &str) -> Vec<Task> {
 
 fn violations(plan: &Plan) -> Vec<Violation> {
     match verify(plan) {
-        Err(CoreError::Verification(v)) => v.0,
-        other => panic!("expected violations, got {other:?}"),
+        Err(v) => v.0,
+        Ok(()) => panic!("expected violations, the plan verified"),
     }
 }
 
+/// The plan with hand-written orders; its facts allow split backwards, since some orders split them.
 fn with_orders(base: &Plan, orders: &[&str]) -> Plan {
+    let facts = Facts {
+        backwards: Backwards::Split,
+        ..base.facts()
+    };
     base.clone()
+        .with_facts(facts)
+        .unwrap()
         .with_orders(orders.iter().map(|o| tasks(o)).collect())
         .unwrap()
 }

@@ -1,14 +1,14 @@
 //! The one error type of `pipeweave-backends`: what stops a run, and where.
 
-use pipeweave_core::{CoreError, Message, RankId};
+use pipeweave_core::{CommError, Message, RankId};
 use thiserror::Error;
 
 /// Why a run failed. Every variant names the rank and the instruction index where it happened.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum BackendError {
     /// The programs failed the communication check; nothing ran.
-    #[error("the programs were not run: {0}")]
-    Unchecked(#[from] CoreError),
+    #[error("the programs were not run: communication check failed: {0}")]
+    Unchecked(#[from] CommError),
     /// A stage's computation returned an error.
     #[error("rank {rank}, instruction {instr} ({what}): the stage failed: {reason}")]
     Stage {
@@ -21,8 +21,8 @@ pub enum BackendError {
         /// The stage's error.
         reason: String,
     },
-    /// A stage's computation panicked.
-    #[error("rank {rank}, instruction {instr} ({what}): the stage panicked: {reason}")]
+    /// The stage or the transport panicked.
+    #[error("rank {rank}, instruction {instr} ({what}): the {component} panicked: {reason}")]
     Panicked {
         /// The rank.
         rank: RankId,
@@ -30,6 +30,8 @@ pub enum BackendError {
         instr: usize,
         /// The instruction.
         what: String,
+        /// `stage` or `transport`.
+        component: &'static str,
         /// The panic message.
         reason: String,
     },

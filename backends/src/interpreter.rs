@@ -2,23 +2,77 @@
 //!
 //! It keeps the tensors in flight by (stage, microbatch): inputs of forwards (received or handed
 //! over from a local stage), forward outputs waiting to be sent or to feed the loss, gradients
-//! arriving for backwards, and input gradients waiting to be sent. Each instruction maps to one
-//! call: computes to the [`StageCompute`], sends and receives to the [`Transport`] (a group's sends
-//! go first, then its receives; transports buffer sends), markers to their hooks. A panic inside the
-//! stage is caught and reported like an error, naming the rank and the instruction.
+//! arriving for backwards, and input gradients waiting to be sent. [`RankRun::dispatch`] maps each
+//! instruction to one call: computes to the [`StageCompute`], a communication group to one
+//! [`Transport::exchange`] (every send and receive posted together, as the checker certifies),
+//! markers to their hooks; the program ends with [`Transport::finish`]. Every call into the
+//! stage or the transport goes through [`RankRun::guarded`], so an error or a panic there becomes a
+//! [`BackendError`] naming the rank and the instruction.
 
 use crate::compute::StageCompute;
 use crate::error::BackendError;
-use crate::transport::{Transport, TransportFailure};
-use pipeweave_core::{CommOp, Direction, Instr, Problem, RankProgram, Task, Work};
+use crate::transport::{Incoming, Outgoing, Transport, TransportFailure};
+use pipeweave_core::{
+    CommGroup, CommOp, Direction, Instr, Problem, RankId, RankProgram, Task, Work,
+};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+/// Which side of the interpreter a call goes to, for error reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Component {
+    /// The [`StageCompute`].
+    Stage,
+    /// The [`Transport`].
+    Transport,
+}
+
+impl Component {
+    /// The name used in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Component::Stage => "stage",
+            Component::Transport => "transport",
+        }
+    }
+}
+
+/// Why one call failed, before the rank and instruction are added.
+enum Fault {
+    /// The stage returned an error.
+    Stage(String),
+    /// The transport returned a failure.
+    Transport(TransportFailure),
+    /// A tensor the program needs is not there.
+    Missing(String),
+}
+
+/// The tensors in flight on one rank.
 struct Tensors<T> {
     inputs: HashMap<Work, T>,
     outputs: HashMap<Work, T>,
     grads: HashMap<Work, T>,
     grad_inputs: HashMap<Work, T>,
+}
+
+impl<T> Tensors<T> {
+    fn new() -> Tensors<T> {
+        Tensors {
+            inputs: HashMap::new(),
+            outputs: HashMap::new(),
+            grads: HashMap::new(),
+            grad_inputs: HashMap::new(),
+        }
+    }
+}
+
+fn take<T>(map: &mut HashMap<Work, T>, work: Work, what: &str) -> Result<T, Fault> {
+    map.remove(&work).ok_or_else(|| {
+        Fault::Missing(format!(
+            "no {what} for stage {} microbatch {}",
+            work.stage, work.microbatch
+        ))
+    })
 }
 
 fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
@@ -29,6 +83,15 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     } else {
         "a panic without a message".to_string()
     }
+}
+
+/// One rank's run of its program.
+pub struct RankRun<'a, C: StageCompute, T> {
+    program: &'a RankProgram,
+    problem: &'a Problem,
+    compute: &'a mut C,
+    transport: &'a mut T,
+    tensors: Tensors<C::Tensor>,
 }
 
 /// Runs `program` (a rank of a checked program set of `problem`) to its end.
@@ -42,269 +105,400 @@ where
     C: StageCompute,
     T: Transport<C::Tensor>,
 {
-    let rank = program.rank;
-    let mut tensors = Tensors {
-        inputs: HashMap::new(),
-        outputs: HashMap::new(),
-        grads: HashMap::new(),
-        grad_inputs: HashMap::new(),
-    };
-    for (instr_index, instr) in program.instrs.iter().enumerate() {
-        let what = || instr.to_string();
-        let stage_error = |reason: String| BackendError::Stage {
-            rank,
-            instr: instr_index,
-            what: what(),
-            reason,
-        };
-        let missing = |reason: String| BackendError::Program {
-            rank,
-            instr: instr_index,
-            what: what(),
-            reason,
-        };
-        let guarded =
-            |result: std::thread::Result<Result<(), String>>| -> Result<(), BackendError> {
-                match result {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(reason)) => Err(stage_error(reason)),
-                    Err(payload) => Err(BackendError::Panicked {
-                        rank,
-                        instr: instr_index,
-                        what: what(),
-                        reason: panic_message(payload),
-                    }),
-                }
-            };
-        match instr {
-            Instr::Compute(task) => {
-                let result = catch_unwind(AssertUnwindSafe(|| {
-                    run_task(task, problem, compute, &mut tensors)
-                }));
-                match result {
-                    Ok(Err(TaskError::Stage(reason))) => return Err(stage_error(reason)),
-                    Ok(Err(TaskError::Missing(reason))) => return Err(missing(reason)),
-                    Ok(Ok(())) => {}
-                    Err(payload) => {
-                        return Err(BackendError::Panicked {
-                            rank,
-                            instr: instr_index,
-                            what: what(),
-                            reason: panic_message(payload),
-                        })
-                    }
-                }
-            }
-            Instr::Loss(work) => {
-                let output = tensors.outputs.remove(work).ok_or_else(|| {
-                    missing(format!(
-                        "no forward output of stage {} for microbatch {}",
-                        work.stage, work.microbatch
-                    ))
-                })?;
-                let mut grad = None;
-                guarded(catch_unwind(AssertUnwindSafe(|| {
-                    grad = Some(compute.loss(*work, output)?);
-                    Ok(())
-                })))?;
-                tensors
-                    .grads
-                    .insert(*work, grad.expect("set when the loss succeeded"));
-            }
-            Instr::Comm(group) => {
-                let transport_error = |failure: TransportFailure,
-                                       from: Option<pipeweave_core::RankId>,
-                                       message| match failure
-                {
-                    TransportFailure::Aborted { failed } => BackendError::Aborted {
-                        rank,
-                        instr: instr_index,
-                        failed,
-                    },
-                    TransportFailure::Unexpected { got } => BackendError::Protocol {
-                        rank,
-                        instr: instr_index,
-                        from: from.unwrap_or(rank),
-                        expected: message,
-                        got,
-                    },
-                    TransportFailure::Timeout { seconds } => BackendError::Timeout {
-                        rank,
-                        instr: instr_index,
-                        from: from.unwrap_or(rank),
-                        message,
-                        seconds,
-                    },
-                    TransportFailure::Broken(reason) => BackendError::Transport {
-                        rank,
-                        instr: instr_index,
-                        reason,
-                    },
-                };
-                for op in &group.ops {
-                    if let CommOp::Send { to, message } = *op {
-                        let from_work = Work {
-                            stage: message.from_stage,
-                            microbatch: message.microbatch,
-                        };
-                        let store = match message.direction {
-                            Direction::Activation => &mut tensors.outputs,
-                            Direction::Gradient => &mut tensors.grad_inputs,
-                        };
-                        let payload = store.remove(&from_work).ok_or_else(|| {
-                            missing(format!("nothing computed to send as {message}"))
-                        })?;
-                        transport
-                            .send(to, message, payload)
-                            .map_err(|f| transport_error(f, None, message))?;
-                    }
-                }
-                for op in &group.ops {
-                    if let CommOp::Recv { from, message } = *op {
-                        let payload = transport
-                            .recv(from, message)
-                            .map_err(|f| transport_error(f, Some(from), message))?;
-                        let store = match message.direction {
-                            Direction::Activation => &mut tensors.inputs,
-                            Direction::Gradient => &mut tensors.grads,
-                        };
-                        store.insert(message.consumer(), payload);
-                    }
-                }
-            }
-            Instr::FreeOutput(work) => compute.free_output(*work),
-            Instr::GradSync(stage) => {
-                guarded(catch_unwind(AssertUnwindSafe(|| compute.grad_sync(*stage))))?
-            }
-            Instr::FlushWeightGrads => guarded(catch_unwind(AssertUnwindSafe(|| compute.flush())))?,
+    RankRun {
+        program,
+        problem,
+        compute,
+        transport,
+        tensors: Tensors::new(),
+    }
+    .run()
+}
+
+impl<C, T> RankRun<'_, C, T>
+where
+    C: StageCompute,
+    T: Transport<C::Tensor>,
+{
+    fn rank(&self) -> RankId {
+        self.program.rank
+    }
+
+    /// Every instruction in order, then the completion of the sends still in flight.
+    fn run(mut self) -> Result<(), BackendError> {
+        let program = self.program;
+        for (index, instr) in program.instrs.iter().enumerate() {
+            self.guarded(index, Component::Stage, |run| run.dispatch(instr))?;
+        }
+        let end = program.instrs.len();
+        self.guarded(end, Component::Transport, |run| {
+            run.transport.finish().map_err(Fault::Transport)
+        })
+    }
+
+    /// Runs `call`, turning its fault or its panic into an error naming the rank and the
+    /// instruction `index` (the end of the program when it is past the last instruction).
+    fn guarded(
+        &mut self,
+        index: usize,
+        component: Component,
+        call: impl FnOnce(&mut Self) -> Result<(), Fault>,
+    ) -> Result<(), BackendError> {
+        let rank = self.rank();
+        let what = self
+            .program
+            .instrs
+            .get(index)
+            .map_or_else(|| "end of program".to_string(), Instr::to_string);
+        match catch_unwind(AssertUnwindSafe(|| call(self))) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(fault)) => Err(fault_error(rank, index, what, fault)),
+            Err(payload) => Err(BackendError::Panicked {
+                rank,
+                instr: index,
+                what,
+                component: component.name(),
+                reason: panic_message(payload),
+            }),
         }
     }
-    Ok(())
-}
 
-enum TaskError {
-    Stage(String),
-    Missing(String),
-}
+    /// One instruction.
+    fn dispatch(&mut self, instr: &Instr) -> Result<(), Fault> {
+        match instr {
+            Instr::Compute(task) => self.compute_task(task),
+            Instr::Loss(work) => {
+                let output = take(&mut self.tensors.outputs, *work, "forward output")?;
+                let grad = self.compute.loss(*work, output).map_err(Fault::Stage)?;
+                self.tensors.grads.insert(*work, grad);
+                Ok(())
+            }
+            Instr::Comm(group) => self.exchange(group),
+            Instr::FreeOutput(work) => {
+                self.compute.free_output(*work);
+                Ok(())
+            }
+            Instr::GradSync(stage) => self.compute.grad_sync(*stage).map_err(Fault::Stage),
+            Instr::FlushWeightGrads => self.compute.flush().map_err(Fault::Stage),
+        }
+    }
 
-fn take<T>(map: &mut HashMap<Work, T>, work: Work, what: &str) -> Result<T, TaskError> {
-    map.remove(&work).ok_or_else(|| {
-        TaskError::Missing(format!(
-            "no {what} for stage {} microbatch {}",
-            work.stage, work.microbatch
-        ))
-    })
-}
+    /// A communication group: the payloads of its sends out, its receives in, in one exchange.
+    fn exchange(&mut self, group: &CommGroup) -> Result<(), Fault> {
+        let mut sends = Vec::new();
+        let mut receives = Vec::new();
+        for op in &group.ops {
+            match *op {
+                CommOp::Send { to, message } => {
+                    let store = match message.direction {
+                        Direction::Activation => &mut self.tensors.outputs,
+                        Direction::Gradient => &mut self.tensors.grad_inputs,
+                    };
+                    let payload = store.remove(&message.source()).ok_or_else(|| {
+                        Fault::Missing(format!("nothing computed to send as {message}"))
+                    })?;
+                    sends.push(Outgoing {
+                        to,
+                        message,
+                        payload,
+                    });
+                }
+                CommOp::Recv { from, message } => receives.push(Incoming { from, message }),
+            }
+        }
+        let received = self
+            .transport
+            .exchange(sends, &receives)
+            .map_err(Fault::Transport)?;
+        if received.len() != receives.len() {
+            return Err(Fault::Transport(TransportFailure::Broken(format!(
+                "the transport returned {} payloads for {} receives",
+                received.len(),
+                receives.len()
+            ))));
+        }
+        for (incoming, payload) in receives.iter().zip(received) {
+            let store = match incoming.message.direction {
+                Direction::Activation => &mut self.tensors.inputs,
+                Direction::Gradient => &mut self.tensors.grads,
+            };
+            store.insert(incoming.message.consumer(), payload);
+        }
+        Ok(())
+    }
 
-/// Where a forward output goes: the loss, a local next stage, or a send.
-fn place_output<T>(
-    problem: &Problem,
-    rank_of_work: pipeweave_core::RankId,
-    work: Work,
-    output: T,
-    tensors: &mut Tensors<T>,
-) {
-    match problem
-        .route_of(work.microbatch)
-        .and_then(|r| r.next(work.stage))
-    {
-        Some(next) if problem.rank_of(next) == Some(rank_of_work) => {
-            tensors.inputs.insert(
-                Work {
+    fn compute_task(&mut self, task: &Task) -> Result<(), Fault> {
+        match *task {
+            Task::Forward(w) => {
+                let input = self.forward_input(w)?;
+                let output = self.compute.forward(w, input).map_err(Fault::Stage)?;
+                self.place_output(w, output);
+            }
+            Task::InputGrad(w) => {
+                let grad = take(&mut self.tensors.grads, w, "output gradient")?;
+                let grad_input = self.compute.backward_input(w, grad).map_err(Fault::Stage)?;
+                self.place_grad_input(w, grad_input);
+            }
+            Task::WeightGrad(w) => self.compute.backward_weight(w).map_err(Fault::Stage)?,
+            Task::Backward(w) => {
+                let grad = take(&mut self.tensors.grads, w, "output gradient")?;
+                let grad_input = self.compute.backward_input(w, grad).map_err(Fault::Stage)?;
+                self.compute.backward_weight(w).map_err(Fault::Stage)?;
+                self.place_grad_input(w, grad_input);
+            }
+            Task::Overlapped { forward, backward } => {
+                let input = self.forward_input(forward)?;
+                let grad = take(&mut self.tensors.grads, backward, "output gradient")?;
+                let (output, grad_input) = self
+                    .compute
+                    .forward_backward(forward, input, backward, grad)
+                    .map_err(Fault::Stage)?;
+                self.place_output(forward, output);
+                self.place_grad_input(backward, grad_input);
+            }
+        }
+        Ok(())
+    }
+
+    /// The input of a forward: None on the first stage of its route (the stage loads the
+    /// microbatch itself), else what was received or handed over.
+    fn forward_input(&mut self, work: Work) -> Result<Option<C::Tensor>, Fault> {
+        let first = self
+            .problem
+            .route_of(work.microbatch)
+            .is_none_or(|r| r.prev(work.stage).is_none());
+        if first {
+            Ok(None)
+        } else {
+            take(&mut self.tensors.inputs, work, "forward input").map(Some)
+        }
+    }
+
+    /// Where a forward output goes: a local next stage, or the loss or a send.
+    fn place_output(&mut self, work: Work, output: C::Tensor) {
+        let next = self
+            .problem
+            .route_of(work.microbatch)
+            .and_then(|r| r.next(work.stage));
+        match next {
+            Some(next) if self.problem.rank_of(next) == Some(self.rank()) => {
+                let to = Work {
                     stage: next,
                     microbatch: work.microbatch,
-                },
-                output,
-            );
-        }
-        _ => {
-            tensors.outputs.insert(work, output);
+                };
+                self.tensors.inputs.insert(to, output);
+            }
+            _ => {
+                self.tensors.outputs.insert(work, output);
+            }
         }
     }
-}
 
-/// Where an input gradient goes: nowhere (first stage), a local previous stage, or a send.
-fn place_grad_input<T>(
-    problem: &Problem,
-    rank_of_work: pipeweave_core::RankId,
-    work: Work,
-    grad: Option<T>,
-    tensors: &mut Tensors<T>,
-) {
-    let Some(grad) = grad else { return };
-    match problem
-        .route_of(work.microbatch)
-        .and_then(|r| r.prev(work.stage))
-    {
-        Some(prev) if problem.rank_of(prev) == Some(rank_of_work) => {
-            tensors.grads.insert(
-                Work {
+    /// Where an input gradient goes: nowhere (first stage), a local previous stage, or a send.
+    fn place_grad_input(&mut self, work: Work, grad: Option<C::Tensor>) {
+        let Some(grad) = grad else { return };
+        let prev = self
+            .problem
+            .route_of(work.microbatch)
+            .and_then(|r| r.prev(work.stage));
+        match prev {
+            Some(prev) if self.problem.rank_of(prev) == Some(self.rank()) => {
+                let to = Work {
                     stage: prev,
                     microbatch: work.microbatch,
-                },
-                grad,
-            );
+                };
+                self.tensors.grads.insert(to, grad);
+            }
+            Some(_) => {
+                self.tensors.grad_inputs.insert(work, grad);
+            }
+            None => {}
         }
-        Some(_) => {
-            tensors.grad_inputs.insert(work, grad);
-        }
-        None => {}
     }
 }
 
-fn forward_input<T>(
-    problem: &Problem,
-    work: Work,
-    tensors: &mut Tensors<T>,
-) -> Result<Option<T>, TaskError> {
-    let first = problem
-        .route_of(work.microbatch)
-        .is_none_or(|r| r.prev(work.stage).is_none());
-    if first {
-        Ok(None)
-    } else {
-        take(&mut tensors.inputs, work, "forward input").map(Some)
+/// The error of a fault at instruction `instr` of `rank`.
+fn fault_error(rank: RankId, instr: usize, what: String, fault: Fault) -> BackendError {
+    match fault {
+        Fault::Stage(reason) => BackendError::Stage {
+            rank,
+            instr,
+            what,
+            reason,
+        },
+        Fault::Missing(reason) => BackendError::Program {
+            rank,
+            instr,
+            what,
+            reason,
+        },
+        Fault::Transport(TransportFailure::Aborted { failed }) => BackendError::Aborted {
+            rank,
+            instr,
+            failed,
+        },
+        Fault::Transport(TransportFailure::Unexpected {
+            from,
+            expected,
+            got,
+        }) => BackendError::Protocol {
+            rank,
+            instr,
+            from,
+            expected,
+            got,
+        },
+        Fault::Transport(TransportFailure::Timeout {
+            from,
+            message,
+            seconds,
+        }) => BackendError::Timeout {
+            rank,
+            instr,
+            from,
+            message,
+            seconds,
+        },
+        Fault::Transport(TransportFailure::Broken(reason)) => BackendError::Transport {
+            rank,
+            instr,
+            reason,
+        },
     }
 }
 
-fn run_task<C: StageCompute>(
-    task: &Task,
-    problem: &Problem,
-    compute: &mut C,
-    tensors: &mut Tensors<C::Tensor>,
-) -> Result<(), TaskError> {
-    let owner = |w: Work| {
-        problem
-            .rank_of(w.stage)
-            .unwrap_or(pipeweave_core::RankId::new(u32::MAX))
-    };
-    match *task {
-        Task::Forward(w) => {
-            let input = forward_input(problem, w, tensors)?;
-            let output = compute.forward(w, input).map_err(TaskError::Stage)?;
-            place_output(problem, owner(w), w, output, tensors);
-        }
-        Task::InputGrad(w) => {
-            let grad = take(&mut tensors.grads, w, "output gradient")?;
-            let grad_input = compute.backward_input(w, grad).map_err(TaskError::Stage)?;
-            place_grad_input(problem, owner(w), w, grad_input, tensors);
-        }
-        Task::WeightGrad(w) => compute.backward_weight(w).map_err(TaskError::Stage)?,
-        Task::Backward(w) => {
-            let grad = take(&mut tensors.grads, w, "output gradient")?;
-            let grad_input = compute.backward_input(w, grad).map_err(TaskError::Stage)?;
-            compute.backward_weight(w).map_err(TaskError::Stage)?;
-            place_grad_input(problem, owner(w), w, grad_input, tensors);
-        }
-        Task::Overlapped { forward, backward } => {
-            let input = forward_input(problem, forward, tensors)?;
-            let grad = take(&mut tensors.grads, backward, "output gradient")?;
-            let (output, grad_input) = compute
-                .forward_backward(forward, input, backward, grad)
-                .map_err(TaskError::Stage)?;
-            place_output(problem, owner(forward), forward, output, tensors);
-            place_grad_input(problem, owner(backward), backward, grad_input, tensors);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pipeweave_core::{project, ProjectionOptions, StageId};
+    use pipeweave_core::{CostModel, MemoryModel, Plan, ProblemSpec, StageCosts};
+
+    /// A one-rank, two-stage plan whose programs need no transport.
+    fn local_program() -> (Problem, RankProgram) {
+        let problem = ProblemSpec::builder()
+            .ranks(1)
+            .microbatches(1)
+            .stage_to_rank(vec![0, 0])
+            .build()
+            .validate()
+            .unwrap();
+        let order = ["0F0", "1F0", "1B0", "0B0"]
+            .iter()
+            .map(|t| t.parse().unwrap())
+            .collect();
+        let plan = Plan::new(
+            problem.clone(),
+            CostModel::uniform(2, StageCosts::default(), 0.0).unwrap(),
+            MemoryModel::uniform(2, Default::default()),
+            vec![order],
+        )
+        .unwrap();
+        let set = project(&plan, ProjectionOptions::default()).unwrap();
+        (problem, set.programs[0].clone())
+    }
+
+    /// A stage that counts calls and can fail or panic in one hook.
+    #[derive(Default)]
+    struct Counting {
+        calls: Vec<String>,
+        panic_in: Option<&'static str>,
+    }
+
+    impl Counting {
+        fn hook(&mut self, name: &str) {
+            self.calls.push(name.to_string());
+            if self.panic_in == Some(name) {
+                panic!("{name} broke");
+            }
         }
     }
-    Ok(())
+
+    impl StageCompute for Counting {
+        type Tensor = f64;
+        fn forward(&mut self, _: Work, input: Option<f64>) -> Result<f64, String> {
+            self.hook("forward");
+            Ok(input.unwrap_or(1.0) * 2.0)
+        }
+        fn loss(&mut self, _: Work, output: f64) -> Result<f64, String> {
+            self.hook("loss");
+            Ok(output)
+        }
+        fn backward_input(&mut self, _: Work, grad: f64) -> Result<Option<f64>, String> {
+            self.hook("backward_input");
+            Ok(Some(grad))
+        }
+        fn backward_weight(&mut self, _: Work) -> Result<(), String> {
+            self.hook("backward_weight");
+            Ok(())
+        }
+        fn free_output(&mut self, _: Work) {
+            self.hook("free_output");
+        }
+        fn grad_sync(&mut self, _: StageId) -> Result<(), String> {
+            self.hook("grad_sync");
+            Ok(())
+        }
+        fn flush(&mut self) -> Result<(), String> {
+            self.hook("flush");
+            Ok(())
+        }
+    }
+
+    /// A transport for programs that never communicate: any call is a bug.
+    struct Silent;
+    impl Transport<f64> for Silent {
+        fn exchange(
+            &mut self,
+            _: Vec<Outgoing<f64>>,
+            _: &[Incoming],
+        ) -> Result<Vec<f64>, TransportFailure> {
+            Err(TransportFailure::Broken("no peers".to_string()))
+        }
+        fn finish(&mut self) -> Result<(), TransportFailure> {
+            panic!("finish broke")
+        }
+        fn abort(&mut self) {}
+    }
+
+    #[test]
+    fn every_instruction_reaches_its_hook_and_a_transport_panic_names_the_end() {
+        let (problem, program) = local_program();
+        let mut stage = Counting::default();
+        let err = run_rank(&program, &problem, &mut stage, &mut Silent).unwrap_err();
+        assert_eq!(stage.calls.iter().filter(|c| *c == "forward").count(), 2);
+        assert!(stage.calls.contains(&"grad_sync".to_string()));
+        assert_eq!(stage.calls.last().unwrap(), "flush");
+        match err {
+            BackendError::Panicked {
+                component, what, ..
+            } => {
+                assert_eq!(component, "transport");
+                assert_eq!(what, "end of program");
+            }
+            other => panic!("expected a transport panic, got {other}"),
+        }
+    }
+
+    #[test]
+    fn a_panic_in_any_hook_names_the_rank_and_instruction() {
+        let (problem, program) = local_program();
+        for hook in [
+            "forward",
+            "loss",
+            "backward_input",
+            "backward_weight",
+            "grad_sync",
+            "flush",
+        ] {
+            let mut stage = Counting {
+                panic_in: Some(hook),
+                ..Counting::default()
+            };
+            let err = run_rank(&program, &problem, &mut stage, &mut Silent).unwrap_err();
+            let text = err.to_string();
+            assert!(text.starts_with("rank 0, instruction "), "{hook}: {text}");
+            assert!(text.contains(&format!("{hook} broke")), "{hook}: {text}");
+            assert!(text.contains("the stage panicked"), "{hook}: {text}");
+        }
+    }
 }

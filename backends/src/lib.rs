@@ -1,7 +1,8 @@
 //! `pipeweave-backends`: executors of per-rank programs.
 //!
 //! - [`interpreter`]: one interpreter of a rank program, generic over a [`transport::Transport`]
-//!   and a [`compute::StageCompute`];
+//!   (batched groups: post every send and receive, then complete them) and a
+//!   [`compute::StageCompute`]; every call into either is guarded;
 //! - [`threads`]: the threaded backend (a thread per rank, channels as links, abort on failure);
 //! - [`numeric`]: a scalar affine stage model and its single-device reference, for end-to-end
 //!   gradient checks.
@@ -21,4 +22,4 @@ pub use compute::StageCompute;
 pub use error::BackendError;
 pub use numeric::{AffineModel, AffineStage};
 pub use threads::{run_threads, ThreadOptions};
-pub use transport::{Transport, TransportFailure};
+pub use transport::{Incoming, Outgoing, Transport, TransportFailure};

@@ -8,7 +8,7 @@
 //! rounding.
 
 use crate::compute::StageCompute;
-use pipeweave_core::{Problem, StageId, Work};
+use pipeweave_core::{OpKind, Problem, StageId, Work};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -91,7 +91,7 @@ impl AffineModel {
 
     /// The share of rank `rank`, spending `delay(work, kind)` of wall time in each op (for runs
     /// that compare measured with simulated time; zero for correctness runs).
-    pub fn stage(&self, delay: impl Fn(Work, char) -> Duration + Send + 'static) -> AffineStage {
+    pub fn stage(&self, delay: impl Fn(Work, OpKind) -> Duration + Send + 'static) -> AffineStage {
         AffineStage {
             model: self.clone(),
             saved_input: HashMap::new(),
@@ -127,7 +127,7 @@ pub struct AffineStage {
     saved_input: HashMap<Work, f64>,
     saved_grad: HashMap<Work, f64>,
     grads: Gradients,
-    delay: Box<dyn Fn(Work, char) -> Duration + Send>,
+    delay: Box<dyn Fn(Work, OpKind) -> Duration + Send>,
 }
 
 impl AffineStage {
@@ -136,7 +136,7 @@ impl AffineStage {
         &self.grads
     }
 
-    fn spend(&self, work: Work, kind: char) {
+    fn spend(&self, work: Work, kind: OpKind) {
         let d = (self.delay)(work, kind);
         if !d.is_zero() {
             let until = Instant::now() + d;
@@ -166,7 +166,7 @@ impl StageCompute for AffineStage {
     type Tensor = f64;
 
     fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, String> {
-        self.spend(work, 'F');
+        self.spend(work, OpKind::Forward);
         let x = match input {
             Some(x) => x,
             None => *self
@@ -190,14 +190,14 @@ impl StageCompute for AffineStage {
     }
 
     fn backward_input(&mut self, work: Work, grad_output: f64) -> Result<Option<f64>, String> {
-        self.spend(work, 'I');
+        self.spend(work, OpKind::InputGrad);
         self.saved_grad.insert(work, grad_output);
         let (a, _) = self.model.params(work.stage);
         Ok(Some(a * grad_output))
     }
 
     fn backward_weight(&mut self, work: Work) -> Result<(), String> {
-        self.spend(work, 'W');
+        self.spend(work, OpKind::WeightGrad);
         let g = self.saved_grad.remove(&work).ok_or_else(|| {
             format!(
                 "weight gradient of stage {} microbatch {} before its input gradient",

@@ -10,8 +10,8 @@
 use crate::compute::StageCompute;
 use crate::error::BackendError;
 use crate::interpreter::run_rank;
-use crate::transport::{Transport, TransportFailure};
-use pipeweave_core::{check_programs, CoreError, Message, Problem, ProgramSet, RankId};
+use crate::transport::{Incoming, Outgoing, Transport, TransportFailure};
+use pipeweave_core::{check_programs, Message, Problem, ProgramSet, RankId};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -47,22 +47,28 @@ pub struct ChannelTransport<T> {
     timeout: Duration,
 }
 
-impl<T: Send> Transport<T> for ChannelTransport<T> {
-    fn send(&mut self, to: RankId, message: Message, payload: T) -> Result<(), TransportFailure> {
+impl<T: Send> ChannelTransport<T> {
+    fn failure(&self) -> Option<TransportFailure> {
         let failed = self.failed.load(Ordering::SeqCst);
-        if failed != NO_FAILURE {
-            return Err(TransportFailure::Aborted {
-                failed: RankId::new(failed),
-            });
+        (failed != NO_FAILURE).then(|| TransportFailure::Aborted {
+            failed: RankId::new(failed),
+        })
+    }
+
+    fn send(&mut self, outgoing: Outgoing<T>) -> Result<(), TransportFailure> {
+        if let Some(failure) = self.failure() {
+            return Err(failure);
         }
+        let to = outgoing.to;
         let link = self.senders.get(to.index()).ok_or_else(|| {
             TransportFailure::Broken(format!("no link from rank {} to rank {to}", self.rank))
         })?;
-        link.send((message, payload))
+        link.send((outgoing.message, outgoing.payload))
             .map_err(|_| TransportFailure::Broken(format!("rank {to} has stopped")))
     }
 
-    fn recv(&mut self, from: RankId, message: Message) -> Result<T, TransportFailure> {
+    fn receive(&mut self, incoming: Incoming) -> Result<T, TransportFailure> {
+        let Incoming { from, message } = incoming;
         let link = self.receivers.get(from.index()).ok_or_else(|| {
             TransportFailure::Broken(format!("no link from rank {from} to rank {}", self.rank))
         })?;
@@ -70,33 +76,51 @@ impl<T: Send> Transport<T> for ChannelTransport<T> {
         loop {
             match link.recv_timeout(POLL) {
                 Ok((got, payload)) if got == message => return Ok(payload),
-                Ok((got, _)) => return Err(TransportFailure::Unexpected { got }),
+                Ok((got, _)) => {
+                    return Err(TransportFailure::Unexpected {
+                        from,
+                        expected: message,
+                        got,
+                    })
+                }
                 Err(RecvTimeoutError::Timeout) => {
-                    let failed = self.failed.load(Ordering::SeqCst);
-                    if failed != NO_FAILURE {
-                        return Err(TransportFailure::Aborted {
-                            failed: RankId::new(failed),
-                        });
+                    if let Some(failure) = self.failure() {
+                        return Err(failure);
                     }
                     if start.elapsed() > self.timeout {
                         return Err(TransportFailure::Timeout {
+                            from,
+                            message,
                             seconds: self.timeout.as_secs_f64(),
                         });
                     }
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    let failed = self.failed.load(Ordering::SeqCst);
-                    if failed != NO_FAILURE {
-                        return Err(TransportFailure::Aborted {
-                            failed: RankId::new(failed),
-                        });
-                    }
-                    return Err(TransportFailure::Broken(format!(
-                        "rank {from} ended without sending {message}"
-                    )));
+                    return Err(self.failure().unwrap_or_else(|| {
+                        TransportFailure::Broken(format!(
+                            "rank {from} ended without sending {message}"
+                        ))
+                    }))
                 }
             }
         }
+    }
+}
+
+impl<T: Send> Transport<T> for ChannelTransport<T> {
+    /// Channels buffer, so posting a send completes it; the receives are then awaited in order.
+    fn exchange(
+        &mut self,
+        sends: Vec<Outgoing<T>>,
+        receives: &[Incoming],
+    ) -> Result<Vec<T>, TransportFailure> {
+        for outgoing in sends {
+            self.send(outgoing)?;
+        }
+        receives
+            .iter()
+            .map(|&incoming| self.receive(incoming))
+            .collect()
     }
 
     fn abort(&mut self) {
@@ -155,7 +179,7 @@ where
     C: StageCompute + Send,
     F: Fn(RankId) -> C,
 {
-    check_programs(problem, programs).map_err(CoreError::from)?;
+    check_programs(problem, programs)?;
     let ranks = programs.programs.len();
     let transports = channel_transports::<C::Tensor>(ranks, options.receive_timeout);
     let computes: Vec<C> = (0..ranks)
@@ -179,7 +203,10 @@ where
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().expect("rank threads catch the stage's panics"))
+            .map(|h| {
+                h.join()
+                    .expect("the interpreter catches every panic of the stage and the transport")
+            })
             .collect()
     });
     let mut computes = Vec::with_capacity(ranks);

@@ -1,7 +1,37 @@
-//! The transport trait: how a rank sends tensors to and receives tensors from its peers. Threads,
-//! MPI and NCCL differ only here.
+//! The transport trait: how a rank exchanges tensors with its peers. Threads, MPI and NCCL differ
+//! only here.
+//!
+//! The unit of communication is a group, with the batched semantics the checker certifies
+//! ([`pipeweave_core::Semantics::Batched`]): every send and receive of a group is posted
+//! together, then the group's receives are completed; its sends complete when their peers receive
+//! them, at the latest by [`Transport::finish`] at the end of the program. This maps directly onto
+//! MPI (one `isend` per send and one `irecv` per receive, then `waitall` on the receives; the send
+//! requests are kept and waited for by `finish`) and onto NCCL (`ncclGroupStart`, one `ncclSend` or
+//! `ncclRecv` each, `ncclGroupEnd`, then a stream synchronisation). Buffered channels implement it
+//! trivially.
 
 use pipeweave_core::{Message, RankId};
+use std::fmt;
+
+/// One send of a group.
+#[derive(Debug)]
+pub struct Outgoing<T> {
+    /// The peer.
+    pub to: RankId,
+    /// What the payload is.
+    pub message: Message,
+    /// The tensor.
+    pub payload: T,
+}
+
+/// One receive of a group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Incoming {
+    /// The peer.
+    pub from: RankId,
+    /// What must arrive.
+    pub message: Message,
+}
 
 /// Why a transport operation did not complete.
 #[derive(Debug, Clone, PartialEq)]
@@ -11,13 +41,21 @@ pub enum TransportFailure {
         /// The rank that failed.
         failed: RankId,
     },
-    /// A different message arrived first (the programs disagree).
+    /// A different message arrived than the one expected (the programs disagree).
     Unexpected {
+        /// The peer.
+        from: RankId,
+        /// What the program expects.
+        expected: Message,
         /// What arrived.
         got: Message,
     },
     /// Nothing arrived within the run's limit.
     Timeout {
+        /// The peer.
+        from: RankId,
+        /// The awaited message.
+        message: Message,
         /// The limit in seconds.
         seconds: f64,
     },
@@ -25,14 +63,44 @@ pub enum TransportFailure {
     Broken(String),
 }
 
-/// Point-to-point messaging between ranks, in the order of the programs: the k-th send from one
-/// rank to another is the k-th receive there.
-pub trait Transport<T> {
-    /// Sends `payload` as `message` to `to`. May return before the peer receives it.
-    fn send(&mut self, to: RankId, message: Message, payload: T) -> Result<(), TransportFailure>;
+impl fmt::Display for TransportFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TransportFailure::Aborted { failed } => write!(f, "rank {failed} failed"),
+            TransportFailure::Unexpected {
+                from,
+                expected,
+                got,
+            } => write!(f, "expected {expected} from rank {from}, got {got}"),
+            TransportFailure::Timeout {
+                from,
+                message,
+                seconds,
+            } => write!(
+                f,
+                "waited more than {seconds} s for {message} from rank {from}"
+            ),
+            TransportFailure::Broken(reason) => f.write_str(reason),
+        }
+    }
+}
 
-    /// Receives `message` from `from`, waiting until it arrives.
-    fn recv(&mut self, from: RankId, message: Message) -> Result<T, TransportFailure>;
+/// Point-to-point messaging between ranks in groups, in the order of the programs: the k-th send
+/// from one rank to another is the k-th receive there.
+pub trait Transport<T> {
+    /// Posts every send of `sends` and every receive of `receives`, then waits until every
+    /// receive has arrived; returns the received payloads in the order of `receives`. The sends
+    /// may complete later, by [`Transport::finish`] at the latest.
+    fn exchange(
+        &mut self,
+        sends: Vec<Outgoing<T>>,
+        receives: &[Incoming],
+    ) -> Result<Vec<T>, TransportFailure>;
+
+    /// Completes every send still in flight (called once, at the end of the program).
+    fn finish(&mut self) -> Result<(), TransportFailure> {
+        Ok(())
+    }
 
     /// Tells every peer that this rank failed, so that they stop instead of waiting.
     fn abort(&mut self);

@@ -1,11 +1,14 @@
 //! The one error type of `pipeweave-core`.
 //!
-//! Errors here are about user input: a problem, cost or memory description that cannot describe a
-//! pipeline, action notation that does not parse, or a plan that failed verification (the list of
-//! [`Violation`]s says what broke where). A verification failure of a plan produced by a pass is a
-//! bug in that pass; the pass driver in `pipeweave-transforms` attributes it by name.
+//! Errors here are about input: a problem, cost or memory description that cannot describe a
+//! pipeline, facts that do not match their plan, action notation or a schedule file that does not
+//! parse. What the analyses find wrong with a well-formed plan is reported by their own types,
+//! never as a `CoreError`: the verifier's [`crate::analysis::verify::Violations`] (after a pass,
+//! always a bug in that pass), the replay engine's [`crate::analysis::replay::ReplayError`] and the
+//! communication checker's [`crate::spmd::check::CommError`].
+//!
+//! This module depends on nothing else in the crate.
 
-use crate::verify::Violations;
 use thiserror::Error;
 
 /// Everything that can go wrong in `pipeweave-core`.
@@ -73,10 +76,4 @@ pub enum CoreError {
     /// An imported schedule is consistent as text but not as a pipeline.
     #[error("imported schedule: {0}")]
     Import(String),
-    /// Projected or imported programs failed the communication check.
-    #[error("communication check failed: {0}")]
-    Communication(#[from] crate::check::CommError),
-    /// The plan broke one or more invariants; every violation is listed.
-    #[error("plan verification failed: {0}")]
-    Verification(Violations),
 }

@@ -1,49 +1,45 @@
 //! `pipeweave-core`: the global plan IR of pipeweave and what checks and measures it.
 //!
-//! - [`ids`]: typed ids; [`problem`]: ranks, microbatches, stage placement, routes, tied stages;
-//! - [`cost`] and [`memory`]: the cost and activation-memory models;
-//! - [`op`]: ops (F, I, W) and the tasks a rank runs, in PyTorch's action notation;
-//! - [`plan`]: the global plan (problem, models, per-rank orders, pass history);
-//! - [`deps`]: the dependency rule; [`replay`]: the as-early-as-possible execution engine;
-//! - [`verify`]: the invariants and their checker; [`simulate`]: makespan, bubble, memory;
-//! - [`grid`]: a rank x time text grid;
-//! - [`program`] and [`project`]: per-rank SPMD programs and the projection that builds them;
-//! - [`check`]: the communication checker (matching sends and receives, freedom from deadlock);
-//! - [`formats`]: PyTorch schedule CSV (import and export), Chrome trace, SVG timeline.
+//! The folders are the layers; each depends only on the ones above it in this list:
+//! - [`error`]: [`CoreError`], what can be wrong with input (depends on nothing);
+//! - [`ir`]: typed ids, ops and tasks, the problem, cost and memory models, typed plan facts,
+//!   the dependency rule, the op numbering and the [`Plan`];
+//! - [`analysis`]: the replay engine, the memory replay, the verifier (its report is
+//!   [`Violations`]) and the simulator;
+//! - [`spmd`]: per-rank programs, the messages between ranks, the projection and the
+//!   communication checker (its report is [`CommError`]);
+//! - [`formats`]: PyTorch schedule CSV (import and export), Chrome trace, SVG timeline, text grid.
+//!
+//! Input errors ([`CoreError`]) and findings about a well-formed plan (the verifier's
+//! [`Violations`], the replay engine's [`ReplayError`], the checker's [`CommError`]) are separate
+//! types: after a pass, a finding is a bug in that pass; a `CoreError` is the user's to fix.
 //!
 //! This crate depends on no tensor library and knows no particular schedule: schedules are passes in
 //! `pipeweave-transforms`.
 #![warn(missing_docs)]
 
-pub mod check;
-pub mod cost;
-pub mod deps;
+pub mod analysis;
 pub mod error;
 pub mod formats;
-pub mod grid;
-pub mod ids;
-pub mod memory;
-pub mod op;
-pub mod plan;
-pub mod problem;
-pub mod program;
-pub mod project;
-pub mod replay;
-pub mod simulate;
-pub mod verify;
+pub mod ir;
+pub mod spmd;
 
-pub use check::{check_programs, CheckReport, CommError, Semantics};
-pub use cost::{CostModel, StageCosts, StageCostsSpec};
+pub use analysis::peak::{max_peak, peak_per_rank, RankPeak};
+pub use analysis::replay::{Blocked, ReplayError};
+pub use analysis::simulate::{simulate, Simulation};
+pub use analysis::verify::{verify, verify_schedule, Violation, Violations};
 pub use error::CoreError;
-pub use grid::render_grid;
-pub use ids::{MicrobatchId, RankId, StageId};
-pub use memory::{MemoryModel, StageMemory, StageMemorySpec};
-pub use op::{Op, OpKind, Task, TaskKind, Work};
-pub use plan::Plan;
-pub use problem::{Problem, ProblemSpec, RouteSpec};
-pub use program::{
-    CommGroup, CommOp, Direction, Instr, Message, ProgramSet, RankProgram, ShapeSlot,
+pub use formats::grid::render_grid;
+pub use ir::cost::{CostModel, StageCosts, StageCostsSpec};
+pub use ir::facts::{Backwards, ChunkPlacement, DualKind, Facts, Layout, LayoutKind, Pacing};
+pub use ir::ids::{MicrobatchId, RankId, StageId};
+pub use ir::memory::{MemoryModel, StageMemory, StageMemorySpec};
+pub use ir::op::{Op, OpKind, Task, TaskKind, Work};
+pub use ir::plan::Plan;
+pub use ir::problem::{Problem, ProblemSpec, RouteSpec};
+pub use ir::slots::OpSlots;
+pub use spmd::check::{check_programs, CheckReport, CommError};
+pub use spmd::program::{
+    CommGroup, CommOp, Direction, Instr, Message, ProgramSet, RankProgram, Semantics, ShapeSlot,
 };
-pub use project::{project, ProjectionOptions, RecvPolicy};
-pub use simulate::{simulate, Simulation};
-pub use verify::{verify, verify_schedule, Violation, Violations};
+pub use spmd::project::{project, ProjectionOptions, RecvPolicy};

@@ -85,7 +85,7 @@ where
 /// 1 for a bug in a pass, 2 for everything the user can fix.
 fn exit_code(e: &crate::Error) -> i32 {
     match e {
-        crate::Error::Transform(pipeweave_transforms::TransformError::PassBroke { .. }) => 1,
+        crate::Error::Transform(e) if e.is_pass_bug() => 1,
         crate::Error::Backend(_) => 1,
         _ => 2,
     }

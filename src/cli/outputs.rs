@@ -6,8 +6,8 @@ use crate::report::PlanReport;
 use clap::{Args, ValueEnum};
 use pipeweave_core::formats::{csv, svg, trace};
 use pipeweave_core::{
-    check_programs, project, simulate, verify, Plan, ProgramSet, ProjectionOptions, RecvPolicy,
-    Simulation,
+    check_programs, project, simulate, verify, CheckReport, Plan, ProgramSet, ProjectionOptions,
+    RecvPolicy, Simulation,
 };
 use std::io::Write;
 
@@ -64,6 +64,8 @@ pub struct Checked {
     pub plan: Plan,
     /// Its programs (projected, or imported from a lowered file).
     pub programs: ProgramSet,
+    /// What the communication check counted.
+    pub counts: CheckReport,
     /// Its simulation.
     pub simulation: Simulation,
 }
@@ -92,11 +94,12 @@ pub fn check_plan(
             )?
         }
     };
-    check_programs(plan.problem(), &programs).map_err(pipeweave_core::CoreError::from)?;
+    let counts = check_programs(plan.problem(), &programs)?;
     let simulation = simulate(&plan)?;
     Ok(Checked {
         plan,
         programs,
+        counts,
         simulation,
     })
 }
@@ -115,8 +118,8 @@ pub fn emit(
     args: &OutputArgs,
     stdout: &mut dyn Write,
 ) -> Result<(), Error> {
-    let report =
-        PlanReport::new(title, &checked.plan, &checked.simulation).with_programs(&checked.programs);
+    let report = PlanReport::new(title, &checked.plan, &checked.simulation)
+        .with_programs(&checked.programs, &checked.counts);
     let json = serde_json::to_string_pretty(&report).expect("a report always serialises");
     if let Some(path) = &args.json {
         write_file(path, &json)?;

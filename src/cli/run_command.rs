@@ -9,7 +9,7 @@ use crate::error::Error;
 use clap::{Args, ValueEnum};
 use pipeweave_backends::numeric::{total_gradients, AffineModel};
 use pipeweave_backends::{run_threads, ThreadOptions};
-use pipeweave_core::Work;
+use pipeweave_core::{OpKind, Work};
 use serde::Serialize;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -83,16 +83,11 @@ pub fn run(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error> {
         &checked.programs,
         |_| {
             let stage_costs = stage_costs.clone();
-            model.stage(move |work: Work, kind: char| {
+            model.stage(move |work: Work, kind: OpKind| {
                 let Some(c) = stage_costs.get(work.stage.index()) else {
                     return Duration::ZERO;
                 };
-                let units = match kind {
-                    'F' => c.forward(),
-                    'I' => c.input_grad(),
-                    _ => c.weight_grad(),
-                };
-                Duration::from_secs_f64(units * scale / 1000.0)
+                Duration::from_secs_f64(c.of(kind) * scale / 1000.0)
             })
         },
         ThreadOptions::default(),

@@ -40,13 +40,42 @@ pub enum TransformError {
         /// What is wrong.
         message: String,
     },
-    /// Passes must follow the order gpipe, f1b, vpp, dual, zero_bubble (each at most once).
-    #[error("pass `{pass}` cannot run after `{after}`: passes apply in the order gpipe, f1b, vpp, dual, zero_bubble, each at most once")]
+    /// The expression nests deeper than the parser allows.
+    #[error("syntax error at column {column}: the expression nests more than {limit} calls deep")]
+    TooDeep {
+        /// 1-based column of the call past the limit.
+        column: usize,
+        /// The nesting limit.
+        limit: usize,
+    },
+    /// A pass's input lacks a fact the pass needs: it comes at the wrong point of the pipeline
+    /// (the built-ins apply in the order gpipe, f1b, vpp, dual, zero_bubble, each at most once).
+    #[error("pass `{pass}` cannot run after `{after}`: it needs {needs}, but the plan has {found} (the built-in passes apply in the order gpipe, f1b, vpp, dual, zero_bubble, each at most once)")]
     OutOfOrder {
         /// The pass that came too late.
         pass: String,
         /// The pass before it.
         after: String,
+        /// The fact it needs.
+        needs: String,
+        /// The fact the plan has.
+        found: String,
+    },
+    /// A pass changed what its contract says it leaves alone: a bug in that pass.
+    #[error(
+        "pass `{pass}` changed {what}, which its contract says it leaves alone (a bug in the pass)"
+    )]
+    UndeclaredChange {
+        /// The pass to blame.
+        pass: String,
+        /// What changed.
+        what: &'static str,
+    },
+    /// A pass name registered twice.
+    #[error("a pass named `{name}` is already registered")]
+    DuplicatePass {
+        /// The name.
+        name: String,
     },
     /// The input plan does not meet a precondition the pass states.
     #[error("pass `{pass}` precondition `{constraint}` violated: {details}")]
@@ -94,6 +123,14 @@ impl TransformError {
             constraint: constraint.to_string(),
             details: details.into(),
         }
+    }
+
+    /// Whether the error is a bug in a pass (not the user's to fix).
+    pub fn is_pass_bug(&self) -> bool {
+        matches!(
+            self,
+            TransformError::PassBroke { .. } | TransformError::UndeclaredChange { .. }
+        )
     }
 
     /// Wraps a core error with context.

@@ -8,9 +8,15 @@
 //! name    := [A-Za-z_][A-Za-z0-9_]*
 //! ```
 //! A bare name is a call without arguments. The parser only builds the tree; which names and
-//! arguments exist is decided by [`crate::compile`]. Errors carry the 1-based column.
+//! arguments exist is decided by [`crate::registry`]. Errors carry the 1-based column. Calls nest
+//! at most [`MAX_DEPTH`] deep, so no input can exhaust the stack (a deeper expression is
+//! [`TransformError::TooDeep`]).
 
 use crate::error::TransformError;
+
+/// How deep calls may nest. The deepest meaningful expression of the built-in passes nests five
+/// calls; users' passes leave ample room below this.
+pub const MAX_DEPTH: usize = 64;
 
 /// A node of the expression tree.
 #[derive(Clone, Debug, PartialEq)]
@@ -54,11 +60,16 @@ pub struct Call {
 struct Parser<'a> {
     text: &'a str,
     pos: usize,
+    depth: usize,
 }
 
 /// Parses a whole expression.
 pub fn parse(text: &str) -> Result<Call, TransformError> {
-    let mut p = Parser { text, pos: 0 };
+    let mut p = Parser {
+        text,
+        pos: 0,
+        depth: 0,
+    };
     p.skip_space();
     let call = p.call()?;
     p.skip_space();
@@ -120,6 +131,19 @@ impl<'a> Parser<'a> {
 
     fn call(&mut self) -> Result<Call, TransformError> {
         let column = self.column();
+        if self.depth >= MAX_DEPTH {
+            return Err(TransformError::TooDeep {
+                column,
+                limit: MAX_DEPTH,
+            });
+        }
+        self.depth += 1;
+        let call = self.call_body(column);
+        self.depth -= 1;
+        call
+    }
+
+    fn call_body(&mut self, column: usize) -> Result<Call, TransformError> {
         let name = self.name()?;
         let mut call = Call {
             name,
@@ -242,6 +266,25 @@ mod tests {
         assert_eq!(inner.name, "f1b");
         let bare = parse("gpipe").unwrap();
         assert!(bare.positional.is_empty());
+    }
+
+    #[test]
+    fn nesting_is_limited_without_exhausting_the_stack() {
+        let deep = "f1b(".repeat(25_000) + "gpipe" + &")".repeat(25_000);
+        match parse(&deep) {
+            Err(TransformError::TooDeep { column, limit }) => {
+                assert_eq!(limit, MAX_DEPTH);
+                assert_eq!(column, 4 * MAX_DEPTH + 1);
+            }
+            other => panic!("expected TooDeep, got {other:?}"),
+        }
+        let ok = "f1b(".repeat(MAX_DEPTH - 1) + "gpipe" + &")".repeat(MAX_DEPTH - 1);
+        assert!(parse(&ok).is_ok());
+        let keyword_deep = "v(x=".repeat(1000) + "1" + &")".repeat(1000);
+        assert!(matches!(
+            parse(&keyword_deep),
+            Err(TransformError::TooDeep { .. })
+        ));
     }
 
     #[test]

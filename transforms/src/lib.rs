@@ -1,27 +1,29 @@
 //! `pipeweave-transforms`: schedule passes over the global plan and the driver that runs them.
 //!
-//! - [`transform`]: the `Transform` trait and the client's pass order;
-//! - [`driver`]: runs a pass list, verifying after every pass and blaming a broken pass by name;
-//! - [`passes`]: one file per pass (`gpipe`, `f1b`, `vpp`, `dual`, `zero_bubble`);
+//! - [`pass`]: the `Pass` trait (name, contract, prepare, apply) and its object-safe `Transform`;
+//! - [`driver`]: runs a pass list, checking each contract, verifying after every pass and blaming
+//!   a broken pass by name;
+//! - [`passes`]: the built-ins, one file per pass (`gpipe`, `f1b`, `vpp`, `dual`, `zero_bubble`);
 //! - [`schedules`]: order generators the passes share (DualPipe phases, Zero Bubble's lagged Ws,
-//!   the list scheduler of `auto`);
-//! - [`expr`] and [`compile`]: the expression language `vpp(f1b(gpipe), chunks=2)`;
+//!   ZB-V, the list scheduler of `auto`, its local search and score);
+//! - [`expr`] and [`registry`]: the expression language `vpp(f1b(gpipe), chunks=2)` and the
+//!   registry of pass names, open to users' passes;
 //! - [`order`]: helpers for building per-rank orders.
 //!
-//! Architecture invariant: a pass is a pure `Plan -> Plan` function; every pass output is verified
-//! by the driver before anything else sees it.
+//! Architecture invariant: a pass is a pure `Plan -> Plan` function; every pass output is checked
+//! against its contract and verified by the driver before anything else sees it.
 #![warn(missing_docs)]
 
-pub mod compile;
 pub mod driver;
 pub mod error;
 pub mod expr;
 pub mod order;
+pub mod pass;
 pub mod passes;
+pub mod registry;
 pub mod schedules;
-pub mod transform;
 
-pub use compile::{compile, compile_expression, KNOWN_PASSES};
 pub use driver::PassList;
 pub use error::TransformError;
-pub use transform::{Position, Transform};
+pub use pass::{Changes, Contract, Pass, Requires, Transform};
+pub use registry::{compile_expression, Arguments, Arity, Factory, Registry};

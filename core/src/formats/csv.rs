@@ -13,14 +13,14 @@
 //! stage order; a microbatch whose stages are a strict subset of another's takes the larger set,
 //! so a missing op is reported as missing). Every error names the line and column.
 
-use crate::check::Semantics;
-use crate::cost::StageCosts;
 use crate::error::CoreError;
-use crate::ids::{MicrobatchId, RankId, StageId};
-use crate::op::Task;
-use crate::plan::Plan;
-use crate::problem::{Problem, ProblemSpec, RouteSpec};
-use crate::program::{CommGroup, CommOp, Direction, Instr, Message, ProgramSet, RankProgram};
+use crate::ir::cost::StageCosts;
+use crate::ir::ids::{MicrobatchId, RankId, StageId};
+use crate::ir::op::Task;
+use crate::ir::plan::Plan;
+use crate::ir::problem::{Problem, ProblemSpec, RouteSpec};
+use crate::spmd::program::Semantics;
+use crate::spmd::program::{CommGroup, CommOp, Direction, Instr, Message, ProgramSet, RankProgram};
 use std::collections::BTreeMap;
 
 /// A communication action of a lowered file.
@@ -184,11 +184,11 @@ fn infer_problem(rows: &[Vec<Action>]) -> Result<Problem, CoreError> {
         ));
     };
     let stages = u64::from(last_stage) + 1;
-    if stages > u64::from(crate::problem::MAX_STAGES) {
+    if stages > u64::from(crate::ir::problem::MAX_STAGES) {
         return Err(CoreError::SizeOutOfRange {
             what: "stages",
             value: stages,
-            constraint: format!("must be at most {}", crate::problem::MAX_STAGES),
+            constraint: format!("must be at most {}", crate::ir::problem::MAX_STAGES),
         });
     }
     if let Some(missing) = (0..=last_stage).find(|s| !owner.contains_key(s)) {
@@ -199,11 +199,11 @@ fn infer_problem(rows: &[Vec<Action>]) -> Result<Problem, CoreError> {
     let microbatches = touched
         .last_key_value()
         .map_or(0, |(&m, _)| u64::from(m) + 1);
-    if microbatches > u64::from(crate::problem::MAX_MICROBATCHES) {
+    if microbatches > u64::from(crate::ir::problem::MAX_MICROBATCHES) {
         return Err(CoreError::SizeOutOfRange {
             what: "microbatches",
             value: microbatches,
-            constraint: format!("must be at most {}", crate::problem::MAX_MICROBATCHES),
+            constraint: format!("must be at most {}", crate::ir::problem::MAX_MICROBATCHES),
         });
     }
     if let Some(missing) = (0..microbatches as u32).find(|m| !touched.contains_key(m)) {
@@ -305,8 +305,8 @@ fn lower_rows(problem: &Problem, rows: &[Vec<Action>]) -> Result<ProgramSet, Cor
                         let last = problem
                             .route_of(op.microbatch)
                             .is_some_and(|route| route.next(op.stage).is_none());
-                        if op.kind == crate::op::OpKind::Forward && last {
-                            instrs.push(Instr::Loss(crate::op::Work {
+                        if op.kind == crate::ir::op::OpKind::Forward && last {
+                            instrs.push(Instr::Loss(crate::ir::op::Work {
                                 stage: op.stage,
                                 microbatch: op.microbatch,
                             }));

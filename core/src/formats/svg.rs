@@ -2,9 +2,9 @@
 //! coloured by kind (F, B, I, W, overlapped F&B) with its microbatch number, later model chunks
 //! hatched, a legend, and the makespan and bubble rate in the title.
 
-use crate::op::TaskKind;
-use crate::plan::Plan;
-use crate::simulate::Simulation;
+use crate::analysis::simulate::Simulation;
+use crate::ir::op::TaskKind;
+use crate::ir::plan::Plan;
 use std::fmt::Write;
 
 const ROW_HEIGHT: f64 = 30.0;

@@ -4,10 +4,10 @@
 //! Times are the simulator's units written as milliseconds (`ts` and `dur` are in microseconds,
 //! so one unit of time is 1000 µs). Open the file in `chrome://tracing` or <https://ui.perfetto.dev>.
 
-use crate::deps::predecessors;
-use crate::op::{OpKind, TaskKind};
-use crate::plan::Plan;
-use crate::simulate::Simulation;
+use crate::analysis::simulate::Simulation;
+use crate::ir::deps::predecessors;
+use crate::ir::op::{OpKind, TaskKind};
+use crate::ir::plan::Plan;
 use serde_json::{json, Value};
 
 const MICROS_PER_UNIT: f64 = 1000.0;

@@ -16,10 +16,12 @@
 //! split of the last backwards into I and queued W comes with `zero_bubble` (its default policy on
 //! dual plans).
 //!
-//! Preconditions: the input comes from `f1b` or `vpp` after `f1b`; DualPipe needs an even rank
-//! count and an even microbatch count `M >= 2P`; DualPipeV needs `M >= 2P`; more than two chunks
-//! per rank are rejected.
-//! May change: placement (stages, routes, tied stages), per-stage costs and memory, orders.
+//! Requires: one-forward-one-backward pacing (`f1b`, or `vpp` after `f1b`) on the linear or an
+//! interleaved layout, whole backwards. Preconditions: DualPipe needs an even rank count and an
+//! even microbatch count `M >= 2P`; DualPipeV needs `M >= 2P`; more than two chunks per rank are
+//! rejected.
+//! May change: placement (stages, routes, tied stages), per-stage costs and memory, the layout (to
+//! DualPipe or DualPipeV), orders; the pacing stays.
 //!
 //! Before (`f1b(gpipe)`) and after (`dual(f1b(gpipe))`), 2 ranks, 4 microbatches, unit costs
 //! (`X` is an overlapped F&B labelled by its forward; lower case marks the rank's second stage):
@@ -29,30 +31,23 @@
 //! ```
 
 use crate::error::TransformError;
+use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::dualpipe::DualShape;
-use crate::transform::{Position, Transform};
 use pipeweave_core::{
-    CostModel, MemoryModel, Plan, Problem, ProblemSpec, RouteSpec, StageCosts, StageMemory,
+    CostModel, DualKind, Facts, Layout, LayoutKind, MemoryModel, Pacing, Plan, Problem,
+    ProblemSpec, RouteSpec, StageCosts, StageMemory,
 };
 
 /// The bidirectional pass.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Dual;
 
-/// Which bidirectional pipeline a plan becomes.
+/// Which bidirectional pipeline a plan becomes, from its layout.
 fn shape_of(plan: &Plan) -> Result<DualShape, TransformError> {
     let problem = plan.problem();
     let (p, m) = (problem.ranks(), problem.microbatches());
-    let has_f1b = plan.passes().iter().any(|n| n == "f1b");
-    if !has_f1b {
-        return Err(TransformError::precondition(
-            "dual",
-            "input is a 1F1B plan (f1b or vpp after f1b)",
-            format!("the plan came from passes [{}]", plan.passes().join(", ")),
-        ));
-    }
-    match plan.chunks_per_rank() {
-        Some(1) if problem.is_linear() => {
+    match plan.facts().layout {
+        Layout::Linear => {
             if p % 2 != 0 {
                 return Err(TransformError::precondition(
                     "dual",
@@ -73,7 +68,7 @@ fn shape_of(plan: &Plan) -> Result<DualShape, TransformError> {
                 v: false,
             })
         }
-        Some(2) => {
+        Layout::Interleaved { chunks: 2, .. } => {
             if m < 2 * p {
                 return Err(TransformError::precondition(
                     "dual",
@@ -90,7 +85,7 @@ fn shape_of(plan: &Plan) -> Result<DualShape, TransformError> {
         other => Err(TransformError::precondition(
             "dual",
             "one chunk per rank (DualPipe) or two (DualPipeV)",
-            match other {
+            match other.chunks() {
                 Some(c) => format!("the plan has {c} chunks per rank"),
                 None => "ranks hold different numbers of stages".to_string(),
             },
@@ -165,37 +160,45 @@ fn reshape(
     Ok((problem, costs, MemoryModel::per_stage(memory)))
 }
 
-impl Transform for Dual {
-    fn name(&self) -> &'static str {
+impl Pass for Dual {
+    type Prepared = (DualShape, (Problem, CostModel, MemoryModel));
+
+    fn name(&self) -> &str {
         "dual"
     }
 
-    fn position(&self) -> Position {
-        Position::Dual
+    fn contract(&self) -> Contract {
+        Contract {
+            requires: Requires {
+                pacing: &[Pacing::OneForwardOneBackward],
+                layout: &[LayoutKind::Linear, LayoutKind::Interleaved],
+                whole_backwards: true,
+            },
+            changes: Changes {
+                placement: true,
+                layout: true,
+                ..Changes::default()
+            },
+        }
     }
 
-    fn check(&self, plan: &Plan) -> Result<(), TransformError> {
-        shape_of(plan).map(|_| ())
+    fn prepare(&self, plan: &Plan) -> Result<Self::Prepared, TransformError> {
+        let shape = shape_of(plan)?;
+        Ok((shape, reshape(plan, shape)?))
     }
 
-    fn apply(&self, plan: Plan) -> Result<Plan, TransformError> {
-        let shape = shape_of(&plan)?;
-        let layout = reshape(&plan, shape)?;
+    fn apply(&self, plan: Plan, (shape, layout): Self::Prepared) -> Result<Plan, TransformError> {
         let orders = (0..shape.ranks).map(|r| shape.order(r, false)).collect();
-        plan.reshaped(Some(layout), orders)
+        let kind = if shape.v {
+            DualKind::DualPipeV
+        } else {
+            DualKind::DualPipe
+        };
+        let facts = Facts {
+            layout: Layout::Dual(kind),
+            ..plan.facts()
+        };
+        plan.reshaped(Some(layout), orders, facts)
             .map_err(|e| TransformError::core("dual", e))
     }
-}
-
-/// The bidirectional shape of a plan produced by `dual` (None for any other plan).
-pub fn dual_shape_of_output(plan: &Plan) -> Option<DualShape> {
-    if plan.passes().last().map(String::as_str) != Some("dual") {
-        return None;
-    }
-    let problem = plan.problem();
-    Some(DualShape {
-        ranks: problem.ranks(),
-        microbatches: problem.microbatches(),
-        v: problem.routes().len() == 1,
-    })
 }

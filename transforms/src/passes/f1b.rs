@@ -5,9 +5,10 @@
 //! then alternates its next forward with its next backward, and ends with the remaining backwards.
 //! Activations held on rank `r` peak at `min(P - r, M)` microbatches instead of GPipe's `M`.
 //!
-//! Preconditions: the input is the `gpipe` plan of the plain layout (one stage per rank, stage `s`
-//! on rank `s`, one route through all stages).
-//! May change: the per-rank orders only (each rank's forwards and backwards keep their own order).
+//! Requires: fill-drain pacing (the `gpipe` plan) on the linear layout (one stage per rank, stage
+//! `s` on rank `s`, one route through all stages).
+//! May change: the orders (each rank's forwards and backwards keep their own order) and the pacing
+//! (to one-forward-one-backward).
 //!
 //! Before (`gpipe`) and after, 2 ranks and 3 microbatches at unit costs:
 //! ```text
@@ -17,46 +18,39 @@
 
 use crate::error::TransformError;
 use crate::order::warmup_merge;
-use crate::transform::{Position, Transform};
-use pipeweave_core::{Plan, Task};
+use crate::pass::{Changes, Contract, Pass, Requires};
+use pipeweave_core::{Facts, LayoutKind, Pacing, Plan, Task};
 
 /// The 1F1B pass.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OneForwardOneBackward;
 
-impl Transform for OneForwardOneBackward {
-    fn name(&self) -> &'static str {
+impl Pass for OneForwardOneBackward {
+    type Prepared = ();
+
+    fn name(&self) -> &str {
         "f1b"
     }
 
-    fn position(&self) -> Position {
-        Position::OneForwardOneBackward
+    fn contract(&self) -> Contract {
+        Contract {
+            requires: Requires {
+                pacing: &[Pacing::FillDrain],
+                layout: &[LayoutKind::Linear],
+                whole_backwards: true,
+            },
+            changes: Changes {
+                pacing: true,
+                ..Changes::default()
+            },
+        }
     }
 
-    fn check(&self, plan: &Plan) -> Result<(), TransformError> {
-        if plan.passes() != ["gpipe"] {
-            return Err(TransformError::precondition(
-                "f1b",
-                "input is the gpipe baseline",
-                format!("the plan came from passes [{}]", plan.passes().join(", ")),
-            ));
-        }
-        if !plan.problem().is_linear() {
-            return Err(TransformError::precondition(
-                "f1b",
-                "plain layout: one stage per rank, stage s on rank s, one route",
-                format!(
-                    "the problem has {} stages on {} ranks with {} route(s)",
-                    plan.problem().stages(),
-                    plan.problem().ranks(),
-                    plan.problem().routes().len()
-                ),
-            ));
-        }
+    fn prepare(&self, _: &Plan) -> Result<(), TransformError> {
         Ok(())
     }
 
-    fn apply(&self, plan: Plan) -> Result<Plan, TransformError> {
+    fn apply(&self, plan: Plan, (): ()) -> Result<Plan, TransformError> {
         let ranks = plan.problem().ranks() as usize;
         let orders = plan
             .orders()
@@ -68,7 +62,11 @@ impl Transform for OneForwardOneBackward {
                 warmup_merge(&forwards, &backwards, ranks - r - 1)
             })
             .collect();
-        plan.with_orders(orders)
+        let facts = Facts {
+            pacing: Pacing::OneForwardOneBackward,
+            ..plan.facts()
+        };
+        plan.reshaped(None, orders, facts)
             .map_err(|e| TransformError::core("f1b", e))
     }
 }

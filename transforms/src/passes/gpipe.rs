@@ -4,8 +4,8 @@
 //! backwards (B), each in microbatch order; on a rank that holds several stages, forwards of one
 //! microbatch go in route order and backwards in reverse route order.
 //!
-//! Preconditions: the plan is unscheduled (no pass has run, every order is empty).
-//! May change: the per-rank orders only (placement, costs and memory stay).
+//! Requires: an unscheduled plan (every order empty), any layout.
+//! May change: the orders and the pacing (to fill-drain); placement, costs and memory stay.
 //!
 //! Before (unscheduled) and after, 2 ranks and 3 microbatches at unit costs:
 //! ```text
@@ -14,38 +14,39 @@
 //! ```
 
 use crate::error::TransformError;
-use crate::transform::{Position, Transform};
-use pipeweave_core::{Plan, Task, Work};
+use crate::pass::{Changes, Contract, Pass, Requires};
+use pipeweave_core::{Facts, LayoutKind, Pacing, Plan, Task, Work};
 
 /// The GPipe baseline pass.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GPipe;
 
-impl Transform for GPipe {
-    fn name(&self) -> &'static str {
+impl Pass for GPipe {
+    type Prepared = ();
+
+    fn name(&self) -> &str {
         "gpipe"
     }
 
-    fn position(&self) -> Position {
-        Position::Baseline
+    fn contract(&self) -> Contract {
+        Contract {
+            requires: Requires {
+                pacing: &[Pacing::Unscheduled],
+                layout: LayoutKind::ALL,
+                whole_backwards: false,
+            },
+            changes: Changes {
+                pacing: true,
+                ..Changes::default()
+            },
+        }
     }
 
-    fn check(&self, plan: &Plan) -> Result<(), TransformError> {
-        if !plan.passes().is_empty() || plan.task_count() != 0 {
-            return Err(TransformError::precondition(
-                "gpipe",
-                "unscheduled plan",
-                format!(
-                    "the plan already has {} tasks from passes [{}]",
-                    plan.task_count(),
-                    plan.passes().join(", ")
-                ),
-            ));
-        }
+    fn prepare(&self, _: &Plan) -> Result<(), TransformError> {
         Ok(())
     }
 
-    fn apply(&self, plan: Plan) -> Result<Plan, TransformError> {
+    fn apply(&self, plan: Plan, (): ()) -> Result<Plan, TransformError> {
         let problem = plan.problem();
         let ranks = problem.ranks() as usize;
         let mut forwards: Vec<Vec<Task>> = vec![Vec::new(); ranks];
@@ -74,7 +75,11 @@ impl Transform for GPipe {
                 f
             })
             .collect();
-        plan.with_orders(orders)
+        let facts = Facts {
+            pacing: Pacing::FillDrain,
+            ..plan.facts()
+        };
+        plan.reshaped(None, orders, facts)
             .map_err(|e| TransformError::core("gpipe", e))
     }
 }

@@ -23,12 +23,14 @@
 //!   direction would starve the other).
 //! - after `gpipe`: all forwards in table order, then all backwards (breadth-first).
 //!
-//! Preconditions: the input comes from `gpipe` or `f1b` on the plain layout; `chunks >= 1`
-//! (`chunks = 1` leaves the plan as it is); `layout = v` needs `chunks = 2`; after `f1b` with
-//! `chunks >= 2` in the standard layout, Megatron's rules on the group size: `P <= group <= M` and
-//! `M mod group` is 0 or at least `P` (otherwise the last group has dependency bubbles). The V
-//! layout is not Megatron's schedule and takes any group size.
-//! May change: placement (stages, stage-to-rank), per-stage costs and memory, and the orders.
+//! Requires: fill-drain (`gpipe`) or one-forward-one-backward (`f1b`) pacing on the linear layout,
+//! whole backwards. Preconditions: `chunks >= 1` (`chunks = 1` leaves the plan as it is);
+//! `layout = v` needs `chunks = 2`; with 1F1B pacing, `chunks >= 2` and the standard layout,
+//! Megatron's rules on the group size: `P <= group <= M` and `M mod group` is 0 or at least `P`
+//! (otherwise the last group has dependency bubbles). The V layout is not Megatron's schedule and
+//! takes any group size.
+//! May change: placement (stages, stage-to-rank), per-stage costs and memory, the layout (to
+//! interleaved), and the orders; the pacing stays.
 //!
 //! Before (`f1b`) and after (`chunks = 2`), 2 ranks, 4 microbatches, unit costs of a rank's share
 //! (lower case: the rank's second chunk; the `vpp_grid_snapshot` test holds more):
@@ -42,29 +44,32 @@
 
 use crate::error::TransformError;
 use crate::order::warmup_merge;
+use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::zbv::{zbv_orders, Cooldown};
-use crate::transform::{Position, Transform};
-use pipeweave_core::{CostModel, MemoryModel, Plan, Problem, ProblemSpec, Task, Work};
+use pipeweave_core::ir::problem::{MAX_STAGES, MAX_STAGE_MICROBATCH_PAIRS};
+use pipeweave_core::{
+    ChunkPlacement, CostModel, Facts, Layout, LayoutKind, MemoryModel, Pacing, Plan, Problem,
+    ProblemSpec, Task, Work,
+};
 
 /// Largest chunk count accepted.
 pub const MAX_CHUNKS: u32 = 64;
 
-/// How chunks are placed on ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    /// Chunk `c` of rank `r` is stage `c·P + r`.
-    Standard,
-    /// Two chunks in a V: rank `r` holds stages `r` and `2P - 1 - r`.
-    V,
-}
-
 /// The interleaving pass. Built with [`Interleave::new`], which checks the arguments alone;
-/// the checks that need the plan run in [`Transform::check`].
+/// the checks that need the plan run in [`Pass::prepare`].
 #[derive(Clone, Copy, Debug)]
 pub struct Interleave {
     chunks: u32,
     group: Option<u32>,
-    layout: Layout,
+    placement: ChunkPlacement,
+}
+
+/// What [`Interleave::prepare`] found: the group size, whether the input is paced 1F1B, and the
+/// interleaved problem with its models.
+pub struct Interleaving {
+    group: u32,
+    one_f_one_b: bool,
+    shape: (Problem, CostModel, MemoryModel),
 }
 
 impl Interleave {
@@ -72,7 +77,7 @@ impl Interleave {
     pub fn new(
         chunks: u32,
         group: Option<u32>,
-        layout: Layout,
+        placement: ChunkPlacement,
     ) -> Result<Interleave, TransformError> {
         if chunks == 0 || chunks > MAX_CHUNKS {
             return Err(TransformError::precondition(
@@ -81,7 +86,7 @@ impl Interleave {
                 format!("chunks = {chunks}"),
             ));
         }
-        if layout == Layout::V && chunks != 2 {
+        if placement == ChunkPlacement::V && chunks != 2 {
             return Err(TransformError::precondition(
                 "vpp",
                 "layout = v needs chunks = 2",
@@ -98,7 +103,7 @@ impl Interleave {
         Ok(Interleave {
             chunks,
             group,
-            layout,
+            placement,
         })
     }
 
@@ -107,13 +112,9 @@ impl Interleave {
         self.chunks
     }
 
-    fn after_f1b(plan: &Plan) -> bool {
-        plan.passes().last().is_some_and(|p| p == "f1b")
-    }
-
-    fn group_for(&self, plan: &Plan) -> u32 {
+    fn group_for(&self, plan: &Plan, one_f_one_b: bool) -> u32 {
         let problem = plan.problem();
-        self.group.unwrap_or(if Self::after_f1b(plan) {
+        self.group.unwrap_or(if one_f_one_b {
             problem.ranks()
         } else {
             problem.microbatches()
@@ -122,11 +123,7 @@ impl Interleave {
 
     /// The global stage of local chunk `chunk` on `rank` of `ranks`.
     fn stage(&self, ranks: u32, rank: u32, chunk: u32) -> u32 {
-        match self.layout {
-            Layout::Standard => chunk * ranks + rank,
-            Layout::V if chunk == 0 => rank,
-            Layout::V => 2 * ranks - 1 - rank,
-        }
+        self.placement.stage(ranks, rank, chunk).get()
     }
 
     fn reshape(&self, plan: &Plan) -> Result<(Problem, CostModel, MemoryModel), TransformError> {
@@ -179,10 +176,86 @@ impl Interleave {
 
     fn warmup(&self, ranks: u32, rank: u32, group: u32) -> usize {
         let base = (self.chunks - 1) as usize * group as usize;
-        match self.layout {
-            Layout::Standard => base + 2 * (ranks - rank - 1) as usize,
-            Layout::V => base + (ranks - 1) as usize,
+        match self.placement {
+            ChunkPlacement::Standard => base + 2 * (ranks - rank - 1) as usize,
+            ChunkPlacement::V => base + (ranks - 1) as usize,
         }
+    }
+
+    /// The plan must fit the size limits once split into chunks.
+    fn check_size(&self, problem: &Problem) -> Result<(), TransformError> {
+        let stages = u64::from(problem.ranks()) * u64::from(self.chunks);
+        if stages * u64::from(problem.microbatches()) > MAX_STAGE_MICROBATCH_PAIRS
+            || stages > u64::from(MAX_STAGES)
+        {
+            return Err(TransformError::precondition(
+                "vpp",
+                "stages x microbatches within the plan size limit",
+                format!(
+                    "{} ranks x {} chunks x {} microbatches is too large",
+                    problem.ranks(),
+                    self.chunks,
+                    problem.microbatches()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Megatron's rules on the group size, for its interleaved 1F1B on the standard layout.
+    fn check_megatron_group(&self, problem: &Problem, group: u32) -> Result<(), TransformError> {
+        let (p, m, g) = (problem.ranks(), problem.microbatches(), group);
+        if !(p <= g && g <= m) {
+            return Err(TransformError::precondition(
+                "vpp",
+                "ranks <= group <= microbatches",
+                format!("ranks = {p}, group = {g}, microbatches = {m}"),
+            ));
+        }
+        let rest = m % g;
+        if rest != 0 && rest < p {
+            return Err(TransformError::precondition(
+                "vpp",
+                "microbatches mod group is 0 or >= ranks",
+                format!(
+                    "microbatches = {m}, group = {g}: the last group has {rest} < {p} microbatches"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every rank's order from Megatron's table (breadth-first after fill-drain input).
+    fn table_orders(
+        &self,
+        ranks: u32,
+        microbatches: u32,
+        prepared: &Interleaving,
+    ) -> Vec<Vec<Task>> {
+        let table = self.table(microbatches, prepared.group);
+        (0..ranks)
+            .map(|rank| {
+                let forwards: Vec<Task> = table
+                    .iter()
+                    .map(|&(mb, chunk)| {
+                        Task::Forward(Work::new(self.stage(ranks, rank, chunk), mb))
+                    })
+                    .collect();
+                let backwards: Vec<Task> = table
+                    .iter()
+                    .map(|&(mb, chunk)| {
+                        let chunk = self.chunks - 1 - chunk;
+                        Task::Backward(Work::new(self.stage(ranks, rank, chunk), mb))
+                    })
+                    .collect();
+                let warmup = if prepared.one_f_one_b {
+                    self.warmup(ranks, rank, prepared.group)
+                } else {
+                    forwards.len()
+                };
+                warmup_merge(&forwards, &backwards, warmup)
+            })
+            .collect()
     }
 }
 
@@ -208,129 +281,76 @@ fn v_one_f_one_b(ranks: u32, microbatches: u32) -> Vec<Vec<Task>> {
         .collect()
 }
 
-impl Transform for Interleave {
-    fn name(&self) -> &'static str {
+impl Pass for Interleave {
+    type Prepared = Option<Interleaving>;
+
+    fn name(&self) -> &str {
         "vpp"
     }
 
-    fn position(&self) -> Position {
-        Position::Interleave
+    fn contract(&self) -> Contract {
+        Contract {
+            requires: Requires {
+                pacing: &[Pacing::FillDrain, Pacing::OneForwardOneBackward],
+                layout: &[LayoutKind::Linear],
+                whole_backwards: true,
+            },
+            changes: Changes {
+                placement: true,
+                layout: true,
+                ..Changes::default()
+            },
+        }
     }
 
     fn describe(&self) -> String {
-        let layout = match self.layout {
-            Layout::Standard => "standard",
-            Layout::V => "v",
-        };
+        let layout = self.placement.name();
         match self.group {
             Some(g) => format!("vpp(chunks={}, group={g}, layout={layout})", self.chunks),
             None => format!("vpp(chunks={}, layout={layout})", self.chunks),
         }
     }
 
-    fn check(&self, plan: &Plan) -> Result<(), TransformError> {
-        let last = plan.passes().last().map(String::as_str);
-        if !matches!(last, Some("gpipe") | Some("f1b")) {
-            return Err(TransformError::precondition(
-                "vpp",
-                "input comes from gpipe or f1b",
-                format!("the plan came from passes [{}]", plan.passes().join(", ")),
-            ));
+    /// None when `chunks = 1` (nothing to do).
+    fn prepare(&self, plan: &Plan) -> Result<Option<Interleaving>, TransformError> {
+        self.check_size(plan.problem())?;
+        let one_f_one_b = plan.facts().pacing == Pacing::OneForwardOneBackward;
+        let group = self.group_for(plan, one_f_one_b);
+        if self.chunks >= 2 && one_f_one_b && self.placement == ChunkPlacement::Standard {
+            self.check_megatron_group(plan.problem(), group)?;
         }
-        let problem = plan.problem();
-        if !problem.is_linear() {
-            return Err(TransformError::precondition(
-                "vpp",
-                "plain layout: one stage per rank, stage s on rank s, one route",
-                format!(
-                    "the problem has {} stages on {} ranks",
-                    problem.stages(),
-                    problem.ranks()
-                ),
-            ));
+        if self.chunks == 1 {
+            return Ok(None);
         }
-        let stages = u64::from(problem.ranks()) * u64::from(self.chunks);
-        if stages * u64::from(problem.microbatches())
-            > pipeweave_core::problem::MAX_STAGE_MICROBATCH_PAIRS
-            || stages > u64::from(pipeweave_core::problem::MAX_STAGES)
-        {
-            return Err(TransformError::precondition(
-                "vpp",
-                "stages x microbatches within the plan size limit",
-                format!(
-                    "{} ranks x {} chunks x {} microbatches is too large",
-                    problem.ranks(),
-                    self.chunks,
-                    problem.microbatches()
-                ),
-            ));
-        }
-        if self.chunks >= 2 && Self::after_f1b(plan) && self.layout == Layout::Standard {
-            let (p, m, g) = (
-                problem.ranks(),
-                problem.microbatches(),
-                self.group_for(plan),
-            );
-            if !(p <= g && g <= m) {
-                return Err(TransformError::precondition(
-                    "vpp",
-                    "ranks <= group <= microbatches",
-                    format!("ranks = {p}, group = {g}, microbatches = {m}"),
-                ));
-            }
-            let rest = m % g;
-            if rest != 0 && rest < p {
-                return Err(TransformError::precondition(
-                    "vpp",
-                    "microbatches mod group is 0 or >= ranks",
-                    format!("microbatches = {m}, group = {g}: the last group has {rest} < {p} microbatches"),
-                ));
-            }
-        }
-        Ok(())
+        Ok(Some(Interleaving {
+            group,
+            one_f_one_b,
+            shape: self.reshape(plan)?,
+        }))
     }
 
-    fn apply(&self, plan: Plan) -> Result<Plan, TransformError> {
-        if self.chunks == 1 {
+    fn apply(&self, plan: Plan, prepared: Option<Interleaving>) -> Result<Plan, TransformError> {
+        let Some(prepared) = prepared else {
             return Ok(plan);
-        }
+        };
         let ranks = plan.problem().ranks();
         let microbatches = plan.problem().microbatches();
-        let group = self.group_for(&plan);
-        let one_f_one_b = Self::after_f1b(&plan);
-        if one_f_one_b && self.layout == Layout::V && self.group.is_none() {
-            let orders = v_one_f_one_b(ranks, microbatches);
-            let shape = self.reshape(&plan)?;
-            return plan
-                .reshaped(Some(shape), orders)
-                .map_err(|e| TransformError::core("vpp", e));
-        }
-        let table = self.table(microbatches, group);
-        let orders = (0..ranks)
-            .map(|rank| {
-                let forwards: Vec<Task> = table
-                    .iter()
-                    .map(|&(mb, chunk)| {
-                        Task::Forward(Work::new(self.stage(ranks, rank, chunk), mb))
-                    })
-                    .collect();
-                let backwards: Vec<Task> = table
-                    .iter()
-                    .map(|&(mb, chunk)| {
-                        let chunk = self.chunks - 1 - chunk;
-                        Task::Backward(Work::new(self.stage(ranks, rank, chunk), mb))
-                    })
-                    .collect();
-                let warmup = if one_f_one_b {
-                    self.warmup(ranks, rank, group)
-                } else {
-                    forwards.len()
-                };
-                warmup_merge(&forwards, &backwards, warmup)
-            })
-            .collect();
-        let shape = self.reshape(&plan)?;
-        plan.reshaped(Some(shape), orders)
+        let orders = if prepared.one_f_one_b
+            && self.placement == ChunkPlacement::V
+            && self.group.is_none()
+        {
+            v_one_f_one_b(ranks, microbatches)
+        } else {
+            self.table_orders(ranks, microbatches, &prepared)
+        };
+        let facts = Facts {
+            layout: Layout::Interleaved {
+                chunks: self.chunks,
+                placement: self.placement,
+            },
+            ..plan.facts()
+        };
+        plan.reshaped(Some(prepared.shape), orders, facts)
             .map_err(|e| TransformError::core("vpp", e))
     }
 }

@@ -20,10 +20,12 @@
 //!   W queue.
 //! - default: `deepseek` on dual plans, `auto` elsewhere.
 //!
-//! Preconditions: the input comes from `f1b`, `vpp` after `f1b`, or `dual`; `h1` and `h2` need a
-//! plan of plain forwards and full backwards (not a dual plan); `deepseek` needs a dual plan;
-//! `auto` must find a schedule within the limit.
-//! May change: the orders only (placement, costs and memory stay).
+//! Requires: one-forward-one-backward pacing (`f1b`, `vpp` after `f1b`, or `dual`) with whole
+//! backwards, any layout. Preconditions: `h1` and `h2` need a plan of plain forwards and full
+//! backwards (not a dual plan); `deepseek` needs a dual plan; `auto` must find a schedule within
+//! the limit.
+//! May change: the orders, the backwards (to split) and, with `auto`, the declared memory limit
+//! (placement, costs and memory stay).
 //!
 //! Before (`f1b(gpipe)`) and after (`zero_bubble(f1b(gpipe), policy=h1)`), 4 ranks, 8
 //! microbatches, unit costs (the `zero_bubble_grids` snapshot test holds more):
@@ -40,14 +42,14 @@
 //! ```
 
 use crate::error::TransformError;
-use crate::passes::dual::dual_shape_of_output;
+use crate::pass::{Changes, Contract, Pass, Requires};
+use crate::schedules::dualpipe::DualShape;
 use crate::schedules::greedy::{self, FillWaits, InFlight, Variant};
 use crate::schedules::lagged::{lagged_orders, Hand};
-use crate::schedules::refine::{better, refine};
+use crate::schedules::refine::refine;
+use crate::schedules::score::Score;
 use crate::schedules::zbv::{zbv_orders, Cooldown};
-use crate::transform::{Position, Transform};
-use pipeweave_core::memory::peak_per_rank;
-use pipeweave_core::{simulate, Plan, Task};
+use pipeweave_core::{max_peak, simulate, Backwards, Facts, LayoutKind, Pacing, Plan, Task};
 
 /// How `zero_bubble` places weight gradients.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -88,27 +90,21 @@ impl ZeroBubble {
         Ok(ZeroBubble { policy })
     }
 
+    /// The policy for `plan`: the default resolved by its layout.
     fn resolved(&self, plan: &Plan) -> Policy {
         match self.policy {
-            Policy::Default if dual_shape_of_output(plan).is_some() => Policy::DeepSeek,
+            Policy::Default if DualShape::of_plan(plan).is_some() => Policy::DeepSeek,
             Policy::Default => Policy::Auto { memory: None },
             other => other,
         }
     }
 }
 
-fn max_peak(plan: &Plan) -> f64 {
-    peak_per_rank(plan)
-        .iter()
-        .map(|p| p.peak)
-        .fold(0.0, f64::max)
-}
-
 /// `auto`'s memory limit when none is given: the input plan's peak, or on a dual plan DeepSeek's
 /// (so that `auto` can always fall back on DeepSeek's order and never does worse).
 fn default_limit(plan: &Plan) -> f64 {
     let input = max_peak(plan);
-    match dual_shape_of_output(plan) {
+    match DualShape::of_plan(plan) {
         Some(shape) => {
             let orders = (0..shape.ranks).map(|r| shape.order(r, true)).collect();
             plan.clone()
@@ -119,11 +115,10 @@ fn default_limit(plan: &Plan) -> f64 {
     }
 }
 
-/// A candidate order set scored by (longest per-rank span, makespan).
+/// A candidate order set with its score.
 struct Scored {
     orders: Vec<Vec<Task>>,
-    span: f64,
-    makespan: f64,
+    score: Score,
 }
 
 /// Simulates a candidate. Candidates come from this crate's generators; a cheap check that every
@@ -142,29 +137,9 @@ fn score(plan: &Plan, orders: Vec<Vec<Task>>, limit: f64) -> Option<Scored> {
     }
     let sim = simulate(&candidate).ok()?;
     Some(Scored {
-        span: sim.max_span(),
-        makespan: sim.makespan(),
+        score: Score::of(&sim),
         orders: candidate.orders().to_vec(),
     })
-}
-
-/// Whether the plan has the V placement (rank `r` holds exactly stages `r` and `2P - 1 - r`, one
-/// route through all stages in order).
-fn is_v_layout(plan: &Plan) -> bool {
-    let problem = plan.problem();
-    let p = problem.ranks() as usize;
-    problem.stages() as usize == 2 * p
-        && problem.routes().len() == 1
-        && problem.routes()[0]
-            .stages()
-            .iter()
-            .enumerate()
-            .all(|(i, s)| s.index() == i)
-        && problem
-            .stage_to_rank()
-            .iter()
-            .enumerate()
-            .all(|(s, r)| r.index() == if s < p { s } else { 2 * p - 1 - s })
 }
 
 /// Simulated ops the local search may spend in total (its number of candidate evaluations is this
@@ -185,51 +160,52 @@ const IN_FLIGHT: [InFlight; 4] = [
     InFlight::Memory,
 ];
 
-/// The best of the list scheduler's variants by its own timing (longest per-rank span, then
-/// makespan, then the earlier variant). Variants that cannot beat the best so far stop early.
-fn best_greedy(plan: &Plan, limit: f64, dual: bool, bound: f64) -> Option<Vec<Vec<Task>>> {
+/// Every variant of the list scheduler `auto` tries on `plan`, in trial order.
+fn variants(plan: &Plan, dual: bool) -> Vec<Variant> {
     let multi_stage = plan.chunks_per_rank() != Some(1);
-    let mut best: Option<greedy::Schedule> = None;
+    let mut out = Vec::new();
     for in_flight in IN_FLIGHT {
         for fill in [FillWaits::Always, FillWaits::IfTheyFit] {
             for prefer_input_grad in [true, false] {
                 for reserve in [false, true] {
-                    if reserve && !multi_stage {
-                        continue;
-                    }
                     for overlap in [false, true] {
-                        if overlap && !dual {
+                        if (reserve && !multi_stage) || (overlap && !dual) {
                             continue;
                         }
-                        let variant = Variant {
+                        out.push(Variant {
                             prefer_input_grad,
                             fill,
                             reserve,
                             overlap,
                             in_flight,
-                        };
-                        let bound = best.as_ref().map_or(bound, |b| b.max_span.min(bound));
-                        let Some(found) = greedy::schedule_within(plan, limit, variant, bound)
-                        else {
-                            continue;
-                        };
-                        let wins = best.as_ref().is_none_or(|b| {
-                            better((found.max_span, found.makespan), (b.max_span, b.makespan))
                         });
-                        if wins {
-                            best = Some(found);
-                        }
                     }
                 }
             }
         }
     }
+    out
+}
+
+/// The best of the list scheduler's variants by its own timing (see [`Score`], then the earlier
+/// variant). Variants that cannot beat the best so far stop early.
+fn best_greedy(plan: &Plan, limit: f64, dual: bool, bound: f64) -> Option<Vec<Vec<Task>>> {
+    let mut best: Option<greedy::Schedule> = None;
+    for variant in variants(plan, dual) {
+        let bound = best.as_ref().map_or(bound, |b| b.score.max_span.min(bound));
+        let Some(found) = greedy::schedule_within(plan, limit, variant, bound) else {
+            continue;
+        };
+        if best.as_ref().is_none_or(|b| found.score.beats(b.score)) {
+            best = Some(found);
+        }
+    }
     best.map(|b| b.orders)
 }
 
-/// The `auto` search.
-fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError> {
-    let dual = dual_shape_of_output(plan);
+/// The handcrafted candidates of `auto`: the input order and DeepSeek's (dual plans), or `h1`,
+/// `h2` and, on the V placement, ZB-V (other plans).
+fn handcrafted(plan: &Plan, dual: Option<DualShape>) -> Vec<Vec<Vec<Task>>> {
     let mut candidates: Vec<Vec<Vec<Task>>> = vec![plan.orders().to_vec()];
     match dual {
         Some(shape) => candidates.push((0..shape.ranks).map(|r| shape.order(r, true)).collect()),
@@ -239,31 +215,34 @@ fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError
                     candidates.push(orders);
                 }
             }
-            if is_v_layout(plan) {
-                let (p, m) = (plan.problem().ranks(), plan.problem().microbatches());
+            let (p, m) = (plan.problem().ranks(), plan.problem().microbatches());
+            if plan.facts().layout.is_v_shaped(p) {
                 for cooldown in [Cooldown::Eager, Cooldown::Deferred] {
                     candidates.push(zbv_orders(p, m, cooldown));
                 }
             }
         }
     }
+    candidates
+}
+
+/// The `auto` search.
+fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError> {
+    let dual = DualShape::of_plan(plan);
     let mut best: Option<Scored> = None;
     let consider = |best: &mut Option<Scored>, orders: Vec<Vec<Task>>| {
         let Some(scored) = score(plan, orders, limit) else {
             return;
         };
-        let wins = best
-            .as_ref()
-            .is_none_or(|b| better((scored.span, scored.makespan), (b.span, b.makespan)));
-        if wins {
+        if best.as_ref().is_none_or(|b| scored.score.beats(b.score)) {
             *best = Some(scored);
         }
     };
-    for orders in candidates {
+    for orders in handcrafted(plan, dual) {
         consider(&mut best, orders);
     }
     // The list scheduler only has to beat the handcrafted candidates.
-    let bound = best.as_ref().map_or(f64::INFINITY, |b| b.span);
+    let bound = best.as_ref().map_or(f64::INFINITY, |b| b.score.max_span);
     if let Some(orders) = best_greedy(plan, limit, dual.is_some(), bound) {
         consider(&mut best, orders);
     }
@@ -282,13 +261,32 @@ fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError
         })
 }
 
-impl Transform for ZeroBubble {
-    fn name(&self) -> &'static str {
+/// What [`ZeroBubble::prepare`] decided: the policy for this plan and, for `auto`, its limit.
+pub struct Prepared {
+    policy: Policy,
+    limit: Option<f64>,
+}
+
+impl Pass for ZeroBubble {
+    type Prepared = Prepared;
+
+    fn name(&self) -> &str {
         "zero_bubble"
     }
 
-    fn position(&self) -> Position {
-        Position::ZeroBubble
+    fn contract(&self) -> Contract {
+        Contract {
+            requires: Requires {
+                pacing: &[Pacing::OneForwardOneBackward],
+                layout: LayoutKind::ALL,
+                whole_backwards: true,
+            },
+            changes: Changes {
+                backwards: true,
+                memory_limit: true,
+                ..Changes::default()
+            },
+        }
     }
 
     fn describe(&self) -> String {
@@ -302,16 +300,10 @@ impl Transform for ZeroBubble {
         }
     }
 
-    fn check(&self, plan: &Plan) -> Result<(), TransformError> {
-        if !plan.passes().iter().any(|n| n == "f1b") {
-            return Err(TransformError::precondition(
-                "zero_bubble",
-                "input comes from f1b, vpp after f1b, or dual",
-                format!("the plan came from passes [{}]", plan.passes().join(", ")),
-            ));
-        }
-        let dual = dual_shape_of_output(plan).is_some();
-        match self.resolved(plan) {
+    fn prepare(&self, plan: &Plan) -> Result<Prepared, TransformError> {
+        let dual = DualShape::of_plan(plan).is_some();
+        let policy = self.resolved(plan);
+        match policy {
             Policy::H1 | Policy::H2 if dual => Err(TransformError::precondition(
                 "zero_bubble",
                 "policies h1 and h2 need plain forwards and full backwards (not a dual plan)",
@@ -320,16 +312,34 @@ impl Transform for ZeroBubble {
             Policy::DeepSeek if !dual => Err(TransformError::precondition(
                 "zero_bubble",
                 "policy deepseek needs a dual plan",
-                format!("the plan came from passes [{}]", plan.passes().join(", ")),
+                format!("the plan has the {} layout", plan.facts().layout),
             )),
-            _ => Ok(()),
+            Policy::Auto { memory } => Ok(Prepared {
+                policy,
+                limit: Some(
+                    memory
+                        .or(plan.memory_limit())
+                        .unwrap_or_else(|| default_limit(plan)),
+                ),
+            }),
+            _ => Ok(Prepared {
+                policy,
+                limit: None,
+            }),
         }
     }
 
-    fn apply(&self, plan: Plan) -> Result<Plan, TransformError> {
-        let orders = match self.resolved(&plan) {
-            Policy::H1 | Policy::H2 => {
-                let hand = if self.resolved(&plan) == Policy::H1 {
+    fn apply(&self, plan: Plan, prepared: Prepared) -> Result<Plan, TransformError> {
+        let split = Facts {
+            backwards: Backwards::Split,
+            ..plan.facts()
+        };
+        let plan = plan
+            .with_facts(split)
+            .map_err(|e| TransformError::core("zero_bubble", e))?;
+        let orders = match (prepared.policy, prepared.limit) {
+            (Policy::H1 | Policy::H2, _) => {
+                let hand = if prepared.policy == Policy::H1 {
                     Hand::H1
                 } else {
                     Hand::H2
@@ -342,18 +352,18 @@ impl Transform for ZeroBubble {
                     )
                 })?
             }
-            Policy::DeepSeek => {
-                let shape = dual_shape_of_output(&plan).expect("check() accepted a dual plan");
-                (0..shape.ranks).map(|r| shape.order(r, true)).collect()
-            }
-            policy @ (Policy::Auto { .. } | Policy::Default) => {
-                let memory = match policy {
-                    Policy::Auto { memory } => memory,
-                    _ => None,
-                };
-                let limit = memory
-                    .or(plan.memory_limit())
-                    .unwrap_or_else(|| default_limit(&plan));
+            (Policy::DeepSeek, _) => match DualShape::of_plan(&plan) {
+                Some(shape) => (0..shape.ranks).map(|r| shape.order(r, true)).collect(),
+                None => {
+                    return Err(TransformError::precondition(
+                        "zero_bubble",
+                        "policy deepseek needs a dual plan",
+                        format!("the plan has the {} layout", plan.facts().layout),
+                    ))
+                }
+            },
+            (_, limit) => {
+                let limit = limit.unwrap_or_else(|| default_limit(&plan));
                 let orders = auto_orders(&plan, limit)?;
                 // The limit becomes the plan's declared bound, which the driver verifies.
                 let declared = plan.memory_limit().map_or(limit, |l| l.min(limit));

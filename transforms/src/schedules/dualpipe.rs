@@ -18,7 +18,7 @@
 //! The weight gradients of input-gradient-only backwards wait in a FIFO; each W runs the oldest.
 //! Without zero bubble every backward is a full B and phases 7 and 8 hold only backwards.
 
-use pipeweave_core::{Task, Work};
+use pipeweave_core::{ChunkPlacement, DualKind, Layout, Plan, Task, Work};
 use std::collections::VecDeque;
 
 /// The shape of a bidirectional pipeline.
@@ -40,9 +40,22 @@ struct Direction {
 }
 
 impl DualShape {
-    /// Stage index of the replica (DualPipe) or second chunk (DualPipeV) held by `rank`.
+    /// The bidirectional shape of a dual plan, read from its facts (None for any other plan).
+    pub fn of_plan(plan: &Plan) -> Option<DualShape> {
+        let Layout::Dual(kind) = plan.facts().layout else {
+            return None;
+        };
+        Some(DualShape {
+            ranks: plan.problem().ranks(),
+            microbatches: plan.problem().microbatches(),
+            v: kind == DualKind::DualPipeV,
+        })
+    }
+
+    /// Stage index of the replica (DualPipe) or second chunk (DualPipeV) held by `rank`: both sit
+    /// where the V placement puts a rank's second chunk.
     pub fn second_stage(&self, rank: u32) -> u32 {
-        2 * self.ranks - 1 - rank
+        ChunkPlacement::V.stage(self.ranks, rank, 1).get()
     }
 
     /// Whether `rank` is where the two directions meet (DualPipe: the two middle ranks;

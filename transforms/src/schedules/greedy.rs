@@ -16,7 +16,7 @@
 //! many forwards as memory and the first backward's arrival allow, then one F and one B per round,
 //! Ws into waits and when memory runs out); `zero_bubble(policy=auto)` tries several variants.
 
-use pipeweave_core::simulate::task_duration;
+use crate::schedules::score::Score;
 use pipeweave_core::{Op, OpKind, Plan, StageId, Task, Work};
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
@@ -202,10 +202,8 @@ impl Rank {
 pub struct Schedule {
     /// Every rank's order.
     pub orders: Vec<Vec<Task>>,
-    /// The longest per-rank span (first start to last end).
-    pub max_span: f64,
-    /// When the last task ends.
-    pub makespan: f64,
+    /// Its score by the scheduler's own timing.
+    pub score: Score,
 }
 
 /// Schedules `plan`'s problem under its cost and memory models within `limit` activations per
@@ -313,8 +311,7 @@ pub fn schedule_within(plan: &Plan, limit: f64, variant: Variant, bound: f64) ->
             let makespan = ranks.iter().map(|k| k.free).fold(0.0, f64::max);
             return Some(Schedule {
                 orders: ranks.into_iter().map(|k| k.order).collect(),
-                max_span,
-                makespan,
+                score: Score { max_span, makespan },
             });
         };
         let t = ranks[r].clock;
@@ -428,7 +425,7 @@ pub fn schedule_within(plan: &Plan, limit: f64, variant: Variant, bound: f64) ->
                 }
             },
         };
-        let duration = task_duration(plan, &task);
+        let duration = costs.task_duration(&task);
         let end = t + duration;
         if rank.first_start.is_nan() {
             rank.first_start = t;

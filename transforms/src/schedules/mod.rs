@@ -1,8 +1,10 @@
 //! Order generators and rewriters that passes share: DualPipe's phases, Zero Bubble's lagged
-//! weight gradients, and the cost-model-driven list scheduler behind `zero_bubble(policy=auto)`.
+//! weight gradients, the handcrafted ZB-V order, the cost-model-driven list scheduler behind
+//! `zero_bubble(policy=auto)`, the critical-path local search, and the score they compete on.
 
 pub mod dualpipe;
 pub mod greedy;
 pub mod lagged;
 pub mod refine;
+pub mod score;
 pub mod zbv;

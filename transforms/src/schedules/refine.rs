@@ -9,9 +9,9 @@
 //! move helps or the evaluation budget is spent. Every accepted order is a complete, acyclic
 //! schedule, because candidates that fail to simulate are discarded.
 
-use pipeweave_core::deps::predecessors;
-use pipeweave_core::memory::peak_per_rank;
-use pipeweave_core::{simulate, Plan, Simulation, Task};
+use crate::schedules::score::Score;
+use pipeweave_core::ir::deps::predecessors;
+use pipeweave_core::{peak_per_rank, simulate, Plan, Simulation, Task};
 
 const EPSILON: f64 = 1e-9;
 
@@ -26,16 +26,6 @@ fn evaluate(plan: &Plan, orders: Vec<Vec<Task>>, limit: f64) -> Option<(Plan, Si
     }
     let sim = simulate(&candidate).ok()?;
     Some((candidate, sim))
-}
-
-fn score(sim: &Simulation) -> (f64, f64) {
-    (sim.max_span(), sim.makespan())
-}
-
-/// Whether schedule score `a` (longest per-rank span, makespan) beats `b`: a shorter span, or the
-/// same span and a shorter makespan, beyond floating-point noise.
-pub fn better(a: (f64, f64), b: (f64, f64)) -> bool {
-    a.0 < b.0 - EPSILON || (a.0 < b.0 + EPSILON && a.1 < b.1 - EPSILON)
 }
 
 /// Swaps (rank, index) with its predecessor on the critical chain ending at the rank with the
@@ -136,8 +126,8 @@ pub fn refine(plan: &Plan, orders: Vec<Vec<Task>>, limit: f64, budget: usize) ->
             let mut trial = current.orders().to_vec();
             trial[r].swap(i - 1, i);
             if let Some((candidate, trial_sim)) = evaluate(plan, trial, limit) {
-                let reference = best.as_ref().map_or(score(&sim), |b| score(&b.1));
-                if better(score(&trial_sim), reference) {
+                let reference = best.as_ref().map_or(Score::of(&sim), |b| Score::of(&b.1));
+                if Score::of(&trial_sim).beats(reference) {
                     best = Some((candidate, trial_sim));
                 }
             }

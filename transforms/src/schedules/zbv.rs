@@ -12,7 +12,7 @@
 //! Ws of a chunk run in the order of their Is. At unit costs the order has no bubble and 1F1B's
 //! peak memory (`2P` chunk activations, i.e. `P` in units of a rank's share).
 
-use pipeweave_core::{Task, Work};
+use pipeweave_core::{ChunkPlacement, Task, Work};
 use std::collections::VecDeque;
 
 /// How the cool-down places Ws.
@@ -78,7 +78,7 @@ pub fn zbv_orders(ranks: u32, microbatches: u32, cooldown: Cooldown) -> Vec<Vec<
     (0..ranks)
         .map(|r| {
             let mut b = RankBuilder {
-                stages: [r, 2 * ranks - 1 - r],
+                stages: [0, 1].map(|chunk| ChunkPlacement::V.stage(ranks, r, chunk).get()),
                 microbatches,
                 forwarded: [0, 0],
                 input_done: [0, 0],

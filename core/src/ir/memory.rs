@@ -1,4 +1,4 @@
-//! The activation-memory model and the per-rank memory replay.
+//! The activation-memory model (the per-rank replay of it is [`crate::analysis::peak`]).
 //!
 //! Per stage: `total`, the activation memory one microbatch's forward leaves on the rank, and
 //! `weight_grad`, the part of it held until that microbatch's W; the rest is released by I. A fused
@@ -8,9 +8,7 @@
 //! count activations.
 
 use crate::error::CoreError;
-use crate::ids::RankId;
-use crate::op::{Op, OpKind};
-use crate::plan::Plan;
+use crate::ir::op::OpKind;
 use typed_builder::TypedBuilder;
 
 /// One stage's activation figures as a user writes them.
@@ -113,48 +111,6 @@ impl MemoryModel {
     pub fn stages(&self) -> &[StageMemory] {
         &self.stages
     }
-}
-
-/// Peak held activation memory of one rank and the op at which it is first reached.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RankPeak {
-    /// The rank.
-    pub rank: RankId,
-    /// Peak memory, in units of one microbatch of the rank's share.
-    pub peak: f64,
-    /// The op after which the peak is first reached (None for a rank that runs nothing).
-    pub at: Option<Op>,
-}
-
-/// Replays each rank's order and returns its activation-memory peak. Independent of timing: memory
-/// only depends on the order of a rank's own ops. Ops whose stage is out of range are skipped (the
-/// verifier reports them).
-pub fn peak_per_rank(plan: &Plan) -> Vec<RankPeak> {
-    let figures = plan.memory().stages();
-    plan.orders()
-        .iter()
-        .enumerate()
-        .map(|(r, order)| {
-            let mut held = 0.0f64;
-            let mut best = RankPeak {
-                rank: RankId::new(r as u32),
-                peak: 0.0,
-                at: None,
-            };
-            for task in order {
-                for op in task.ops() {
-                    if let Some(m) = figures.get(op.stage.index()) {
-                        held += m.delta(op.kind);
-                    }
-                    if held > best.peak + 1e-12 {
-                        best.peak = held;
-                        best.at = Some(op);
-                    }
-                }
-            }
-            best
-        })
-        .collect()
 }
 
 #[cfg(test)]

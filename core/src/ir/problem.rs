@@ -11,7 +11,7 @@
 //! of the stages (`tied_stages` says which stages share weights).
 
 use crate::error::CoreError;
-use crate::ids::{MicrobatchId, RankId, StageId};
+use crate::ir::ids::{MicrobatchId, RankId, StageId};
 use typed_builder::TypedBuilder;
 
 /// Largest rank count a problem may have.

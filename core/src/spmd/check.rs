@@ -15,34 +15,14 @@
 //! A program set that cannot finish is reported with the cycle of waiting ranks, e.g.
 //! `rank 2 waits for recv-grad(stage 5, mb 3) from rank 3; rank 3 waits for ...`.
 
-use crate::deps::predecessors;
-use crate::ids::RankId;
-use crate::op::OpKind;
-use crate::problem::Problem;
-use crate::program::{CommOp, Instr, Message, ProgramSet};
+use crate::ir::ids::RankId;
+use crate::ir::problem::Problem;
+use crate::ir::slots::OpSlots;
+use crate::spmd::messages::remote_inputs;
+use crate::spmd::program::{CommOp, Direction, Instr, Message, ProgramSet, Semantics};
 use std::collections::VecDeque;
 use std::fmt;
 use thiserror::Error;
-
-/// How sends and receives complete.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Semantics {
-    /// One at a time; a send completes only with its receive.
-    Blocking,
-    /// A group's operations are posted together; the rank goes on once the group's receives are
-    /// matched, and its sends complete when the peers receive them (all by the end of the
-    /// program), as with `batch_isend_irecv` and waiting on the receive requests.
-    Batched,
-}
-
-impl fmt::Display for Semantics {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Semantics::Blocking => "blocking rendezvous",
-            Semantics::Batched => "batched",
-        })
-    }
-}
 
 /// One rank stuck at one operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -218,34 +198,22 @@ fn check_numbering(set: &ProgramSet) -> Result<(), CommError> {
     }
 }
 
-/// Dense index of a message: (direction, receiving stage, microbatch) names it, since the route
-/// gives the sending stage. None when out of range.
-fn message_index(problem: &Problem, m: &Message) -> Option<usize> {
-    let (stages, mbs) = (problem.stages() as usize, problem.microbatches() as usize);
-    if m.to_stage.index() >= stages || m.microbatch.index() >= mbs {
-        return None;
-    }
-    let direction = usize::from(m.direction == crate::program::Direction::Gradient);
-    Some(((m.to_stage.index() * mbs) + m.microbatch.index()) * 2 + direction)
-}
-
-/// Dense index of an op, or None when out of range.
-fn op_index(problem: &Problem, op: crate::op::Op) -> Option<usize> {
-    let (stages, mbs) = (problem.stages() as usize, problem.microbatches() as usize);
-    if op.stage.index() >= stages || op.microbatch.index() >= mbs {
-        return None;
-    }
-    Some(((op.stage.index() * mbs) + op.microbatch.index()) * 3 + op.kind.index())
+/// Dense index of a message: (receiving stage, microbatch) names its pair, the direction the
+/// rest (the route gives the sending stage). None when out of range.
+fn message_index(slots: OpSlots, m: &Message) -> Option<usize> {
+    let direction = usize::from(m.direction == Direction::Gradient);
+    slots
+        .pair(m.to_stage, m.microbatch)
+        .map(|pair| pair * 2 + direction)
 }
 
 /// Check 1: every cross-rank input is received before the compute using it, and every send
 /// carries data computed earlier on its rank.
 fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> {
-    let owner = |s| problem.rank_of(s);
-    let slots = problem.stages() as usize * problem.microbatches() as usize;
+    let slots = OpSlots::of(problem);
     // Stamps instead of clearing: entry == rank + 1 means "on this rank".
-    let mut received = vec![0u32; slots * 2];
-    let mut computed = vec![0u32; slots * 3];
+    let mut received = vec![0u32; slots.pairs() * 2];
+    let mut computed = vec![0u32; slots.len()];
     for program in &set.programs {
         let rank = program.rank;
         let stamp = rank.get() + 1;
@@ -255,23 +223,15 @@ fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> 
                     for op in &group.ops {
                         match *op {
                             CommOp::Recv { message, .. } => {
-                                if let Some(k) = message_index(problem, &message) {
+                                if let Some(k) = message_index(slots, &message) {
                                     received[k] = stamp;
                                 }
                             }
                             CommOp::Send { message, .. } => {
-                                let kind = match message.direction {
-                                    crate::program::Direction::Activation => OpKind::Forward,
-                                    crate::program::Direction::Gradient => OpKind::InputGrad,
-                                };
-                                let source = crate::op::Op::new(
-                                    kind,
-                                    message.from_stage,
-                                    message.microbatch,
-                                );
-                                let done =
-                                    op_index(problem, source).is_some_and(|k| computed[k] == stamp);
-                                if !done || owner(message.from_stage) != Some(rank) {
+                                let done = slots
+                                    .op(message.producer())
+                                    .is_some_and(|k| computed[k] == stamp);
+                                if !done || problem.rank_of(message.from_stage) != Some(rank) {
                                     return Err(CommError::BadSend {
                                         rank,
                                         instr: i,
@@ -283,33 +243,20 @@ fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> 
                     }
                 }
                 Instr::Compute(task) => {
-                    let ops = task.ops();
-                    for op in &ops {
-                        for dep in predecessors(problem, *op) {
-                            let Some(from) = owner(dep.stage) else {
-                                continue;
-                            };
-                            if from == rank || ops.contains(&dep) {
-                                continue;
-                            }
-                            let message = match dep.kind {
-                                OpKind::Forward => {
-                                    Message::activation(dep.stage, op.stage, op.microbatch)
-                                }
-                                _ => Message::gradient(dep.stage, op.stage, op.microbatch),
-                            };
-                            if message_index(problem, &message).is_none_or(|k| received[k] != stamp)
-                            {
-                                return Err(CommError::NotReceived {
-                                    rank,
-                                    instr: i,
-                                    task: task.to_string(),
-                                    message,
-                                    from,
-                                });
-                            }
+                    for input in remote_inputs(problem, rank, task) {
+                        if message_index(slots, &input.message).is_none_or(|k| received[k] != stamp)
+                        {
+                            return Err(CommError::NotReceived {
+                                rank,
+                                instr: i,
+                                task: task.to_string(),
+                                message: input.message,
+                                from: input.from,
+                            });
                         }
-                        if let Some(k) = op_index(problem, *op) {
+                    }
+                    for op in task.ops() {
+                        if let Some(k) = slots.op(op) {
                             computed[k] = stamp;
                         }
                     }
@@ -392,127 +339,176 @@ struct Slot {
     is_send: bool,
 }
 
-/// Checks 3 and 4: runs the programs' communication under `semantics`. Assumes the peers are in
-/// range (check 2 establishes it).
-pub fn simulate_comm(set: &ProgramSet, semantics: Semantics) -> Result<(), CommError> {
-    let ranks = set.programs.len();
-    check_numbering(set)?;
-    // Units: under blocking semantics one op each, under batched one group each. Computes and
-    // markers always proceed and need none.
-    let mut counters = vec![[0usize; 2]; ranks * ranks];
-    // Per rank: every slot in program order, and the units as (instruction, slot range).
-    let mut slots: Vec<Vec<Slot>> = Vec::with_capacity(ranks);
-    let mut units: Vec<Vec<(usize, std::ops::Range<usize>)>> = Vec::with_capacity(ranks);
-    for p in &set.programs {
-        let mut rank_slots = Vec::new();
-        let mut rank_units = Vec::new();
-        for (i, instr) in p.instrs.iter().enumerate() {
-            let Instr::Comm(g) = instr else { continue };
-            let first = rank_slots.len();
-            for op in g.ops.iter().filter(|op| op.peer().index() < ranks) {
-                let (pair, is_send) = match *op {
-                    CommOp::Send { to, .. } => (p.rank.index() * ranks + to.index(), true),
-                    CommOp::Recv { from, .. } => (from.index() * ranks + p.rank.index(), false),
-                };
-                let c = &mut counters[pair][usize::from(is_send)];
-                *c += 1;
-                rank_slots.push(Slot {
-                    op: *op,
-                    pair,
-                    ordinal: *c - 1,
-                    is_send,
-                });
-            }
-            match semantics {
-                Semantics::Blocking => {
-                    rank_units.extend((first..rank_slots.len()).map(|k| (i, k..k + 1)))
-                }
-                Semantics::Batched => rank_units.push((i, first..rank_slots.len())),
-            }
-        }
-        slots.push(rank_slots);
-        units.push(rank_units);
+impl Slot {
+    /// Whether the rank must wait for this operation's partner before going on: always under
+    /// blocking semantics; only for receives under batched ones.
+    fn blocks(&self, semantics: Semantics) -> bool {
+        !(semantics == Semantics::Batched && self.is_send)
     }
-    // posted[pair][is_send][ordinal]
-    let mut posted: Vec<[Vec<bool>; 2]> = counters
-        .iter()
-        .map(|c| [vec![false; c[0]], vec![false; c[1]]])
-        .collect();
-    let partner_posted = |posted: &Vec<[Vec<bool>; 2]>, s: &Slot| -> bool {
-        posted[s.pair][usize::from(!s.is_send)]
+}
+
+/// The communication of a program set reduced to what completion depends on: per rank, its
+/// sends and receives in program order, grouped into units (one op each under blocking
+/// semantics, one group each under batched), and which of them have been posted.
+struct CommReplay {
+    semantics: Semantics,
+    /// Per rank, every send and receive in program order.
+    slots: Vec<Vec<Slot>>,
+    /// Per rank, its units: (instruction index, range of its slots).
+    units: Vec<Vec<(usize, std::ops::Range<usize>)>>,
+    /// `posted[pair][is_send][ordinal]`.
+    posted: Vec<[Vec<bool>; 2]>,
+    /// Per rank, the next unit to complete.
+    position: Vec<usize>,
+}
+
+impl CommReplay {
+    /// Numbers every send and receive within its ordered pair of ranks. Peers out of range are
+    /// left out (check 2 reports them).
+    fn new(set: &ProgramSet, semantics: Semantics) -> CommReplay {
+        let ranks = set.programs.len();
+        let mut counters = vec![[0usize; 2]; ranks * ranks];
+        let mut slots: Vec<Vec<Slot>> = Vec::with_capacity(ranks);
+        let mut units: Vec<Vec<(usize, std::ops::Range<usize>)>> = Vec::with_capacity(ranks);
+        for p in &set.programs {
+            let mut rank_slots = Vec::new();
+            let mut rank_units = Vec::new();
+            for (i, instr) in p.instrs.iter().enumerate() {
+                let Instr::Comm(g) = instr else { continue };
+                let first = rank_slots.len();
+                for op in g.ops.iter().filter(|op| op.peer().index() < ranks) {
+                    let (pair, is_send) = match *op {
+                        CommOp::Send { to, .. } => (p.rank.index() * ranks + to.index(), true),
+                        CommOp::Recv { from, .. } => (from.index() * ranks + p.rank.index(), false),
+                    };
+                    let counter = &mut counters[pair][usize::from(is_send)];
+                    rank_slots.push(Slot {
+                        op: *op,
+                        pair,
+                        ordinal: *counter,
+                        is_send,
+                    });
+                    *counter += 1;
+                }
+                match semantics {
+                    Semantics::Blocking => {
+                        rank_units.extend((first..rank_slots.len()).map(|k| (i, k..k + 1)))
+                    }
+                    Semantics::Batched => rank_units.push((i, first..rank_slots.len())),
+                }
+            }
+            slots.push(rank_slots);
+            units.push(rank_units);
+        }
+        let posted = counters
+            .iter()
+            .map(|c| [vec![false; c[0]], vec![false; c[1]]])
+            .collect();
+        CommReplay {
+            semantics,
+            slots,
+            units,
+            posted,
+            position: vec![0; ranks],
+        }
+    }
+
+    fn partner_posted(&self, s: &Slot) -> bool {
+        self.posted[s.pair][usize::from(!s.is_send)]
             .get(s.ordinal)
             .copied()
             .unwrap_or(false)
-    };
-    let waits_for = |s: &Slot| !(semantics == Semantics::Batched && s.is_send);
-    let mut position = vec![0usize; ranks];
-    let mut posted_through = vec![0usize; ranks];
-    let mut queue: VecDeque<usize> = (0..ranks).collect();
-    let mut queued = vec![true; ranks];
-    while let Some(r) = queue.pop_front() {
-        queued[r] = false;
-        while position[r] < units[r].len() {
-            let u = position[r];
-            let unit = &slots[r][units[r][u].1.clone()];
-            if posted_through[r] <= u {
-                posted_through[r] = u + 1;
-                for s in unit {
-                    posted[s.pair][usize::from(s.is_send)][s.ordinal] = true;
-                    let p = s.op.peer().index();
-                    if p != r && !queued[p] {
-                        queued[p] = true;
-                        queue.push_back(p);
+    }
+
+    /// Advances every rank as far as it can: a rank posts its next unit, then completes it once
+    /// every blocking operation's partner is posted. Posting wakes the peers.
+    fn run(&mut self) {
+        let ranks = self.slots.len();
+        let mut posted_through = vec![0usize; ranks];
+        let mut queue: VecDeque<usize> = (0..ranks).collect();
+        let mut queued = vec![true; ranks];
+        while let Some(r) = queue.pop_front() {
+            queued[r] = false;
+            while self.position[r] < self.units[r].len() {
+                let u = self.position[r];
+                let range = self.units[r][u].1.clone();
+                if posted_through[r] <= u {
+                    posted_through[r] = u + 1;
+                    for s in &self.slots[r][range.clone()] {
+                        self.posted[s.pair][usize::from(s.is_send)][s.ordinal] = true;
+                        let p = s.op.peer().index();
+                        if p != r && !queued[p] {
+                            queued[p] = true;
+                            queue.push_back(p);
+                        }
                     }
                 }
+                let unit = &self.slots[r][range];
+                if !unit
+                    .iter()
+                    .all(|s| !s.blocks(self.semantics) || self.partner_posted(s))
+                {
+                    break;
+                }
+                self.position[r] += 1;
             }
-            if !unit
-                .iter()
-                .all(|s| !waits_for(s) || partner_posted(&posted, s))
-            {
+        }
+    }
+
+    fn finished(&self) -> bool {
+        (0..self.slots.len()).all(|r| self.position[r] == self.units[r].len())
+    }
+
+    /// The operation rank `r` is stuck at, with its instruction index.
+    fn waiting_op(&self, r: usize) -> Option<(usize, CommOp)> {
+        let (instr, range) = self.units[r].get(self.position[r])?;
+        self.slots[r][range.clone()]
+            .iter()
+            .find(|s| s.blocks(self.semantics) && !self.partner_posted(s))
+            .map(|s| (*instr, s.op))
+    }
+
+    /// The cycle: follow "rank waits for an op whose partner its peer has not posted" from the
+    /// first unfinished rank until a rank repeats.
+    fn wait_cycle(&self) -> Vec<Waiting> {
+        let ranks = self.slots.len();
+        let Some(start) = (0..ranks).find(|&r| self.position[r] < self.units[r].len()) else {
+            return Vec::new();
+        };
+        let mut path: Vec<Waiting> = Vec::new();
+        let mut seen = vec![usize::MAX; ranks];
+        let mut r = start;
+        while let Some((instr, op)) = self.waiting_op(r) {
+            if seen[r] != usize::MAX {
+                path.drain(..seen[r]);
                 break;
             }
-            position[r] += 1;
+            seen[r] = path.len();
+            path.push(Waiting {
+                rank: RankId::new(r as u32),
+                instr,
+                op,
+            });
+            r = op.peer().index();
+            if r >= ranks {
+                break;
+            }
         }
+        path
     }
-    if (0..ranks).all(|r| position[r] == units[r].len()) {
+}
+
+/// Checks 3 and 4: runs the programs' communication under `semantics`. Peers out of range are
+/// ignored here (check 2 reports them).
+pub fn simulate_comm(set: &ProgramSet, semantics: Semantics) -> Result<(), CommError> {
+    check_numbering(set)?;
+    let mut replay = CommReplay::new(set, semantics);
+    replay.run();
+    if replay.finished() {
         return Ok(());
-    }
-    // The cycle: follow "rank waits for an op whose partner its peer has not posted".
-    let waiting_op = |r: usize| -> Option<(usize, CommOp)> {
-        let (instr, range) = units[r].get(position[r])?;
-        slots[r][range.clone()]
-            .iter()
-            .find(|s| waits_for(s) && !partner_posted(&posted, s))
-            .map(|s| (*instr, s.op))
-    };
-    let start = (0..ranks)
-        .find(|&r| position[r] < units[r].len())
-        .expect("some rank is unfinished");
-    let mut path: Vec<Waiting> = Vec::new();
-    let mut seen = vec![usize::MAX; ranks];
-    let mut r = start;
-    loop {
-        if seen[r] != usize::MAX {
-            path.drain(..seen[r]);
-            break;
-        }
-        let Some((instr, op)) = waiting_op(r) else {
-            break;
-        };
-        seen[r] = path.len();
-        path.push(Waiting {
-            rank: RankId::new(r as u32),
-            instr,
-            op,
-        });
-        let next = op.peer().index();
-        if next >= ranks {
-            break;
-        }
-        r = next;
     }
     Err(CommError::Deadlock {
         semantics,
-        cycle: path,
+        cycle: replay.wait_cycle(),
     })
 }

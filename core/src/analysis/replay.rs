@@ -7,13 +7,15 @@
 //! some have tasks left, the plan cannot finish; the engine returns what each blocked rank waits for.
 //!
 //! The engine assumes every op of every task is in range (the verifier checks that first); an op out
-//! of range is reported as an [`EngineFault`] rather than a panic.
+//! of range, an op run twice, and a deadlock are reported as a [`ReplayError`] rather than a panic.
 
-use crate::deps::predecessors;
-use crate::ids::RankId;
-use crate::op::{Op, Task};
-use crate::plan::Plan;
+use crate::ir::deps::predecessors;
+use crate::ir::ids::RankId;
+use crate::ir::op::{Op, Task};
+use crate::ir::plan::Plan;
 use std::collections::VecDeque;
+use std::fmt;
+use thiserror::Error;
 
 const NONE: u32 = u32::MAX;
 
@@ -44,22 +46,50 @@ pub struct Blocked {
     pub needs: Op,
 }
 
-/// Why the engine could not replay a plan at all.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum EngineFault {
-    /// An op names a stage or microbatch out of range.
-    OutOfRange(RankId, usize, Op),
-    /// An op runs a second time.
-    RunsTwice(RankId, usize, Op),
+impl fmt::Display for Blocked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rank {} waits at task {} ({}) for {} (stage {}, microbatch {})",
+            self.rank,
+            self.position,
+            self.task,
+            self.needs,
+            self.needs.stage,
+            self.needs.microbatch
+        )
+    }
 }
 
-/// What a replay produced.
+/// Why the engine could not run every task of a plan.
+#[derive(Clone, Debug, PartialEq, Error)]
+pub enum ReplayError {
+    /// An op names a stage or microbatch out of range, or a stage off its microbatch's route.
+    #[error("rank {0}, task {1}: op {2} is out of range")]
+    OutOfRange(RankId, usize, Op),
+    /// An op runs a second time.
+    #[error("rank {0}, task {1}: op {2} runs a second time")]
+    RunsTwice(RankId, usize, Op),
+    /// No rank can move and some have tasks left: the cycle of waiting ranks (every blocked rank
+    /// when no cycle closes).
+    #[error("deadlock: {}", describe_waits(.0))]
+    Deadlock(Vec<Blocked>),
+}
+
+fn describe_waits(waits: &[Blocked]) -> String {
+    waits
+        .iter()
+        .map(Blocked::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// What a replay produced: per rank, the tasks that ran with their times, in order (empty rows
+/// when the timeline was not recorded).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Replay {
-    /// Per rank, the tasks that ran with their times, in order.
+    /// Per rank, the timed tasks.
     pub timeline: Vec<Vec<TimedTask>>,
-    /// Ranks that could not finish (empty when the plan completed).
-    pub blocked: Vec<Blocked>,
 }
 
 /// Replays `plan` with `duration` giving each task's length and `comm` the cross-rank latency.
@@ -69,7 +99,7 @@ pub fn replay(
     duration: impl Fn(&Task) -> f64,
     comm: f64,
     record: bool,
-) -> Result<Replay, EngineFault> {
+) -> Result<Replay, ReplayError> {
     let problem = plan.problem();
     let ranks = plan.orders().len();
     let mut finish = vec![f64::NAN; plan.op_slots()];
@@ -97,7 +127,7 @@ pub fn replay(
                 match plan.op_slot(*op) {
                     Some(slot) if problem.has_work(op.stage, op.microbatch) => slots[k] = slot,
                     _ => {
-                        return Err(EngineFault::OutOfRange(
+                        return Err(ReplayError::OutOfRange(
                             RankId::new(r as u32),
                             position[r],
                             *op,
@@ -126,7 +156,7 @@ pub fn replay(
             let end = start + duration(&task);
             for (op, &slot) in ops.iter().zip(&slots) {
                 if !finish[slot].is_nan() {
-                    return Err(EngineFault::RunsTwice(
+                    return Err(ReplayError::RunsTwice(
                         RankId::new(r as u32),
                         position[r],
                         *op,
@@ -155,7 +185,7 @@ pub fn replay(
             position[r] += 1;
         }
     }
-    let blocked = (0..ranks)
+    let blocked: Vec<Blocked> = (0..ranks)
         .filter_map(|r| {
             let needs = waiting_for[r]?;
             Some(Blocked {
@@ -166,5 +196,106 @@ pub fn replay(
             })
         })
         .collect();
-    Ok(Replay { timeline, blocked })
+    if blocked.is_empty() {
+        Ok(Replay { timeline })
+    } else {
+        Err(ReplayError::Deadlock(wait_cycle(plan, &blocked)))
+    }
+}
+
+/// Follows "rank waits for an op of rank q" from the first blocked rank until a rank repeats and
+/// returns the waits on that cycle (all blocked ranks when no cycle closes, which a structurally
+/// sound plan cannot produce).
+fn wait_cycle(plan: &Plan, blocked: &[Blocked]) -> Vec<Blocked> {
+    let mut by_rank: Vec<Option<Blocked>> = vec![None; plan.orders().len()];
+    for b in blocked {
+        by_rank[b.rank.index()] = Some(*b);
+    }
+    let Some(start) = blocked.first() else {
+        return Vec::new();
+    };
+    let mut path: Vec<Blocked> = Vec::new();
+    let mut on_path = vec![usize::MAX; by_rank.len()];
+    let mut current = *start;
+    loop {
+        if on_path[current.rank.index()] != usize::MAX {
+            return path.split_off(on_path[current.rank.index()]);
+        }
+        on_path[current.rank.index()] = path.len();
+        path.push(current);
+        let owner = plan.problem().rank_of(current.needs.stage);
+        match owner.and_then(|o| by_rank[o.index()]) {
+            Some(next) => current = next,
+            None => return blocked.to_vec(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::cost::{CostModel, StageCosts};
+    use crate::ir::memory::MemoryModel;
+    use crate::ir::problem::ProblemSpec;
+
+    fn plan(orders: &[&[&str]]) -> Plan {
+        let ranks = orders.len() as u32;
+        let problem = ProblemSpec::builder()
+            .ranks(ranks)
+            .microbatches(1)
+            .build()
+            .validate()
+            .unwrap();
+        let orders = orders
+            .iter()
+            .map(|o| o.iter().map(|t| t.parse().unwrap()).collect())
+            .collect();
+        Plan::new(
+            problem,
+            CostModel::uniform(ranks, StageCosts::default(), 0.0).unwrap(),
+            MemoryModel::uniform(ranks, Default::default()),
+            orders,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn tasks_start_as_early_as_dependencies_allow() {
+        let p = plan(&[&["0F0", "0B0"], &["1F0", "1B0"]]);
+        let replayed = replay(&p, |_| 1.0, 0.5, true).unwrap();
+        let times: Vec<(f64, f64)> = replayed.timeline[1]
+            .iter()
+            .map(|t| (t.start, t.end))
+            .collect();
+        assert_eq!(times, [(1.5, 2.5), (2.5, 3.5)]);
+        assert_eq!(replayed.timeline[0][1].start, 4.0);
+        assert!(replay(&p, |_| 1.0, 0.0, false).unwrap().timeline[0].is_empty());
+    }
+
+    #[test]
+    fn a_cycle_of_waits_is_a_deadlock_naming_every_rank_on_it() {
+        // Rank 0 wants the gradient before sending the activation it depends on.
+        let p = plan(&[&["0B0", "0F0"], &["1F0", "1B0"]]);
+        match replay(&p, |_| 1.0, 0.0, false) {
+            Err(ReplayError::Deadlock(waits)) => {
+                let text = ReplayError::Deadlock(waits.clone()).to_string();
+                assert!(text.contains("rank 0 waits at task 0 (0B0)"), "{text}");
+            }
+            other => panic!("expected a deadlock, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn repeated_and_out_of_range_ops_are_faults_not_panics() {
+        let twice = plan(&[&["0F0", "0F0", "0B0"], &["1F0", "1B0"]]);
+        assert!(matches!(
+            replay(&twice, |_| 1.0, 0.0, false),
+            Err(ReplayError::RunsTwice(..))
+        ));
+        let far = plan(&[&["0F7"], &["1F0", "1B0"]]);
+        assert!(matches!(
+            replay(&far, |_| 1.0, 0.0, false),
+            Err(ReplayError::OutOfRange(..))
+        ));
+    }
 }

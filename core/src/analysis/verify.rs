@@ -17,13 +17,12 @@
 //!
 //! Checks 4 to 6 run only when 1 to 3 hold, because they are meaningless on an incomplete plan.
 
-use crate::deps::predecessors;
-use crate::error::CoreError;
-use crate::ids::RankId;
-use crate::memory::peak_per_rank;
-use crate::op::{Op, OpKind, Task, Work};
-use crate::plan::Plan;
-use crate::replay::{replay, Blocked, EngineFault};
+use crate::analysis::peak::peak_per_rank;
+use crate::analysis::replay::{replay, Blocked, ReplayError};
+use crate::ir::deps::predecessors;
+use crate::ir::ids::RankId;
+use crate::ir::op::{Op, OpKind, Task, Work};
+use crate::ir::plan::Plan;
 use std::fmt;
 
 /// Tolerance on the memory bound (floating-point sums of fractions).
@@ -92,13 +91,6 @@ pub enum Violation {
     },
 }
 
-fn describe_wait(b: &Blocked) -> String {
-    format!(
-        "rank {} waits at task {} ({}) for {} (stage {}, microbatch {})",
-        b.rank, b.position, b.task, b.needs, b.needs.stage, b.needs.microbatch
-    )
-}
-
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -132,7 +124,7 @@ impl fmt::Display for Violation {
                     if i > 0 {
                         write!(f, "; ")?;
                     }
-                    write!(f, "{}", describe_wait(w))?;
+                    write!(f, "{w}")?;
                 }
                 Ok(())
             }
@@ -145,9 +137,23 @@ impl fmt::Display for Violation {
     }
 }
 
-/// Every violation found in one plan.
+/// Every violation found in one plan: the verifier's report, an error of its own (after a pass,
+/// always a bug in that pass; on an imported schedule, a fault of the file).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Violations(pub Vec<Violation>);
+
+impl std::error::Error for Violations {}
+
+impl Violations {
+    /// Whether every violation is of the declared memory bound (the plan is otherwise sound).
+    pub fn only_memory(&self) -> bool {
+        !self.0.is_empty()
+            && self
+                .0
+                .iter()
+                .all(|v| matches!(v, Violation::MemoryBound { .. }))
+    }
+}
 
 /// How many violations [`Violations`]'s `Display` lists before summarising the rest.
 const SHOWN: usize = 12;
@@ -166,21 +172,21 @@ impl fmt::Display for Violations {
 }
 
 /// Checks every invariant of the module doc; `Ok` or the full list of violations.
-pub fn verify(plan: &Plan) -> Result<(), CoreError> {
+pub fn verify(plan: &Plan) -> Result<(), Violations> {
     into_result(violations(plan))
 }
 
 /// Checks invariants 1 to 5 and leaves out the memory bound: the check for intermediate plans of
 /// a pass pipeline, whose memory only the final plan must respect.
-pub fn verify_schedule(plan: &Plan) -> Result<(), CoreError> {
+pub fn verify_schedule(plan: &Plan) -> Result<(), Violations> {
     into_result(collect(plan, false))
 }
 
-fn into_result(violations: Vec<Violation>) -> Result<(), CoreError> {
+fn into_result(violations: Vec<Violation>) -> Result<(), Violations> {
     if violations.is_empty() {
         Ok(())
     } else {
-        Err(CoreError::Verification(Violations(violations)))
+        Err(Violations(violations))
     }
 }
 
@@ -328,47 +334,27 @@ fn check_local_order(plan: &Plan, seen: &Seen, out: &mut Vec<Violation>) {
 }
 
 fn check_acyclic(plan: &Plan, out: &mut Vec<Violation>) {
-    match replay(plan, |_: &Task| 1.0, 0.0, false) {
-        Ok(result) if result.blocked.is_empty() => {}
-        Ok(result) => out.push(Violation::Cycle(wait_cycle(plan, &result.blocked))),
-        Err(EngineFault::OutOfRange(rank, position, op)) => out.push(Violation::OutOfRange {
-            rank,
-            position,
-            op,
-            reason: "out of range".to_string(),
-        }),
-        Err(EngineFault::RunsTwice(rank, _, op)) => out.push(Violation::Duplicate {
-            op,
-            rank,
-            first_on: rank,
-        }),
+    if let Err(stuck) = replay(plan, |_: &Task| 1.0, 0.0, false) {
+        out.push(stuck.into());
     }
 }
 
-/// Follows "rank waits for an op of rank q" from the first blocked rank until a rank repeats and
-/// returns the waits on that cycle (all blocked ranks when no cycle closes, which a structurally
-/// sound plan cannot produce).
-pub fn wait_cycle(plan: &Plan, blocked: &[Blocked]) -> Vec<Blocked> {
-    let mut by_rank: Vec<Option<Blocked>> = vec![None; plan.orders().len()];
-    for b in blocked {
-        by_rank[b.rank.index()] = Some(*b);
-    }
-    let Some(start) = blocked.first() else {
-        return Vec::new();
-    };
-    let mut path: Vec<Blocked> = Vec::new();
-    let mut on_path = vec![usize::MAX; by_rank.len()];
-    let mut current = *start;
-    loop {
-        if on_path[current.rank.index()] != usize::MAX {
-            return path.split_off(on_path[current.rank.index()]);
-        }
-        on_path[current.rank.index()] = path.len();
-        path.push(current);
-        let owner = plan.problem().rank_of(current.needs.stage);
-        match owner.and_then(|o| by_rank[o.index()]) {
-            Some(next) => current = next,
-            None => return blocked.to_vec(),
+impl From<ReplayError> for Violation {
+    /// What the replay engine found, in the verifier's terms.
+    fn from(stuck: ReplayError) -> Violation {
+        match stuck {
+            ReplayError::Deadlock(waits) => Violation::Cycle(waits),
+            ReplayError::OutOfRange(rank, position, op) => Violation::OutOfRange {
+                rank,
+                position,
+                op,
+                reason: "out of range".to_string(),
+            },
+            ReplayError::RunsTwice(rank, _, op) => Violation::Duplicate {
+                op,
+                rank,
+                first_on: rank,
+            },
         }
     }
 }

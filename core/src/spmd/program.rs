@@ -7,10 +7,30 @@
 //! A [`Message`] names what travels: an activation or a gradient of one microbatch across one stage
 //! boundary, with the tensor-shape slot of that boundary.
 
-use crate::ids::{MicrobatchId, RankId, StageId};
-use crate::op::{Task, Work};
+use crate::ir::ids::{MicrobatchId, RankId, StageId};
+use crate::ir::op::{Op, OpKind, Task, Work};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+
+/// How sends and receives complete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Semantics {
+    /// One at a time; a send completes only with its receive.
+    Blocking,
+    /// A group's operations are posted together; the rank goes on once the group's receives are
+    /// matched, and its sends complete when the peers receive them (all by the end of the
+    /// program), as with `batch_isend_irecv` and waiting on the receive requests.
+    Batched,
+}
+
+impl fmt::Display for Semantics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Semantics::Blocking => "blocking rendezvous",
+            Semantics::Batched => "batched",
+        })
+    }
+}
 
 /// Which way a message goes.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
@@ -73,6 +93,34 @@ impl Message {
             to_stage: to,
             microbatch,
             slot: ShapeSlot::after(to),
+        }
+    }
+
+    /// What travels when `consumer` needs `dependency` from another stage: the activation of a
+    /// forward, else the gradient of an input-gradient backward.
+    pub fn carrying(dependency: Op, consumer: Op) -> Message {
+        match dependency.kind {
+            OpKind::Forward => {
+                Message::activation(dependency.stage, consumer.stage, consumer.microbatch)
+            }
+            _ => Message::gradient(dependency.stage, consumer.stage, consumer.microbatch),
+        }
+    }
+
+    /// The op whose result travels: F of the sending stage for an activation, I for a gradient.
+    pub fn producer(&self) -> Op {
+        let kind = match self.direction {
+            Direction::Activation => OpKind::Forward,
+            Direction::Gradient => OpKind::InputGrad,
+        };
+        Op::new(kind, self.from_stage, self.microbatch)
+    }
+
+    /// The work (stage, microbatch) on the sending side.
+    pub fn source(&self) -> Work {
+        Work {
+            stage: self.from_stage,
+            microbatch: self.microbatch,
         }
     }
 
@@ -252,7 +300,7 @@ pub struct ProgramSet {
     pub forward_only: bool,
     /// The weakest communication semantics the programs must complete under: `Blocking` (each
     /// send and receive on its own, which implies batched groups work too) or `Batched` only.
-    pub semantics: crate::check::Semantics,
+    pub semantics: Semantics,
 }
 
 impl ProgramSet {

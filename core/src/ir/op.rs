@@ -8,7 +8,7 @@
 //! Notation: `<stage><kind><microbatch>`, kinds `F`, `I`, `W`, `B`; e.g. `4B12`.
 
 use crate::error::CoreError;
-use crate::ids::{MicrobatchId, StageId};
+use crate::ir::ids::{MicrobatchId, StageId};
 use serde::{Deserialize, Serialize};
 use smallvec::{smallvec, SmallVec};
 use std::fmt;

@@ -6,9 +6,9 @@
 //! other stages (model chunks) in lower case, so interleaved schedules read like the papers' figures.
 //! The quantum is the shortest task duration, widened so the grid has at most [`MAX_COLUMNS`] columns.
 
-use crate::op::{Task, TaskKind};
-use crate::plan::Plan;
-use crate::simulate::Simulation;
+use crate::analysis::simulate::Simulation;
+use crate::ir::op::{Task, TaskKind};
+use crate::ir::plan::Plan;
 use std::fmt::Write;
 
 /// Widest grid drawn; longer schedules are drawn with a coarser quantum.

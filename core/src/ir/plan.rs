@@ -1,15 +1,21 @@
 //! The global plan: a problem, its cost and memory models, and every rank's order of tasks.
 //!
 //! A plan is structurally consistent by construction (one order per rank, one cost and memory entry
-//! per stage, a valid memory limit); whether its orders form a correct schedule is the verifier's
-//! job ([`crate::verify`]). Plans are values: passes take one and return a new one.
+//! per stage, a valid memory limit, [`Facts`] that match its problem and orders); whether its
+//! orders form a correct schedule is the verifier's job ([`crate::analysis::verify`]). Plans are
+//! values: passes take one and return a new one.
+//!
+//! The pass history ([`Plan::passes`]) is a record for reports; what a plan *is* lives in its
+//! [`Facts`], which passes read and declare.
 
-use crate::cost::CostModel;
 use crate::error::CoreError;
-use crate::ids::RankId;
-use crate::memory::MemoryModel;
-use crate::op::{Op, Task};
-use crate::problem::Problem;
+use crate::ir::cost::{CostModel, StageCosts};
+use crate::ir::facts::{Backwards, Facts, Layout, Pacing};
+use crate::ir::ids::RankId;
+use crate::ir::memory::{MemoryModel, StageMemory};
+use crate::ir::op::{Op, Task};
+use crate::ir::problem::Problem;
+use crate::ir::slots::OpSlots;
 
 /// A global pipeline plan.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,10 +26,12 @@ pub struct Plan {
     memory_limit: Option<f64>,
     orders: Vec<Vec<Task>>,
     passes: Vec<String>,
+    facts: Facts,
 }
 
 impl Plan {
-    /// A plan with empty orders: the input of the baseline pass.
+    /// A plan with empty orders: the input of the baseline pass. Its facts: the problem's own
+    /// layout ([`Layout::of_problem`]), unscheduled, whole backwards.
     pub fn unscheduled(
         problem: Problem,
         costs: CostModel,
@@ -33,12 +41,33 @@ impl Plan {
         Plan::new(problem, costs, memory, vec![Vec::new(); ranks])
     }
 
-    /// A plan with the given orders (one per rank); checks the models match the problem.
+    /// A plan with the given orders (one per rank), e.g. an imported schedule; checks the models
+    /// match the problem. Its facts are what can be read off: the problem's own layout, custom
+    /// pacing (unscheduled when every order is empty), and whether any backward is split.
     pub fn new(
         problem: Problem,
         costs: CostModel,
         memory: MemoryModel,
         orders: Vec<Vec<Task>>,
+    ) -> Result<Plan, CoreError> {
+        let facts = Facts {
+            layout: Layout::of_problem(&problem),
+            pacing: if orders.iter().all(Vec::is_empty) {
+                Pacing::Unscheduled
+            } else {
+                Pacing::Custom
+            },
+            backwards: Backwards::of_orders(&orders),
+        };
+        Plan::assemble(problem, costs, memory, orders, facts)
+    }
+
+    fn assemble(
+        problem: Problem,
+        costs: CostModel,
+        memory: MemoryModel,
+        orders: Vec<Vec<Task>>,
+        facts: Facts,
     ) -> Result<Plan, CoreError> {
         let stages = problem.stages() as usize;
         if costs.stages().len() != stages {
@@ -61,6 +90,7 @@ impl Plan {
                 expected: problem.ranks() as usize,
             });
         }
+        check_facts(&facts, &problem, &orders)?;
         Ok(Plan {
             problem,
             costs,
@@ -68,6 +98,7 @@ impl Plan {
             memory_limit: None,
             orders,
             passes: Vec::new(),
+            facts,
         })
     }
 
@@ -76,7 +107,7 @@ impl Plan {
     /// two chunks runs each in half the time). Memory is the default (everything held until W).
     pub fn from_rank_shares(
         problem: Problem,
-        share: crate::cost::StageCosts,
+        share: StageCosts,
         comm: f64,
         orders: Vec<Vec<Task>>,
     ) -> Result<Plan, CoreError> {
@@ -92,7 +123,7 @@ impl Plan {
         let memory = problem
             .stage_to_rank()
             .iter()
-            .map(|r| crate::memory::StageMemory::default().split(per_stage(r)))
+            .map(|r| StageMemory::default().split(per_stage(r)))
             .collect();
         Plan::new(
             problem,
@@ -118,20 +149,29 @@ impl Plan {
         Ok(self)
     }
 
-    /// The same problem and models with new orders (one per rank).
+    /// The same problem, models and facts with new orders (one per rank).
     pub fn with_orders(self, orders: Vec<Vec<Task>>) -> Result<Plan, CoreError> {
-        self.reshaped(None, orders)
+        let facts = self.facts;
+        self.reshaped(None, orders, facts)
     }
 
-    /// New orders and, optionally, a new problem with its models (a pass that changes placement);
-    /// the memory limit and pass history carry over.
+    /// The same plan declaring other facts (checked against the problem and the orders).
+    pub fn with_facts(mut self, facts: Facts) -> Result<Plan, CoreError> {
+        check_facts(&facts, &self.problem, &self.orders)?;
+        self.facts = facts;
+        Ok(self)
+    }
+
+    /// New orders and facts and, optionally, a new problem with its models (a pass that changes
+    /// placement); the memory limit and pass history carry over.
     pub fn reshaped(
         self,
         shape: Option<(Problem, CostModel, MemoryModel)>,
         orders: Vec<Vec<Task>>,
+        facts: Facts,
     ) -> Result<Plan, CoreError> {
         let (problem, costs, memory) = shape.unwrap_or((self.problem, self.costs, self.memory));
-        let mut plan = Plan::new(problem, costs, memory, orders)?;
+        let mut plan = Plan::assemble(problem, costs, memory, orders, facts)?;
         plan.memory_limit = self.memory_limit;
         plan.passes = self.passes;
         Ok(plan)
@@ -167,9 +207,14 @@ impl Plan {
     pub fn order(&self, rank: RankId) -> &[Task] {
         self.orders.get(rank.index()).map_or(&[], Vec::as_slice)
     }
-    /// Names of the passes applied so far, in order.
+    /// Names of the passes applied so far, in order: a record for reports. What the plan is
+    /// lives in [`Plan::facts`].
     pub fn passes(&self) -> &[String] {
         &self.passes
+    }
+    /// What the plan says about itself: layout, pacing, whole or split backwards.
+    pub fn facts(&self) -> Facts {
+        self.facts
     }
     /// Total number of tasks over all ranks.
     pub fn task_count(&self) -> usize {
@@ -191,19 +236,32 @@ impl Plan {
             .map(|o| o.iter().map(Task::to_string).collect())
             .collect()
     }
+    /// The numbering of this plan's ops.
+    pub fn slots(&self) -> OpSlots {
+        OpSlots::of(&self.problem)
+    }
     /// Size of a dense table indexed by [`Plan::op_slot`].
     pub fn op_slots(&self) -> usize {
-        self.problem.stages() as usize * self.problem.microbatches() as usize * 3
+        self.slots().len()
     }
     /// Dense index of an op, or None when its stage or microbatch is out of range.
     pub fn op_slot(&self, op: Op) -> Option<usize> {
-        let stages = self.problem.stages() as usize;
-        if op.stage.index() >= stages || op.microbatch.get() >= self.problem.microbatches() {
-            return None;
-        }
-        // Stage-major: a rank walks its own stages' microbatches in order, so its ops sit close
-        // together in every table indexed by slot.
-        let microbatches = self.problem.microbatches() as usize;
-        Some((op.stage.index() * microbatches + op.microbatch.index()) * 3 + op.kind.index())
+        self.slots().op(op)
     }
+}
+
+/// The facts must describe the problem (layout) and the orders (whole backwards).
+fn check_facts(facts: &Facts, problem: &Problem, orders: &[Vec<Task>]) -> Result<(), CoreError> {
+    facts.layout.check(problem)?;
+    if facts.backwards == Backwards::Whole && Backwards::of_orders(orders) == Backwards::Split {
+        return Err(CoreError::InvalidProblem(
+            "the plan claims whole backwards, but its orders run split I or W tasks".to_string(),
+        ));
+    }
+    if facts.pacing == Pacing::Unscheduled && orders.iter().any(|o| !o.is_empty()) {
+        return Err(CoreError::InvalidProblem(
+            "the plan claims to be unscheduled, but its orders hold tasks".to_string(),
+        ));
+    }
+    Ok(())
 }

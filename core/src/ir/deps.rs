@@ -6,8 +6,8 @@
 //!
 //! A full backward (B) is an I and its W; its dependencies are the I's.
 
-use crate::op::{Op, OpKind};
-use crate::problem::Problem;
+use crate::ir::op::{Op, OpKind};
+use crate::ir::problem::Problem;
 use smallvec::{smallvec, SmallVec};
 
 /// The ops `op` depends on. `op` must be on an existing (stage, microbatch) pair; for any other

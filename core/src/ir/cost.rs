@@ -6,6 +6,8 @@
 //! edge whose two ops run on different ranks. Every figure is finite and non-negative.
 
 use crate::error::CoreError;
+use crate::ir::ids::StageId;
+use crate::ir::op::{Op, OpKind, Task, Work};
 use typed_builder::TypedBuilder;
 
 /// Durations of one stage's ops, as a user writes them; validated by [`StageCostsSpec::validate`].
@@ -101,6 +103,14 @@ impl StageCosts {
     pub fn overlapped(&self) -> f64 {
         self.overlapped
     }
+    /// Duration of one atomic op of `kind` (the unfused figures: F, I or W).
+    pub fn of(&self, kind: OpKind) -> f64 {
+        match kind {
+            OpKind::Forward => self.forward,
+            OpKind::InputGrad => self.input_grad,
+            OpKind::WeightGrad => self.weight_grad,
+        }
+    }
     /// All durations divided by `parts` (a rank's share split into `parts` chunks).
     pub fn split(&self, parts: u32) -> StageCosts {
         let k = f64::from(parts.max(1));
@@ -157,9 +167,33 @@ impl CostModel {
         &self.stages
     }
     /// Costs of one stage (None when out of range).
-    pub fn stage(&self, stage: crate::StageId) -> Option<&StageCosts> {
+    pub fn stage(&self, stage: StageId) -> Option<&StageCosts> {
         self.stages.get(stage.index())
     }
+    /// Costs of one stage, or the default unit costs when it is out of range (the verifier
+    /// reports such stages; analyses must not fail on them first).
+    fn stage_or_default(&self, stage: StageId) -> StageCosts {
+        self.stage(stage).copied().unwrap_or_default()
+    }
+    /// Duration of one atomic op (unfused).
+    pub fn op_cost(&self, op: Op) -> f64 {
+        self.stage_or_default(op.stage).of(op.kind)
+    }
+    /// Duration of a task: its fused figure for B and F&B, the op's own for F, I and W. An
+    /// overlapped F&B takes the longer of its two stages' `FB`.
+    pub fn task_duration(&self, task: &Task) -> f64 {
+        let cost = |w: Work| self.stage_or_default(w.stage);
+        match *task {
+            Task::Forward(w) => cost(w).forward(),
+            Task::InputGrad(w) => cost(w).input_grad(),
+            Task::WeightGrad(w) => cost(w).weight_grad(),
+            Task::Backward(w) => cost(w).full_backward(),
+            Task::Overlapped { forward, backward } => {
+                cost(forward).overlapped().max(cost(backward).overlapped())
+            }
+        }
+    }
+
     /// Latency of one cross-rank edge.
     pub fn comm(&self) -> f64 {
         self.comm

@@ -1,0 +1,169 @@
+//! The simulator: runs a plan under its cost model and reports the figures people compare.
+//!
+//! Every rank runs its order as early as dependencies allow (see [`crate::analysis::replay`]). Reported:
+//! - `makespan`: when the last task ends;
+//! - per rank: `busy` (time running tasks), `idle` (= makespan - busy), and `span` (first task's
+//!   start to last task's end);
+//! - `bubble_rate` as the Zero Bubble paper defines it: `(span - work) / span` with `span` the
+//!   longest per-rank span and `work` the largest per-rank sum of unfused op costs (F + I + W of
+//!   every op the rank runs; for uniform costs `m (T_F + T_B + T_W)`);
+//! - peak activation memory per rank (units of one microbatch of a rank's share);
+//! - the timeline of every task.
+
+use crate::analysis::peak::peak_per_rank;
+use crate::analysis::replay::{replay, ReplayError, TimedTask};
+use crate::ir::plan::Plan;
+
+/// Figures of one rank.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RankFigures {
+    /// Time spent running tasks.
+    pub busy: f64,
+    /// Makespan minus busy.
+    pub idle: f64,
+    /// First start to last end (0 for a rank with no task).
+    pub span: f64,
+    /// Sum of unfused op costs (F, I, W) of the rank's ops.
+    pub work: f64,
+    /// Peak activation memory.
+    pub peak_activations: f64,
+}
+
+/// The result of simulating a plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Simulation {
+    makespan: f64,
+    bubble_rate: f64,
+    ranks: Vec<RankFigures>,
+    timeline: Vec<Vec<TimedTask>>,
+}
+
+impl Simulation {
+    /// When the last task ends.
+    pub fn makespan(&self) -> f64 {
+        self.makespan
+    }
+    /// The Zero Bubble paper's bubble rate.
+    pub fn bubble_rate(&self) -> f64 {
+        self.bubble_rate
+    }
+    /// Per-rank figures.
+    pub fn ranks(&self) -> &[RankFigures] {
+        &self.ranks
+    }
+    /// The longest per-rank span.
+    pub fn max_span(&self) -> f64 {
+        self.ranks.iter().map(|r| r.span).fold(0.0, f64::max)
+    }
+    /// Per rank, every task with its start and end.
+    pub fn timeline(&self) -> &[Vec<TimedTask>] {
+        &self.timeline
+    }
+}
+
+/// Simulates `plan`. Fails when the plan cannot run to completion (the replay engine says why; the
+/// verifier reports the same plan's faults in full).
+pub fn simulate(plan: &Plan) -> Result<Simulation, ReplayError> {
+    let costs = plan.costs();
+    let outcome = replay(plan, |t| costs.task_duration(t), costs.comm(), true)?;
+    let peaks = peak_per_rank(plan);
+    let makespan = outcome
+        .timeline
+        .iter()
+        .filter_map(|t| t.last().map(|x| x.end))
+        .fold(0.0, f64::max);
+    let ranks: Vec<RankFigures> = outcome
+        .timeline
+        .iter()
+        .zip(&peaks)
+        .map(|(tasks, peak)| {
+            let busy: f64 = tasks.iter().map(|t| t.end - t.start).sum();
+            RankFigures {
+                busy,
+                idle: makespan - busy,
+                span: match (tasks.first(), tasks.last()) {
+                    (Some(a), Some(b)) => b.end - a.start,
+                    _ => 0.0,
+                },
+                work: tasks
+                    .iter()
+                    .flat_map(|t| t.task.ops())
+                    .map(|op| costs.op_cost(op))
+                    .sum(),
+                peak_activations: peak.peak,
+            }
+        })
+        .collect();
+    let max_span = ranks.iter().map(|r| r.span).fold(0.0, f64::max);
+    let max_work = ranks.iter().map(|r| r.work).fold(0.0, f64::max);
+    let bubble_rate = if max_span > 0.0 {
+        ((max_span - max_work) / max_span).max(0.0)
+    } else {
+        0.0
+    };
+    Ok(Simulation {
+        makespan,
+        bubble_rate,
+        ranks,
+        timeline: outcome.timeline,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::cost::{CostModel, StageCostsSpec};
+    use crate::ir::memory::MemoryModel;
+    use crate::ir::problem::ProblemSpec;
+
+    fn gpipe(ranks: u32, microbatches: u32, f: f64, b: f64) -> Plan {
+        let problem = ProblemSpec::builder()
+            .ranks(ranks)
+            .microbatches(microbatches)
+            .build()
+            .validate()
+            .unwrap();
+        let costs = StageCostsSpec::builder()
+            .forward(f)
+            .input_grad(b / 2.0)
+            .weight_grad(b / 2.0)
+            .build()
+            .validate()
+            .unwrap();
+        let orders = (0..ranks)
+            .map(|r| {
+                let f = (0..microbatches).map(|m| format!("{r}F{m}").parse().unwrap());
+                let b = (0..microbatches).map(|m| format!("{r}B{m}").parse().unwrap());
+                f.chain(b).collect()
+            })
+            .collect();
+        Plan::new(
+            problem,
+            CostModel::uniform(ranks, costs, 0.0).unwrap(),
+            MemoryModel::uniform(ranks, Default::default()),
+            orders,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn gpipe_takes_the_closed_form_time() {
+        let sim = simulate(&gpipe(4, 8, 1.0, 2.0)).unwrap();
+        assert_eq!(sim.makespan(), (8.0 + 3.0) * 3.0);
+        assert_eq!(sim.ranks()[0].busy, 24.0);
+        assert_eq!(sim.ranks()[0].idle, 9.0);
+        assert_eq!(sim.ranks()[3].peak_activations, 8.0);
+        // span 33, work 24 on every rank: the bubble is 9 / 33.
+        assert!((sim.bubble_rate() - 9.0 / 33.0).abs() < 1e-12);
+        assert_eq!(sim.timeline()[1][0].start, 1.0);
+    }
+
+    #[test]
+    fn a_plan_that_cannot_finish_is_an_error_not_a_panic() {
+        let mut plan = gpipe(2, 1, 1.0, 1.0);
+        let mut orders = plan.orders().to_vec();
+        orders[0].reverse();
+        plan = plan.with_orders(orders).unwrap();
+        assert!(matches!(simulate(&plan), Err(ReplayError::Deadlock(_))));
+    }
+}
