@@ -1,0 +1,100 @@
+//! [`GptConfig`]: the hyper-parameters of a GPT-2-architecture model, validated on construction.
+
+use crate::error::{KernelError, Result};
+
+/// The shape of a GPT-2-architecture model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GptConfig {
+    vocab_size: usize,
+    n_layer: usize,
+    d_model: usize,
+    n_head: usize,
+    max_seq_len: usize,
+}
+
+impl GptConfig {
+    /// The default vocabulary: the 256 byte values.
+    pub const BYTE_VOCAB_SIZE: usize = 256;
+
+    /// A model with the byte vocabulary, `n_layer` blocks of width `d_model` with `n_head`
+    /// heads (which must divide `d_model`), and `max_seq_len` learned positions.
+    pub fn new(n_layer: usize, d_model: usize, n_head: usize, max_seq_len: usize) -> Result<Self> {
+        positive("n_layer", n_layer)?;
+        positive("d_model", d_model)?;
+        positive("n_head", n_head)?;
+        positive("max_seq_len", max_seq_len)?;
+        if d_model % n_head != 0 {
+            return Err(KernelError::InvalidArgument {
+                field: "n_head",
+                value: n_head.to_string(),
+                reason: "must divide d_model",
+            });
+        }
+        Ok(GptConfig {
+            vocab_size: Self::BYTE_VOCAB_SIZE,
+            n_layer,
+            d_model,
+            n_head,
+            max_seq_len,
+        })
+    }
+
+    /// The same model with another vocabulary size.
+    pub fn with_vocab_size(self, vocab_size: usize) -> Result<Self> {
+        positive("vocab_size", vocab_size)?;
+        if u32::try_from(vocab_size).is_err() {
+            return Err(KernelError::InvalidArgument {
+                field: "vocab_size",
+                value: vocab_size.to_string(),
+                reason: "token ids are u32",
+            });
+        }
+        Ok(GptConfig { vocab_size, ..self })
+    }
+
+    /// The vocabulary size `V`.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// The number of transformer blocks of the whole model.
+    pub fn n_layer(&self) -> usize {
+        self.n_layer
+    }
+
+    /// The model width `d`.
+    pub fn d_model(&self) -> usize {
+        self.d_model
+    }
+
+    /// The number of attention heads `H`.
+    pub fn n_head(&self) -> usize {
+        self.n_head
+    }
+
+    /// The width of a head, `d / H`.
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_head
+    }
+
+    /// The number of learned positions `T_max`.
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    /// The MLP's hidden width, `4d`.
+    pub fn mlp_hidden(&self) -> usize {
+        4 * self.d_model
+    }
+}
+
+fn positive(field: &'static str, value: usize) -> Result<()> {
+    if value > 0 {
+        return Ok(());
+    }
+    Err(KernelError::InvalidArgument {
+        field,
+        value: value.to_string(),
+        reason: "must be positive",
+    })
+}

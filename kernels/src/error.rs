@@ -1,0 +1,113 @@
+//! The crate's one error type, [`KernelError`]: every fallible function of the crate returns it,
+//! and each variant says what was wrong, where (which layer or tensor) and why.
+
+use candle_core::DType;
+
+/// Result type of the crate.
+pub type Result<T> = std::result::Result<T, KernelError>;
+
+/// Everything that can go wrong in `pipeweave-kernels`.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// A tensor has the wrong shape.
+    #[error("{layer}: `{tensor}` has shape {actual:?}, expected {expected}")]
+    Shape {
+        /// The layer or function that checked the shape.
+        layer: &'static str,
+        /// Which tensor (argument or parameter) is wrong.
+        tensor: &'static str,
+        /// The shape it has.
+        actual: Vec<usize>,
+        /// What was expected, in words (e.g. `"[B, T, 768]"`).
+        expected: String,
+    },
+    /// A tensor has the wrong element type.
+    #[error("{layer}: `{tensor}` has dtype {actual:?}, expected {expected}")]
+    DType {
+        /// The layer or function that checked the dtype.
+        layer: &'static str,
+        /// Which tensor is wrong.
+        tensor: &'static str,
+        /// The dtype it has.
+        actual: DType,
+        /// What was expected, in words.
+        expected: String,
+    },
+    /// A token id (input or target) is not below the vocabulary size.
+    #[error("{layer}: `{tensor}` holds token id {id} at flat position {position}, but the vocabulary has only {vocab_size} tokens")]
+    TokenOutOfRange {
+        /// The layer or function that read the ids.
+        layer: &'static str,
+        /// Which tensor holds the bad id.
+        tensor: &'static str,
+        /// Row-major position of the bad id.
+        position: usize,
+        /// The bad id.
+        id: u32,
+        /// The vocabulary size.
+        vocab_size: usize,
+    },
+    /// A sequence is longer than the learned position table.
+    #[error("{layer}: sequence length {seq_len} exceeds the maximum of {max_seq_len} positions")]
+    SequenceTooLong {
+        /// The layer that checked the length.
+        layer: &'static str,
+        /// The length given.
+        seq_len: usize,
+        /// The number of learned positions.
+        max_seq_len: usize,
+    },
+    /// A configuration value or scalar argument is out of its domain.
+    #[error("invalid {field} = {value}: {reason}")]
+    InvalidArgument {
+        /// Which field or argument.
+        field: &'static str,
+        /// Its value, formatted.
+        value: String,
+        /// Why it is rejected.
+        reason: &'static str,
+    },
+    /// A list of parameters has the wrong length.
+    #[error("{layer}: got {actual} parameter tensors, expected {expected}")]
+    ParameterCount {
+        /// The layer or model that took the list.
+        layer: &'static str,
+        /// How many were given.
+        actual: usize,
+        /// How many the layer has.
+        expected: usize,
+    },
+    /// An error raised inside a named part of a model, with the part's GPT-2 name.
+    #[error("in `{location}`: {source}")]
+    At {
+        /// The part of the model, e.g. `transformer.h.3`.
+        location: String,
+        /// The error raised there.
+        #[source]
+        source: Box<KernelError>,
+    },
+    /// The tensor backend (candle) failed inside a primitive op.
+    #[error("primitive `{op}` failed in the tensor backend: {source}")]
+    Backend {
+        /// The primitive op.
+        op: &'static str,
+        /// candle's error.
+        #[source]
+        source: candle_core::Error,
+    },
+}
+
+impl KernelError {
+    /// Wraps `self` with the model location where it was raised.
+    pub fn at(self, location: impl Into<String>) -> Self {
+        KernelError::At {
+            location: location.into(),
+            source: Box::new(self),
+        }
+    }
+
+    /// A closure that turns a candle error of primitive `op` into a [`KernelError::Backend`].
+    pub(crate) fn backend(op: &'static str) -> impl FnOnce(candle_core::Error) -> Self {
+        move |source| KernelError::Backend { op, source }
+    }
+}

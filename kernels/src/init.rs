@@ -1,0 +1,228 @@
+//! GPT-2 initialisation from a `u64` seed, bit-identical on every machine and for every way of
+//! cutting the model into stages.
+//!
+//! - [`SplitMix64`] is the generator (Steele, Lea and Flood's SplitMix64, integer-only);
+//! - [`NormalSampler`] turns it into standard normals by the Box-Muller transform, with the
+//!   pure-Rust `libm` crate for `log`, `sin` and `cos` (the system libm may differ between
+//!   machines in the last bit) and IEEE-exact `sqrt`; values are drawn in f64 and rounded once
+//!   to the parameter's dtype;
+//! - [`parameter_seed`] derives each parameter's own stream from `(seed, GPT-2 name)`, so a
+//!   parameter's values do not depend on which other parameters a stage holds.
+//!
+//! The scheme is GPT-2's: weights `N(0, 0.02)`, biases 0, layer-norm weights 1, the two
+//! `c_proj.weight`s of each block `N(0, 0.02 / √(2·n_layer))`; `wte`, `wpe` and the untied
+//! `lm_head` `N(0, 0.02)`.
+
+use candle_core::{DType, Tensor};
+
+use crate::config::GptConfig;
+use crate::error::Result;
+use crate::layers::{Attention, Block, Embedding, Head, LayerNorm, Linear, Mlp};
+use crate::primitives::Primitives;
+
+/// GPT-2's `initializer_range`.
+pub const INIT_STD: f64 = 0.02;
+
+/// The SplitMix64 generator: a 64-bit state advanced by a constant and mixed.
+#[derive(Debug, Clone)]
+pub struct SplitMix64 {
+    state: u64,
+}
+
+impl SplitMix64 {
+    /// A generator starting from `seed`.
+    pub fn new(seed: u64) -> Self {
+        SplitMix64 { state: seed }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        mix64(self.state)
+    }
+
+    /// A uniform draw from `[0, 1)` with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// SplitMix64's output function (a bijective 64-bit mixer).
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Standard normal draws by the Box-Muller transform over a [`SplitMix64`].
+#[derive(Debug, Clone)]
+pub struct NormalSampler {
+    uniform: SplitMix64,
+    spare: Option<f64>,
+}
+
+impl NormalSampler {
+    /// A sampler seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        NormalSampler {
+            uniform: SplitMix64::new(seed),
+            spare: None,
+        }
+    }
+
+    /// The next standard normal draw.
+    pub fn next_normal(&mut self) -> f64 {
+        if let Some(spare) = self.spare.take() {
+            return spare;
+        }
+        // 1 - u lies in (0, 1], so the logarithm is finite.
+        let radius_uniform = 1.0 - self.uniform.next_f64();
+        let angle = std::f64::consts::TAU * self.uniform.next_f64();
+        let radius = (-2.0 * libm::log(radius_uniform)).sqrt();
+        self.spare = Some(radius * libm::sin(angle));
+        radius * libm::cos(angle)
+    }
+}
+
+/// The seed of the parameter named `name` in a model initialised from `seed`.
+pub fn parameter_seed(seed: u64, name: &str) -> u64 {
+    // FNV-1a over the name's bytes, then mixed with the seed.
+    let name_hash = name.bytes().fold(0xCBF2_9CE4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01B3)
+    });
+    mix64(mix64(seed) ^ name_hash)
+}
+
+/// Makes parameter tensors of one dtype from one seed.
+pub(crate) struct ParameterFactory<'a> {
+    ops: &'a dyn Primitives,
+    seed: u64,
+    dtype: DType,
+}
+
+impl<'a> ParameterFactory<'a> {
+    /// A factory for `dtype` tensors drawn from `seed`.
+    pub(crate) fn new(ops: &'a dyn Primitives, seed: u64, dtype: DType) -> Self {
+        ParameterFactory { ops, seed, dtype }
+    }
+
+    /// `N(0, std²)` values drawn from the stream of parameter `name`.
+    fn normal(&self, name: &str, shape: &[usize], std: f64) -> Result<Tensor> {
+        let mut sampler = NormalSampler::new(parameter_seed(self.seed, name));
+        let count = shape.iter().product();
+        let values: Vec<f64> = (0..count).map(|_| std * sampler.next_normal()).collect();
+        self.ops.float_tensor(&values, shape, self.dtype)
+    }
+
+    /// A tensor filled with `value`.
+    fn constant(&self, shape: &[usize], value: f64) -> Result<Tensor> {
+        let count = shape.iter().product();
+        self.ops
+            .float_tensor(&vec![value; count], shape, self.dtype)
+    }
+
+    /// A `Conv1D` linear `[inputs, outputs]` named `prefix`, weight `N(0, std²)`, bias 0.
+    fn linear(&self, prefix: &str, inputs: usize, outputs: usize, std: f64) -> Result<Linear> {
+        let weight = self.normal(&format!("{prefix}.weight"), &[inputs, outputs], std)?;
+        Linear::new(weight, self.constant(&[outputs], 0.0)?)
+    }
+
+    /// A layer norm of width `features`: weight 1, bias 0.
+    fn layer_norm(&self, features: usize) -> Result<LayerNorm> {
+        LayerNorm::new(
+            self.constant(&[features], 1.0)?,
+            self.constant(&[features], 0.0)?,
+        )
+    }
+
+    /// Block `index` of the model (named `transformer.h.{index}`).
+    pub(crate) fn block(&self, config: &GptConfig, index: usize) -> Result<Block> {
+        let d = config.d_model();
+        let prefix = block_prefix(index);
+        let residual_std = INIT_STD / (2.0 * config.n_layer() as f64).sqrt();
+        let c_attn = self.linear(&format!("{prefix}.attn.c_attn"), d, 3 * d, INIT_STD)?;
+        let c_proj = self.linear(&format!("{prefix}.attn.c_proj"), d, d, residual_std)?;
+        let hidden = config.mlp_hidden();
+        let c_fc = self.linear(&format!("{prefix}.mlp.c_fc"), d, hidden, INIT_STD)?;
+        let mlp_proj = self.linear(&format!("{prefix}.mlp.c_proj"), hidden, d, residual_std)?;
+        Block::new(
+            self.layer_norm(d)?,
+            Attention::new(c_attn, c_proj, config.n_head())?,
+            self.layer_norm(d)?,
+            Mlp::new(c_fc, mlp_proj)?,
+        )
+    }
+
+    /// The token and position embedding.
+    pub(crate) fn embedding(&self, config: &GptConfig) -> Result<Embedding> {
+        let (vocab, positions, d) = (config.vocab_size(), config.max_seq_len(), config.d_model());
+        Embedding::new(
+            self.normal(WTE, &[vocab, d], INIT_STD)?,
+            self.normal(WPE, &[positions, d], INIT_STD)?,
+        )
+    }
+
+    /// The final layer norm and the untied vocabulary projection.
+    pub(crate) fn head(&self, config: &GptConfig) -> Result<Head> {
+        let (vocab, d) = (config.vocab_size(), config.d_model());
+        Head::new(
+            self.layer_norm(d)?,
+            self.normal(LM_HEAD, &[vocab, d], INIT_STD)?,
+        )
+    }
+}
+
+/// GPT-2 name of the token embedding.
+pub(crate) const WTE: &str = "transformer.wte.weight";
+/// GPT-2 name of the position embedding.
+pub(crate) const WPE: &str = "transformer.wpe.weight";
+/// GPT-2 name of the vocabulary projection.
+pub(crate) const LM_HEAD: &str = "lm_head.weight";
+
+/// GPT-2 name prefix of block `index`.
+pub(crate) fn block_prefix(index: usize) -> String {
+    format!("transformer.h.{index}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splitmix64_matches_the_reference_sequence() {
+        // Vigna's splitmix64.c from state 0.
+        let mut rng = SplitMix64::new(0);
+        assert_eq!(rng.next_u64(), 0xE220_A839_7B1D_CDAF);
+        assert_eq!(rng.next_u64(), 0x6E78_9E6A_A1B9_65F4);
+    }
+
+    #[test]
+    fn normal_draws_are_pinned_and_standard() {
+        let mut sampler = NormalSampler::new(parameter_seed(0, "transformer.wte.weight"));
+        // Pinned bits: a change here changes every model initialised so far.
+        let first: Vec<u64> = (0..4).map(|_| sampler.next_normal().to_bits()).collect();
+        let pinned = [
+            0x3FED_4568_8DE7_8C6A,
+            0xBFC3_82D9_30F3_2FC5,
+            0x3FE7_1346_FFD1_1434,
+            0x3FF7_F969_542F_EA86,
+        ];
+        assert_eq!(first, pinned);
+        let mut sampler = NormalSampler::new(7);
+        let draws: Vec<f64> = (0..200_000).map(|_| sampler.next_normal()).collect();
+        let mean = draws.iter().sum::<f64>() / draws.len() as f64;
+        let var = draws.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / draws.len() as f64;
+        assert!(
+            mean.abs() < 0.01 && (var - 1.0).abs() < 0.01,
+            "mean {mean}, var {var}"
+        );
+    }
+
+    #[test]
+    fn parameter_seeds_differ_by_name_and_seed() {
+        let a = parameter_seed(1, "transformer.h.0.attn.c_attn.weight");
+        assert_ne!(a, parameter_seed(1, "transformer.h.1.attn.c_attn.weight"));
+        assert_ne!(a, parameter_seed(2, "transformer.h.0.attn.c_attn.weight"));
+        assert_eq!(a, parameter_seed(1, "transformer.h.0.attn.c_attn.weight"));
+    }
+}

@@ -1,0 +1,306 @@
+//! [`Attention`]: causal multi-head self-attention exactly as Hugging Face's `GPT2Attention`
+//! (no dropout): `c_attn` maps `d -> 3d`, split along the last dimension into q, k, v in that
+//! order; heads split as `[B, T, H, D]` (then `[B, H, T, D]`); scores `q·kᵀ / √D`; causal mask;
+//! softmax; weighted sum of v; heads merged; `c_proj` maps `d -> d`.
+//!
+//! Parameters, in order: `c_attn.weight`, `c_attn.bias`, `c_proj.weight`, `c_proj.bias`.
+
+use candle_core::{DType, Tensor};
+
+use super::linear::{LinearPendingWeightGrad, LinearSaved};
+use super::{prefixed, Layer, Linear, ParameterSlots};
+use crate::check;
+use crate::error::{KernelError, Result};
+use crate::primitives::Primitives;
+
+const LAYER: &str = "Attention";
+
+/// Causal multi-head self-attention with `c_attn: d -> 3d` and `c_proj: d -> d`.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    c_attn: Linear,
+    c_proj: Linear,
+    n_head: usize,
+}
+
+/// The per-head tensors of the attention core that its backward needs, each `[B, H, T, ·]`.
+#[derive(Debug)]
+struct CoreSaved {
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    probs: Tensor,
+}
+
+/// What [`Attention::forward`] keeps.
+#[derive(Debug)]
+pub struct AttentionSaved {
+    c_attn: LinearSaved,
+    core: CoreSaved,
+    c_proj: LinearSaved,
+}
+
+/// What [`Attention::backward_weight`] needs.
+#[derive(Debug)]
+pub struct AttentionPendingWeightGrad {
+    c_attn: LinearPendingWeightGrad,
+    c_proj: LinearPendingWeightGrad,
+}
+
+impl Attention {
+    /// Attention from `c_attn: d -> 3d`, `c_proj: d -> d` and `n_head` dividing `d`.
+    pub fn new(c_attn: Linear, c_proj: Linear, n_head: usize) -> Result<Self> {
+        let width = c_attn.in_features();
+        check::shape_is(LAYER, "c_attn.weight", c_attn.weight(), &[width, 3 * width])?;
+        check::shape_is(LAYER, "c_proj.weight", c_proj.weight(), &[width, width])?;
+        check::dtype_is(LAYER, "c_proj.weight", c_proj.weight(), c_attn.dtype())?;
+        if n_head == 0 || width % n_head != 0 {
+            return Err(KernelError::InvalidArgument {
+                field: "n_head",
+                value: n_head.to_string(),
+                reason: "must be positive and divide the model width",
+            });
+        }
+        Ok(Attention {
+            c_attn,
+            c_proj,
+            n_head,
+        })
+    }
+
+    /// The model width `d`.
+    pub fn width(&self) -> usize {
+        self.c_attn.in_features()
+    }
+
+    /// The number of heads `H`.
+    pub fn n_head(&self) -> usize {
+        self.n_head
+    }
+
+    /// The element type of the parameters.
+    pub fn dtype(&self) -> DType {
+        self.c_attn.dtype()
+    }
+
+    /// `1 / √D`, the score scale.
+    fn score_scale(&self) -> f64 {
+        1.0 / ((self.width() / self.n_head) as f64).sqrt()
+    }
+
+    /// Splits `qkv: [B, T, 3d]` into per-head query, key and value, each `[B, H, T, D]`.
+    fn split_qkv(&self, ops: &dyn Primitives, qkv: &Tensor) -> Result<[Tensor; 3]> {
+        let heads = ops
+            .split_last_dim(qkv, 3)?
+            .iter()
+            .map(|part| ops.split_heads(part, self.n_head))
+            .collect::<Result<Vec<_>>>()?;
+        let count = heads.len();
+        heads.try_into().map_err(|_| KernelError::Backend {
+            op: "split_last_dim",
+            source: candle_core::Error::Msg(format!("returned {count} parts, expected 3")),
+        })
+    }
+
+    /// The attention core on `qkv: [B, T, 3d]`: returns the merged context `[B, T, d]`.
+    fn attend(&self, ops: &dyn Primitives, qkv: &Tensor) -> Result<(Tensor, CoreSaved)> {
+        let [query, key, value] = self.split_qkv(ops, qkv)?;
+        let scores = ops.scale(&ops.matmul_transpose_b(&query, &key)?, self.score_scale())?;
+        let probs = ops.causal_softmax(&scores)?;
+        let context = ops.merge_heads(&ops.matmul(&probs, &value)?)?;
+        let core = CoreSaved {
+            query,
+            key,
+            value,
+            probs,
+        };
+        Ok((context, core))
+    }
+
+    /// Backward of [`Self::attend`]: context gradient `[B, T, d]` -> qkv gradient `[B, T, 3d]`.
+    fn attend_backward(
+        &self,
+        ops: &dyn Primitives,
+        core: CoreSaved,
+        grad_context: &Tensor,
+    ) -> Result<Tensor> {
+        let grad_context = ops.split_heads(grad_context, self.n_head)?;
+        let grad_probs = ops.matmul_transpose_b(&grad_context, &core.value)?;
+        let grad_value = ops.matmul_transpose_a(&core.probs, &grad_context)?;
+        let grad_scores = ops.scale(
+            &ops.softmax_backward(&core.probs, &grad_probs)?,
+            self.score_scale(),
+        )?;
+        let grad_query = ops.matmul(&grad_scores, &core.key)?;
+        let grad_key = ops.matmul_transpose_a(&grad_scores, &core.query)?;
+        let merged = [
+            ops.merge_heads(&grad_query)?,
+            ops.merge_heads(&grad_key)?,
+            ops.merge_heads(&grad_value)?,
+        ];
+        ops.concat_last_dim(&merged)
+    }
+}
+
+impl Layer for Attention {
+    type Saved = AttentionSaved;
+    type PendingWeightGrad = AttentionPendingWeightGrad;
+    type InputGrad = Tensor;
+
+    fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, AttentionSaved)> {
+        check::rank_is(LAYER, "input", input, 3, "[B, T, d]")?;
+        check::last_dim_is(LAYER, "input", input, self.width())?;
+        check::dtype_is(LAYER, "input", input, self.dtype())?;
+        let (qkv, c_attn) = self.c_attn.forward(ops, input)?;
+        let (context, core) = self.attend(ops, &qkv)?;
+        let (output, c_proj) = self.c_proj.forward(ops, &context)?;
+        let saved = AttentionSaved {
+            c_attn,
+            core,
+            c_proj,
+        };
+        Ok((output, saved))
+    }
+
+    fn backward_input(
+        &self,
+        ops: &dyn Primitives,
+        saved: AttentionSaved,
+        grad_output: &Tensor,
+    ) -> Result<(Tensor, AttentionPendingWeightGrad)> {
+        let (grad_context, c_proj) = self.c_proj.backward_input(ops, saved.c_proj, grad_output)?;
+        let grad_qkv = self.attend_backward(ops, saved.core, &grad_context)?;
+        let (grad_input, c_attn) = self.c_attn.backward_input(ops, saved.c_attn, &grad_qkv)?;
+        Ok((grad_input, AttentionPendingWeightGrad { c_attn, c_proj }))
+    }
+
+    fn backward_weight(
+        &self,
+        ops: &dyn Primitives,
+        pending: AttentionPendingWeightGrad,
+    ) -> Result<Vec<Tensor>> {
+        let mut grads = self.c_attn.backward_weight(ops, pending.c_attn)?;
+        grads.extend(self.c_proj.backward_weight(ops, pending.c_proj)?);
+        Ok(grads)
+    }
+
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut params = prefixed("c_attn", self.c_attn.parameters());
+        params.extend(prefixed("c_proj", self.c_proj.parameters()));
+        params
+    }
+}
+
+impl ParameterSlots for Attention {
+    fn parameter_slots(&mut self) -> Vec<&mut Tensor> {
+        let mut slots = self.c_attn.parameter_slots();
+        slots.extend(self.c_proj.parameter_slots());
+        slots
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oracle;
+    use crate::testing::{
+        assert_matches_finite_difference, check_layer_against_oracle, finite_difference, ops,
+        random, run_split, weighted_sum, DTYPES,
+    };
+
+    fn params(d: usize, dtype: DType) -> Vec<Tensor> {
+        vec![
+            random(1, &[d, 3 * d], 0.5, dtype),
+            random(2, &[3 * d], 0.5, dtype),
+            random(3, &[d, d], 0.5, dtype),
+            random(4, &[d], 0.5, dtype),
+        ]
+    }
+
+    fn build(p: &[Tensor], n_head: usize) -> Attention {
+        let c_attn = Linear::new(p[0].clone(), p[1].clone()).unwrap();
+        let c_proj = Linear::new(p[2].clone(), p[3].clone()).unwrap();
+        Attention::new(c_attn, c_proj, n_head).unwrap()
+    }
+
+    #[test]
+    fn matches_candle_autograd() {
+        for dtype in DTYPES {
+            let (d, n_head) = (8, 2);
+            let p = params(d, dtype);
+            let input = random(5, &[2, 5, d], 1.0, dtype);
+            check_layer_against_oracle("Attention", &build(&p, n_head), &input, &p, |x, p| {
+                oracle::attention(x, p, n_head)
+            });
+        }
+    }
+
+    #[test]
+    fn matches_finite_differences() {
+        let (d, n_head, dtype) = (4, 2, DType::F64);
+        let p = params(d, dtype);
+        let input = random(5, &[1, 3, d], 1.0, dtype);
+        let grad_output = random(6, &[1, 3, d], 1.0, dtype);
+        let run = run_split(&build(&p, n_head), &input, |_| grad_output.clone());
+        let loss = |params: &[Tensor], x: &Tensor| {
+            let (y, _) = build(params, n_head).forward(&ops(), x).unwrap();
+            weighted_sum(&y, &grad_output)
+        };
+        let numeric = finite_difference(&input, 1e-6, |x| loss(&p, x));
+        assert_matches_finite_difference("Attention d(input)", &run.grad_input, &numeric, 1e-7);
+        for i in 0..p.len() {
+            let numeric = finite_difference(&p[i], 1e-6, |value| {
+                let mut perturbed = p.clone();
+                perturbed[i] = value.clone();
+                loss(&perturbed, &input)
+            });
+            let what = format!("Attention d(param {i})");
+            assert_matches_finite_difference(&what, &run.grad_weights[i], &numeric, 1e-7);
+        }
+    }
+
+    #[test]
+    fn the_future_does_not_leak_into_the_past() {
+        let (d, dtype) = (8, DType::F64);
+        let attention = build(&params(d, dtype), 2);
+        let input = random(5, &[1, 4, d], 1.0, dtype);
+        let mut changed = crate::testing::values(&input);
+        changed[3 * d] += 1.0; // the last position only
+        let changed = Tensor::from_vec(changed, input.dims(), input.device()).unwrap();
+        let (before, _) = attention.forward(&ops(), &input).unwrap();
+        let (after, _) = attention.forward(&ops(), &changed).unwrap();
+        let first_three = |t: &Tensor| crate::testing::values(&t.narrow(1, 0, 3).unwrap());
+        assert_eq!(first_three(&before), first_three(&after));
+    }
+
+    #[test]
+    fn rejects_bad_inputs() {
+        let attention = build(&params(8, DType::F64), 2);
+        let flat = random(5, &[4, 8], 1.0, DType::F64);
+        let err = attention.forward(&ops(), &flat).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                KernelError::Shape {
+                    layer: "Attention",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let p = params(8, DType::F64);
+        let c_attn = Linear::new(p[0].clone(), p[1].clone()).unwrap();
+        let c_proj = Linear::new(p[2].clone(), p[3].clone()).unwrap();
+        let err = Attention::new(c_attn, c_proj, 3).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                KernelError::InvalidArgument {
+                    field: "n_head",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}

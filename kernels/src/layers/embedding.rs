@@ -1,0 +1,266 @@
+//! [`Embedding`]: GPT-2's input embedding with learned positions, `wte[ids] + wpe[0..T]` for
+//! token ids `[B, T]` (U32), with `wte: [V, d]` and `wpe: [T_max, d]`.
+//!
+//! The input (token ids) has no gradient, so the input backward only hands the output gradient
+//! on; the weight backward scatter-adds its rows into `wte` (by token id) and `wpe` (by
+//! position), in row-major order of the batch. Parameters, in order: `wte.weight`, `wpe.weight`.
+
+use candle_core::{DType, Tensor};
+
+use super::{Layer, ParameterSlots};
+use crate::check;
+use crate::error::{KernelError, Result};
+use crate::primitives::Primitives;
+
+const LAYER: &str = "Embedding";
+
+/// Token plus learned position embedding.
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    wte: Tensor,
+    wpe: Tensor,
+}
+
+/// What [`Embedding::forward`] keeps: the flat token and position ids `[B·T]`.
+#[derive(Debug)]
+pub struct EmbeddingSaved {
+    token_ids: Tensor,
+    position_ids: Tensor,
+    output_dims: Vec<usize>,
+}
+
+/// What [`Embedding::backward_weight`] needs: the ids and the output gradient rows `[B·T, d]`.
+#[derive(Debug)]
+pub struct EmbeddingPendingWeightGrad {
+    token_ids: Tensor,
+    position_ids: Tensor,
+    grad_rows: Tensor,
+}
+
+impl Embedding {
+    /// An embedding from `wte: [V, d]` and `wpe: [T_max, d]` (F32 or F64, same dtype).
+    pub fn new(wte: Tensor, wpe: Tensor) -> Result<Self> {
+        check::supported_float(LAYER, "wte.weight", &wte)?;
+        check::rank_is(LAYER, "wte.weight", &wte, 2, "[V, d]")?;
+        check::non_empty(LAYER, "wte.weight", &wte)?;
+        check::rank_is(LAYER, "wpe.weight", &wpe, 2, "[T_max, d]")?;
+        check::non_empty(LAYER, "wpe.weight", &wpe)?;
+        check::last_dim_is(LAYER, "wpe.weight", &wpe, wte.dims()[1])?;
+        check::dtype_is(LAYER, "wpe.weight", &wpe, wte.dtype())?;
+        Ok(Embedding { wte, wpe })
+    }
+
+    /// The vocabulary size `V`.
+    pub fn vocab_size(&self) -> usize {
+        self.wte.dims()[0]
+    }
+
+    /// The number of learned positions `T_max`.
+    pub fn max_seq_len(&self) -> usize {
+        self.wpe.dims()[0]
+    }
+
+    /// The model width `d`.
+    pub fn width(&self) -> usize {
+        self.wte.dims()[1]
+    }
+
+    /// The element type of the parameters (and of the output).
+    pub fn dtype(&self) -> DType {
+        self.wte.dtype()
+    }
+
+    /// Checks the token ids `[B, T]` (shape, length, range) and returns `(B, T)`.
+    fn check_ids(&self, ops: &dyn Primitives, ids: &Tensor) -> Result<(usize, usize)> {
+        check::dtype_is(LAYER, "token_ids", ids, DType::U32)?;
+        check::rank_is(LAYER, "token_ids", ids, 2, "[B, T]")?;
+        check::non_empty(LAYER, "token_ids", ids)?;
+        let (batch, seq_len) = (ids.dims()[0], ids.dims()[1]);
+        if seq_len > self.max_seq_len() {
+            return Err(KernelError::SequenceTooLong {
+                layer: LAYER,
+                seq_len,
+                max_seq_len: self.max_seq_len(),
+            });
+        }
+        let values = ops.u32_values(ids)?;
+        check::ids_below(LAYER, "token_ids", &values, self.vocab_size())?;
+        Ok((batch, seq_len))
+    }
+}
+
+/// The position of every token of a `[batch, seq_len]` batch, row-major: `0..seq_len` repeated.
+fn position_ids(batch: usize, seq_len: usize) -> Vec<u32> {
+    (0..batch).flat_map(|_| 0..seq_len as u32).collect()
+}
+
+impl Layer for Embedding {
+    type Saved = EmbeddingSaved;
+    type PendingWeightGrad = EmbeddingPendingWeightGrad;
+    type InputGrad = ();
+
+    fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, EmbeddingSaved)> {
+        let (batch, seq_len) = self.check_ids(ops, input)?;
+        let rows = batch * seq_len;
+        let token_ids = ops.reshape(input, &[rows])?;
+        let position_ids = ops.u32_tensor(&position_ids(batch, seq_len), &[rows])?;
+        let tokens = ops.gather_rows(&self.wte, &token_ids)?;
+        let positions = ops.gather_rows(&self.wpe, &position_ids)?;
+        let output_dims = vec![batch, seq_len, self.width()];
+        let output = ops.reshape(&ops.add(&tokens, &positions)?, &output_dims)?;
+        let saved = EmbeddingSaved {
+            token_ids,
+            position_ids,
+            output_dims,
+        };
+        Ok((output, saved))
+    }
+
+    fn backward_input(
+        &self,
+        ops: &dyn Primitives,
+        saved: EmbeddingSaved,
+        grad_output: &Tensor,
+    ) -> Result<((), EmbeddingPendingWeightGrad)> {
+        check::grad_matches(LAYER, grad_output, &saved.output_dims, self.dtype())?;
+        let rows = saved.output_dims[0] * saved.output_dims[1];
+        let grad_rows = ops.reshape(grad_output, &[rows, self.width()])?;
+        let pending = EmbeddingPendingWeightGrad {
+            token_ids: saved.token_ids,
+            position_ids: saved.position_ids,
+            grad_rows,
+        };
+        Ok(((), pending))
+    }
+
+    fn backward_weight(
+        &self,
+        ops: &dyn Primitives,
+        pending: EmbeddingPendingWeightGrad,
+    ) -> Result<Vec<Tensor>> {
+        let grad_wte =
+            ops.scatter_add_rows(&pending.grad_rows, &pending.token_ids, self.vocab_size())?;
+        let grad_wpe = ops.scatter_add_rows(
+            &pending.grad_rows,
+            &pending.position_ids,
+            self.max_seq_len(),
+        )?;
+        Ok(vec![grad_wte, grad_wpe])
+    }
+
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        vec![
+            ("wte.weight".into(), self.wte.clone()),
+            ("wpe.weight".into(), self.wpe.clone()),
+        ]
+    }
+}
+
+impl ParameterSlots for Embedding {
+    fn parameter_slots(&mut self) -> Vec<&mut Tensor> {
+        vec![&mut self.wte, &mut self.wpe]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oracle;
+    use crate::testing::{assert_close, ops, random, random_ids, DTYPES};
+
+    fn build(dtype: DType) -> (Embedding, Vec<Tensor>) {
+        let p = vec![
+            random(1, &[10, 6], 1.0, dtype),
+            random(2, &[7, 6], 1.0, dtype),
+        ];
+        (Embedding::new(p[0].clone(), p[1].clone()).unwrap(), p)
+    }
+
+    #[test]
+    fn matches_candle_autograd() {
+        for dtype in DTYPES {
+            let (layer, p) = build(dtype);
+            // Repeated ids exercise the scatter-add.
+            let ids = random_ids(3, &[3, 5], 4);
+            let vars = oracle::vars(&p);
+            let expected =
+                oracle::embedding(&ids, vars[0].as_tensor(), vars[1].as_tensor()).unwrap();
+            let grad_output = random(4, expected.dims(), 1.0, dtype);
+            let grads = (&expected * &grad_output)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+
+            let (output, saved) = layer.forward(&ops(), &ids).unwrap();
+            let ((), pending) = layer.backward_input(&ops(), saved, &grad_output).unwrap();
+            let grad_weights = layer.backward_weight(&ops(), pending).unwrap();
+            assert_close("Embedding output", &output, &expected);
+            for ((name, _), (actual, var)) in layer
+                .parameters()
+                .iter()
+                .zip(grad_weights.iter().zip(&vars))
+            {
+                let expected = grads.get(var.as_tensor()).unwrap();
+                assert_close(&format!("Embedding d({name})"), actual, expected);
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_out_of_range_ids_long_sequences_and_bad_shapes() {
+        let (layer, _) = build(DType::F64);
+        let bad_id = Tensor::new(&[[1u32, 10, 2]], &candle_core::Device::Cpu).unwrap();
+        let err = layer.forward(&ops(), &bad_id).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                KernelError::TokenOutOfRange {
+                    id: 10,
+                    position: 1,
+                    vocab_size: 10,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let too_long = random_ids(3, &[1, 8], 10);
+        let err = layer.forward(&ops(), &too_long).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                KernelError::SequenceTooLong {
+                    seq_len: 8,
+                    max_seq_len: 7,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let flat = random_ids(3, &[6], 10);
+        let err = layer.forward(&ops(), &flat).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                KernelError::Shape {
+                    tensor: "token_ids",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let float_ids = random(3, &[1, 3], 1.0, DType::F64);
+        let err = layer.forward(&ops(), &float_ids).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                KernelError::DType {
+                    tensor: "token_ids",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}

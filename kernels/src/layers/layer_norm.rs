@@ -1,0 +1,141 @@
+//! [`LayerNorm`]: normalisation over the last dimension with a learned scale and shift,
+//! `y = (x - mean) / sqrt(var + 1e-5) · weight + bias` (GPT-2's `layer_norm_epsilon`).
+//!
+//! The forward saves the normalised input `x̂` and the per-row `rstd`; the input backward needs
+//! both and the weight, the weight backward needs `x̂` and the output gradient.
+
+use candle_core::{DType, Tensor};
+
+use super::{Layer, ParameterSlots};
+use crate::check;
+use crate::error::Result;
+use crate::primitives::Primitives;
+
+const LAYER: &str = "LayerNorm";
+
+/// Layer normalisation over the last dimension, with `weight: [n]` and `bias: [n]`.
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+/// What [`LayerNorm::forward`] keeps: `x̂` and `rstd`.
+#[derive(Debug)]
+pub struct LayerNormSaved {
+    normalized: Tensor,
+    rstd: Tensor,
+}
+
+/// What [`LayerNorm::backward_weight`] needs: `x̂` and the output gradient.
+#[derive(Debug)]
+pub struct LayerNormPendingWeightGrad {
+    normalized: Tensor,
+    grad_output: Tensor,
+}
+
+impl LayerNorm {
+    /// GPT-2's `layer_norm_epsilon`.
+    pub const EPS: f64 = 1e-5;
+
+    /// A layer norm from `weight: [n]` and `bias: [n]` (F32 or F64, same dtype).
+    pub fn new(weight: Tensor, bias: Tensor) -> Result<Self> {
+        check::supported_float(LAYER, "weight", &weight)?;
+        check::rank_is(LAYER, "weight", &weight, 1, "[n]")?;
+        check::non_empty(LAYER, "weight", &weight)?;
+        check::shape_is(LAYER, "bias", &bias, weight.dims())?;
+        check::dtype_is(LAYER, "bias", &bias, weight.dtype())?;
+        Ok(LayerNorm { weight, bias })
+    }
+
+    /// The normalised width `n`.
+    pub fn features(&self) -> usize {
+        self.weight.dims()[0]
+    }
+
+    /// The element type of the parameters.
+    pub fn dtype(&self) -> DType {
+        self.weight.dtype()
+    }
+}
+
+impl Layer for LayerNorm {
+    type Saved = LayerNormSaved;
+    type PendingWeightGrad = LayerNormPendingWeightGrad;
+    type InputGrad = Tensor;
+
+    fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, LayerNormSaved)> {
+        check::dtype_is(LAYER, "input", input, self.dtype())?;
+        check::last_dim_is(LAYER, "input", input, self.features())?;
+        check::non_empty(LAYER, "input", input)?;
+        let out = ops.layer_norm(input, &self.weight, &self.bias, Self::EPS)?;
+        let saved = LayerNormSaved {
+            normalized: out.normalized,
+            rstd: out.rstd,
+        };
+        Ok((out.output, saved))
+    }
+
+    fn backward_input(
+        &self,
+        ops: &dyn Primitives,
+        saved: LayerNormSaved,
+        grad_output: &Tensor,
+    ) -> Result<(Tensor, LayerNormPendingWeightGrad)> {
+        check::grad_matches(LAYER, grad_output, saved.normalized.dims(), self.dtype())?;
+        let grad_input = ops.layer_norm_backward_input(
+            grad_output,
+            &self.weight,
+            &saved.normalized,
+            &saved.rstd,
+        )?;
+        let pending = LayerNormPendingWeightGrad {
+            normalized: saved.normalized,
+            grad_output: grad_output.clone(),
+        };
+        Ok((grad_input, pending))
+    }
+
+    fn backward_weight(
+        &self,
+        ops: &dyn Primitives,
+        pending: LayerNormPendingWeightGrad,
+    ) -> Result<Vec<Tensor>> {
+        let (grad_weight, grad_bias) =
+            ops.layer_norm_backward_weight(&pending.grad_output, &pending.normalized)?;
+        Ok(vec![grad_weight, grad_bias])
+    }
+
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        vec![
+            ("weight".into(), self.weight.clone()),
+            ("bias".into(), self.bias.clone()),
+        ]
+    }
+}
+
+impl ParameterSlots for LayerNorm {
+    fn parameter_slots(&mut self) -> Vec<&mut Tensor> {
+        vec![&mut self.weight, &mut self.bias]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oracle;
+    use crate::testing::{check_layer_against_oracle, random, DTYPES};
+
+    #[test]
+    fn matches_candle_autograd() {
+        for dtype in DTYPES {
+            // Non-trivial affine parameters, and inputs with an offset and uneven scale.
+            let p = vec![random(1, &[6], 0.5, dtype), random(2, &[6], 0.5, dtype)];
+            let layer = LayerNorm::new(p[0].clone(), p[1].clone()).unwrap();
+            let input = random(3, &[2, 3, 6], 2.0, dtype).affine(1.0, 0.7).unwrap();
+            check_layer_against_oracle("LayerNorm", &layer, &input, &p, |x, p| {
+                oracle::layer_norm(x, &p[0], &p[1])
+            });
+        }
+    }
+}

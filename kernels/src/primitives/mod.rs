@@ -1,0 +1,148 @@
+//! The primitive tensor ops every layer is written over, as the object-safe trait
+//! [`Primitives`], with one implementation on candle CPU tensors, [`CpuPrimitives`].
+//!
+//! The layers never call candle's tensor methods (beyond reading shapes and dtypes): everything
+//! they compute goes through this trait, so that a GPU implementation (fused kernels, cuBLAS)
+//! can replace the CPU one without touching the layers. The ops assume the shapes the layers
+//! have already checked; a violation comes back as [`crate::KernelError::Backend`], never a panic.
+
+mod cpu;
+
+pub use cpu::CpuPrimitives;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::Result;
+
+/// What [`Primitives::layer_norm`] returns: the output and the statistics its backward needs.
+#[derive(Debug)]
+pub struct LayerNormOutput {
+    /// `normalized · weight + bias`, shape of the input.
+    pub output: Tensor,
+    /// `(x - mean) · rstd`, shape of the input.
+    pub normalized: Tensor,
+    /// `1 / sqrt(var + eps)` per row, shape of the input with the last dimension 1.
+    pub rstd: Tensor,
+}
+
+/// What [`Primitives::cross_entropy`] returns.
+#[derive(Debug)]
+pub struct CrossEntropyOutput {
+    /// `Σ_i weight_i · (-log softmax(logits_i)[target_i])`, a rank-0 tensor.
+    pub loss_sum: Tensor,
+    /// `grad_scale · weight_i · (softmax(logits_i) - onehot(target_i))`, shape of the logits.
+    pub grad_logits: Tensor,
+}
+
+/// The primitive ops of the layers. Float tensors share one dtype (F32 or F64); ids are U32.
+///
+/// "Rows" are the vectors along the last dimension; "leading dimensions" are all the others.
+pub trait Primitives: std::fmt::Debug + Send + Sync {
+    /// The device the ops run on; new tensors are created there.
+    fn device(&self) -> &Device;
+
+    // ---- host transfer ----
+
+    /// A float tensor of `dtype` holding `values` (row-major) with shape `shape`.
+    fn float_tensor(&self, values: &[f64], shape: &[usize], dtype: DType) -> Result<Tensor>;
+    /// A U32 tensor holding `values` (row-major) with shape `shape`.
+    fn u32_tensor(&self, values: &[u32], shape: &[usize]) -> Result<Tensor>;
+    /// The values of a U32 tensor, row-major.
+    fn u32_values(&self, ids: &Tensor) -> Result<Vec<u32>>;
+    /// The values of a float tensor, row-major, widened to f64.
+    fn f64_values(&self, x: &Tensor) -> Result<Vec<f64>>;
+
+    // ---- layout ----
+
+    /// The same elements (row-major) with a new shape of equal element count.
+    fn reshape(&self, x: &Tensor, shape: &[usize]) -> Result<Tensor>;
+    /// `[B, T, H·D] -> [B, H, T, D]` (contiguous).
+    fn split_heads(&self, x: &Tensor, n_head: usize) -> Result<Tensor>;
+    /// `[B, H, T, D] -> [B, T, H·D]` (contiguous), the inverse of [`Self::split_heads`].
+    fn merge_heads(&self, x: &Tensor) -> Result<Tensor>;
+    /// Cuts the last dimension into `parts` equal contiguous pieces, in order.
+    fn split_last_dim(&self, x: &Tensor, parts: usize) -> Result<Vec<Tensor>>;
+    /// Concatenates along the last dimension, in order.
+    fn concat_last_dim(&self, parts: &[Tensor]) -> Result<Tensor>;
+
+    // ---- linear algebra ----
+
+    /// `a · b` for `a: [.., m, k]`, `b: [.., k, n]` with equal leading dimensions.
+    fn matmul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+    /// `a · bᵀ` for `a: [.., m, k]`, `b: [.., n, k]`.
+    fn matmul_transpose_b(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+    /// `aᵀ · b` for `a: [.., k, m]`, `b: [.., k, n]`.
+    fn matmul_transpose_a(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+
+    // ---- elementwise and reductions ----
+
+    /// `a + b`, equal shapes.
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+    /// `x + row` with `row: [n]` broadcast over the leading dimensions of `x: [.., n]`.
+    fn add_row(&self, x: &Tensor, row: &Tensor) -> Result<Tensor>;
+    /// `a ⊙ b`, equal shapes.
+    fn mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+    /// `factor · x`.
+    fn scale(&self, x: &Tensor, factor: f64) -> Result<Tensor>;
+    /// Sum over all leading dimensions: `[.., n] -> [n]`.
+    fn sum_leading(&self, x: &Tensor) -> Result<Tensor>;
+
+    // ---- layer norm ----
+
+    /// Layer norm over the last dimension with affine `weight`, `bias` (`[n]`).
+    fn layer_norm(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        eps: f64,
+    ) -> Result<LayerNormOutput>;
+    /// Gradient of the input: `rstd · (g - mean(g) - x̂ · mean(g ⊙ x̂))` with `g = grad_y ⊙ weight`.
+    fn layer_norm_backward_input(
+        &self,
+        grad_y: &Tensor,
+        weight: &Tensor,
+        normalized: &Tensor,
+        rstd: &Tensor,
+    ) -> Result<Tensor>;
+    /// Gradients of `(weight, bias)`: `(Σ grad_y ⊙ x̂, Σ grad_y)` over the leading dimensions.
+    fn layer_norm_backward_weight(
+        &self,
+        grad_y: &Tensor,
+        normalized: &Tensor,
+    ) -> Result<(Tensor, Tensor)>;
+
+    // ---- attention ----
+
+    /// Softmax over the last dimension of `scores: [.., T, T]` after masking the strictly
+    /// upper triangle (key after query) to `-inf`, as a causal decoder does.
+    fn causal_softmax(&self, scores: &Tensor) -> Result<Tensor>;
+    /// Gradient of the softmax input: `probs ⊙ (grad_probs - Σ_last grad_probs ⊙ probs)`.
+    fn softmax_backward(&self, probs: &Tensor, grad_probs: &Tensor) -> Result<Tensor>;
+
+    // ---- activation ----
+
+    /// GPT-2's `gelu_new`: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+    fn gelu_new(&self, x: &Tensor) -> Result<Tensor>;
+    /// `grad_y ⊙ gelu_new'(x)`.
+    fn gelu_new_backward(&self, x: &Tensor, grad_y: &Tensor) -> Result<Tensor>;
+
+    // ---- embedding ----
+
+    /// `table[ids[i]]` for `table: [V, n]`, `ids: [N]` (all `< V`): `[N, n]`.
+    fn gather_rows(&self, table: &Tensor, ids: &Tensor) -> Result<Tensor>;
+    /// A `[n_rows, n]` zero tensor with `rows[i]` added to row `ids[i]`, for `i` in order.
+    fn scatter_add_rows(&self, rows: &Tensor, ids: &Tensor, n_rows: usize) -> Result<Tensor>;
+
+    // ---- loss ----
+
+    /// Weighted token cross-entropy with a numerically stable log-softmax, for
+    /// `logits: [N, V]`, `targets: [N]` (U32, all `< V`) and `weights: [N]` (logits' dtype).
+    fn cross_entropy(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        weights: &Tensor,
+        grad_scale: f64,
+    ) -> Result<CrossEntropyOutput>;
+}

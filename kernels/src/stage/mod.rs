@@ -1,0 +1,479 @@
+//! [`StageModel`]: what one pipeline stage of a GPT holds — an optional [`Embedding`] (first
+//! stage), a run of consecutive [`Block`]s (possibly none), an optional [`Head`] (last stage) —
+//! with the split backward of [`crate::layers`] chained through its layers.
+//!
+//! **Parameter order** (of [`StageModel::parameters`], of the gradients of
+//! [`StageModel::backward_weight`], and of [`StageModel::set_parameters`]): `transformer.wte.weight`,
+//! `transformer.wpe.weight` (if the stage has the embedding); then for each block `i` in order
+//! its 12 parameters `transformer.h.{i}.*` in [`Block`] order; then `transformer.ln_f.weight`,
+//! `transformer.ln_f.bias`, `lm_head.weight` (if it has the head). Names and layouts are those
+//! of Hugging Face's `GPT2LMHeadModel` (with an untied `lm_head`), `i` being the global index.
+//!
+//! **Recomputation.** With `recompute` on, the forward keeps only the stage input and the input
+//! backward re-runs the forward to rebuild the saved state first. The forward is deterministic,
+//! so the gradients are bit-identical to those with recomputation off.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use candle_core::{DType, Tensor};
+
+use crate::check;
+use crate::config::GptConfig;
+use crate::error::{KernelError, Result};
+use crate::init::{block_prefix, ParameterFactory};
+use crate::layers::block::{BlockPendingWeightGrad, BlockSaved};
+use crate::layers::embedding::{EmbeddingPendingWeightGrad, EmbeddingSaved};
+use crate::layers::head::{HeadPendingWeightGrad, HeadSaved};
+use crate::layers::{Block, Embedding, Head, Layer, ParameterSlots};
+use crate::primitives::{CpuPrimitives, Primitives};
+
+const LAYER: &str = "StageModel";
+const EMBEDDING_LOCATION: &str = "transformer.wte/wpe";
+const HEAD_LOCATION: &str = "transformer.ln_f/lm_head";
+
+/// Which part of the model a stage holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageLayout {
+    has_embedding: bool,
+    blocks: Range<usize>,
+    has_head: bool,
+}
+
+impl StageLayout {
+    /// A stage with the embedding (if `has_embedding`), the blocks with global indices
+    /// `blocks` (within `0..n_layer`, possibly empty) and the head (if `has_head`).
+    pub fn new(
+        config: &GptConfig,
+        has_embedding: bool,
+        blocks: Range<usize>,
+        has_head: bool,
+    ) -> Result<Self> {
+        if blocks.start > blocks.end || blocks.end > config.n_layer() {
+            return Err(KernelError::InvalidArgument {
+                field: "blocks",
+                value: format!("{blocks:?}"),
+                reason: "must be an ascending range within 0..n_layer",
+            });
+        }
+        Ok(StageLayout {
+            has_embedding,
+            blocks,
+            has_head,
+        })
+    }
+
+    /// The whole model in one stage.
+    pub fn whole_model(config: &GptConfig) -> Self {
+        StageLayout {
+            has_embedding: true,
+            blocks: 0..config.n_layer(),
+            has_head: true,
+        }
+    }
+
+    /// Whether the stage holds the embedding (and so takes token ids).
+    pub fn has_embedding(&self) -> bool {
+        self.has_embedding
+    }
+
+    /// The global indices of the stage's blocks.
+    pub fn blocks(&self) -> Range<usize> {
+        self.blocks.clone()
+    }
+
+    /// Whether the stage holds the head (and so returns logits).
+    pub fn has_head(&self) -> bool {
+        self.has_head
+    }
+}
+
+/// One pipeline stage of a GPT: optional embedding, blocks, optional head.
+#[derive(Debug, Clone)]
+pub struct StageModel {
+    config: GptConfig,
+    layout: StageLayout,
+    dtype: DType,
+    recompute: bool,
+    ops: Arc<dyn Primitives>,
+    embedding: Option<Embedding>,
+    blocks: Vec<Block>,
+    head: Option<Head>,
+}
+
+/// The saved states of every layer of a stage, in forward order.
+#[derive(Debug)]
+struct LayerStates {
+    embedding: Option<EmbeddingSaved>,
+    blocks: Vec<BlockSaved>,
+    head: Option<HeadSaved>,
+}
+
+#[derive(Debug)]
+enum SavedKind {
+    Full(LayerStates),
+    InputOnly(Tensor),
+}
+
+/// What [`StageModel::forward`] keeps: every layer's state, or (recomputing) only the input.
+#[derive(Debug)]
+pub struct StageSaved {
+    kind: SavedKind,
+}
+
+/// What [`StageModel::backward_weight`] needs, per layer.
+#[derive(Debug)]
+pub struct StagePendingWeightGrad {
+    embedding: Option<EmbeddingPendingWeightGrad>,
+    blocks: Vec<BlockPendingWeightGrad>,
+    head: Option<HeadPendingWeightGrad>,
+}
+
+impl StageModel {
+    /// A stage of `config` holding `layout`, GPT-2-initialised from `seed` in `dtype` (F32 or
+    /// F64), on the CPU primitives, with recomputation off.
+    pub fn new(config: GptConfig, layout: StageLayout, seed: u64, dtype: DType) -> Result<Self> {
+        Self::with_primitives(config, layout, seed, dtype, Arc::new(CpuPrimitives::new()))
+    }
+
+    /// As [`StageModel::new`], on the given primitive ops.
+    pub fn with_primitives(
+        config: GptConfig,
+        layout: StageLayout,
+        seed: u64,
+        dtype: DType,
+        ops: Arc<dyn Primitives>,
+    ) -> Result<Self> {
+        check_dtype(dtype)?;
+        StageLayout::new(
+            &config,
+            layout.has_embedding,
+            layout.blocks(),
+            layout.has_head,
+        )?;
+        let factory = ParameterFactory::new(ops.as_ref(), seed, dtype);
+        let embedding = match layout.has_embedding {
+            true => Some(factory.embedding(&config)?),
+            false => None,
+        };
+        let blocks = layout
+            .blocks()
+            .map(|index| factory.block(&config, index))
+            .collect::<Result<Vec<_>>>()?;
+        let head = match layout.has_head {
+            true => Some(factory.head(&config)?),
+            false => None,
+        };
+        Ok(StageModel {
+            config,
+            layout,
+            dtype,
+            recompute: false,
+            ops,
+            embedding,
+            blocks,
+            head,
+        })
+    }
+
+    /// The same stage with recomputation on or off.
+    pub fn with_recompute(mut self, recompute: bool) -> Self {
+        self.recompute = recompute;
+        self
+    }
+
+    /// Turns recomputation on or off for later forwards.
+    pub fn set_recompute(&mut self, recompute: bool) {
+        self.recompute = recompute;
+    }
+
+    /// Whether the forward keeps only the input and the backward recomputes.
+    pub fn recompute(&self) -> bool {
+        self.recompute
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &GptConfig {
+        &self.config
+    }
+
+    /// Which part of the model this stage holds.
+    pub fn layout(&self) -> &StageLayout {
+        &self.layout
+    }
+
+    /// The element type of parameters and activations.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The primitive ops the stage runs on.
+    pub fn primitives(&self) -> &dyn Primitives {
+        self.ops.as_ref()
+    }
+
+    /// Runs the stage on token ids `[B, T]` (U32, first stage) or hidden states `[B, T, d]`;
+    /// returns logits `[B, T, V]` (last stage) or hidden states `[B, T, d]`.
+    pub fn forward(&self, input: &Tensor) -> Result<(Tensor, StageSaved)> {
+        if self.recompute {
+            let output = self.run_layers(input, false)?.0;
+            let kind = SavedKind::InputOnly(input.clone());
+            return Ok((output, StageSaved { kind }));
+        }
+        let (output, states) = self.run_layers(input, true)?;
+        Ok((
+            output,
+            StageSaved {
+                kind: SavedKind::Full(states),
+            },
+        ))
+    }
+
+    /// Gradient w.r.t. the stage input (`None` for token ids) from the output gradient.
+    pub fn backward_input(
+        &self,
+        saved: StageSaved,
+        grad_output: &Tensor,
+    ) -> Result<(Option<Tensor>, StagePendingWeightGrad)> {
+        let states = match saved.kind {
+            SavedKind::Full(states) => states,
+            SavedKind::InputOnly(input) => self.run_layers(&input, true)?.1,
+        };
+        self.check_layer_count(
+            "saved",
+            states.embedding.is_some(),
+            states.blocks.len(),
+            states.head.is_some(),
+        )?;
+        let ops = self.ops.as_ref();
+        let mut grad = grad_output.clone();
+        let head = match (&self.head, states.head) {
+            (Some(layer), Some(saved)) => {
+                let (grad_input, pending) = layer
+                    .backward_input(ops, saved, &grad)
+                    .map_err(|e| e.at(HEAD_LOCATION))?;
+                grad = grad_input;
+                Some(pending)
+            }
+            _ => None,
+        };
+        let mut blocks = Vec::with_capacity(self.blocks.len());
+        for (offset, (layer, saved)) in self.blocks.iter().zip(states.blocks).enumerate().rev() {
+            let (grad_input, pending) = layer
+                .backward_input(ops, saved, &grad)
+                .map_err(|e| e.at(self.block_location(offset)))?;
+            grad = grad_input;
+            blocks.push(pending);
+        }
+        blocks.reverse();
+        let (grad_input, embedding) = match (&self.embedding, states.embedding) {
+            (Some(layer), Some(saved)) => {
+                let ((), pending) = layer
+                    .backward_input(ops, saved, &grad)
+                    .map_err(|e| e.at(EMBEDDING_LOCATION))?;
+                (None, Some(pending))
+            }
+            _ => (Some(grad), None),
+        };
+        let pending = StagePendingWeightGrad {
+            embedding,
+            blocks,
+            head,
+        };
+        Ok((grad_input, pending))
+    }
+
+    /// The weight gradients, one per parameter in the order of [`StageModel::parameters`].
+    pub fn backward_weight(&self, pending: StagePendingWeightGrad) -> Result<Vec<Tensor>> {
+        self.check_layer_count(
+            "pending",
+            pending.embedding.is_some(),
+            pending.blocks.len(),
+            pending.head.is_some(),
+        )?;
+        let ops = self.ops.as_ref();
+        let mut grads = Vec::new();
+        if let (Some(layer), Some(pending)) = (&self.embedding, pending.embedding) {
+            let layer_grads = layer.backward_weight(ops, pending);
+            grads.extend(layer_grads.map_err(|e| e.at(EMBEDDING_LOCATION))?);
+        }
+        for (offset, (layer, pending)) in self.blocks.iter().zip(pending.blocks).enumerate() {
+            let layer_grads = layer.backward_weight(ops, pending);
+            grads.extend(layer_grads.map_err(|e| e.at(self.block_location(offset)))?);
+        }
+        if let (Some(layer), Some(pending)) = (&self.head, pending.head) {
+            let layer_grads = layer.backward_weight(ops, pending);
+            grads.extend(layer_grads.map_err(|e| e.at(HEAD_LOCATION))?);
+        }
+        Ok(grads)
+    }
+
+    /// The parameters with their Hugging Face `GPT2LMHeadModel` names, in order.
+    pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut params = Vec::new();
+        if let Some(embedding) = &self.embedding {
+            params.extend(crate::layers::prefixed(
+                "transformer",
+                embedding.parameters(),
+            ));
+        }
+        for (offset, block) in self.blocks.iter().enumerate() {
+            params.extend(crate::layers::prefixed(
+                &self.block_location(offset),
+                block.parameters(),
+            ));
+        }
+        if let Some(head) = &self.head {
+            params.extend(head.parameters().into_iter().map(|(name, tensor)| {
+                match name.starts_with("ln_f.") {
+                    true => (format!("transformer.{name}"), tensor),
+                    false => (name, tensor),
+                }
+            }));
+        }
+        params
+    }
+
+    /// The parameter names, in order.
+    pub fn parameter_names(&self) -> Vec<String> {
+        self.parameters()
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect()
+    }
+
+    /// Replaces every parameter (e.g. after an optimiser step or from a checkpoint), in the
+    /// order of [`StageModel::parameters`]; each must keep its shape and dtype. On error
+    /// nothing is replaced.
+    pub fn set_parameters(&mut self, values: Vec<Tensor>) -> Result<()> {
+        let current = self.parameters();
+        if values.len() != current.len() {
+            return Err(KernelError::ParameterCount {
+                layer: LAYER,
+                actual: values.len(),
+                expected: current.len(),
+            });
+        }
+        for ((name, old), new) in current.iter().zip(&values) {
+            check::shape_is(LAYER, "parameter", new, old.dims()).map_err(|e| e.at(name))?;
+            check::dtype_is(LAYER, "parameter", new, self.dtype).map_err(|e| e.at(name))?;
+        }
+        for (slot, value) in self.parameter_slots().into_iter().zip(values) {
+            *slot = value;
+        }
+        Ok(())
+    }
+
+    /// Every parameter tensor, in order.
+    fn parameter_slots(&mut self) -> Vec<&mut Tensor> {
+        let mut slots = Vec::new();
+        if let Some(embedding) = &mut self.embedding {
+            slots.extend(embedding.parameter_slots());
+        }
+        for block in &mut self.blocks {
+            slots.extend(block.parameter_slots());
+        }
+        if let Some(head) = &mut self.head {
+            slots.extend(head.parameter_slots());
+        }
+        slots
+    }
+
+    /// The GPT-2 name of the stage's block at `offset` (its global index is shifted).
+    fn block_location(&self, offset: usize) -> String {
+        block_prefix(self.layout.blocks.start + offset)
+    }
+
+    /// Fails unless a saved or pending state has one entry per layer of this stage.
+    fn check_layer_count(
+        &self,
+        field: &'static str,
+        has_embedding: bool,
+        blocks: usize,
+        has_head: bool,
+    ) -> Result<()> {
+        let matches = has_embedding == self.embedding.is_some()
+            && blocks == self.blocks.len()
+            && has_head == self.head.is_some();
+        if matches {
+            return Ok(());
+        }
+        Err(KernelError::InvalidArgument {
+            field,
+            value: format!(
+                "state of (embedding: {has_embedding}, blocks: {blocks}, head: {has_head})"
+            ),
+            reason: "was produced by a stage with another layout",
+        })
+    }
+
+    /// Checks the stage input: token ids for a first stage, else hidden states `[B, T, d]`.
+    fn check_input(&self, input: &Tensor) -> Result<()> {
+        if self.embedding.is_some() {
+            return Ok(()); // the embedding checks its ids itself
+        }
+        check::rank_is(LAYER, "input", input, 3, "[B, T, d] hidden states")?;
+        check::last_dim_is(LAYER, "input", input, self.config.d_model())?;
+        check::dtype_is(LAYER, "input", input, self.dtype)?;
+        check::non_empty(LAYER, "input", input)?;
+        let seq_len = input.dims()[1];
+        if seq_len > self.config.max_seq_len() {
+            return Err(KernelError::SequenceTooLong {
+                layer: LAYER,
+                seq_len,
+                max_seq_len: self.config.max_seq_len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The forward through every layer; keeps the layer states only if `keep_states`.
+    fn run_layers(&self, input: &Tensor, keep_states: bool) -> Result<(Tensor, LayerStates)> {
+        self.check_input(input)?;
+        let ops = self.ops.as_ref();
+        let mut states = LayerStates {
+            embedding: None,
+            blocks: Vec::new(),
+            head: None,
+        };
+        let mut hidden = input.clone();
+        if let Some(embedding) = &self.embedding {
+            let (output, saved) = embedding
+                .forward(ops, &hidden)
+                .map_err(|e| e.at(EMBEDDING_LOCATION))?;
+            hidden = output;
+            states.embedding = keep_states.then_some(saved);
+        }
+        for (offset, block) in self.blocks.iter().enumerate() {
+            let (output, saved) = block
+                .forward(ops, &hidden)
+                .map_err(|e| e.at(self.block_location(offset)))?;
+            hidden = output;
+            if keep_states {
+                states.blocks.push(saved);
+            }
+        }
+        if let Some(head) = &self.head {
+            let (output, saved) = head
+                .forward(ops, &hidden)
+                .map_err(|e| e.at(HEAD_LOCATION))?;
+            hidden = output;
+            states.head = keep_states.then_some(saved);
+        }
+        Ok((hidden, states))
+    }
+}
+
+fn check_dtype(dtype: DType) -> Result<()> {
+    if matches!(dtype, DType::F32 | DType::F64) {
+        return Ok(());
+    }
+    Err(KernelError::InvalidArgument {
+        field: "dtype",
+        value: format!("{dtype:?}"),
+        reason: "StageModel supports F32 and F64",
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,212 @@
+//! Test helpers: seeded random tensors, relative errors, the split backward of a layer run end
+//! to end, and error-cause unwrapping.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::KernelError;
+use crate::init::{NormalSampler, SplitMix64};
+use crate::layers::Layer;
+use crate::primitives::CpuPrimitives;
+
+/// The dtypes every oracle test runs in.
+pub(crate) const DTYPES: [DType; 2] = [DType::F64, DType::F32];
+
+/// The primitive ops under test.
+pub(crate) fn ops() -> CpuPrimitives {
+    CpuPrimitives::new()
+}
+
+/// The required relative agreement with the oracle: 1e-10 in f64, 1e-5 in f32.
+pub(crate) fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e-10,
+        _ => 1e-5,
+    }
+}
+
+/// A tensor of `N(0, std²)` values drawn from `seed`.
+pub(crate) fn random(seed: u64, shape: &[usize], std: f64, dtype: DType) -> Tensor {
+    let mut sampler = NormalSampler::new(seed);
+    let count = shape.iter().product();
+    let values: Vec<f64> = (0..count).map(|_| std * sampler.next_normal()).collect();
+    Tensor::from_vec(values, shape, &Device::Cpu)
+        .and_then(|t| t.to_dtype(dtype))
+        .expect("test tensor shapes are consistent")
+}
+
+/// A U32 tensor of ids uniform in `0..limit` drawn from `seed`.
+pub(crate) fn random_ids(seed: u64, shape: &[usize], limit: u32) -> Tensor {
+    let mut rng = SplitMix64::new(seed);
+    let count = shape.iter().product();
+    let values: Vec<u32> = (0..count)
+        .map(|_| (rng.next_u64() % u64::from(limit)) as u32)
+        .collect();
+    Tensor::from_vec(values, shape, &Device::Cpu).expect("test tensor shapes are consistent")
+}
+
+/// The values of a float tensor as f64.
+pub(crate) fn values(t: &Tensor) -> Vec<f64> {
+    t.flatten_all()
+        .and_then(|t| t.to_dtype(DType::F64))
+        .and_then(|t| t.to_vec1::<f64>())
+        .expect("test tensors are float tensors")
+}
+
+/// `max|a - b| / max(max|b|, tiny)`: the error relative to the expected tensor's scale.
+pub(crate) fn relative_error(actual: &Tensor, expected: &Tensor) -> f64 {
+    assert_eq!(
+        actual.dims(),
+        expected.dims(),
+        "compared tensors differ in shape"
+    );
+    let (a, b) = (values(actual), values(expected));
+    let max_diff = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
+    let scale = b.iter().map(|y| y.abs()).fold(f64::MIN_POSITIVE, f64::max);
+    max_diff / scale
+}
+
+/// Asserts `actual` agrees with `expected` to the dtype's tolerance; prints and returns the error.
+pub(crate) fn assert_close(what: &str, actual: &Tensor, expected: &Tensor) -> f64 {
+    let error = relative_error(actual, expected);
+    let tol = tolerance(expected.dtype());
+    println!(
+        "max relative error {what} ({:?}): {error:.3e}",
+        expected.dtype()
+    );
+    assert!(error <= tol, "{what}: relative error {error:e} > {tol:e}");
+    error
+}
+
+/// Asserts the two tensors hold the same bits.
+pub(crate) fn assert_bit_identical(what: &str, actual: &Tensor, expected: &Tensor) {
+    assert_eq!(actual.dims(), expected.dims(), "{what}: shapes differ");
+    let (a, b) = (values(actual), values(expected));
+    let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+    assert!(same, "{what}: not bit-identical");
+}
+
+/// What a layer's split backward produced: output, input gradient, weight gradients.
+pub(crate) struct SplitRun {
+    pub output: Tensor,
+    pub grad_input: Tensor,
+    pub grad_weights: Vec<Tensor>,
+}
+
+/// Runs forward, backward_input and backward_weight of `layer` on `input` and `grad_output`.
+pub(crate) fn run_split<L: Layer<InputGrad = Tensor>>(
+    layer: &L,
+    input: &Tensor,
+    grad_output: impl Fn(&Tensor) -> Tensor,
+) -> SplitRun {
+    let ops = ops();
+    let (output, saved) = layer.forward(&ops, input).expect("forward");
+    let grad = grad_output(&output);
+    let (grad_input, pending) = layer
+        .backward_input(&ops, saved, &grad)
+        .expect("backward_input");
+    let grad_weights = layer
+        .backward_weight(&ops, pending)
+        .expect("backward_weight");
+    SplitRun {
+        output,
+        grad_input,
+        grad_weights,
+    }
+}
+
+/// The innermost error under any [`KernelError::At`] wrappers.
+pub(crate) fn root_cause(error: &KernelError) -> &KernelError {
+    match error {
+        KernelError::At { source, .. } => root_cause(source),
+        other => other,
+    }
+}
+
+/// Checks a layer's output, input gradient and weight gradients against candle's autograd on
+/// `oracle(input, params)`, with a random output gradient; returns the largest relative error.
+/// `params` are the layer's parameter values in its order.
+pub(crate) fn check_layer_against_oracle<L: Layer<InputGrad = Tensor>>(
+    name: &str,
+    layer: &L,
+    input: &Tensor,
+    params: &[Tensor],
+    oracle: impl Fn(&Tensor, &[Tensor]) -> candle_core::Result<Tensor>,
+) -> f64 {
+    let input_var = crate::oracle::vars(std::slice::from_ref(input)).remove(0);
+    let param_vars = crate::oracle::vars(params);
+    let param_tensors: Vec<Tensor> = param_vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let expected = oracle(input_var.as_tensor(), &param_tensors).expect("oracle forward");
+    let grad_output = random(0x5EED, expected.dims(), 1.0, expected.dtype());
+    let grads = (&expected * &grad_output)
+        .and_then(|t| t.sum_all())
+        .and_then(|loss| loss.backward())
+        .expect("oracle backward");
+    let run = run_split(layer, input, |_| grad_output.clone());
+    let mut worst = assert_close(&format!("{name} output"), &run.output, &expected);
+    let expected_dx = grads.get(input_var.as_tensor()).expect("input gradient");
+    worst = worst.max(assert_close(
+        &format!("{name} d(input)"),
+        &run.grad_input,
+        expected_dx,
+    ));
+    assert_eq!(
+        run.grad_weights.len(),
+        params.len(),
+        "{name}: one gradient per parameter"
+    );
+    for ((param_name, _), (actual, var)) in layer
+        .parameters()
+        .iter()
+        .zip(run.grad_weights.iter().zip(&param_vars))
+    {
+        let expected_dw = grads.get(var.as_tensor()).expect("parameter gradient");
+        worst = worst.max(assert_close(
+            &format!("{name} d({param_name})"),
+            actual,
+            expected_dw,
+        ));
+    }
+    worst
+}
+
+/// Central finite differences of the scalar `loss` at `x` (f64), step `step`.
+pub(crate) fn finite_difference(x: &Tensor, step: f64, loss: impl Fn(&Tensor) -> f64) -> Tensor {
+    let base = values(x);
+    let grad: Vec<f64> = (0..base.len())
+        .map(|i| {
+            let shifted = |delta: f64| {
+                let mut v = base.clone();
+                v[i] += delta;
+                Tensor::from_vec(v, x.dims(), &Device::Cpu).expect("same shape")
+            };
+            (loss(&shifted(step)) - loss(&shifted(-step))) / (2.0 * step)
+        })
+        .collect();
+    Tensor::from_vec(grad, x.dims(), &Device::Cpu).expect("same shape")
+}
+
+/// `Σ output ⊙ weights` as f64.
+pub(crate) fn weighted_sum(output: &Tensor, weights: &Tensor) -> f64 {
+    values(output)
+        .iter()
+        .zip(values(weights))
+        .map(|(a, b)| a * b)
+        .sum()
+}
+
+/// Asserts a finite-difference gradient agrees with an analytic one to `tol` relative.
+pub(crate) fn assert_matches_finite_difference(
+    what: &str,
+    analytic: &Tensor,
+    numeric: &Tensor,
+    tol: f64,
+) -> f64 {
+    let error = relative_error(analytic, numeric);
+    println!("max relative error {what} vs finite differences: {error:.3e}");
+    assert!(error <= tol, "{what}: relative error {error:e} > {tol:e}");
+    error
+}
