@@ -6,14 +6,16 @@
 //! - [`passes`]: the built-ins, one file per pass (`gpipe`, `f1b`, `vpp`, `dual`, `zero_bubble`);
 //! - [`schedules`]: order generators the passes share (DualPipe phases, Zero Bubble's lagged Ws,
 //!   ZB-V, the list scheduler of `auto`, its local search and score);
-//! - [`expr`] and [`registry`]: the expression language `vpp(f1b(gpipe), chunks=2)` and the
-//!   registry of pass names, open to users' passes;
+//! - [`expr`], [`registry`] and [`builtins`]: the expression language
+//!   `vpp(f1b(gpipe), chunks=2)`, the registry of pass names (open to users' passes) and the
+//!   built-ins' entries in it;
 //! - [`order`]: helpers for building per-rank orders.
 //!
 //! Architecture invariant: a pass is a pure `Plan -> Plan` function; every pass output is checked
 //! against its contract and verified by the driver before anything else sees it.
 #![warn(missing_docs)]
 
+pub mod builtins;
 pub mod driver;
 pub mod error;
 pub mod expr;
@@ -23,7 +25,8 @@ pub mod passes;
 pub mod registry;
 pub mod schedules;
 
+pub use builtins::compile_expression;
 pub use driver::PassList;
 pub use error::TransformError;
 pub use pass::{Changes, Contract, Pass, Requires, Transform};
-pub use registry::{compile_expression, Arguments, Arity, Factory, Registry};
+pub use registry::{Arguments, Arity, Factory, Registry};

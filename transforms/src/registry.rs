@@ -3,15 +3,14 @@
 //!
 //! `vpp(f1b(gpipe), chunks=2)` is sugar for the list `[gpipe, f1b, vpp(chunks=2)]`: the innermost
 //! call runs first. Each name maps to a factory that builds the pass from its keyword arguments
-//! ([`Arguments`]); an unknown name or argument is an error, never ignored. [`Registry::builtin`]
-//! holds the five built-in passes; a user's crate adds its own with [`Registry::register`] and
+//! ([`Arguments`]); an unknown name or argument is an error, never ignored. `Registry::builtin`
+//! ([`crate::builtins`]) holds the five built-in passes; a user's crate adds its own with [`Registry::register`] and
 //! composes them with the built-ins in the same expressions.
 
 use crate::driver::PassList;
 use crate::error::TransformError;
 use crate::expr::{parse, Call, Node};
 use crate::pass::Transform;
-use crate::passes;
 use std::collections::BTreeMap;
 
 /// Whether a pass builds a schedule from nothing or rewrites the one it is given.
@@ -49,13 +48,6 @@ impl Registry {
         Registry {
             entries: BTreeMap::new(),
         }
-    }
-
-    /// The built-in passes: `gpipe`, `f1b`, `vpp`, `dual`, `zero_bubble`.
-    pub fn builtin() -> Registry {
-        let mut registry = Registry::empty();
-        passes::register_builtins(&mut registry);
-        registry
     }
 
     /// Adds a pass under `name` (a name of the expression language: letters, digits, `_`).
@@ -286,14 +278,11 @@ fn expected(choices: &[&str]) -> String {
     }
 }
 
-/// Compiles an expression with the built-in passes.
-pub fn compile_expression(text: &str) -> Result<PassList, TransformError> {
-    Registry::builtin().compile_expression(text)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::builtins::compile_expression;
+    use crate::passes;
 
     #[test]
     fn nested_calls_become_pass_lists() {

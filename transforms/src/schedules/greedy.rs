@@ -217,105 +217,190 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Schedule> {
 /// span is at least its current end plus the durations of its ops still to run, which prunes a
 /// losing variant as soon as its idle time exceeds the best one's.
 pub fn schedule_within(plan: &Plan, limit: f64, variant: Variant, bound: f64) -> Option<Schedule> {
-    let problem = plan.problem();
-    let costs = plan.costs();
-    let memory = plan.memory().stages();
-    let comm = costs.comm();
-    let mut stage_microbatches: Vec<Vec<u32>> = vec![Vec::new(); problem.stages() as usize];
-    for route in problem.routes() {
-        for &stage in route.stages() {
-            stage_microbatches[stage.index()].extend(route.first().get()..route.end().get());
+    Scheduler::new(plan, limit, variant, bound).run()
+}
+
+/// What one decision found ready on a rank.
+struct Candidates {
+    /// A ready input-gradient backward.
+    input: Option<Work>,
+    /// The best ready forward that fits (local stage index, work).
+    forward: Option<(usize, Work)>,
+    /// Whether memory alone kept a ready forward back.
+    blocked_by_memory: bool,
+    /// The earliest known time something becomes ready (infinite when nothing is known).
+    next_known: f64,
+}
+
+/// An arrival a finished task makes known: (rank, a ready input gradient if any, time).
+type Arrival = (usize, Option<ReadyInput>, f64);
+
+/// The state of one run of the list scheduler.
+struct Scheduler<'a> {
+    plan: &'a Plan,
+    limit: f64,
+    variant: Variant,
+    bound: f64,
+    /// Per stage, the microbatches that pass it, in order.
+    stage_microbatches: Vec<Vec<u32>>,
+    ranks: Vec<Rank>,
+    /// Finish time of every forward (the only op whose finish a later decision looks up).
+    forward_finish: Vec<f64>,
+    agenda: BinaryHeap<Due>,
+}
+
+impl<'a> Scheduler<'a> {
+    fn new(plan: &'a Plan, limit: f64, variant: Variant, bound: f64) -> Scheduler<'a> {
+        let problem = plan.problem();
+        let mut stage_microbatches: Vec<Vec<u32>> = vec![Vec::new(); problem.stages() as usize];
+        for route in problem.routes() {
+            for &stage in route.stages() {
+                stage_microbatches[stage.index()].extend(route.first().get()..route.end().get());
+            }
+        }
+        for list in &mut stage_microbatches {
+            list.sort_unstable();
+        }
+        let ranks: Vec<Rank> = (0..problem.ranks())
+            .map(|r| Self::rank_state(plan, r, variant, &stage_microbatches))
+            .collect();
+        let agenda = (0..ranks.len())
+            .filter(|&r| ranks[r].remaining > 0)
+            .map(|rank| Due { at: 0.0, rank })
+            .collect();
+        Scheduler {
+            plan,
+            limit,
+            variant,
+            bound,
+            stage_microbatches,
+            ranks,
+            forward_finish: vec![f64::NAN; plan.op_slots()],
+            agenda,
         }
     }
-    for list in &mut stage_microbatches {
-        list.sort_unstable();
-    }
-    let owner = |stage: StageId| problem.rank_of(stage).map_or(usize::MAX, |r| r.index());
-    let cost = |w: Work| costs.stage(w.stage).copied().unwrap_or_default();
-    let total = |s: StageId| memory.get(s.index()).map_or(0.0, |m| m.total());
-    let weight_part = |s: StageId| memory.get(s.index()).map_or(0.0, |m| m.weight_grad());
-    let mut ranks: Vec<Rank> = (0..problem.ranks())
-        .map(|r| {
-            let stages = problem.stages_of(r.into());
-            let remaining = stages
-                .iter()
-                .map(|s| stage_microbatches[s.index()].len() * 3)
-                .sum();
-            let order = plan.order(r.into());
-            let warmup = order
-                .iter()
-                .position(|t| !t.is_forward())
-                .unwrap_or(order.len())
-                .max(1);
-            let in_flight_cap = match variant.in_flight {
-                InFlight::Slope(k) => k as usize * (warmup - 1) + 1,
-                InFlight::Memory => usize::MAX,
-                InFlight::CostAware { round_up, extra } => {
-                    cost_aware_warmup(plan, r as usize, round_up).saturating_add(extra as usize)
-                }
-            };
-            let remaining_work = stages
-                .iter()
-                .map(|&s| {
-                    let c = costs.stage(s).copied().unwrap_or_default();
-                    stage_microbatches[s.index()].len() as f64
-                        * (c.forward() + c.input_grad() + c.weight_grad())
-                })
-                .sum();
-            Rank {
-                remaining_work,
-                next_forward: vec![0; stages.len()],
-                stages,
-                ready_inputs: BinaryHeap::new(),
-                pending_weight: VecDeque::new(),
-                in_flight: 0,
-                in_flight_cap,
-                held: 0.0,
-                free: 0.0,
-                clock: 0.0,
-                first_start: f64::NAN,
-                waiting: false,
-                remaining,
-                order: Vec::new(),
-            }
-        })
-        .collect();
-    // Finish time of every forward (the only op whose finish a later decision looks up).
-    let mut forward_finish = vec![f64::NAN; plan.op_slots()];
-    let slot = |op: Op| plan.op_slot(op).expect("scheduled ops are in range");
 
-    let mut agenda: BinaryHeap<Due> = (0..ranks.len())
-        .filter(|&r| ranks[r].remaining > 0)
-        .map(|rank| Due { at: 0.0, rank })
-        .collect();
-    loop {
-        let next = loop {
-            match agenda.pop() {
-                None => break None,
-                Some(due) => {
-                    let k = &ranks[due.rank];
-                    if k.remaining > 0 && !k.waiting && k.clock == due.at {
-                        break Some(due.rank);
-                    }
-                }
+    /// A rank before its first decision.
+    fn rank_state(plan: &Plan, r: u32, variant: Variant, stage_microbatches: &[Vec<u32>]) -> Rank {
+        let costs = plan.costs();
+        let stages = plan.problem().stages_of(r.into());
+        let remaining = stages
+            .iter()
+            .map(|s| stage_microbatches[s.index()].len() * 3)
+            .sum();
+        let order = plan.order(r.into());
+        let warmup = order
+            .iter()
+            .position(|t| !t.is_forward())
+            .unwrap_or(order.len())
+            .max(1);
+        let in_flight_cap = match variant.in_flight {
+            InFlight::Slope(k) => k as usize * (warmup - 1) + 1,
+            InFlight::Memory => usize::MAX,
+            InFlight::CostAware { round_up, extra } => {
+                cost_aware_warmup(plan, r as usize, round_up).saturating_add(extra as usize)
             }
         };
-        let Some(r) = next else {
-            if ranks.iter().any(|k| k.remaining > 0) {
+        let remaining_work = stages
+            .iter()
+            .map(|&s| {
+                let c = costs.stage(s).copied().unwrap_or_default();
+                stage_microbatches[s.index()].len() as f64
+                    * (c.forward() + c.input_grad() + c.weight_grad())
+            })
+            .sum();
+        Rank {
+            remaining_work,
+            next_forward: vec![0; stages.len()],
+            stages,
+            ready_inputs: BinaryHeap::new(),
+            pending_weight: VecDeque::new(),
+            in_flight: 0,
+            in_flight_cap,
+            held: 0.0,
+            free: 0.0,
+            clock: 0.0,
+            first_start: f64::NAN,
+            waiting: false,
+            remaining,
+            order: Vec::new(),
+        }
+    }
+
+    fn owner(&self, stage: StageId) -> usize {
+        self.plan
+            .problem()
+            .rank_of(stage)
+            .map_or(usize::MAX, |r| r.index())
+    }
+
+    fn total(&self, stage: StageId) -> f64 {
+        self.plan
+            .memory()
+            .stages()
+            .get(stage.index())
+            .map_or(0.0, |m| m.total())
+    }
+
+    fn weight_part(&self, stage: StageId) -> f64 {
+        self.plan
+            .memory()
+            .stages()
+            .get(stage.index())
+            .map_or(0.0, |m| m.weight_grad())
+    }
+
+    fn slot(&self, op: Op) -> usize {
+        self.plan.op_slot(op).expect("scheduled ops are in range")
+    }
+
+    /// Decides rank after rank until every rank is done or stuck.
+    fn run(mut self) -> Option<Schedule> {
+        while let Some(r) = self.next_rank() {
+            let t = self.ranks[r].clock;
+            let candidates = self.candidates(r, t);
+            let Some(task) = self.choose(r, t, &candidates) else {
+                self.park(r, candidates.next_known);
+                continue;
+            };
+            if !self.execute(r, t, task) {
                 return None;
             }
-            let max_span = ranks
-                .iter()
-                .map(|k| k.free - k.first_start)
-                .fold(0.0, f64::max);
-            let makespan = ranks.iter().map(|k| k.free).fold(0.0, f64::max);
-            return Some(Schedule {
-                orders: ranks.into_iter().map(|k| k.order).collect(),
-                score: Score { max_span, makespan },
-            });
-        };
-        let t = ranks[r].clock;
-        let rank = &ranks[r];
+        }
+        self.finish()
+    }
+
+    /// The rank with the earliest pending decision (stale agenda entries are skipped).
+    fn next_rank(&mut self) -> Option<usize> {
+        while let Some(due) = self.agenda.pop() {
+            let k = &self.ranks[due.rank];
+            if k.remaining > 0 && !k.waiting && k.clock == due.at {
+                return Some(due.rank);
+            }
+        }
+        None
+    }
+
+    /// The schedule, or None when some rank could not finish within the limit.
+    fn finish(self) -> Option<Schedule> {
+        if self.ranks.iter().any(|k| k.remaining > 0) {
+            return None;
+        }
+        let max_span = self
+            .ranks
+            .iter()
+            .map(|k| k.free - k.first_start)
+            .fold(0.0, f64::max);
+        let makespan = self.ranks.iter().map(|k| k.free).fold(0.0, f64::max);
+        Some(Schedule {
+            orders: self.ranks.into_iter().map(|k| k.order).collect(),
+            score: Score { max_span, makespan },
+        })
+    }
+
+    /// What rank `r` could run at time `t`.
+    fn candidates(&self, r: usize, t: f64) -> Candidates {
+        let rank = &self.ranks[r];
         let mut next_known = f64::INFINITY;
         let input = match rank.ready_inputs.peek() {
             Some(ready) if ready.at <= t + EPSILON => Some(ready.work),
@@ -325,11 +410,29 @@ pub fn schedule_within(plan: &Plan, limit: f64, variant: Variant, bound: f64) ->
             }
             None => None,
         };
-        // Best ready F that fits: deepest local stage first.
+        let (forward, blocked_by_memory) = self.ready_forward(r, t, &mut next_known);
+        Candidates {
+            input,
+            forward,
+            blocked_by_memory,
+            next_known,
+        }
+    }
+
+    /// The best ready forward that fits in memory and the in-flight cap, deepest local stage
+    /// first; lowers `next_known` to the arrival of a forward that would fit but is not ready.
+    fn ready_forward(
+        &self,
+        r: usize,
+        t: f64,
+        next_known: &mut f64,
+    ) -> (Option<(usize, Work)>, bool) {
+        let rank = &self.ranks[r];
+        let problem = self.plan.problem();
         let mut forward: Option<(usize, Work)> = None;
         let mut blocked_by_memory = false;
         for (k, &stage) in rank.stages.iter().enumerate().rev() {
-            let Some(&mb) = stage_microbatches[stage.index()].get(rank.next_forward[k]) else {
+            let Some(&mb) = self.stage_microbatches[stage.index()].get(rank.next_forward[k]) else {
                 continue;
             };
             let w = Work {
@@ -342,158 +445,186 @@ pub fn schedule_within(plan: &Plan, limit: f64, variant: Variant, bound: f64) ->
             let at = match route.prev(stage) {
                 None => 0.0,
                 Some(prev) => {
-                    let f = forward_finish[slot(Op::new(OpKind::Forward, prev, w.microbatch))];
+                    let f = self.forward_finish
+                        [self.slot(Op::new(OpKind::Forward, prev, w.microbatch))];
                     if f.is_nan() {
                         continue;
                     }
-                    if owner(prev) == r {
+                    if self.owner(prev) == r {
                         f
                     } else {
-                        f + comm
+                        f + self.plan.costs().comm()
                     }
                 }
             };
-            let mut need = rank.held + total(stage);
-            if variant.reserve {
-                need += rank.stages[k + 1..]
-                    .iter()
-                    .enumerate()
-                    .filter(|(j, s)| {
-                        stage_microbatches[s.index()].len() > rank.next_forward[k + 1 + j]
-                    })
-                    .map(|(_, s)| total(*s))
-                    .sum::<f64>();
-            }
-            let fits = need <= limit + EPSILON && rank.in_flight < rank.in_flight_cap;
+            let need = rank.held + self.total(stage) + self.reserved(r, k);
+            let fits = need <= self.limit + EPSILON && rank.in_flight < rank.in_flight_cap;
             if at > t + EPSILON {
                 if fits {
-                    next_known = next_known.min(at);
+                    *next_known = next_known.min(at);
                 }
                 continue;
             }
             if !fits {
-                blocked_by_memory |= need > limit + EPSILON;
+                blocked_by_memory |= need > self.limit + EPSILON;
                 continue;
             }
             if forward.is_none() {
                 forward = Some((k, w));
             }
         }
-        let weight = rank.pending_weight.front().copied();
+        (forward, blocked_by_memory)
+    }
+
+    /// With `reserve`, the memory kept for one forward of each deeper local stage that still has
+    /// forwards to run.
+    fn reserved(&self, r: usize, k: usize) -> f64 {
+        if !self.variant.reserve {
+            return 0.0;
+        }
+        let rank = &self.ranks[r];
+        rank.stages[k + 1..]
+            .iter()
+            .enumerate()
+            .filter(|(j, s)| {
+                self.stage_microbatches[s.index()].len() > rank.next_forward[k + 1 + j]
+            })
+            .map(|(_, s)| self.total(*s))
+            .sum::<f64>()
+    }
+
+    /// Picks the task rank `r` runs at `t` by the variant's priorities and takes it off its
+    /// queues; None when the rank must wait.
+    fn choose(&mut self, r: usize, t: f64, c: &Candidates) -> Option<Task> {
+        let costs = self.plan.costs();
+        let weight = self.ranks[r].pending_weight.front().copied();
         let run_weight = weight.is_some_and(|w| {
-            blocked_by_memory
-                || variant.fill == FillWaits::Always
-                || next_known.is_infinite()
-                || next_known - t >= cost(w).weight_grad() - EPSILON
+            c.blocked_by_memory
+                || self.variant.fill == FillWaits::Always
+                || c.next_known.is_infinite()
+                || c.next_known - t
+                    >= costs
+                        .stage(w.stage)
+                        .copied()
+                        .unwrap_or_default()
+                        .weight_grad()
+                        - EPSILON
         });
-        let rank = &mut ranks[r];
-        let task = match (input, forward) {
-            (Some(b), Some((k, f)))
-                if variant.overlap && rank.held + total(f.stage) <= limit + EPSILON =>
-            {
+        let overlap_fits = c
+            .forward
+            .is_some_and(|(_, f)| self.ranks[r].held + self.total(f.stage) <= self.limit + EPSILON);
+        let rank = &mut self.ranks[r];
+        match (c.input, c.forward) {
+            (Some(b), Some((k, f))) if self.variant.overlap && overlap_fits => {
                 rank.ready_inputs.pop();
                 rank.next_forward[k] += 1;
-                Task::Overlapped {
+                Some(Task::Overlapped {
                     forward: f,
                     backward: b,
-                }
+                })
             }
-            (Some(b), f) if variant.prefer_input_grad || f.is_none() => {
+            (Some(b), f) if self.variant.prefer_input_grad || f.is_none() => {
                 rank.ready_inputs.pop();
-                Task::InputGrad(b)
+                Some(Task::InputGrad(b))
             }
             (_, Some((k, f))) => {
                 rank.next_forward[k] += 1;
-                Task::Forward(f)
+                Some(Task::Forward(f))
             }
             (_, None) => match weight {
                 Some(w) if run_weight => {
                     rank.pending_weight.pop_front();
-                    Task::WeightGrad(w)
+                    Some(Task::WeightGrad(w))
                 }
-                _ => {
-                    if next_known.is_finite() {
-                        rank.clock = next_known;
-                        agenda.push(Due {
-                            at: next_known,
-                            rank: r,
-                        });
-                    } else {
-                        rank.waiting = true;
-                    }
-                    continue;
-                }
+                _ => None,
             },
-        };
-        let duration = costs.task_duration(&task);
-        let end = t + duration;
+        }
+    }
+
+    /// Nothing to run: decide again at the next known arrival, or wait to be woken.
+    fn park(&mut self, r: usize, next_known: f64) {
+        let rank = &mut self.ranks[r];
+        if next_known.is_finite() {
+            rank.clock = next_known;
+            self.agenda.push(Due {
+                at: next_known,
+                rank: r,
+            });
+        } else {
+            rank.waiting = true;
+        }
+    }
+
+    /// Runs `task` on rank `r` from `t`; false when the run can no longer beat the bound.
+    fn execute(&mut self, r: usize, t: f64, task: Task) -> bool {
+        let costs = self.plan.costs();
+        let end = t + costs.task_duration(&task);
+        let work: f64 = task.ops().iter().map(|op| costs.op_cost(*op)).sum();
+        let rank = &mut self.ranks[r];
         if rank.first_start.is_nan() {
             rank.first_start = t;
         }
-        let ops_work: f64 = task
-            .ops()
-            .iter()
-            .map(|op| {
-                let c = cost(Work {
-                    stage: op.stage,
-                    microbatch: op.microbatch,
-                });
-                match op.kind {
-                    OpKind::Forward => c.forward(),
-                    OpKind::InputGrad => c.input_grad(),
-                    OpKind::WeightGrad => c.weight_grad(),
-                }
-            })
-            .sum();
-        rank.remaining_work -= ops_work;
-        let least_end = if variant.overlap {
+        rank.remaining_work -= work;
+        let least_end = if self.variant.overlap {
             end
         } else {
             end + rank.remaining_work
         };
-        if least_end - rank.first_start > bound + EPSILON {
-            return None;
+        if least_end - rank.first_start > self.bound + EPSILON {
+            return false;
         }
         rank.free = end;
         rank.clock = end;
         rank.order.push(task);
         rank.remaining -= task.ops().len();
-        // Book-keeping, and the arrivals this task makes known (on this rank or another).
-        let mut arrivals: Vec<(usize, Option<ReadyInput>, f64)> = Vec::new();
+        let arrivals = self.book(r, task, end);
+        if self.ranks[r].remaining > 0 {
+            self.agenda.push(Due { at: end, rank: r });
+        }
+        self.notify(r, arrivals);
+        true
+    }
+
+    /// Book-keeping of a finished task, and the arrivals it makes known (on this rank or another).
+    fn book(&mut self, r: usize, task: Task, end: f64) -> Vec<Arrival> {
+        let comm = self.plan.costs().comm();
+        let mut arrivals: Vec<Arrival> = Vec::new();
         for op in task.ops() {
             let stage = op.stage;
             let w = Work {
                 stage,
                 microbatch: op.microbatch,
             };
-            let Some(route) = problem.route_of(op.microbatch) else {
+            let Some(route) = self.plan.problem().route_of(op.microbatch) else {
                 continue;
             };
             match op.kind {
                 OpKind::Forward => {
-                    forward_finish[slot(op)] = end;
-                    ranks[r].held += total(stage);
-                    ranks[r].in_flight += 1;
+                    let slot = self.slot(op);
+                    self.forward_finish[slot] = end;
+                    self.ranks[r].held += self.total(stage);
+                    self.ranks[r].in_flight += 1;
                     match route.next(stage) {
                         // The last stage's I needs only its own F.
                         None => arrivals.push((r, Some(ReadyInput { at: end, work: w }), end)),
                         Some(next) => {
-                            let q = owner(next);
+                            let q = self.owner(next);
                             let at = if q == r { end } else { end + comm };
                             arrivals.push((q, None, at));
                         }
                     }
                 }
                 OpKind::InputGrad => {
-                    ranks[r].held -= total(stage) - weight_part(stage);
-                    ranks[r].in_flight -= 1;
+                    let freed = self.total(stage) - self.weight_part(stage);
+                    self.ranks[r].held -= freed;
+                    self.ranks[r].in_flight -= 1;
                     if !matches!(task, Task::Overlapped { .. }) {
-                        ranks[r].pending_weight.push_back(w);
+                        self.ranks[r].pending_weight.push_back(w);
                     }
                     if let Some(prev) = route.prev(stage) {
-                        let q = owner(prev);
-                        let own_forward =
-                            forward_finish[slot(Op::new(OpKind::Forward, prev, op.microbatch))];
+                        let q = self.owner(prev);
+                        let own_forward = self.forward_finish
+                            [self.slot(Op::new(OpKind::Forward, prev, op.microbatch))];
                         let at = (if q == r { end } else { end + comm }).max(own_forward);
                         let work = Work {
                             stage: prev,
@@ -502,25 +633,84 @@ pub fn schedule_within(plan: &Plan, limit: f64, variant: Variant, bound: f64) ->
                         arrivals.push((q, Some(ReadyInput { at, work }), at));
                     }
                 }
-                OpKind::WeightGrad => ranks[r].held -= weight_part(stage),
+                OpKind::WeightGrad => self.ranks[r].held -= self.weight_part(stage),
             }
         }
-        if ranks[r].remaining > 0 {
-            agenda.push(Due { at: end, rank: r });
-        }
+        arrivals
+    }
+
+    /// Delivers arrivals and wakes the ranks that were waiting for them.
+    fn notify(&mut self, r: usize, arrivals: Vec<Arrival>) {
         for (q, ready, at) in arrivals {
-            let Some(target) = ranks.get_mut(q) else {
+            let Some(target) = self.ranks.get_mut(q) else {
                 continue;
             };
             if let Some(ready) = ready {
                 target.ready_inputs.push(ready);
             }
             if q != r && target.remaining > 0 && target.wake(at) {
-                agenda.push(Due {
+                self.agenda.push(Due {
                     at: target.clock,
                     rank: q,
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pipeweave_core::{CostModel, MemoryModel, ProblemSpec, StageCosts};
+
+    fn linear(ranks: u32, microbatches: u32) -> Plan {
+        let problem = ProblemSpec::builder()
+            .ranks(ranks)
+            .microbatches(microbatches)
+            .build()
+            .validate()
+            .unwrap();
+        Plan::unscheduled(
+            problem,
+            CostModel::uniform(ranks, StageCosts::default(), 0.0).unwrap(),
+            MemoryModel::uniform(ranks, Default::default()),
+        )
+        .unwrap()
+    }
+
+    fn variant() -> Variant {
+        Variant {
+            prefer_input_grad: true,
+            fill: FillWaits::Always,
+            reserve: false,
+            overlap: false,
+            in_flight: InFlight::Memory,
+        }
+    }
+
+    #[test]
+    fn schedules_every_op_within_the_memory_limit() {
+        let plan = linear(4, 8);
+        let found = schedule(&plan, 4.0, variant()).unwrap();
+        let ops: usize = found.orders.iter().flatten().map(|t| t.ops().len()).sum();
+        assert_eq!(ops, 4 * 8 * 3);
+        let facts = plan.facts();
+        let scheduled = plan.with_facts(pipeweave_core::Facts {
+            backwards: pipeweave_core::Backwards::Split,
+            pacing: pipeweave_core::Pacing::Custom,
+            ..facts
+        });
+        let scheduled = scheduled.unwrap().with_orders(found.orders).unwrap();
+        assert!(pipeweave_core::verify(&scheduled).is_ok());
+        assert!(pipeweave_core::max_peak(&scheduled) <= 4.0);
+        // Unit F, I, W at 4 ranks and 8 microbatches: the zero-bubble ideal is 8 * 3 + 3 forward steps.
+        assert!(found.score.makespan <= 30.0, "{:?}", found.score);
+    }
+
+    #[test]
+    fn too_little_memory_or_a_beaten_bound_gives_up() {
+        let plan = linear(2, 4);
+        assert!(schedule(&plan, 0.5, variant()).is_none());
+        assert!(schedule_within(&plan, 4.0, variant(), 1.0).is_none());
     }
 }
