@@ -16,7 +16,7 @@
 use crate::error::CoreError;
 use crate::ir::cost::StageCosts;
 use crate::ir::ids::{MicrobatchId, RankId, StageId};
-use crate::ir::op::Task;
+use crate::ir::op::{OpKind, Task, Work};
 use crate::ir::plan::Plan;
 use crate::ir::problem::{Problem, ProblemSpec, RouteSpec};
 use crate::spmd::program::Semantics;
@@ -286,133 +286,170 @@ pub fn import_csv(text: &str, share_costs: StageCosts, comm: f64) -> Result<Impo
 
 /// Builds programs from the rows of a lowered file.
 fn lower_rows(problem: &Problem, rows: &[Vec<Action>]) -> Result<ProgramSet, CoreError> {
-    let mut programs = Vec::with_capacity(rows.len());
-    for (r, row) in rows.iter().enumerate() {
-        let line = r + 1;
-        let rank = RankId::new(r as u32);
-        let mut instrs = Vec::new();
-        let mut group = CommGroup::default();
-        let mut unwaited: Vec<(Direction, StageId, MicrobatchId, usize)> = Vec::new();
-        for (c, action) in row.iter().enumerate() {
-            let column = c + 1;
-            match *action {
-                Action::Compute(task) => {
-                    if !group.ops.is_empty() {
-                        instrs.push(Instr::Comm(std::mem::take(&mut group)));
-                    }
-                    instrs.push(Instr::Compute(task));
-                    for op in task.ops() {
-                        let last = problem
-                            .route_of(op.microbatch)
-                            .is_some_and(|route| route.next(op.stage).is_none());
-                        if op.kind == crate::ir::op::OpKind::Forward && last {
-                            instrs.push(Instr::Loss(crate::ir::op::Work {
-                                stage: op.stage,
-                                microbatch: op.microbatch,
-                            }));
-                        }
-                    }
-                }
-                Action::Comm {
-                    action,
-                    stage,
-                    microbatch,
-                } => {
-                    let route = problem.route_of(microbatch).ok_or_else(|| {
-                        csv_error(
-                            line,
-                            column,
-                            format!("microbatch {microbatch} is out of range"),
-                        )
-                    })?;
-                    if !route.contains(stage) {
-                        return Err(csv_error(
-                            line,
-                            column,
-                            format!("stage {stage} is not on the route of microbatch {microbatch}"),
-                        ));
-                    }
-                    let (direction, send) = match action {
-                        CommAction::Send(d) => (d, true),
-                        CommAction::Recv(d) => (d, false),
-                        CommAction::WaitSend(d) => {
-                            match unwaited
-                                .iter()
-                                .position(|&(dd, s, m, _)| dd == d && s == stage && m == microbatch)
-                            {
-                                Some(i) => {
-                                    unwaited.remove(i);
-                                }
-                                None => {
-                                    return Err(csv_error(line, column, format!("{stage}{}{microbatch} waits for a send that did not happen before it", comm_name(action))));
-                                }
-                            }
-                            continue;
-                        }
-                    };
-                    // The stage on the other side of the boundary.
-                    let other = match (direction, send) {
-                        (Direction::Activation, true) | (Direction::Gradient, false) => route.next(stage),
-                        (Direction::Activation, false) | (Direction::Gradient, true) => route.prev(stage),
-                    }
-                    .ok_or_else(|| {
-                        csv_error(line, column, format!("stage {stage} has no neighbour on microbatch {microbatch}'s route in that direction"))
-                    })?;
-                    let message = match (direction, send) {
-                        (Direction::Activation, true) => {
-                            Message::activation(stage, other, microbatch)
-                        }
-                        (Direction::Activation, false) => {
-                            Message::activation(other, stage, microbatch)
-                        }
-                        (Direction::Gradient, true) => Message::gradient(stage, other, microbatch),
-                        (Direction::Gradient, false) => Message::gradient(other, stage, microbatch),
-                    };
-                    let peer = problem.rank_of(other).expect("route stages are in range");
-                    if problem.rank_of(stage) != Some(rank) {
-                        return Err(csv_error(
-                            line,
-                            column,
-                            format!(
-                                "stage {stage} runs on rank {}, not on rank {rank}",
-                                problem.rank_of(stage).map_or(0, |r| r.get())
-                            ),
-                        ));
-                    }
-                    group.ops.push(if send {
-                        unwaited.push((direction, stage, microbatch, column));
-                        CommOp::Send { to: peer, message }
-                    } else {
-                        CommOp::Recv {
-                            from: peer,
-                            message,
-                        }
-                    });
-                }
-            }
-        }
-        if let Some(&(d, s, m, column)) = unwaited.first() {
-            let name = if d == Direction::Activation {
-                "SEND_F"
-            } else {
-                "SEND_B"
-            };
-            return Err(csv_error(
-                line,
-                column,
-                format!("{s}{name}{m} has no later WAIT_SEND on its rank"),
-            ));
-        }
-        if !group.ops.is_empty() {
-            instrs.push(Instr::Comm(group));
-        }
-        instrs.push(Instr::FlushWeightGrads);
-        programs.push(RankProgram { rank, instrs });
-    }
+    let programs = rows
+        .iter()
+        .enumerate()
+        .map(|(r, row)| lower_row(problem, RankId::new(r as u32), row))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(ProgramSet {
         programs,
         forward_only: false,
         semantics: Semantics::Batched,
+    })
+}
+
+/// A send not yet waited for: (direction, stage, microbatch, column of the send).
+type Unwaited = (Direction, StageId, MicrobatchId, usize);
+
+/// The program of one rank's row: computes (with the loss after a last stage's forward),
+/// consecutive sends and receives as one group, and every send waited for later on the row.
+fn lower_row(problem: &Problem, rank: RankId, row: &[Action]) -> Result<RankProgram, CoreError> {
+    let line = rank.index() + 1;
+    let mut instrs = Vec::new();
+    let mut group = CommGroup::default();
+    let mut unwaited: Vec<Unwaited> = Vec::new();
+    for (c, action) in row.iter().enumerate() {
+        let column = c + 1;
+        match *action {
+            Action::Compute(task) => {
+                if !group.ops.is_empty() {
+                    instrs.push(Instr::Comm(std::mem::take(&mut group)));
+                }
+                push_compute(problem, task, &mut instrs);
+            }
+            Action::Comm {
+                action: CommAction::WaitSend(direction),
+                stage,
+                microbatch,
+            } => {
+                let waited = unwaited
+                    .iter()
+                    .position(|&(d, s, m, _)| d == direction && s == stage && m == microbatch);
+                match waited {
+                    Some(i) => {
+                        unwaited.remove(i);
+                    }
+                    None => return Err(csv_error(
+                        line,
+                        column,
+                        format!(
+                            "{stage}{}{microbatch} waits for a send that did not happen before it",
+                            comm_name(CommAction::WaitSend(direction))
+                        ),
+                    )),
+                }
+            }
+            Action::Comm {
+                action,
+                stage,
+                microbatch,
+            } => {
+                let op = comm_op(problem, rank, action, stage, microbatch, (line, column))?;
+                if let CommOp::Send { message, .. } = op {
+                    unwaited.push((message.direction, stage, microbatch, column));
+                }
+                group.ops.push(op);
+            }
+        }
+    }
+    if let Some(&(d, s, m, column)) = unwaited.first() {
+        let name = comm_name(CommAction::Send(d));
+        return Err(csv_error(
+            line,
+            column,
+            format!("{s}{name}{m} has no later WAIT_SEND on its rank"),
+        ));
+    }
+    if !group.ops.is_empty() {
+        instrs.push(Instr::Comm(group));
+    }
+    instrs.push(Instr::FlushWeightGrads);
+    Ok(RankProgram { rank, instrs })
+}
+
+/// A compute, followed by the loss of every forward on the last stage of its route.
+fn push_compute(problem: &Problem, task: Task, instrs: &mut Vec<Instr>) {
+    instrs.push(Instr::Compute(task));
+    for op in task.ops() {
+        let last = problem
+            .route_of(op.microbatch)
+            .is_some_and(|route| route.next(op.stage).is_none());
+        if op.kind == OpKind::Forward && last {
+            instrs.push(Instr::Loss(Work {
+                stage: op.stage,
+                microbatch: op.microbatch,
+            }));
+        }
+    }
+}
+
+/// The send or receive a `SEND_*` / `RECV_*` cell of rank `rank` stands for, its peer taken
+/// from the route.
+fn comm_op(
+    problem: &Problem,
+    rank: RankId,
+    action: CommAction,
+    stage: StageId,
+    microbatch: MicrobatchId,
+    (line, column): (usize, usize),
+) -> Result<CommOp, CoreError> {
+    let route = problem.route_of(microbatch).ok_or_else(|| {
+        csv_error(
+            line,
+            column,
+            format!("microbatch {microbatch} is out of range"),
+        )
+    })?;
+    if !route.contains(stage) {
+        return Err(csv_error(
+            line,
+            column,
+            format!("stage {stage} is not on the route of microbatch {microbatch}"),
+        ));
+    }
+    let (direction, send) = match action {
+        CommAction::Send(d) => (d, true),
+        CommAction::Recv(d) => (d, false),
+        CommAction::WaitSend(_) => {
+            return Err(csv_error(line, column, "a wait is not a send or a receive"))
+        }
+    };
+    // The stage on the other side of the boundary.
+    let other = match (direction, send) {
+        (Direction::Activation, true) | (Direction::Gradient, false) => route.next(stage),
+        (Direction::Activation, false) | (Direction::Gradient, true) => route.prev(stage),
+    }
+    .ok_or_else(|| {
+        csv_error(
+            line,
+            column,
+            format!("stage {stage} has no neighbour on microbatch {microbatch}'s route in that direction"),
+        )
+    })?;
+    let message = match (direction, send) {
+        (Direction::Activation, true) => Message::activation(stage, other, microbatch),
+        (Direction::Activation, false) => Message::activation(other, stage, microbatch),
+        (Direction::Gradient, true) => Message::gradient(stage, other, microbatch),
+        (Direction::Gradient, false) => Message::gradient(other, stage, microbatch),
+    };
+    let peer = problem.rank_of(other).expect("route stages are in range");
+    if problem.rank_of(stage) != Some(rank) {
+        return Err(csv_error(
+            line,
+            column,
+            format!(
+                "stage {stage} runs on rank {}, not on rank {rank}",
+                problem.rank_of(stage).map_or(0, |r| r.get())
+            ),
+        ));
+    }
+    Ok(if send {
+        CommOp::Send { to: peer, message }
+    } else {
+        CommOp::Recv {
+            from: peer,
+            message,
+        }
     })
 }
 

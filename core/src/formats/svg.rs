@@ -2,6 +2,7 @@
 //! coloured by kind (F, B, I, W, overlapped F&B) with its microbatch number, later model chunks
 //! hatched, a legend, and the makespan and bubble rate in the title.
 
+use crate::analysis::replay::TimedTask;
 use crate::analysis::simulate::Simulation;
 use crate::ir::op::TaskKind;
 use crate::ir::plan::Plan;
@@ -41,24 +42,64 @@ fn escape(text: &str) -> String {
 
 /// The SVG document of `simulation` (a simulation of `plan`), titled `title`.
 pub fn timeline_svg(plan: &Plan, simulation: &Simulation, title: &str) -> String {
-    let makespan = simulation.makespan().max(1e-9);
-    let shortest = simulation
-        .timeline()
-        .iter()
-        .flatten()
-        .map(|t| t.end - t.start)
-        .filter(|d| *d > 1e-12)
-        .fold(f64::INFINITY, f64::min);
-    let shortest = if shortest.is_finite() { shortest } else { 1.0 };
-    // About 30 px for the shortest task, within MAX_WIDTH unless that leaves it under MIN_UNIT.
-    let scale = (30.0 / shortest)
-        .min(MAX_WIDTH / makespan)
-        .max(MIN_UNIT / shortest);
-    let ranks = simulation.timeline().len();
-    let width = LEFT + makespan * scale + 20.0;
-    let legend_top = TOP + ranks as f64 * ROW_HEIGHT + 30.0;
-    let height = legend_top + 40.0;
+    let frame = Frame::of(simulation);
     let mut out = String::new();
+    header(&mut out, &frame, simulation, title);
+    for (r, tasks) in simulation.timeline().iter().enumerate() {
+        let first_local = plan
+            .problem()
+            .stage_to_rank()
+            .iter()
+            .position(|x| x.index() == r);
+        rank_row(&mut out, &frame, r, tasks, first_local);
+    }
+    time_axis(&mut out, &frame);
+    legend(&mut out, &frame);
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The picture's geometry: time scale and the positions that depend on it.
+struct Frame {
+    makespan: f64,
+    scale: f64,
+    ranks: usize,
+    width: f64,
+    legend_top: f64,
+    height: f64,
+}
+
+impl Frame {
+    fn of(simulation: &Simulation) -> Frame {
+        let makespan = simulation.makespan().max(1e-9);
+        let shortest = simulation
+            .timeline()
+            .iter()
+            .flatten()
+            .map(|t| t.end - t.start)
+            .filter(|d| *d > 1e-12)
+            .fold(f64::INFINITY, f64::min);
+        let shortest = if shortest.is_finite() { shortest } else { 1.0 };
+        // About 30 px for the shortest task, within MAX_WIDTH unless that leaves it under MIN_UNIT.
+        let scale = (30.0 / shortest)
+            .min(MAX_WIDTH / makespan)
+            .max(MIN_UNIT / shortest);
+        let ranks = simulation.timeline().len();
+        let legend_top = TOP + ranks as f64 * ROW_HEIGHT + 30.0;
+        Frame {
+            makespan,
+            scale,
+            ranks,
+            width: LEFT + makespan * scale + 20.0,
+            legend_top,
+            height: legend_top + 40.0,
+        }
+    }
+}
+
+/// The opening tag, the hatch pattern, the background and the title.
+fn header(out: &mut String, frame: &Frame, simulation: &Simulation, title: &str) {
+    let (width, height) = (frame.width, frame.height);
     let _ = writeln!(
         out,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="Helvetica, Arial, sans-serif">"#
@@ -75,71 +116,84 @@ pub fn timeline_svg(plan: &Plan, simulation: &Simulation, title: &str) -> String
         simulation.makespan(),
         simulation.bubble_rate() * 100.0
     );
-    let first_local: Vec<Option<usize>> = (0..ranks)
-        .map(|r| {
-            plan.problem()
-                .stage_to_rank()
-                .iter()
-                .position(|x| x.index() == r)
-        })
-        .collect();
-    for (r, tasks) in simulation.timeline().iter().enumerate() {
-        let y = TOP + r as f64 * ROW_HEIGHT;
-        let _ = writeln!(
+}
+
+/// One rank's label, lane and tasks; tasks of a later local stage are hatched.
+fn rank_row(
+    out: &mut String,
+    frame: &Frame,
+    r: usize,
+    tasks: &[TimedTask],
+    first_local: Option<usize>,
+) {
+    let y = TOP + r as f64 * ROW_HEIGHT;
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.0}" y="{:.1}" font-size="13" text-anchor="end">rank {r}</text>"#,
+        LEFT - 8.0,
+        y + ROW_HEIGHT / 2.0 + 4.0
+    );
+    let _ = writeln!(
+        out,
+        r##"<rect x="{LEFT}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="#f4f4f4"/>"##,
+        frame.makespan * frame.scale,
+        ROW_HEIGHT - 4.0
+    );
+    for t in tasks {
+        task_box(
             out,
-            r#"<text x="{:.0}" y="{:.1}" font-size="13" text-anchor="end">rank {r}</text>"#,
-            LEFT - 8.0,
-            y + ROW_HEIGHT / 2.0 + 4.0
+            frame,
+            y,
+            t,
+            first_local != Some(t.task.work().stage.index()),
         );
+    }
+}
+
+/// One task: a coloured box with its tooltip, hatched for a later chunk, labelled when wide enough.
+fn task_box(out: &mut String, frame: &Frame, y: f64, t: &TimedTask, later_chunk: bool) {
+    let x = LEFT + t.start * frame.scale;
+    let w = ((t.end - t.start) * frame.scale).max(0.5);
+    let kind = t.task.kind();
+    let _ = writeln!(
+        out,
+        r#"<rect x="{x:.1}" y="{y:.1}" width="{w:.1}" height="{:.1}" fill="{}" stroke="white" stroke-width="1"><title>{} [{:.3}, {:.3}]</title></rect>"#,
+        ROW_HEIGHT - 4.0,
+        colour(kind),
+        escape(&t.task.to_string()),
+        t.start,
+        t.end
+    );
+    if later_chunk {
         let _ = writeln!(
             out,
-            r##"<rect x="{LEFT}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="#f4f4f4"/>"##,
-            makespan * scale,
+            r#"<rect x="{x:.1}" y="{y:.1}" width="{w:.1}" height="{:.1}" fill="url(#later-chunk)" stroke="white" stroke-width="1"/>"#,
             ROW_HEIGHT - 4.0
         );
-        for t in tasks {
-            let x = LEFT + t.start * scale;
-            let w = ((t.end - t.start) * scale).max(0.5);
-            let kind = t.task.kind();
-            let work = t.task.work();
-            let later_chunk = first_local[r] != Some(work.stage.index());
-            let _ = writeln!(
-                out,
-                r#"<rect x="{x:.1}" y="{y:.1}" width="{w:.1}" height="{:.1}" fill="{}" stroke="white" stroke-width="1"><title>{} [{:.3}, {:.3}]</title></rect>"#,
-                ROW_HEIGHT - 4.0,
-                colour(kind),
-                escape(&t.task.to_string()),
-                t.start,
-                t.end
-            );
-            if later_chunk {
-                let _ = writeln!(
-                    out,
-                    r#"<rect x="{x:.1}" y="{y:.1}" width="{w:.1}" height="{:.1}" fill="url(#later-chunk)" stroke="white" stroke-width="1"/>"#,
-                    ROW_HEIGHT - 4.0
-                );
-            }
-            if w >= 12.0 {
-                let _ = writeln!(
-                    out,
-                    r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle" fill="{}">{}</text>"#,
-                    x + w / 2.0,
-                    y + ROW_HEIGHT / 2.0 + 2.0,
-                    if matches!(kind, TaskKind::WeightGrad | TaskKind::InputGrad) {
-                        "#222"
-                    } else {
-                        "white"
-                    },
-                    work.microbatch
-                );
-            }
-        }
     }
-    let axis_y = TOP + ranks as f64 * ROW_HEIGHT + 4.0;
-    let step = nice_step(makespan);
+    if w >= 12.0 {
+        let ink = if matches!(kind, TaskKind::WeightGrad | TaskKind::InputGrad) {
+            "#222"
+        } else {
+            "white"
+        };
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle" fill="{ink}">{}</text>"#,
+            x + w / 2.0,
+            y + ROW_HEIGHT / 2.0 + 2.0,
+            t.task.work().microbatch
+        );
+    }
+}
+
+/// Ticks and their times under the rows.
+fn time_axis(out: &mut String, frame: &Frame) {
+    let axis_y = TOP + frame.ranks as f64 * ROW_HEIGHT + 4.0;
+    let step = nice_step(frame.makespan);
     let mut tick = 0.0;
-    while tick <= makespan + 1e-9 {
-        let x = LEFT + tick * scale;
+    while tick <= frame.makespan + 1e-9 {
+        let x = LEFT + tick * frame.scale;
         let _ = writeln!(
             out,
             r##"<line x1="{x:.1}" y1="{axis_y:.1}" x2="{x:.1}" y2="{:.1}" stroke="#888"/>"##,
@@ -153,6 +207,11 @@ pub fn timeline_svg(plan: &Plan, simulation: &Simulation, title: &str) -> String
         );
         tick += step;
     }
+}
+
+/// The colour of every kind of task, and what hatching and numbers mean.
+fn legend(out: &mut String, frame: &Frame) {
+    let legend_top = frame.legend_top;
     let kinds = [
         TaskKind::Forward,
         TaskKind::Backward,
@@ -182,8 +241,6 @@ pub fn timeline_svg(plan: &Plan, simulation: &Simulation, title: &str) -> String
         LEFT,
         legend_top + 32.0
     );
-    out.push_str("</svg>\n");
-    out
 }
 
 fn nice_step(span: f64) -> f64 {
