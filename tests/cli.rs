@@ -147,6 +147,19 @@ fn bad_input_exits_2_with_one_line_naming_the_constraint() {
 }
 
 #[test]
+fn a_25000_deep_expression_exits_2_with_one_line() {
+    let deep = "f1b(".repeat(25_000) + "gpipe" + &")".repeat(25_000);
+    let out = pipeweave(&["plan", &deep]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(
+        err.trim_end(),
+        "error: syntax error at column 257: the expression nests more than 64 calls deep"
+    );
+}
+
+#[test]
 fn a_memory_limit_that_holds_is_reported() {
     let out = pipeweave(&["plan", "f1b(gpipe)", "--memory-limit", "4"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

@@ -132,6 +132,66 @@ impl StageCompute for Faulty {
     }
 }
 
+/// A stage whose `free_output` hook panics on rank 1.
+struct PanicsInFree {
+    inner: AffineStage,
+    rank: u32,
+}
+
+impl StageCompute for PanicsInFree {
+    type Tensor = f64;
+    fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, String> {
+        self.inner.forward(work, input)
+    }
+    fn loss(&mut self, work: Work, output: f64) -> Result<f64, String> {
+        self.inner.loss(work, output)
+    }
+    fn backward_input(&mut self, work: Work, grad: f64) -> Result<Option<f64>, String> {
+        self.inner.backward_input(work, grad)
+    }
+    fn backward_weight(&mut self, work: Work) -> Result<(), String> {
+        self.inner.backward_weight(work)
+    }
+    fn free_output(&mut self, work: Work) {
+        if self.rank == 1 {
+            panic!("free_output of stage {} broke", work.stage);
+        }
+    }
+}
+
+#[test]
+fn a_panic_in_the_free_output_hook_is_a_run_error_naming_rank_and_instruction() {
+    let plan = build_plan("f1b(gpipe)", &PipelineConfig::new(4, 4).unwrap()).unwrap();
+    let model = AffineModel::new(plan.problem());
+    let programs = project(&plan, ProjectionOptions::default()).unwrap();
+    let err = run_threads(
+        plan.problem(),
+        &programs,
+        |rank| PanicsInFree {
+            inner: model.stage(no_delay),
+            rank: rank.get(),
+        },
+        ThreadOptions::default(),
+    )
+    .err()
+    .expect("the run fails");
+    match &err {
+        BackendError::Panicked {
+            rank,
+            what,
+            component,
+            reason,
+            ..
+        } => {
+            assert_eq!(rank.get(), 1);
+            assert_eq!(what, "free-output(stage 1, mb 0)");
+            assert_eq!(*component, "stage");
+            assert_eq!(reason, "free_output of stage 1 broke");
+        }
+        other => panic!("expected the free_output panic of rank 1, got {other}"),
+    }
+}
+
 fn run_with_fault(panic: bool) -> (BackendError, Duration) {
     let plan = build_plan(
         "vpp(f1b(gpipe), chunks=2)",
