@@ -3,7 +3,7 @@
 
 use crate::error::Error;
 use pipeweave_core::{CostModel, MemoryModel, Plan, ProblemSpec, StageCosts, StageMemory};
-use pipeweave_transforms::compile_expression;
+use pipeweave_transforms::{compile_expression, Registry};
 
 /// What `pipeweave plan` needs besides the expression: sizes, costs and memory of a rank's share.
 #[derive(Clone, Debug, PartialEq)]
@@ -105,4 +105,15 @@ pub fn build_plan_observed(
 ) -> Result<Plan, Error> {
     let passes = compile_expression(expression)?;
     Ok(passes.run_observed(config.unscheduled_plan()?, observer)?)
+}
+
+/// [`build_plan`] with the passes of `registry` (the built-ins and a user's own, see
+/// [`Registry::register`]).
+pub fn build_plan_with(
+    registry: &Registry,
+    expression: &str,
+    config: &PipelineConfig,
+) -> Result<Plan, Error> {
+    let passes = registry.compile_expression(expression)?;
+    Ok(passes.run(config.unscheduled_plan()?)?)
 }

@@ -21,14 +21,18 @@ pub mod paper_table;
 pub mod reference;
 pub mod report;
 
-pub use config::{build_plan, build_plan_observed, PipelineConfig};
+pub use config::{build_plan, build_plan_observed, build_plan_with, PipelineConfig};
 pub use error::Error;
 pub use pipeweave_backends as backends;
 pub use pipeweave_core as core_ir;
 pub use pipeweave_core::{
-    render_grid, simulate, verify, CoreError, CostModel, MemoryModel, MicrobatchId, Op, OpKind,
-    Plan, Problem, ProblemSpec, RankId, Simulation, StageCosts, StageCostsSpec, StageId,
-    StageMemory, StageMemorySpec, Task, Violation, Work,
+    render_grid, simulate, verify, Backwards, CoreError, CostModel, Facts, Layout, LayoutKind,
+    MemoryModel, MicrobatchId, Op, OpKind, Pacing, Plan, Problem, ProblemSpec, RankId, Simulation,
+    StageCosts, StageCostsSpec, StageId, StageMemory, StageMemorySpec, Task, Violation, Violations,
+    Work,
 };
 pub use pipeweave_transforms as transforms;
-pub use pipeweave_transforms::{compile_expression, PassList, Transform, TransformError};
+pub use pipeweave_transforms::{
+    compile_expression, Arguments, Arity, Changes, Contract, Pass, PassList, Registry, Requires,
+    Transform, TransformError,
+};
