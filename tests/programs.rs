@@ -72,7 +72,7 @@ fn plan_with_costs(expr: &str, p: u32, m: u32, (f, i, w, c): (u32, u32, u32, u32
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 40,
+        cases: 200,
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/programs.txt"))),
         ..ProptestConfig::default()
     })]

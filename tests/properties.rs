@@ -16,7 +16,7 @@ fn megatron_accepts(p: u32, m: u32, g: u32) -> bool {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 96,
+        cases: 1024,
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/properties.txt"))),
         ..ProptestConfig::default()
     })]

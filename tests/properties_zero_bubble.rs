@@ -10,7 +10,7 @@ use proptest::test_runner::FileFailurePersistence;
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 48,
+        cases: 360,
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/properties_zero_bubble.txt"))),
         ..ProptestConfig::default()
     })]

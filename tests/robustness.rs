@@ -40,7 +40,7 @@ fn expression() -> impl Strategy<Value = String> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 400,
+        cases: 6000,
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/robustness.txt"))),
         ..ProptestConfig::default()
     })]
@@ -110,7 +110,7 @@ fn csv_text() -> impl Strategy<Value = String> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 300,
+        cases: 4000,
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/robustness_csv.txt"))),
         ..ProptestConfig::default()
     })]
