@@ -374,3 +374,100 @@ fn check_memory(plan: &Plan, out: &mut Vec<Violation>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::cost::{CostModel, StageCosts};
+    use crate::ir::memory::MemoryModel;
+    use crate::ir::problem::ProblemSpec;
+
+    /// A two-rank, two-microbatch plan with the given orders (its facts read off them).
+    fn plan(orders: [&str; 2]) -> Plan {
+        let problem = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(2)
+            .build()
+            .validate()
+            .unwrap();
+        let orders = orders
+            .iter()
+            .map(|o| o.split_whitespace().map(|t| t.parse().unwrap()).collect())
+            .collect();
+        Plan::new(
+            problem,
+            CostModel::uniform(2, StageCosts::default(), 0.0).unwrap(),
+            MemoryModel::uniform(2, Default::default()),
+            orders,
+        )
+        .unwrap()
+    }
+
+    fn check(orders: [&str; 2], expected: &[&str]) {
+        let found: Vec<String> = violations(&plan(orders))
+            .iter()
+            .map(|v| v.to_string())
+            .collect();
+        assert_eq!(found, expected, "{orders:?}");
+    }
+
+    #[test]
+    fn each_invariant_is_reported_where_it_breaks() {
+        check(["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"], &[]);
+        check(
+            ["0F0 0F1 0B0 0B1 0F7", "1F0 1B0 1F1 1B1"],
+            &["op 0F7 at position 4 on rank 0: microbatch 7 is out of range (the plan has 2 microbatches)"],
+        );
+        check(
+            ["0F0 0F1 0B0 0B1 1F0", "1B0 1F1 1B1"],
+            &["op 1F0 runs on rank 0, but stage 1 is placed on rank 1"],
+        );
+        check(
+            ["0F0 0F1 0B0 0B1 0F1", "1F0 1B0 1F1 1B1"],
+            &["op 0F1 (stage 0, microbatch 1) runs twice: on rank 0 and again on rank 0"],
+        );
+        check(
+            ["0F0 0F1 0B0", "1F0 1B0 1F1 1B1"],
+            &[
+                "op 0I1 (stage 0, microbatch 1) is missing from rank 0",
+                "op 0W1 (stage 0, microbatch 1) is missing from rank 0",
+            ],
+        );
+        check(
+            ["0F0 0F1 0W0 0I0 0B1", "1F0 1B0 1F1 1B1"],
+            &["on rank 0, op 0W0 (stage 0) runs before 0I0, which it depends on"],
+        );
+        check(
+            ["0F0 0B0 0F1 0B1", "1F1 1F0 1B0 1B1"],
+            &["deadlock: rank 0 waits at task 1 (0B0) for 1I0 (stage 1, microbatch 0); rank 1 waits at task 0 (1F1) for 0F1 (stage 0, microbatch 1)"],
+        );
+    }
+
+    #[test]
+    fn the_memory_bound_is_checked_by_verify_only() {
+        let bounded = plan(["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"])
+            .with_memory_limit(Some(1.5))
+            .unwrap();
+        assert!(verify_schedule(&bounded).is_ok());
+        let err = verify(&bounded).unwrap_err();
+        assert!(err.only_memory());
+        assert_eq!(
+            err.to_string(),
+            "1 violation(s)\n  - rank 0 holds 2.0000 activations after 0F1 (stage 0), above the limit 1.5"
+        );
+    }
+
+    #[test]
+    fn long_reports_are_summarised() {
+        let many = Violations(
+            (0..20)
+                .map(|m| Violation::Missing {
+                    op: Op::new(OpKind::Forward, 0.into(), m.into()),
+                    owner: RankId::new(0),
+                })
+                .collect(),
+        );
+        assert!(many.to_string().ends_with("... and 8 more"));
+        assert!(!many.only_memory());
+    }
+}

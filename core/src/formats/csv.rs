@@ -329,14 +329,16 @@ fn lower_row(problem: &Problem, rank: RankId, row: &[Action]) -> Result<RankProg
                     Some(i) => {
                         unwaited.remove(i);
                     }
-                    None => return Err(csv_error(
-                        line,
-                        column,
-                        format!(
+                    None => {
+                        return Err(csv_error(
+                            line,
+                            column,
+                            format!(
                             "{stage}{}{microbatch} waits for a send that did not happen before it",
                             comm_name(CommAction::WaitSend(direction))
                         ),
-                    )),
+                        ))
+                    }
                 }
             }
             Action::Comm {

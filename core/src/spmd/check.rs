@@ -512,3 +512,168 @@ pub fn simulate_comm(set: &ProgramSet, semantics: Semantics) -> Result<(), CommE
         cycle: replay.wait_cycle(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::cost::{CostModel, StageCosts};
+    use crate::ir::memory::MemoryModel;
+    use crate::ir::plan::Plan;
+    use crate::ir::problem::ProblemSpec;
+    use crate::spmd::program::CommGroup;
+    use crate::spmd::project::{project, ProjectionOptions};
+
+    fn one_f_one_b() -> (Problem, ProgramSet) {
+        let problem = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(2)
+            .build()
+            .validate()
+            .unwrap();
+        let order = |tasks: &[&str]| tasks.iter().map(|t| t.parse().unwrap()).collect();
+        let plan = Plan::new(
+            problem.clone(),
+            CostModel::uniform(2, StageCosts::default(), 0.0).unwrap(),
+            MemoryModel::uniform(2, Default::default()),
+            vec![
+                order(&["0F0", "0F1", "0B0", "0B1"]),
+                order(&["1F0", "1B0", "1F1", "1B1"]),
+            ],
+        )
+        .unwrap();
+        (
+            problem,
+            project(&plan, ProjectionOptions::default()).unwrap(),
+        )
+    }
+
+    /// Removes the first communication group of `rank` that holds an op matching `pick`.
+    fn drop_op(set: &mut ProgramSet, rank: usize, pick: impl Fn(&CommOp) -> bool) -> CommOp {
+        for instr in &mut set.programs[rank].instrs {
+            if let Instr::Comm(group) = instr {
+                if let Some(i) = group.ops.iter().position(&pick) {
+                    return group.ops.remove(i);
+                }
+            }
+        }
+        panic!("no such op on rank {rank}")
+    }
+
+    #[test]
+    fn projected_programs_pass_and_are_counted() {
+        let (problem, set) = one_f_one_b();
+        let report = check_programs(&problem, &set).unwrap();
+        assert_eq!(report.messages, 4);
+        assert!(report.groups >= 4);
+    }
+
+    #[test]
+    fn a_missing_receive_is_named_with_its_compute() {
+        let (problem, mut set) = one_f_one_b();
+        drop_op(&mut set, 1, |op| matches!(op, CommOp::Recv { .. }));
+        let err = check_programs(&problem, &set).unwrap_err();
+        assert!(matches!(err, CommError::NotReceived { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .contains("needs act(stage 0 -> 1, mb 0) from rank 0"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unmatched_and_mismatched_messages_are_reported() {
+        let (_, mut set) = one_f_one_b();
+        drop_op(&mut set, 0, |op| matches!(op, CommOp::Send { .. }));
+        let err = check_matching(&set).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "rank 0 -> rank 1: send #0 carries act(stage 0 -> 1, mb 1) but receive #0 expects act(stage 0 -> 1, mb 0)"
+        );
+        let (_, mut set) = one_f_one_b();
+        drop_op(
+            &mut set,
+            1,
+            |op| matches!(op, CommOp::Send { message, .. } if message.microbatch.get() == 1),
+        );
+        let err = check_matching(&set).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CommError::CountMismatch {
+                    sends: 1,
+                    recvs: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let (_, mut set) = one_f_one_b();
+        for instr in &mut set.programs[1].instrs {
+            if let Instr::Comm(CommGroup { ops }) = instr {
+                for op in ops {
+                    if let CommOp::Recv { message, .. } = op {
+                        message.microbatch =
+                            crate::ir::ids::MicrobatchId::new(1 - message.microbatch.get());
+                    }
+                }
+            }
+        }
+        assert!(matches!(
+            check_matching(&set),
+            Err(CommError::Mismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn a_send_exchange_deadlocks_under_blocking_semantics_only() {
+        // Two ranks each send first, then receive: fine when batched, a cycle when blocking.
+        let message = |from: u32, to: u32| Message::activation(from.into(), to.into(), 0.into());
+        let program = |rank: u32, peer: u32| crate::spmd::program::RankProgram {
+            rank: RankId::new(rank),
+            instrs: vec![
+                Instr::Comm(CommGroup {
+                    ops: vec![CommOp::Send {
+                        to: RankId::new(peer),
+                        message: message(rank, peer),
+                    }],
+                }),
+                Instr::Comm(CommGroup {
+                    ops: vec![CommOp::Recv {
+                        from: RankId::new(peer),
+                        message: message(peer, rank),
+                    }],
+                }),
+            ],
+        };
+        let set = ProgramSet {
+            programs: vec![program(0, 1), program(1, 0)],
+            forward_only: false,
+            semantics: Semantics::Blocking,
+        };
+        assert!(simulate_comm(&set, Semantics::Batched).is_ok());
+        let err = simulate_comm(&set, Semantics::Blocking).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "deadlock under blocking rendezvous semantics: rank 0 waits at instruction 0 for send-act(stage 0, mb 0) to rank 1; rank 1 waits at instruction 0 for send-act(stage 1, mb 0) to rank 0"
+        );
+    }
+
+    #[test]
+    fn numbering_and_peers_are_checked_before_anything_else() {
+        let (problem, mut set) = one_f_one_b();
+        set.programs.swap(0, 1);
+        assert!(matches!(
+            check_programs(&problem, &set),
+            Err(CommError::Misnumbered { index: 0, .. })
+        ));
+        let (problem, mut set) = one_f_one_b();
+        set.programs.pop();
+        assert!(matches!(
+            check_programs(&problem, &set),
+            Err(CommError::RankCount {
+                got: 1,
+                expected: 2
+            })
+        ));
+    }
+}
