@@ -23,6 +23,8 @@ pub mod error;
 pub mod formats;
 pub mod ir;
 pub mod spmd;
+#[cfg(test)]
+mod testing;
 
 pub use analysis::peak::{max_peak, peak_per_rank, RankPeak};
 pub use analysis::replay::{Blocked, ReplayError};

@@ -234,29 +234,11 @@ fn wait_cycle(plan: &Plan, blocked: &[Blocked]) -> Vec<Blocked> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::cost::{CostModel, StageCosts};
-    use crate::ir::memory::MemoryModel;
-    use crate::ir::problem::ProblemSpec;
 
     fn plan(orders: &[&[&str]]) -> Plan {
-        let ranks = orders.len() as u32;
-        let problem = ProblemSpec::builder()
-            .ranks(ranks)
-            .microbatches(1)
-            .build()
-            .validate()
-            .unwrap();
-        let orders = orders
-            .iter()
-            .map(|o| o.iter().map(|t| t.parse().unwrap()).collect())
-            .collect();
-        Plan::new(
-            problem,
-            CostModel::uniform(ranks, StageCosts::default(), 0.0).unwrap(),
-            MemoryModel::uniform(ranks, Default::default()),
-            orders,
-        )
-        .unwrap()
+        let rows: Vec<String> = orders.iter().map(|o| o.join(" ")).collect();
+        let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
+        crate::testing::plan(1, &rows)
     }
 
     #[test]

@@ -378,29 +378,9 @@ fn check_memory(plan: &Plan, out: &mut Vec<Violation>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::cost::{CostModel, StageCosts};
-    use crate::ir::memory::MemoryModel;
-    use crate::ir::problem::ProblemSpec;
 
-    /// A two-rank, two-microbatch plan with the given orders (its facts read off them).
     fn plan(orders: [&str; 2]) -> Plan {
-        let problem = ProblemSpec::builder()
-            .ranks(2)
-            .microbatches(2)
-            .build()
-            .validate()
-            .unwrap();
-        let orders = orders
-            .iter()
-            .map(|o| o.split_whitespace().map(|t| t.parse().unwrap()).collect())
-            .collect();
-        Plan::new(
-            problem,
-            CostModel::uniform(2, StageCosts::default(), 0.0).unwrap(),
-            MemoryModel::uniform(2, Default::default()),
-            orders,
-        )
-        .unwrap()
+        crate::testing::plan(2, &orders)
     }
 
     fn check(orders: [&str; 2], expected: &[&str]) {

@@ -516,35 +516,13 @@ pub fn simulate_comm(set: &ProgramSet, semantics: Semantics) -> Result<(), CommE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::cost::{CostModel, StageCosts};
-    use crate::ir::memory::MemoryModel;
-    use crate::ir::plan::Plan;
-    use crate::ir::problem::ProblemSpec;
     use crate::spmd::program::CommGroup;
     use crate::spmd::project::{project, ProjectionOptions};
 
     fn one_f_one_b() -> (Problem, ProgramSet) {
-        let problem = ProblemSpec::builder()
-            .ranks(2)
-            .microbatches(2)
-            .build()
-            .validate()
-            .unwrap();
-        let order = |tasks: &[&str]| tasks.iter().map(|t| t.parse().unwrap()).collect();
-        let plan = Plan::new(
-            problem.clone(),
-            CostModel::uniform(2, StageCosts::default(), 0.0).unwrap(),
-            MemoryModel::uniform(2, Default::default()),
-            vec![
-                order(&["0F0", "0F1", "0B0", "0B1"]),
-                order(&["1F0", "1B0", "1F1", "1B1"]),
-            ],
-        )
-        .unwrap();
-        (
-            problem,
-            project(&plan, ProjectionOptions::default()).unwrap(),
-        )
+        let plan = crate::testing::plan(2, &["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"]);
+        let set = project(&plan, ProjectionOptions::default()).unwrap();
+        (plan.problem().clone(), set)
     }
 
     /// Removes the first communication group of `rank` that holds an op matching `pick`.

@@ -420,29 +420,10 @@ fn lay_out(events: Vec<Event>, forward_only: bool) -> Vec<Instr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::cost::{CostModel, StageCosts};
-    use crate::ir::memory::MemoryModel;
-    use crate::ir::problem::ProblemSpec;
 
     /// 1F1B on two ranks and two microbatches.
     fn one_f_one_b() -> Plan {
-        let problem = ProblemSpec::builder()
-            .ranks(2)
-            .microbatches(2)
-            .build()
-            .validate()
-            .unwrap();
-        let order = |tasks: &[&str]| tasks.iter().map(|t| t.parse().unwrap()).collect();
-        Plan::new(
-            problem,
-            CostModel::uniform(2, StageCosts::default(), 0.0).unwrap(),
-            MemoryModel::uniform(2, Default::default()),
-            vec![
-                order(&["0F0", "0F1", "0B0", "0B1"]),
-                order(&["1F0", "1B0", "1F1", "1B1"]),
-            ],
-        )
-        .unwrap()
+        crate::testing::plan(2, &["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"])
     }
 
     fn text(program: &RankProgram) -> Vec<String> {
