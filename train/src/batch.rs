@@ -1,0 +1,104 @@
+//! One step's data as the stages see it: every microbatch's input tokens and targets as tensors,
+//! and the loss normaliser of the whole global batch.
+//!
+//! Loss the way Megatron computes it: every microbatch's token losses are summed and divided by
+//! the number of non-padding targets of the whole global batch (all microbatches, all
+//! data-parallel replicas), known before the step, so the gradients do not depend on how tokens
+//! fall into microbatches.
+
+use crate::error::TrainError;
+use candle_core::{Device, Tensor};
+
+/// The target id of padding: outside the byte vocabulary, so it can never be a real target.
+pub const PAD_ID: u32 = 256;
+
+/// A step's tokens.
+#[derive(Clone, Debug)]
+pub struct StepBatch {
+    inputs: Vec<Tensor>,
+    targets: Vec<Tensor>,
+    normalizer: f64,
+    tokens: usize,
+}
+
+impl StepBatch {
+    /// Microbatch `m` feeds `inputs[m]` and predicts `targets[m]`, each `sequences × seq_len`
+    /// ids row-major; targets equal to `pad_id` count for nothing.
+    pub fn new(
+        inputs: &[Vec<u32>],
+        targets: &[Vec<u32>],
+        sequences: usize,
+        seq_len: usize,
+        pad_id: Option<u32>,
+    ) -> Result<StepBatch, TrainError> {
+        if inputs.len() != targets.len() || inputs.is_empty() {
+            return Err(TrainError::Batch(format!(
+                "{} input and {} target microbatches; both must be equal and at least one",
+                inputs.len(),
+                targets.len()
+            )));
+        }
+        let size = sequences * seq_len;
+        let tensor = |ids: &Vec<u32>, what: &str, m: usize| {
+            if ids.len() != size {
+                return Err(TrainError::Batch(format!(
+                    "microbatch {m}: {} {what} ids, expected {sequences} x {seq_len} = {size}",
+                    ids.len()
+                )));
+            }
+            Tensor::from_slice(ids, (sequences, seq_len), &Device::Cpu)
+                .map_err(|e| TrainError::Batch(e.to_string()))
+        };
+        let inputs = inputs
+            .iter()
+            .enumerate()
+            .map(|(m, ids)| tensor(ids, "input", m))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tokens = targets
+            .iter()
+            .flatten()
+            .filter(|&&id| Some(id) != pad_id)
+            .count();
+        let targets_t = targets
+            .iter()
+            .enumerate()
+            .map(|(m, ids)| tensor(ids, "target", m))
+            .collect::<Result<Vec<_>, _>>()?;
+        if tokens == 0 {
+            return Err(TrainError::Batch(
+                "the global batch has no non-padding target".to_string(),
+            ));
+        }
+        Ok(StepBatch {
+            inputs,
+            targets: targets_t,
+            normalizer: tokens as f64,
+            tokens,
+        })
+    }
+
+    /// Number of microbatches.
+    pub fn microbatches(&self) -> usize {
+        self.inputs.len()
+    }
+
+    /// The input ids of microbatch `m`.
+    pub fn input(&self, m: usize) -> Option<&Tensor> {
+        self.inputs.get(m)
+    }
+
+    /// The targets of microbatch `m`.
+    pub fn target(&self, m: usize) -> Option<&Tensor> {
+        self.targets.get(m)
+    }
+
+    /// The loss normaliser: non-padding targets of the whole batch.
+    pub fn normalizer(&self) -> f64 {
+        self.normalizer
+    }
+
+    /// Non-padding targets of the whole batch.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+}

@@ -1,0 +1,171 @@
+//! Where weight gradients go: the [`GradSync`] trait, and its in-process implementation that
+//! folds every position's gradients (DualPipe's mirrored replicas included) into one sum.
+//!
+//! With `deterministic`, the gradients of a position are summed in microbatch order — a left fold
+//! `((g₀ + g₁) + g₂) + …` whatever the schedule, the rank count or the routes — so every schedule
+//! gives the same bits as a single rank. A gradient that arrives early waits until its
+//! predecessors have been added (the memory this costs is what the schedule runs out of order).
+//! Without it, gradients are added as they arrive (within f32 rounding of the same sum).
+
+use candle_core::Tensor;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// What a stage compute hands its weight gradients to.
+pub trait GradSync: Send + Sync {
+    /// The weight gradients of one microbatch at one position, one per parameter.
+    fn add(&self, position: usize, microbatch: u32, grads: Vec<Tensor>) -> Result<(), String>;
+
+    /// A stage at `position` has produced its last weight gradient of the step on this rank: a
+    /// data-parallel implementation starts its all-reduce here. In process, nothing to do.
+    fn stage_complete(&self, _position: usize) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// One position's running sum.
+#[derive(Debug, Default)]
+struct Fold {
+    /// The next microbatch to add (deterministic order).
+    next: u32,
+    /// Gradients that arrived before their predecessors.
+    waiting: BTreeMap<u32, Vec<Tensor>>,
+    sum: Option<Vec<Tensor>>,
+    added: u32,
+}
+
+impl Fold {
+    fn add_now(&mut self, grads: Vec<Tensor>) -> Result<(), String> {
+        self.added += 1;
+        self.sum = Some(match self.sum.take() {
+            None => grads,
+            Some(sum) => sum
+                .iter()
+                .zip(&grads)
+                .map(|(a, b)| a.add(b).map_err(|e| e.to_string()))
+                .collect::<Result<Vec<_>, _>>()?,
+        });
+        Ok(())
+    }
+}
+
+/// A position's summed gradients (None when it received none) and how many microbatches it summed.
+pub type PositionSum = (Option<Vec<Tensor>>, u32);
+
+/// The in-process [`GradSync`]: one fold per position, shared by the rank threads.
+#[derive(Debug)]
+pub struct LocalGradients {
+    deterministic: bool,
+    folds: Vec<Mutex<Fold>>,
+}
+
+impl LocalGradients {
+    /// Folds for `positions` positions.
+    pub fn new(positions: usize, deterministic: bool) -> LocalGradients {
+        LocalGradients {
+            deterministic,
+            folds: (0..positions)
+                .map(|_| Mutex::new(Fold::default()))
+                .collect(),
+        }
+    }
+
+    /// Every position's summed gradients (None for a position that received none), and how
+    /// many microbatches each summed; fails when a deterministic fold still waits for a
+    /// microbatch.
+    pub fn into_sums(self) -> Result<Vec<PositionSum>, String> {
+        self.folds
+            .into_iter()
+            .enumerate()
+            .map(|(position, fold)| {
+                let fold = fold.into_inner().map_err(|_| "a gradient fold was poisoned".to_string())?;
+                if let Some(&first) = fold.waiting.keys().next() {
+                    return Err(format!(
+                        "position {position}: the gradient of microbatch {} never arrived, {first} waits for it",
+                        fold.next
+                    ));
+                }
+                Ok((fold.sum, fold.added))
+            })
+            .collect()
+    }
+}
+
+impl GradSync for LocalGradients {
+    fn add(&self, position: usize, microbatch: u32, grads: Vec<Tensor>) -> Result<(), String> {
+        let fold = self
+            .folds
+            .get(position)
+            .ok_or_else(|| format!("no position {position}"))?;
+        let mut fold = fold
+            .lock()
+            .map_err(|_| "a gradient fold was poisoned".to_string())?;
+        if !self.deterministic {
+            return fold.add_now(grads);
+        }
+        if microbatch < fold.next || fold.waiting.contains_key(&microbatch) {
+            return Err(format!(
+                "position {position}: the gradient of microbatch {microbatch} arrived twice"
+            ));
+        }
+        fold.waiting.insert(microbatch, grads);
+        loop {
+            let next = fold.next;
+            let Some(ready) = fold.waiting.remove(&next) else {
+                break;
+            };
+            fold.add_now(ready)?;
+            fold.next += 1;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn scalar(x: f32) -> Vec<Tensor> {
+        vec![Tensor::new(&[x], &Device::Cpu).unwrap()]
+    }
+
+    fn value(t: &[Tensor]) -> f32 {
+        t[0].to_vec1::<f32>().unwrap()[0]
+    }
+
+    #[test]
+    fn deterministic_sums_follow_microbatch_order_whatever_the_arrival() {
+        // 1e8 + 1 - 1e8 depends on the order in f32.
+        let values = [1.0e8f32, 1.0, -1.0e8];
+        let in_order = LocalGradients::new(1, true);
+        let shuffled = LocalGradients::new(1, true);
+        for (m, v) in values.iter().enumerate() {
+            in_order.add(0, m as u32, scalar(*v)).unwrap();
+        }
+        for m in [2usize, 0, 1] {
+            shuffled.add(0, m as u32, scalar(values[m])).unwrap();
+        }
+        let a = in_order.into_sums().unwrap();
+        let b = shuffled.into_sums().unwrap();
+        assert_eq!(
+            value(a[0].0.as_ref().unwrap()).to_bits(),
+            value(b[0].0.as_ref().unwrap()).to_bits()
+        );
+        assert_eq!(a[0].1, 3);
+    }
+
+    #[test]
+    fn a_missing_or_repeated_microbatch_is_an_error() {
+        let grads = LocalGradients::new(1, true);
+        grads.add(0, 1, scalar(1.0)).unwrap();
+        assert!(grads
+            .add(0, 1, scalar(1.0))
+            .unwrap_err()
+            .contains("arrived twice"));
+        assert!(grads
+            .into_sums()
+            .unwrap_err()
+            .contains("microbatch 0 never arrived"));
+    }
+}

@@ -1,0 +1,41 @@
+//! `pipeweave-train`: training through pipeweave's schedules.
+//!
+//! - [`cut`]: a GPT cut into a plan's stages (embedding first, head last, blocks spread, mirrored
+//!   replicas sharing one set of weights);
+//! - [`batch`]: a step's tokens and the global loss normaliser;
+//! - [`stage`]: [`GptStage`], one rank's share as a `StageCompute` honouring every marker;
+//! - [`gradients`]: the [`GradSync`] trait and its in-process, optionally deterministic fold;
+//! - [`step`]: [`StepRunner`] (a plan's checked programs, run for any model) and [`GptModel`];
+//! - [`data`]: the byte corpus (any UTF-8 text, by default the checkout's own sources), its
+//!   held-out split and the seeded loader; [`optim`]: AdamW and global-norm clipping;
+//!   [`schedule`]: warm-up + cosine learning rate; [`checkpoint`]: GPT-2 checkpoints in
+//!   safetensors with optimizer state, step, data position; [`curve`]: the loss-curve SVG;
+//!   [`progress`]: the terminal progress bar;
+//! - [`error`]: [`TrainError`], the crate's one error type.
+#![warn(missing_docs)]
+
+pub mod batch;
+pub mod checkpoint;
+pub mod curve;
+pub mod cut;
+pub mod data;
+pub mod error;
+pub mod gradients;
+pub mod optim;
+pub mod progress;
+pub mod schedule;
+pub mod stage;
+pub mod step;
+
+pub use batch::{StepBatch, PAD_ID};
+pub use checkpoint::{Checkpoint, CheckpointMeta};
+pub use curve::LossCurve;
+pub use cut::ModelCut;
+pub use data::{BatchShape, Corpus, DataPosition, GlobalBatch, Loader};
+pub use error::TrainError;
+pub use gradients::{GradSync, LocalGradients};
+pub use optim::{AdamW, AdamWConfig, OptimizerState};
+pub use progress::Progress;
+pub use schedule::LrSchedule;
+pub use stage::{GptStage, MeasuredOp};
+pub use step::{GptModel, StepOutcome, StepRunner};

@@ -1,0 +1,331 @@
+//! [`GptStage`]: one rank's share of a GPT as a [`StageCompute`], honouring every marker of the
+//! projected programs.
+//!
+//! - forward: token ids from the step's batch on a route's first stage, else the received hidden
+//!   state; the saved state waits for the backward (only the input, with recompute);
+//! - loss: the cross-entropy of the last stage's logits against the microbatch's targets,
+//!   normalised by the global batch's token count ([`crate::batch`]); its gradient starts the
+//!   backward;
+//! - input- and weight-gradient backwards: the kernels' split halves; a microbatch's weight
+//!   gradients go to the [`GradSync`] of the stage's position;
+//! - grad-sync marker: the next weight gradient of that stage is its last on this rank; after it,
+//!   [`GradSync::stage_complete`] runs (where a data-parallel all-reduce starts);
+//! - flush: no weight gradient may still be pending;
+//! - free-output: the sent activation's bytes leave the live count;
+//! - forward-only evaluation: forwards and losses without saved state for a backward.
+//!
+//! Every op's measured start and end are recorded for the trace of a step, and the live
+//! activation bytes (saved boundary tensors and outputs not yet sent) are counted with their peak.
+
+use crate::batch::StepBatch;
+use crate::cut::ModelCut;
+use crate::gradients::GradSync;
+use candle_core::Tensor;
+use pipeweave_backends::StageCompute;
+use pipeweave_core::{OpKind, Problem, RankId, StageId, Work};
+use pipeweave_kernels::{CrossEntropy, StageModel, StagePendingWeightGrad, StageSaved};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// One op as it ran: which, and when (seconds since the step's start).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MeasuredOp {
+    /// The op's kind (an overlapped F&B is recorded as its parts).
+    pub kind: OpKind,
+    /// Where and for what.
+    pub work: Work,
+    /// Start, in seconds since the step began.
+    pub start: f64,
+    /// End, in seconds since the step began.
+    pub end: f64,
+}
+
+/// A stage of this rank: its position along the route and its layers.
+#[derive(Debug, Clone)]
+struct HeldStage {
+    position: usize,
+    model: StageModel,
+}
+
+/// One rank's share of a GPT for one step.
+pub struct GptStage {
+    rank: RankId,
+    stages: BTreeMap<StageId, HeldStage>,
+    batch: Arc<StepBatch>,
+    cross_entropy: CrossEntropy,
+    sync: Arc<dyn GradSync>,
+    forward_only: bool,
+    saved: HashMap<Work, StageSaved>,
+    pending: HashMap<Work, StagePendingWeightGrad>,
+    /// Stages whose next weight gradient is their last on this rank.
+    last_weight: HashSet<StageId>,
+    /// Summed loss of every microbatch whose loss this rank computed.
+    losses: BTreeMap<u32, f64>,
+    epoch: Instant,
+    measured: Vec<MeasuredOp>,
+    live_bytes: usize,
+    peak_bytes: usize,
+    saved_bytes: HashMap<Work, usize>,
+    output_bytes: HashMap<Work, usize>,
+    /// Stages whose output leaves the rank (sent, or consumed by the loss): their output stays
+    /// live until freed; a hand-over to a local next stage is not counted twice.
+    outputs_leave: HashSet<StageId>,
+}
+
+fn bytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
+}
+
+impl GptStage {
+    /// The share of `rank` of `problem`: one model per stage it holds (the models of `cut`'s
+    /// positions, in `models`, cloned; tensors are shared, not copied).
+    pub fn new(
+        rank: RankId,
+        problem: &Problem,
+        cut: &ModelCut,
+        models: &[StageModel],
+        batch: Arc<StepBatch>,
+        sync: Arc<dyn GradSync>,
+        epoch: Instant,
+    ) -> Result<GptStage, String> {
+        let mut stages = BTreeMap::new();
+        let held = problem.stages_of(rank);
+        let outputs_leave = held
+            .iter()
+            .copied()
+            .filter(|&stage| {
+                problem.routes().iter().any(|route| {
+                    route.contains(stage)
+                        && route
+                            .next(stage)
+                            .is_none_or(|next| problem.rank_of(next) != Some(rank))
+                })
+            })
+            .collect();
+        for &stage in &held {
+            let position = cut
+                .position(stage)
+                .ok_or_else(|| format!("stage {stage} has no position in the model cut"))?;
+            let model = models
+                .get(position)
+                .ok_or_else(|| format!("no model for position {position}"))?
+                .clone();
+            stages.insert(stage, HeldStage { position, model });
+        }
+        Ok(GptStage {
+            rank,
+            stages,
+            batch,
+            cross_entropy: CrossEntropy::new(Some(crate::batch::PAD_ID)),
+            sync,
+            forward_only: false,
+            saved: HashMap::new(),
+            pending: HashMap::new(),
+            last_weight: HashSet::new(),
+            losses: BTreeMap::new(),
+            epoch,
+            measured: Vec::new(),
+            live_bytes: 0,
+            peak_bytes: 0,
+            saved_bytes: HashMap::new(),
+            output_bytes: HashMap::new(),
+            outputs_leave,
+        })
+    }
+
+    /// Runs forwards without keeping state for a backward (evaluation).
+    pub fn forward_only(mut self) -> GptStage {
+        self.forward_only = true;
+        self
+    }
+
+    /// The rank.
+    pub fn rank(&self) -> RankId {
+        self.rank
+    }
+
+    /// Summed token loss of every microbatch whose loss this rank computed.
+    pub fn losses(&self) -> &BTreeMap<u32, f64> {
+        &self.losses
+    }
+
+    /// Every op as it ran.
+    pub fn measured(&self) -> &[MeasuredOp] {
+        &self.measured
+    }
+
+    /// The most activation bytes held at once.
+    pub fn peak_activation_bytes(&self) -> usize {
+        self.peak_bytes
+    }
+
+    fn stage(&self, stage: StageId) -> Result<&HeldStage, String> {
+        self.stages
+            .get(&stage)
+            .ok_or_else(|| format!("rank {} holds no stage {stage}", self.rank))
+    }
+
+    fn record(&mut self, kind: OpKind, work: Work, start: Instant) {
+        self.measured.push(MeasuredOp {
+            kind,
+            work,
+            start: start.duration_since(self.epoch).as_secs_f64(),
+            end: self.epoch.elapsed().as_secs_f64(),
+        });
+    }
+
+    fn hold(&mut self, table: Table, work: Work, amount: usize) {
+        let map = match table {
+            Table::Saved => &mut self.saved_bytes,
+            Table::Output => &mut self.output_bytes,
+        };
+        map.insert(work, amount);
+        self.live_bytes += amount;
+        self.peak_bytes = self.peak_bytes.max(self.live_bytes);
+    }
+
+    fn release(&mut self, table: Table, work: Work) {
+        let map = match table {
+            Table::Saved => &mut self.saved_bytes,
+            Table::Output => &mut self.output_bytes,
+        };
+        if let Some(amount) = map.remove(&work) {
+            self.live_bytes -= amount;
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Table {
+    Saved,
+    Output,
+}
+
+impl StageCompute for GptStage {
+    type Tensor = Tensor;
+
+    fn forward(&mut self, work: Work, input: Option<Tensor>) -> Result<Tensor, String> {
+        let start = Instant::now();
+        let input = match input {
+            Some(hidden) => hidden,
+            None => self
+                .batch
+                .input(work.microbatch.index())
+                .ok_or_else(|| format!("no input for microbatch {}", work.microbatch))?
+                .clone(),
+        };
+        let held = self.stage(work.stage)?;
+        let (output, saved) = held.model.forward(&input).map_err(|e| e.to_string())?;
+        if !self.forward_only {
+            let kept = if held.model.recompute() {
+                bytes(&input)
+            } else {
+                bytes(&input) + bytes(&output)
+            };
+            self.saved.insert(work, saved);
+            self.hold(Table::Saved, work, kept);
+        }
+        if self.outputs_leave.contains(&work.stage) {
+            self.hold(Table::Output, work, bytes(&output));
+        }
+        self.record(OpKind::Forward, work, start);
+        Ok(output)
+    }
+
+    fn loss(&mut self, work: Work, logits: Tensor) -> Result<Tensor, String> {
+        let targets = self
+            .batch
+            .target(work.microbatch.index())
+            .ok_or_else(|| format!("no targets for microbatch {}", work.microbatch))?;
+        let held = self.stage(work.stage)?;
+        let out = self
+            .cross_entropy
+            .loss_and_grad(
+                held.model.primitives(),
+                &logits,
+                targets,
+                self.batch.normalizer(),
+            )
+            .map_err(|e| e.to_string())?;
+        let loss = out
+            .loss_sum
+            .to_dtype(candle_core::DType::F64)
+            .and_then(|t| t.to_scalar::<f64>())
+            .map_err(|e| e.to_string())?;
+        if !loss.is_finite() {
+            return Err(format!(
+                "the loss of microbatch {} is not finite ({loss})",
+                work.microbatch
+            ));
+        }
+        self.losses.insert(work.microbatch.get(), loss);
+        self.release(Table::Output, work);
+        Ok(out.grad_logits)
+    }
+
+    fn backward_input(
+        &mut self,
+        work: Work,
+        grad_output: Tensor,
+    ) -> Result<Option<Tensor>, String> {
+        let start = Instant::now();
+        let saved = self
+            .saved
+            .remove(&work)
+            .ok_or_else(|| format!("no saved forward state for {}", display(work)))?;
+        let held = self.stage(work.stage)?;
+        let (grad_input, pending) = held
+            .model
+            .backward_input(saved, &grad_output)
+            .map_err(|e| e.to_string())?;
+        self.pending.insert(work, pending);
+        self.release(Table::Saved, work);
+        self.record(OpKind::InputGrad, work, start);
+        Ok(grad_input)
+    }
+
+    fn backward_weight(&mut self, work: Work) -> Result<(), String> {
+        let start = Instant::now();
+        let pending = self
+            .pending
+            .remove(&work)
+            .ok_or_else(|| format!("no input-gradient state for {}", display(work)))?;
+        let held = self.stage(work.stage)?;
+        let position = held.position;
+        let grads = held
+            .model
+            .backward_weight(pending)
+            .map_err(|e| e.to_string())?;
+        self.sync.add(position, work.microbatch.get(), grads)?;
+        if self.last_weight.remove(&work.stage) {
+            self.sync.stage_complete(position)?;
+        }
+        self.record(OpKind::WeightGrad, work, start);
+        Ok(())
+    }
+
+    fn free_output(&mut self, work: Work) {
+        self.release(Table::Output, work);
+    }
+
+    fn grad_sync(&mut self, stage: StageId) -> Result<(), String> {
+        self.stage(stage)?;
+        self.last_weight.insert(stage);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        match self.pending.keys().next() {
+            Some(work) => Err(format!(
+                "the weight gradient of {} never ran",
+                display(*work)
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+fn display(work: Work) -> String {
+    format!("stage {} microbatch {}", work.stage, work.microbatch)
+}

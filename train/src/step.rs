@@ -1,0 +1,231 @@
+//! One training step through a plan's programs, for any model.
+//!
+//! [`StepRunner`] projects a verified plan once, checks its programs, and runs them on the threaded
+//! backend with whatever [`StageCompute`] a model makes for each rank: the generic half of the
+//! training loop. [`GptModel`] is the model half for a GPT on the kernels: it holds one
+//! [`StageModel`] per position of its [`ModelCut`], makes a [`GptStage`] per rank, and folds the
+//! step's losses and gradients (the losses in microbatch order, the gradients through
+//! [`LocalGradients`]).
+
+use crate::batch::StepBatch;
+use crate::cut::ModelCut;
+use crate::error::TrainError;
+use crate::gradients::{GradSync, LocalGradients};
+use crate::stage::{GptStage, MeasuredOp};
+use candle_core::{DType, Tensor};
+use pipeweave_backends::{run_threads, StageCompute, ThreadOptions};
+use pipeweave_core::{
+    check_programs, project, Plan, Problem, ProgramSet, ProjectionOptions, RankId, RecvPolicy,
+};
+use pipeweave_kernels::{GptConfig, StageModel};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// A plan's checked programs, ready to run a step.
+#[derive(Clone, Debug)]
+pub struct StepRunner {
+    problem: Problem,
+    programs: ProgramSet,
+    options: ThreadOptions,
+}
+
+impl StepRunner {
+    /// Projects `plan` (forward only for evaluation) and checks its programs.
+    pub fn new(
+        plan: &Plan,
+        recv: RecvPolicy,
+        forward_only: bool,
+    ) -> Result<StepRunner, TrainError> {
+        let programs = project(plan, ProjectionOptions { recv, forward_only })
+            .map_err(|v| TrainError::Plan(v.to_string()))?;
+        check_programs(plan.problem(), &programs).map_err(|e| TrainError::Plan(e.to_string()))?;
+        Ok(StepRunner {
+            problem: plan.problem().clone(),
+            programs,
+            options: ThreadOptions::default(),
+        })
+    }
+
+    /// How long a receive may wait.
+    pub fn with_options(mut self, options: ThreadOptions) -> StepRunner {
+        self.options = options;
+        self
+    }
+
+    /// The plan's problem.
+    pub fn problem(&self) -> &Problem {
+        &self.problem
+    }
+
+    /// Runs one step with the computes `make` gives each rank; returns them in rank order.
+    pub fn run<C, F>(&self, make: F) -> Result<Vec<C>, TrainError>
+    where
+        C: StageCompute + Send,
+        F: Fn(RankId) -> C,
+    {
+        run_threads(&self.problem, &self.programs, make, self.options).map_err(TrainError::from)
+    }
+}
+
+/// What a step of a [`GptModel`] produced.
+#[derive(Debug)]
+pub struct StepOutcome {
+    /// The loss: summed token losses over the global batch's non-padding targets.
+    pub loss: f64,
+    /// Every position's summed weight gradients, in its parameter order.
+    pub gradients: Vec<Vec<Tensor>>,
+    /// Per rank, every op as it ran.
+    pub measured: Vec<Vec<MeasuredOp>>,
+    /// Per rank, the most activation bytes held at once.
+    pub peak_activation_bytes: Vec<usize>,
+}
+
+/// A GPT cut into a plan's positions.
+#[derive(Debug, Clone)]
+pub struct GptModel {
+    cut: ModelCut,
+    models: Vec<StageModel>,
+    deterministic: bool,
+}
+
+impl GptModel {
+    /// The model `config` initialised from `seed`, cut into `problem`'s stages. The weights do
+    /// not depend on the cut (each parameter is drawn from the seed and its name).
+    pub fn new(
+        config: &GptConfig,
+        problem: &Problem,
+        seed: u64,
+        dtype: DType,
+        recompute: bool,
+        deterministic: bool,
+    ) -> Result<GptModel, TrainError> {
+        let cut = ModelCut::new(config, problem)?;
+        let models = (0..cut.positions())
+            .map(|k| {
+                let layout = cut
+                    .layout(k)
+                    .cloned()
+                    .ok_or_else(|| TrainError::Cut(format!("position {k} has no layout")))?;
+                StageModel::new(*config, layout, seed, dtype)
+                    .map(|m| m.with_recompute(recompute))
+                    .map_err(|e| TrainError::Cut(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(GptModel {
+            cut,
+            models,
+            deterministic,
+        })
+    }
+
+    /// The cut.
+    pub fn cut(&self) -> &ModelCut {
+        &self.cut
+    }
+
+    /// Every position's model.
+    pub fn models(&self) -> &[StageModel] {
+        &self.models
+    }
+
+    /// Every parameter with its GPT-2 name, position by position.
+    pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        self.models.iter().flat_map(|m| m.parameters()).collect()
+    }
+
+    /// Replaces position `k`'s parameters (in its parameter order).
+    pub fn set_parameters(
+        &mut self,
+        position: usize,
+        values: Vec<Tensor>,
+    ) -> Result<(), TrainError> {
+        self.models
+            .get_mut(position)
+            .ok_or_else(|| TrainError::Cut(format!("no position {position}")))?
+            .set_parameters(values)
+            .map_err(|e| TrainError::Cut(e.to_string()))
+    }
+
+    /// Runs forward and backward of one step through `runner`'s programs: the loss and every
+    /// position's gradients.
+    pub fn step(&self, runner: &StepRunner, batch: &StepBatch) -> Result<StepOutcome, TrainError> {
+        let problem = runner.problem();
+        if batch.microbatches() != problem.microbatches() as usize {
+            return Err(TrainError::Batch(format!(
+                "the batch has {} microbatches, the plan {}",
+                batch.microbatches(),
+                problem.microbatches()
+            )));
+        }
+        let sync = Arc::new(LocalGradients::new(
+            self.cut.positions(),
+            self.deterministic,
+        ));
+        let batch = Arc::new(batch.clone());
+        let epoch = Instant::now();
+        let shared: Arc<dyn GradSync> = sync.clone();
+        let made = (0..problem.ranks())
+            .map(|r| {
+                GptStage::new(
+                    RankId::new(r),
+                    problem,
+                    &self.cut,
+                    &self.models,
+                    Arc::clone(&batch),
+                    Arc::clone(&shared),
+                    epoch,
+                )
+                .map(Some)
+                .map_err(TrainError::Stage)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(shared);
+        let made = Mutex::new(made);
+        let stages = runner.run(|rank| {
+            made.lock()
+                .ok()
+                .and_then(|mut m| m.get_mut(rank.index()).and_then(Option::take))
+                .expect("run_threads makes each rank's compute exactly once")
+        })?;
+        let loss = fold_losses(&stages, batch.microbatches())? / batch.normalizer();
+        let measured = stages.iter().map(|s| s.measured().to_vec()).collect();
+        let peak_activation_bytes = stages.iter().map(GptStage::peak_activation_bytes).collect();
+        drop(stages);
+        let sync = Arc::try_unwrap(sync)
+            .map_err(|_| TrainError::Stage("a rank still holds the gradients".to_string()))?;
+        let gradients = sync
+            .into_sums()
+            .map_err(TrainError::Stage)?
+            .into_iter()
+            .enumerate()
+            .map(|(k, (sum, _))| {
+                sum.ok_or_else(|| TrainError::Stage(format!("position {k} received no gradient")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(StepOutcome {
+            loss,
+            gradients,
+            measured,
+            peak_activation_bytes,
+        })
+    }
+}
+
+/// The summed loss of every microbatch, added in microbatch order.
+fn fold_losses(stages: &[GptStage], microbatches: usize) -> Result<f64, TrainError> {
+    let mut per_microbatch = vec![None; microbatches];
+    for stage in stages {
+        for (&m, &loss) in stage.losses() {
+            if let Some(slot) = per_microbatch.get_mut(m as usize) {
+                *slot = Some(loss);
+            }
+        }
+    }
+    per_microbatch
+        .iter()
+        .enumerate()
+        .try_fold(0.0, |sum, (m, loss)| match loss {
+            Some(l) => Ok(sum + l),
+            None => Err(TrainError::Stage(format!("microbatch {m} has no loss"))),
+        })
+}

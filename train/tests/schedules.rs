@@ -1,0 +1,160 @@
+//! Losses and gradients of a GPT trained through every schedule equal a single-rank run: bit for
+//! bit with deterministic accumulation, within f32 rounding without it; recompute on and off.
+
+use candle_core::{DType, Tensor};
+use pipeweave_core::{CostModel, MemoryModel, Plan, ProblemSpec, RecvPolicy, StageCosts};
+use pipeweave_kernels::init::SplitMix64;
+use pipeweave_kernels::GptConfig;
+use pipeweave_train::{GptModel, StepBatch, StepRunner};
+use pipeweave_transforms::compile_expression;
+use std::collections::BTreeMap;
+
+const SEQUENCES: usize = 2;
+const SEQ_LEN: usize = 8;
+
+fn config() -> GptConfig {
+    GptConfig::new(4, 16, 2, SEQ_LEN).unwrap()
+}
+
+/// Random bytes as inputs and next-byte targets for `microbatches` microbatches.
+fn batch(microbatches: usize, seed: u64) -> StepBatch {
+    let mut rng = SplitMix64::new(seed);
+    let mut inputs = Vec::new();
+    let mut targets = Vec::new();
+    for _ in 0..microbatches {
+        let bytes: Vec<u32> = (0..SEQUENCES * (SEQ_LEN + 1))
+            .map(|_| (rng.next_u64() % 256) as u32)
+            .collect();
+        let rows: Vec<&[u32]> = bytes.chunks(SEQ_LEN + 1).collect();
+        inputs.push(rows.iter().flat_map(|r| r[..SEQ_LEN].to_vec()).collect());
+        targets.push(rows.iter().flat_map(|r| r[1..].to_vec()).collect());
+    }
+    StepBatch::new(&inputs, &targets, SEQUENCES, SEQ_LEN, None).unwrap()
+}
+
+/// The verified plan of `expression` on `ranks` ranks.
+fn plan(expression: &str, ranks: u32, microbatches: u32) -> Plan {
+    let problem = ProblemSpec::builder()
+        .ranks(ranks)
+        .microbatches(microbatches)
+        .build()
+        .validate()
+        .unwrap();
+    let start = Plan::unscheduled(
+        problem,
+        CostModel::uniform(ranks, StageCosts::default(), 0.0).unwrap(),
+        MemoryModel::uniform(ranks, Default::default()),
+    )
+    .unwrap();
+    compile_expression(expression)
+        .and_then(|passes| passes.run(start))
+        .unwrap_or_else(|e| panic!("{expression}: {e}"))
+}
+
+/// Loss and gradients by parameter name of one step of `expression`.
+fn step(
+    expression: &str,
+    ranks: u32,
+    recompute: bool,
+    deterministic: bool,
+) -> (f64, BTreeMap<String, Tensor>) {
+    let microbatches = 8;
+    let plan = plan(expression, ranks, microbatches);
+    let runner = StepRunner::new(&plan, RecvPolicy::Early, false).unwrap();
+    let model = GptModel::new(
+        &config(),
+        plan.problem(),
+        7,
+        DType::F32,
+        recompute,
+        deterministic,
+    )
+    .unwrap();
+    let outcome = model
+        .step(&runner, &batch(microbatches as usize, 11))
+        .unwrap();
+    let mut grads = BTreeMap::new();
+    for (k, position) in model.models().iter().enumerate() {
+        for ((name, _), grad) in position.parameters().into_iter().zip(&outcome.gradients[k]) {
+            grads.insert(name, grad.clone());
+        }
+    }
+    (outcome.loss, grads)
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
+}
+
+fn max_relative(a: &Tensor, b: &Tensor) -> f64 {
+    let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let scale = b
+        .iter()
+        .fold(0f32, |m, x| m.max(x.abs()))
+        .max(f32::MIN_POSITIVE);
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / scale)
+        .fold(0f32, f32::max) as f64
+}
+
+const SCHEDULES: &[&str] = &[
+    "gpipe",
+    "f1b(gpipe)",
+    "vpp(f1b(gpipe), chunks=2)",
+    "vpp(f1b(gpipe), chunks=3, group=4)",
+    "vpp(f1b(gpipe), chunks=2, layout=v)",
+    "zero_bubble(f1b(gpipe), policy=h1)",
+    "zero_bubble(f1b(gpipe), policy=h2)",
+    "zero_bubble(f1b(gpipe))",
+    "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
+    "zero_bubble(dual(f1b(gpipe)))",
+    "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
+];
+
+#[test]
+fn every_schedule_gives_the_single_rank_bits_when_deterministic() {
+    let (loss, reference) = step("gpipe", 1, false, true);
+    assert!(loss.is_finite() && loss > 0.0);
+    for &expression in SCHEDULES {
+        for recompute in [false, true] {
+            let (l, grads) = step(expression, 4, recompute, true);
+            assert_eq!(
+                l.to_bits(),
+                loss.to_bits(),
+                "{expression} recompute={recompute}: loss {l} vs {loss}"
+            );
+            assert_eq!(grads.len(), reference.len(), "{expression}");
+            for (name, g) in &grads {
+                assert_eq!(
+                    bits(g),
+                    bits(&reference[name]),
+                    "{expression} recompute={recompute}: {name}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn without_determinism_schedules_agree_within_f32_rounding() {
+    let (loss, reference) = step("gpipe", 1, false, false);
+    for &expression in SCHEDULES {
+        let (l, grads) = step(expression, 4, false, false);
+        assert!(
+            (l - loss).abs() / loss < 1e-5,
+            "{expression}: {l} vs {loss}"
+        );
+        for (name, g) in &grads {
+            let e = max_relative(g, &reference[name]);
+            assert!(e < 1e-5, "{expression}: {name} differs by {e}");
+        }
+    }
+}
