@@ -6,6 +6,8 @@
 //! - [`stage`]: [`GptStage`], one rank's share as a `StageCompute` honouring every marker;
 //! - [`gradients`]: the [`GradSync`] trait and its in-process, optionally deterministic fold;
 //! - [`step`]: [`StepRunner`] (a plan's checked programs, run for any model) and [`GptModel`];
+//! - [`trainer`]: the training loop ([`Trainer`]): steps, clipping, AdamW, evaluation through the
+//!   forward-only programs, checkpoints that resume bit for bit;
 //! - [`data`]: the byte corpus (any UTF-8 text, by default the checkout's own sources), its
 //!   held-out split and the seeded loader; [`optim`]: AdamW and global-norm clipping;
 //!   [`schedule`]: warm-up + cosine learning rate; [`checkpoint`]: GPT-2 checkpoints in
@@ -26,6 +28,7 @@ pub mod progress;
 pub mod schedule;
 pub mod stage;
 pub mod step;
+pub mod trainer;
 
 pub use batch::{StepBatch, PAD_ID};
 pub use checkpoint::{Checkpoint, CheckpointMeta};
@@ -39,3 +42,4 @@ pub use progress::Progress;
 pub use schedule::LrSchedule;
 pub use stage::{GptStage, MeasuredOp};
 pub use step::{GptModel, StepOutcome, StepRunner};
+pub use trainer::{StepLog, TrainSettings, Trainer};

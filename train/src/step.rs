@@ -164,29 +164,7 @@ impl GptModel {
         let batch = Arc::new(batch.clone());
         let epoch = Instant::now();
         let shared: Arc<dyn GradSync> = sync.clone();
-        let made = (0..problem.ranks())
-            .map(|r| {
-                GptStage::new(
-                    RankId::new(r),
-                    problem,
-                    &self.cut,
-                    &self.models,
-                    Arc::clone(&batch),
-                    Arc::clone(&shared),
-                    epoch,
-                )
-                .map(Some)
-                .map_err(TrainError::Stage)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        drop(shared);
-        let made = Mutex::new(made);
-        let stages = runner.run(|rank| {
-            made.lock()
-                .ok()
-                .and_then(|mut m| m.get_mut(rank.index()).and_then(Option::take))
-                .expect("run_threads makes each rank's compute exactly once")
-        })?;
+        let stages = self.run_stages(runner, &batch, shared, epoch, false)?;
         let loss = fold_losses(&stages, batch.microbatches())? / batch.normalizer();
         let measured = stages.iter().map(|s| s.measured().to_vec()).collect();
         let peak_activation_bytes = stages.iter().map(GptStage::peak_activation_bytes).collect();
@@ -207,6 +185,63 @@ impl GptModel {
             gradients,
             measured,
             peak_activation_bytes,
+        })
+    }
+}
+
+impl GptModel {
+    /// The summed token loss and the non-padding token count of `batch` through `runner`'s
+    /// forward-only programs (no state kept for a backward, no gradient).
+    pub fn evaluate(
+        &self,
+        runner: &StepRunner,
+        batch: &StepBatch,
+    ) -> Result<(f64, usize), TrainError> {
+        let batch = Arc::new(batch.clone());
+        let sync: Arc<dyn GradSync> = Arc::new(LocalGradients::new(self.cut.positions(), false));
+        let stages = self.run_stages(runner, &batch, sync, Instant::now(), true)?;
+        let loss = fold_losses(&stages, batch.microbatches())?;
+        Ok((loss, batch.tokens()))
+    }
+}
+
+impl GptModel {
+    /// Makes every rank's [`GptStage`] and runs the step; returns them in rank order.
+    fn run_stages(
+        &self,
+        runner: &StepRunner,
+        batch: &Arc<StepBatch>,
+        sync: Arc<dyn GradSync>,
+        epoch: Instant,
+        forward_only: bool,
+    ) -> Result<Vec<GptStage>, TrainError> {
+        let problem = runner.problem();
+        let made = (0..problem.ranks())
+            .map(|r| {
+                let stage = GptStage::new(
+                    RankId::new(r),
+                    problem,
+                    &self.cut,
+                    &self.models,
+                    Arc::clone(batch),
+                    Arc::clone(&sync),
+                    epoch,
+                )
+                .map_err(TrainError::Stage)?;
+                Ok(Some(if forward_only {
+                    stage.forward_only()
+                } else {
+                    stage
+                }))
+            })
+            .collect::<Result<Vec<_>, TrainError>>()?;
+        drop(sync);
+        let made = Mutex::new(made);
+        runner.run(|rank| {
+            made.lock()
+                .ok()
+                .and_then(|mut m| m.get_mut(rank.index()).and_then(Option::take))
+                .expect("run_threads makes each rank's compute exactly once")
         })
     }
 }

@@ -1,0 +1,287 @@
+//! Trains a GPT on bytes through any pipeweave schedule (contract: ../shared/TRAIN.md).
+//!
+//! `cargo run --release --example train_gpt -- --schedule 'zero_bubble(f1b(gpipe))' --ranks 2`
+//!
+//! Every rank runs in its own thread over the checked per-rank programs of the plan; the model is
+//! cut into the plan's stages; losses equal a single-rank run (bit for bit with
+//! `--deterministic`). Without `--data` it trains on the source files of this checkout.
+
+use clap::{Parser, ValueEnum};
+use pipeweave::{build_plan, PipelineConfig};
+use pipeweave_kernels::GptConfig;
+use pipeweave_train::checkpoint::config_path;
+use pipeweave_train::data::BatchShape;
+use pipeweave_train::{
+    Corpus, LossCurve, LrSchedule, Progress, StepLog, TrainError, TrainSettings, Trainer,
+};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Where the ranks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// One thread per rank in this process.
+    Threads,
+    /// One MPI process per rank (cargo feature `mpi`).
+    Mpi,
+}
+
+/// Train a GPT on bytes through a pipeline schedule.
+#[derive(Debug, Parser)]
+#[command(name = "train_gpt")]
+struct Args {
+    /// The schedule expression (../shared/CLI.md).
+    #[arg(long, default_value = "f1b(gpipe)")]
+    schedule: String,
+    /// Pipeline ranks.
+    #[arg(long, short = 'p', default_value_t = 2)]
+    ranks: u32,
+    /// Microbatches per step.
+    #[arg(long, short = 'm', default_value_t = 8)]
+    microbatches: u32,
+    /// Data-parallel replicas of the whole pipeline.
+    #[arg(long, default_value_t = 1)]
+    dp: u32,
+    /// Transformer blocks.
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Model width.
+    #[arg(long, default_value_t = 64)]
+    d_model: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// Tokens (bytes) per sequence.
+    #[arg(long, default_value_t = 64)]
+    seq_len: usize,
+    /// Sequences per microbatch.
+    #[arg(long, default_value_t = 4)]
+    microbatch_size: usize,
+    /// Optimizer steps (the total, when resuming); the learning-rate schedule spans them.
+    #[arg(long, default_value_t = 120)]
+    steps: u64,
+    /// Stop after this step (saving with --save), as an interrupted run would; resume with the
+    /// same --steps to continue on the same schedule.
+    #[arg(long)]
+    stop_after: Option<u64>,
+    /// Peak learning rate (warm-up over the first tenth of the steps, cosine decay to a tenth).
+    #[arg(long, default_value_t = 3e-3)]
+    lr: f64,
+    /// Seeds weights, data order and every other random choice.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// A UTF-8 text file or a folder of them (default: this checkout's source files).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Accumulate weight gradients in microbatch order: bit-identical losses for every schedule.
+    #[arg(long)]
+    deterministic: bool,
+    /// Keep only each stage's input after the forward; recompute the rest for the backward.
+    #[arg(long)]
+    recompute: bool,
+    /// Compute threads each rank may use (default: the machine's cores / ranks).
+    #[arg(long)]
+    threads_per_rank: Option<usize>,
+    /// Where the ranks run.
+    #[arg(long, value_enum, default_value_t = Backend::Threads)]
+    backend: Backend,
+    /// One JSON object per step.
+    #[arg(long)]
+    log: Option<PathBuf>,
+    /// The loss curve (train and held-out) as SVG.
+    #[arg(long)]
+    curve: Option<PathBuf>,
+    /// Evaluate on the held-out text every this many steps (and at the end).
+    #[arg(long, default_value_t = 20)]
+    eval_every: u64,
+    /// Write a checkpoint at the end.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// Continue from a checkpoint.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// With --resume: print the loss of the checkpoint on this text and exit.
+    #[arg(long)]
+    eval: Option<PathBuf>,
+}
+
+/// A failure with its exit status: 2 for bad input, 1 for a failed run.
+struct Failure {
+    status: u8,
+    message: String,
+}
+
+impl From<TrainError> for Failure {
+    fn from(e: TrainError) -> Failure {
+        let status = if e.is_bad_input() { 2 } else { 1 };
+        Failure {
+            status,
+            message: e.to_string(),
+        }
+    }
+}
+
+fn bad(message: impl Into<String>) -> Failure {
+    Failure {
+        status: 2,
+        message: message.into(),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("error: {}", f.message.replace('\n', " "));
+            ExitCode::from(f.status)
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), Failure> {
+    if args.backend == Backend::Mpi {
+        return Err(bad(
+            "--backend mpi needs the binary built with the cargo feature `mpi` (see README)",
+        ));
+    }
+    if args.dp != 1 {
+        return Err(bad(
+            "--dp above 1 is not available yet on the threads backend",
+        ));
+    }
+    if args.eval.is_some() && args.resume.is_none() {
+        return Err(bad("--eval needs --resume CHECKPOINT"));
+    }
+    let threads = args.threads_per_rank.unwrap_or_else(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / args.ranks.max(1) as usize).max(1)
+    });
+    // candle's matrix products read the thread count of each call from this variable.
+    std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+    let config = GptConfig::new(args.layers, args.d_model, args.heads, args.seq_len)
+        .map_err(|e| bad(e.to_string()))?;
+    let plan = build_plan(
+        &args.schedule,
+        &PipelineConfig::new(args.ranks, args.microbatches).map_err(|e| bad(e.to_string()))?,
+    )
+    .map_err(|e| bad(e.to_string()))?;
+    let corpus = match &args.data {
+        Some(path) => Corpus::from_path(path)?,
+        None => Corpus::default_sources()?,
+    };
+    let lr = LrSchedule::new(
+        args.lr,
+        args.lr / 10.0,
+        (args.steps / 10).max(1),
+        args.steps,
+    )?;
+    let settings = TrainSettings {
+        config,
+        shape: BatchShape::new(
+            args.seq_len,
+            args.microbatch_size,
+            args.microbatches as usize,
+        )?,
+        lr,
+        max_grad_norm: 1.0,
+        seed: args.seed,
+        deterministic: args.deterministic,
+        recompute: args.recompute,
+        dtype: candle_core::DType::F32,
+        eval_sequences: 64,
+        fingerprint: format!(
+            "{} ranks={} microbatches={} microbatch_size={}",
+            args.schedule, args.ranks, args.microbatches, args.microbatch_size
+        ),
+    };
+    let mut trainer = Trainer::new(&plan, &corpus, settings)?;
+    if let (Some(checkpoint), Some(text)) = (&args.resume, &args.eval) {
+        trainer.load_weights(checkpoint)?;
+        let corpus = Corpus::from_path(text)?;
+        let (loss, tokens) = trainer.loss_and_tokens_on(corpus.bytes())?;
+        println!("{{\"eval_loss\": {loss}, \"tokens\": {tokens}}}");
+        return Ok(());
+    }
+    if let Some(checkpoint) = &args.resume {
+        trainer.resume(checkpoint)?;
+    }
+    train(args, &mut trainer, &corpus)
+}
+
+fn train(args: &Args, trainer: &mut Trainer, corpus: &Corpus) -> Result<(), Failure> {
+    let mut log = match &args.log {
+        Some(path) => {
+            Some(std::fs::File::create(path).map_err(|e| bad(format!("{}: {e}", path.display())))?)
+        }
+        None => None,
+    };
+    let end = args.stop_after.map_or(args.steps, |k| k.min(args.steps));
+    let progress = Progress::start(end);
+    let mut train_curve = Vec::new();
+    let mut eval_curve = Vec::new();
+    let mut first: Option<StepLog> = None;
+    let mut last = Vec::new();
+    while trainer.steps_done() < end {
+        let step = trainer.step()?;
+        progress.update(
+            step.step,
+            step.loss,
+            step.tokens as f64 / step.seconds.max(1e-9),
+        );
+        if let Some(file) = log.as_mut() {
+            let line = serde_json::json!({
+                "step": step.step,
+                "loss": step.loss,
+                "tokens": step.tokens,
+                "seconds": step.seconds,
+                "lr": step.lr,
+                "grad_norm": step.grad_norm,
+            });
+            writeln!(file, "{line}").map_err(|e| bad(format!("--log: {e}")))?;
+        }
+        train_curve.push((step.step, step.loss));
+        if step.step % args.eval_every.max(1) == 0 || step.step == end {
+            eval_curve.push((step.step, trainer.evaluate()?));
+        }
+        last.push(step.loss);
+        first.get_or_insert(step);
+    }
+    let tail = &last[last.len().saturating_sub(10)..];
+    let mean_tail = tail.iter().sum::<f64>() / tail.len().max(1) as f64;
+    let summary = match (first, eval_curve.last()) {
+        (Some(first), Some((_, eval))) => format!(
+            "{} steps of {} on {} ranks ({} bytes of {}): loss {:.4} -> {:.4} (mean of the last {}), held-out {:.4}",
+            end,
+            args.schedule,
+            args.ranks,
+            corpus.bytes().len(),
+            corpus.origin().display(),
+            first.loss,
+            mean_tail,
+            tail.len(),
+            eval
+        ),
+        _ => format!("nothing to do: the run is already at step {}", trainer.steps_done()),
+    };
+    progress.finish(&summary);
+    if let Some(path) = &args.curve {
+        let svg = LossCurve::new(
+            format!("{} — {}", args.schedule, corpus.origin().display()),
+            train_curve,
+            eval_curve,
+        )
+        .to_svg();
+        std::fs::write(path, svg).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    }
+    if let Some(path) = &args.save {
+        trainer.save(path)?;
+        eprintln!(
+            "saved {} (config {})",
+            path.display(),
+            config_path(path).display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,303 @@
+//! The training loop: steps of a [`GptModel`] through a plan's programs, with AdamW, global-norm
+//! clipping, a warm-up + cosine learning rate, a seeded byte loader, held-out evaluation through
+//! the plan's forward-only programs, and checkpoints that resume bit for bit.
+//!
+//! One step: the loader's global batch for the step ([`crate::data::Loader`]) runs through the
+//! programs ([`GptModel::step`]); the gradients' global norm (one squared norm per parameter, in
+//! the model's parameter order, so it does not depend on the cut) scales them to at most
+//! `max_grad_norm`; every position's AdamW updates its parameters. Everything random follows from
+//! the seed: weights (by parameter name), data order (by epoch). A checkpoint holds the weights,
+//! the optimizer's moments, the step and the loader's position, so a run resumed at step k and run
+//! to N logs the same losses for steps k+1..N as an uninterrupted run.
+
+use crate::batch::StepBatch;
+use crate::checkpoint::{self, CheckpointMeta};
+use crate::data::{eval_microbatches, BatchShape, Corpus, DataPosition, GlobalBatch, Loader};
+use crate::error::TrainError;
+use crate::optim::{clip_scale, global_norm, squared_norms, AdamW, AdamWConfig};
+use crate::schedule::LrSchedule;
+use crate::stage::MeasuredOp;
+use crate::step::{GptModel, StepRunner};
+use candle_core::DType;
+use pipeweave_core::{Plan, RecvPolicy};
+use pipeweave_kernels::GptConfig;
+use std::path::Path;
+use std::time::Instant;
+
+/// Everything that fixes a run besides the plan and the data.
+#[derive(Clone, Debug)]
+pub struct TrainSettings {
+    /// The model.
+    pub config: GptConfig,
+    /// Sequence length, sequences per microbatch, microbatches per step.
+    pub shape: BatchShape,
+    /// The learning rate per step.
+    pub lr: LrSchedule,
+    /// Gradients are scaled down to this global norm.
+    pub max_grad_norm: f64,
+    /// Seeds weights and data order.
+    pub seed: u64,
+    /// Weight gradients summed in microbatch order (bit-identical across schedules).
+    pub deterministic: bool,
+    /// Keep only each stage's input after the forward.
+    pub recompute: bool,
+    /// Element type of weights and activations.
+    pub dtype: DType,
+    /// At most this many held-out sequences per evaluation.
+    pub eval_sequences: usize,
+    /// What a checkpoint must share with a run that resumes it (the schedule and sizes).
+    pub fingerprint: String,
+}
+
+/// What one step did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepLog {
+    /// The step (1 first).
+    pub step: u64,
+    /// Mean token loss over the global batch.
+    pub loss: f64,
+    /// Non-padding tokens of the global batch.
+    pub tokens: usize,
+    /// Wall time of the step (forward, backward and update).
+    pub seconds: f64,
+    /// The learning rate used.
+    pub lr: f64,
+    /// The gradients' global norm before clipping.
+    pub grad_norm: f64,
+}
+
+/// A training run in progress.
+pub struct Trainer {
+    settings: TrainSettings,
+    runner: StepRunner,
+    eval_runner: StepRunner,
+    model: GptModel,
+    optimizers: Vec<AdamW>,
+    loader: Loader,
+    held_out: Vec<u8>,
+    corpus_origin: std::path::PathBuf,
+    position: DataPosition,
+    step: u64,
+    measured: Vec<Vec<MeasuredOp>>,
+    peak_activation_bytes: Vec<usize>,
+}
+
+impl Trainer {
+    /// A fresh run of `settings` through `plan` on `corpus` (its last tenth held out).
+    pub fn new(
+        plan: &Plan,
+        corpus: &Corpus,
+        settings: TrainSettings,
+    ) -> Result<Trainer, TrainError> {
+        let split = corpus.split(settings.shape.seq_len)?;
+        if settings.shape.global_microbatches != plan.problem().microbatches() as usize {
+            return Err(TrainError::invalid(
+                "microbatches",
+                settings.shape.global_microbatches,
+                format!("the plan has {}", plan.problem().microbatches()),
+            ));
+        }
+        let runner = StepRunner::new(plan, RecvPolicy::Early, false)?;
+        let eval_runner = StepRunner::new(plan, RecvPolicy::Early, true)?;
+        let model = GptModel::new(
+            &settings.config,
+            plan.problem(),
+            settings.seed,
+            settings.dtype,
+            settings.recompute,
+            settings.deterministic,
+        )?;
+        let optimizers = model
+            .models()
+            .iter()
+            .map(|m| AdamW::new(AdamWConfig::default(), &m.parameters()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let loader = Loader::new(split.train.to_vec(), settings.shape, settings.seed)?;
+        Ok(Trainer {
+            held_out: split.held_out.to_vec(),
+            corpus_origin: corpus.origin().to_path_buf(),
+            settings,
+            runner,
+            eval_runner,
+            model,
+            optimizers,
+            loader,
+            position: DataPosition::default(),
+            step: 0,
+            measured: Vec::new(),
+            peak_activation_bytes: Vec::new(),
+        })
+    }
+
+    /// Optimizer steps completed.
+    pub fn steps_done(&self) -> u64 {
+        self.step
+    }
+
+    /// The model.
+    pub fn model(&self) -> &GptModel {
+        &self.model
+    }
+
+    /// Per rank, every op of the last step as it ran.
+    pub fn last_measured(&self) -> &[Vec<MeasuredOp>] {
+        &self.measured
+    }
+
+    /// Per rank, the most activation bytes held at once in the last step.
+    pub fn peak_activation_bytes(&self) -> &[usize] {
+        &self.peak_activation_bytes
+    }
+
+    fn step_batch(&self, batch: &GlobalBatch) -> Result<StepBatch, TrainError> {
+        StepBatch::new(
+            &batch.inputs,
+            &batch.targets,
+            batch.microbatch_size,
+            batch.seq_len,
+            Some(crate::batch::PAD_ID),
+        )
+    }
+
+    /// One optimizer step.
+    pub fn step(&mut self) -> Result<StepLog, TrainError> {
+        let start = Instant::now();
+        let (global, next) = self.loader.batch_at(self.position)?;
+        let batch = self.step_batch(&global)?;
+        let outcome = self.model.step(&self.runner, &batch)?;
+        if !outcome.loss.is_finite() {
+            return Err(TrainError::NonFiniteNorm { norm: outcome.loss });
+        }
+        let mut norms = Vec::new();
+        for grads in &outcome.gradients {
+            norms.extend(squared_norms(grads)?);
+        }
+        let norm = global_norm(&norms);
+        let scale = clip_scale(norm, self.settings.max_grad_norm)?;
+        let step = self.step + 1;
+        let lr = self.settings.lr.lr(step);
+        for (k, grads) in outcome.gradients.iter().enumerate() {
+            let params: Vec<_> = self.model.models()[k]
+                .parameters()
+                .into_iter()
+                .map(|(_, t)| t)
+                .collect();
+            let updated = self.optimizers[k].step_scaled(&params, grads, lr, scale)?;
+            self.model.set_parameters(k, updated)?;
+        }
+        self.step = step;
+        self.position = next;
+        self.measured = outcome.measured;
+        self.peak_activation_bytes = outcome.peak_activation_bytes;
+        Ok(StepLog {
+            step,
+            loss: outcome.loss,
+            tokens: batch.tokens(),
+            seconds: start.elapsed().as_secs_f64(),
+            lr,
+            grad_norm: norm,
+        })
+    }
+
+    /// The mean token loss of the held-out text (at most `eval_sequences` sequences) through the
+    /// plan's forward-only programs.
+    pub fn evaluate(&self) -> Result<f64, TrainError> {
+        let shape = self.settings.shape;
+        let limit =
+            (self.settings.eval_sequences.max(1) * shape.seq_len).min(self.held_out.len() - 1);
+        let text = &self.held_out[..=limit];
+        self.loss_and_tokens_on(text).map(|(loss, _)| loss)
+    }
+
+    /// The mean next-byte loss of `text` cut into windows of `seq_len + 1` bytes overlapping by
+    /// one (the last incomplete window dropped), through the forward-only programs, and the
+    /// number of bytes predicted.
+    pub fn loss_and_tokens_on(&self, text: &[u8]) -> Result<(f64, usize), TrainError> {
+        let shape = self.settings.shape;
+        let windows = eval_microbatches(
+            &self.corpus_origin,
+            text,
+            shape.seq_len,
+            shape.microbatch_size,
+        )?;
+        let m = shape.global_microbatches;
+        let (mut sum, mut tokens) = (0.0, 0usize);
+        for first in (0..windows.inputs.len()).step_by(m) {
+            let pad = |ids: &[Vec<u32>], id: u32| -> Vec<Vec<u32>> {
+                let mut out: Vec<Vec<u32>> = ids[first..(first + m).min(ids.len())].to_vec();
+                while out.len() < m {
+                    out.push(vec![id; shape.microbatch_tokens()]);
+                }
+                out
+            };
+            let inputs = pad(&windows.inputs, crate::data::PAD_INPUT);
+            let targets = pad(&windows.targets, crate::batch::PAD_ID);
+            let batch = StepBatch::new(
+                &inputs,
+                &targets,
+                shape.microbatch_size,
+                shape.seq_len,
+                Some(crate::batch::PAD_ID),
+            )?;
+            let (loss, counted) = self.model.evaluate(&self.eval_runner, &batch)?;
+            sum += loss;
+            tokens += counted;
+        }
+        Ok((sum / tokens as f64, tokens))
+    }
+
+    /// Writes a checkpoint of the run as it stands.
+    pub fn save(&self, path: &Path) -> Result<(), TrainError> {
+        let mut state = self.optimizers[0].state();
+        for optimizer in &self.optimizers[1..] {
+            state.merge(optimizer.state())?;
+        }
+        let meta = CheckpointMeta {
+            step: self.step,
+            data: self.position,
+            rng: vec![self.settings.seed],
+            schedule: self.settings.fingerprint.clone(),
+            config: self.settings.config,
+        };
+        checkpoint::save(path, &self.model.parameters(), &state, &meta)
+    }
+
+    /// Continues from the checkpoint `path`: weights, optimizer moments, step and data position.
+    /// It must have been made for this model and schedule.
+    pub fn resume(&mut self, path: &Path) -> Result<(), TrainError> {
+        let saved = checkpoint::load(path)?;
+        saved.meta.check_model(path, &self.settings.config)?;
+        saved
+            .meta
+            .check_schedule(path, &self.settings.fingerprint)?;
+        for k in 0..self.model.models().len() {
+            let names = self.model.models()[k].parameter_names();
+            let weights = saved.weights_for(path, &names)?;
+            self.model.set_parameters(k, weights)?;
+            self.optimizers[k].load_state(&saved.optimizer)?;
+        }
+        self.step = saved.meta.step;
+        self.position = saved.meta.data;
+        Ok(())
+    }
+
+    /// Loads only the weights of the checkpoint `path` (for evaluation), checking the model.
+    pub fn load_weights(&mut self, path: &Path) -> Result<(), TrainError> {
+        let (weights, meta) = checkpoint::load_weights(path)?;
+        meta.check_model(path, &self.settings.config)?;
+        for k in 0..self.model.models().len() {
+            let names = self.model.models()[k].parameter_names();
+            let mut values = Vec::with_capacity(names.len());
+            for name in &names {
+                values.push(weights.get(name).cloned().ok_or_else(|| {
+                    TrainError::MissingTensor {
+                        path: path.to_path_buf(),
+                        name: name.clone(),
+                    }
+                })?);
+            }
+            self.model.set_parameters(k, values)?;
+        }
+        Ok(())
+    }
+}
