@@ -7,12 +7,14 @@
 //! `--deterministic`). Without `--data` it trains on the source files of this checkout.
 
 use clap::{Parser, ValueEnum};
+use pipeweave::Plan;
 use pipeweave::{build_plan, PipelineConfig};
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::checkpoint::config_path;
 use pipeweave_train::data::BatchShape;
 use pipeweave_train::{
-    Corpus, LossCurve, LrSchedule, Progress, StepLog, TrainError, TrainSettings, Trainer,
+    step_timeline, Corpus, LossCurve, LrSchedule, Progress, StepLog, TrainError, TrainSettings,
+    Trainer,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -95,6 +97,10 @@ struct Args {
     /// Evaluate on the held-out text every this many steps (and at the end).
     #[arg(long, default_value_t = 20)]
     eval_every: u64,
+    /// Write the last step's measured timeline: PREFIX.measured.svg, PREFIX.simulated.svg (the
+    /// simulator's prediction from the measured op costs) and PREFIX.trace.json (Perfetto).
+    #[arg(long, value_name = "PREFIX")]
+    timeline: Option<PathBuf>,
     /// Write a checkpoint at the end.
     #[arg(long)]
     save: Option<PathBuf>,
@@ -207,10 +213,10 @@ fn run(args: &Args) -> Result<(), Failure> {
     if let Some(checkpoint) = &args.resume {
         trainer.resume(checkpoint)?;
     }
-    train(args, &mut trainer, &corpus)
+    train(args, &plan, &mut trainer, &corpus)
 }
 
-fn train(args: &Args, trainer: &mut Trainer, corpus: &Corpus) -> Result<(), Failure> {
+fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Result<(), Failure> {
     let mut log = match &args.log {
         Some(path) => {
             Some(std::fs::File::create(path).map_err(|e| bad(format!("{}: {e}", path.display())))?)
@@ -275,6 +281,9 @@ fn train(args: &Args, trainer: &mut Trainer, corpus: &Corpus) -> Result<(), Fail
         .to_svg();
         std::fs::write(path, svg).map_err(|e| bad(format!("{}: {e}", path.display())))?;
     }
+    if let Some(prefix) = &args.timeline {
+        write_timeline(prefix, plan, trainer, &args.schedule)?;
+    }
     if let Some(path) = &args.save {
         trainer.save(path)?;
         eprintln!(
@@ -283,5 +292,38 @@ fn train(args: &Args, trainer: &mut Trainer, corpus: &Corpus) -> Result<(), Fail
             config_path(path).display()
         );
     }
+    Ok(())
+}
+
+/// The last step's measured timeline beside the simulator's prediction from measured op costs.
+fn write_timeline(
+    prefix: &std::path::Path,
+    plan: &Plan,
+    trainer: &Trainer,
+    title: &str,
+) -> Result<(), Failure> {
+    if trainer.last_measured().is_empty() {
+        return Ok(());
+    }
+    let timeline = step_timeline(plan, trainer.last_measured(), title)?;
+    let file = |suffix: &str| {
+        let mut name = prefix.as_os_str().to_owned();
+        name.push(suffix);
+        PathBuf::from(name)
+    };
+    for (suffix, contents) in [
+        (".measured.svg", &timeline.measured_svg),
+        (".simulated.svg", &timeline.simulated_svg),
+        (".trace.json", &timeline.trace),
+    ] {
+        let path = file(suffix);
+        std::fs::write(&path, contents).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    }
+    eprintln!(
+        "last step: measured {:.4} s, simulated from measured op costs {:.4} s (ratio {:.3})",
+        timeline.measured_seconds,
+        timeline.simulated_seconds,
+        timeline.measured_seconds / timeline.simulated_seconds.max(1e-12)
+    );
     Ok(())
 }

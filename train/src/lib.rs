@@ -6,6 +6,8 @@
 //! - [`stage`]: [`GptStage`], one rank's share as a `StageCompute` honouring every marker;
 //! - [`gradients`]: the [`GradSync`] trait and its in-process, optionally deterministic fold;
 //! - [`step`]: [`StepRunner`] (a plan's checked programs, run for any model) and [`GptModel`];
+//! - [`timeline`]: a step's measured timeline (SVG, Perfetto trace) beside the simulator's
+//!   prediction from measured op costs;
 //! - [`trainer`]: the training loop ([`Trainer`]): steps, clipping, AdamW, evaluation through the
 //!   forward-only programs, checkpoints that resume bit for bit;
 //! - [`data`]: the byte corpus (any UTF-8 text, by default the checkout's own sources), its
@@ -28,6 +30,7 @@ pub mod progress;
 pub mod schedule;
 pub mod stage;
 pub mod step;
+pub mod timeline;
 pub mod trainer;
 
 pub use batch::{StepBatch, PAD_ID};
@@ -42,4 +45,5 @@ pub use progress::Progress;
 pub use schedule::LrSchedule;
 pub use stage::{GptStage, MeasuredOp};
 pub use step::{GptModel, StepOutcome, StepRunner};
+pub use timeline::{step_timeline, StepTimeline};
 pub use trainer::{StepLog, TrainSettings, Trainer};

@@ -66,47 +66,55 @@ impl Simulation {
 pub fn simulate(plan: &Plan) -> Result<Simulation, ReplayError> {
     let costs = plan.costs();
     let outcome = replay(plan, |t| costs.task_duration(t), costs.comm(), true)?;
-    let peaks = peak_per_rank(plan);
-    let makespan = outcome
-        .timeline
-        .iter()
-        .filter_map(|t| t.last().map(|x| x.end))
-        .fold(0.0, f64::max);
-    let ranks: Vec<RankFigures> = outcome
-        .timeline
-        .iter()
-        .zip(&peaks)
-        .map(|(tasks, peak)| {
-            let busy: f64 = tasks.iter().map(|t| t.end - t.start).sum();
-            RankFigures {
-                busy,
-                idle: makespan - busy,
-                span: match (tasks.first(), tasks.last()) {
-                    (Some(a), Some(b)) => b.end - a.start,
-                    _ => 0.0,
-                },
-                work: tasks
-                    .iter()
-                    .flat_map(|t| t.task.ops())
-                    .map(|op| costs.op_cost(op))
-                    .sum(),
-                peak_activations: peak.peak,
-            }
-        })
-        .collect();
-    let max_span = ranks.iter().map(|r| r.span).fold(0.0, f64::max);
-    let max_work = ranks.iter().map(|r| r.work).fold(0.0, f64::max);
-    let bubble_rate = if max_span > 0.0 {
-        ((max_span - max_work) / max_span).max(0.0)
-    } else {
-        0.0
-    };
-    Ok(Simulation {
-        makespan,
-        bubble_rate,
-        ranks,
-        timeline: outcome.timeline,
-    })
+    Ok(Simulation::from_timeline(plan, outcome.timeline))
+}
+
+impl Simulation {
+    /// The figures of `plan` run along `timeline` (per rank, its tasks with start and end): a
+    /// simulated timeline, or one measured on a backend. The work behind the bubble rate comes
+    /// from the plan's cost model, the peaks from its orders.
+    pub fn from_timeline(plan: &Plan, timeline: Vec<Vec<TimedTask>>) -> Simulation {
+        let costs = plan.costs();
+        let peaks = peak_per_rank(plan);
+        let makespan = timeline
+            .iter()
+            .filter_map(|t| t.last().map(|x| x.end))
+            .fold(0.0, f64::max);
+        let ranks: Vec<RankFigures> = timeline
+            .iter()
+            .enumerate()
+            .map(|(r, tasks)| {
+                let busy: f64 = tasks.iter().map(|t| t.end - t.start).sum();
+                RankFigures {
+                    busy,
+                    idle: makespan - busy,
+                    span: match (tasks.first(), tasks.last()) {
+                        (Some(a), Some(b)) => b.end - a.start,
+                        _ => 0.0,
+                    },
+                    work: tasks
+                        .iter()
+                        .flat_map(|t| t.task.ops())
+                        .map(|op| costs.op_cost(op))
+                        .sum(),
+                    peak_activations: peaks.get(r).map_or(0.0, |p| p.peak),
+                }
+            })
+            .collect();
+        let max_span = ranks.iter().map(|r| r.span).fold(0.0, f64::max);
+        let max_work = ranks.iter().map(|r| r.work).fold(0.0, f64::max);
+        let bubble_rate = if max_span > 0.0 {
+            ((max_span - max_work) / max_span).max(0.0)
+        } else {
+            0.0
+        };
+        Simulation {
+            makespan,
+            bubble_rate,
+            ranks,
+            timeline,
+        }
+    }
 }
 
 #[cfg(test)]

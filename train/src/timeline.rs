@@ -1,0 +1,137 @@
+//! The measured timeline of a step: each op's real start and end per rank, drawn and traced like a
+//! simulated one, and the plan re-costed with the measured op durations so the simulator's
+//! prediction can be set beside the measurement.
+
+use crate::error::TrainError;
+use crate::stage::MeasuredOp;
+use pipeweave_core::analysis::replay::TimedTask;
+use pipeweave_core::formats::{svg, trace};
+use pipeweave_core::{
+    simulate, CostModel, OpKind, Plan, Simulation, StageCosts, StageCostsSpec, Task,
+};
+
+/// The measured ops as a timeline of tasks (one task per op), per rank in start order.
+pub fn measured_timeline(measured: &[Vec<MeasuredOp>]) -> Vec<Vec<TimedTask>> {
+    let mut sequence = 0;
+    measured
+        .iter()
+        .map(|ops| {
+            let mut ops = ops.clone();
+            ops.sort_by(|a, b| a.start.total_cmp(&b.start));
+            ops.iter()
+                .map(|op| {
+                    sequence += 1;
+                    let task = match op.kind {
+                        OpKind::Forward => Task::Forward(op.work),
+                        OpKind::InputGrad => Task::InputGrad(op.work),
+                        OpKind::WeightGrad => Task::WeightGrad(op.work),
+                    };
+                    TimedTask {
+                        task,
+                        start: op.start,
+                        end: op.end,
+                        sequence: sequence - 1,
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `plan` with every stage's F, I and W costs set to their mean measured durations (seconds; B
+/// and F&B the sums of their parts, no link latency): what the simulator needs to predict the
+/// step from measured op costs.
+pub fn with_measured_costs(plan: &Plan, measured: &[Vec<MeasuredOp>]) -> Result<Plan, TrainError> {
+    let stages = plan.problem().stages() as usize;
+    let mut sums = vec![[0.0f64; 3]; stages];
+    let mut counts = vec![[0usize; 3]; stages];
+    for op in measured.iter().flatten() {
+        if let (Some(sum), Some(count)) = (
+            sums.get_mut(op.work.stage.index()),
+            counts.get_mut(op.work.stage.index()),
+        ) {
+            sum[op.kind.index()] += op.end - op.start;
+            count[op.kind.index()] += 1;
+        }
+    }
+    let mean = |s: usize, k: usize| {
+        if counts[s][k] == 0 {
+            0.0
+        } else {
+            sums[s][k] / counts[s][k] as f64
+        }
+    };
+    let costs: Vec<StageCosts> = (0..stages)
+        .map(|s| {
+            StageCostsSpec::builder()
+                .forward(mean(s, 0))
+                .input_grad(mean(s, 1))
+                .weight_grad(mean(s, 2))
+                .build()
+                .validate()
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| TrainError::Plan(e.to_string()))?;
+    let costs = CostModel::per_stage(costs, 0.0).map_err(|e| TrainError::Plan(e.to_string()))?;
+    let shape = (plan.problem().clone(), costs, plan.memory().clone());
+    plan.clone()
+        .reshaped(Some(shape), plan.orders().to_vec(), plan.facts())
+        .map_err(|e| TrainError::Plan(e.to_string()))
+}
+
+/// The files of a step's timeline.
+pub struct StepTimeline {
+    /// SVG of the measured timeline.
+    pub measured_svg: String,
+    /// SVG of the simulator's prediction from the measured op costs.
+    pub simulated_svg: String,
+    /// Chrome/Perfetto trace JSON of the measured timeline.
+    pub trace: String,
+    /// Measured step span (first start to last end, seconds).
+    pub measured_seconds: f64,
+    /// The simulator's prediction from measured op costs (seconds).
+    pub simulated_seconds: f64,
+}
+
+/// Draws and traces the measured step `measured` of `plan`, beside its simulation.
+pub fn step_timeline(
+    plan: &Plan,
+    measured: &[Vec<MeasuredOp>],
+    title: &str,
+) -> Result<StepTimeline, TrainError> {
+    let costed = with_measured_costs(plan, measured)?;
+    let timeline = measured_timeline(measured);
+    let start = timeline
+        .iter()
+        .flatten()
+        .map(|t| t.start)
+        .fold(f64::INFINITY, f64::min);
+    let shifted: Vec<Vec<TimedTask>> = timeline
+        .into_iter()
+        .map(|tasks| {
+            tasks
+                .into_iter()
+                .map(|t| TimedTask {
+                    start: t.start - start,
+                    end: t.end - start,
+                    ..t
+                })
+                .collect()
+        })
+        .collect();
+    let measured_sim = Simulation::from_timeline(&costed, shifted);
+    let predicted = simulate(&costed).map_err(|e| TrainError::Plan(e.to_string()))?;
+    let trace = serde_json::to_string(&trace::chrome_trace(&costed, &measured_sim, title))
+        .map_err(|e| TrainError::Plan(e.to_string()))?;
+    Ok(StepTimeline {
+        measured_svg: svg::timeline_svg(&costed, &measured_sim, &format!("{title} (measured, s)")),
+        simulated_svg: svg::timeline_svg(
+            &costed,
+            &predicted,
+            &format!("{title} (simulated from measured op costs, s)"),
+        ),
+        trace,
+        measured_seconds: measured_sim.makespan(),
+        simulated_seconds: predicted.makespan(),
+    })
+}
