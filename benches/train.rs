@@ -35,13 +35,18 @@ fn settings(config: GptConfig) -> TrainSettings {
         dtype: DType::F32,
         eval_sequences: 1,
         fingerprint: "bench".to_string(),
+        receive_timeout: std::time::Duration::from_secs(60),
+        injections: Vec::new(),
     }
 }
 
 /// Seconds per step (after one warm-up step) and the last step's timeline ratio.
 fn run(expression: &str, ranks: u32, config: GptConfig, corpus: &Corpus) -> (f64, f64) {
-    let plan = build_plan(expression, &PipelineConfig::new(ranks, MICROBATCHES).expect("sizes"))
-        .expect("the bench's plans build");
+    let plan = build_plan(
+        expression,
+        &PipelineConfig::new(ranks, MICROBATCHES).expect("sizes"),
+    )
+    .expect("the bench's plans build");
     let mut trainer = Trainer::new(&plan, corpus, settings(config)).expect("trainer");
     trainer.step().expect("warm-up step");
     let start = Instant::now();
@@ -50,7 +55,10 @@ fn run(expression: &str, ranks: u32, config: GptConfig, corpus: &Corpus) -> (f64
     }
     let per_step = start.elapsed().as_secs_f64() / STEPS as f64;
     let timeline = step_timeline(&plan, trainer.last_measured(), expression).expect("timeline");
-    (per_step, timeline.measured_seconds / timeline.simulated_seconds)
+    (
+        per_step,
+        timeline.measured_seconds / timeline.simulated_seconds,
+    )
 }
 
 /// GFLOP/s of candle's matmul on the shape of the MLP's first product.
@@ -73,15 +81,28 @@ fn main() {
     let corpus = Corpus::default_sources().expect("the checkout's sources");
     let (single, _) = run("gpipe", 1, config, &corpus);
     let (pp2, timeline_ratio) = run("f1b(gpipe)", 2, config, &corpus);
-    let flops = stage_flops(&config, &StageLayout::whole_model(&config), SEQUENCES, SEQ_LEN);
+    let flops = stage_flops(
+        &config,
+        &StageLayout::whole_model(&config),
+        SEQUENCES,
+        SEQ_LEN,
+    );
     let step_flops =
         (flops.forward + flops.backward_input + flops.backward_weight) as f64 * MICROBATCHES as f64;
     let kernels = step_flops / single / 1e9;
     let candle = candle_matmul_gflops(&config);
-    println!("model: 4 blocks, width 192, 16 microbatches of 2 x 64 bytes; one compute thread per rank");
+    println!(
+        "model: 4 blocks, width 192, 16 microbatches of 2 x 64 bytes; one compute thread per rank"
+    );
     println!("one rank:  {:.3} s/step", single);
     println!("pp2 (1F1B): {:.3} s/step", pp2);
-    println!("throughput ratio pp2 / one rank: {:.2} (ceiling 1.88)", single / pp2);
-    println!("pp2 measured step / simulated from measured op costs: {:.3}", timeline_ratio);
+    println!(
+        "throughput ratio pp2 / one rank: {:.2} (ceiling 1.88)",
+        single / pp2
+    );
+    println!(
+        "pp2 measured step / simulated from measured op costs: {:.3}",
+        timeline_ratio
+    );
     println!("kernels: {kernels:.2} GFLOP/s per thread (matrix products of a step on one rank); candle matmul {candle:.2} GFLOP/s ({:.0}%)", 100.0 * kernels / candle);
 }

@@ -13,8 +13,8 @@ use pipeweave_kernels::GptConfig;
 use pipeweave_train::checkpoint::config_path;
 use pipeweave_train::data::BatchShape;
 use pipeweave_train::{
-    step_timeline, Corpus, LossCurve, LrSchedule, Progress, StepLog, TrainError, TrainSettings,
-    Trainer,
+    step_timeline, Corpus, Injection, LossCurve, LrSchedule, Progress, StepLog, TrainError,
+    TrainSettings, Trainer,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -107,6 +107,16 @@ struct Args {
     /// Continue from a checkpoint.
     #[arg(long)]
     resume: Option<PathBuf>,
+    /// A rank waiting longer than this many seconds for a message stops the run with a report
+    /// of who waits on whom.
+    #[arg(long, default_value_t = 60.0)]
+    timeout: f64,
+    /// Make rank R's stage fail in step S (`R@S`), for tests of failure handling.
+    #[arg(long, value_name = "RANK@STEP")]
+    fail: Option<String>,
+    /// Make rank R stop responding in step S (`R@S`) for twice --timeout.
+    #[arg(long, value_name = "RANK@STEP")]
+    stall: Option<String>,
     /// With --resume: print the loss of the checkpoint on this text and exit.
     #[arg(long)]
     eval: Option<PathBuf>,
@@ -197,6 +207,8 @@ fn run(args: &Args) -> Result<(), Failure> {
         recompute: args.recompute,
         dtype: candle_core::DType::F32,
         eval_sequences: 64,
+        receive_timeout: timeout(args.timeout)?,
+        injections: injections(args)?,
         fingerprint: format!(
             "{} ranks={} microbatches={} microbatch_size={}",
             args.schedule, args.ranks, args.microbatches, args.microbatch_size
@@ -326,4 +338,40 @@ fn write_timeline(
         timeline.measured_seconds / timeline.simulated_seconds.max(1e-12)
     );
     Ok(())
+}
+
+fn timeout(seconds: f64) -> Result<std::time::Duration, Failure> {
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return Err(bad(format!(
+            "--timeout {seconds}: must be a positive number of seconds"
+        )));
+    }
+    Ok(std::time::Duration::from_secs_f64(seconds))
+}
+
+/// `--fail R@S` and `--stall R@S`.
+fn injections(args: &Args) -> Result<Vec<(u32, u64, Injection)>, Failure> {
+    let parse = |option: &str, text: &str| -> Result<(u32, u64), Failure> {
+        let parsed = text
+            .split_once('@')
+            .and_then(|(r, s)| Some((r.trim().parse().ok()?, s.trim().parse().ok()?)));
+        match parsed {
+            Some((rank, step)) if rank < args.ranks && step >= 1 => Ok((rank, step)),
+            _ => Err(bad(format!(
+                "{option} {text}: expected RANK@STEP with RANK below {} and STEP from 1",
+                args.ranks
+            ))),
+        }
+    };
+    let mut out = Vec::new();
+    if let Some(text) = &args.fail {
+        let (rank, step) = parse("--fail", text)?;
+        out.push((rank, step, Injection::Fail));
+    }
+    if let Some(text) = &args.stall {
+        let (rank, step) = parse("--stall", text)?;
+        let pause = timeout(args.timeout)? * 2;
+        out.push((rank, step, Injection::Stall(pause)));
+    }
+    Ok(out)
 }

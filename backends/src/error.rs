@@ -72,7 +72,7 @@ pub enum BackendError {
         reason: String,
     },
     /// This rank stopped because another rank failed first.
-    #[error("rank {rank}, instruction {instr}: stopped because rank {failed} failed")]
+    #[error("rank {rank}, instruction {instr}: stopped because rank {failed} failed{}", waiting_for(.waiting))]
     Aborted {
         /// The rank that stopped.
         rank: RankId,
@@ -80,6 +80,17 @@ pub enum BackendError {
         instr: usize,
         /// The rank that failed.
         failed: RankId,
+        /// The peer and message it was waiting for, if it was waiting.
+        waiting: Option<(RankId, Message)>,
+    },
+    /// No rank made progress: the ranks that waited longer than the limit, and what every
+    /// rank was doing (who waits on whom).
+    #[error("no progress within {seconds} s: {}", .report.join("; "))]
+    Stalled {
+        /// The limit.
+        seconds: f64,
+        /// One line per rank: its instruction and the message it waits for.
+        report: Vec<String>,
     },
     /// A receive waited longer than the run's limit.
     #[error("rank {rank}, instruction {instr}: waited more than {seconds} s for {message} from rank {from}")]
@@ -95,6 +106,13 @@ pub enum BackendError {
         /// The limit.
         seconds: f64,
     },
+}
+
+fn waiting_for(waiting: &Option<(RankId, Message)>) -> String {
+    match waiting {
+        Some((from, message)) => format!(" (it was waiting for {message} from rank {from})"),
+        None => String::new(),
+    }
 }
 
 impl BackendError {

@@ -336,6 +336,17 @@ fn fault_error(rank: RankId, instr: usize, what: String, fault: Fault) -> Backen
             rank,
             instr,
             failed,
+            waiting: None,
+        },
+        Fault::Transport(TransportFailure::AbortedWhileWaiting {
+            failed,
+            from,
+            message,
+        }) => BackendError::Aborted {
+            rank,
+            instr,
+            failed,
+            waiting: Some((from, message)),
         },
         Fault::Transport(TransportFailure::Unexpected {
             from,

@@ -4,6 +4,9 @@
 //!   (batched groups: post every send and receive, then complete them) and a
 //!   [`compute::StageCompute`]; every call into either is guarded;
 //! - [`threads`]: the threaded backend (a thread per rank, channels as links, abort on failure);
+//! - `mpi` (cargo feature `mpi`): the MPI backend (a process per rank under `mpirun`, immediate
+//!   sends and matched receives with a checked header, a fingerprint of the programs compared
+//!   before the run, abort of the job on failure);
 //! - [`numeric`]: a scalar affine stage model and its single-device reference, for end-to-end
 //!   gradient checks.
 //!
@@ -14,12 +17,16 @@
 pub mod compute;
 pub mod error;
 pub mod interpreter;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod numeric;
 pub mod threads;
 pub mod transport;
 
 pub use compute::StageCompute;
 pub use error::BackendError;
+#[cfg(feature = "mpi")]
+pub use crate::mpi::{run_mpi, MpiOptions, MpiTransport, WirePayload};
 pub use numeric::{AffineModel, AffineStage};
 pub use threads::{run_threads, ThreadOptions};
 pub use transport::{Incoming, Outgoing, Transport, TransportFailure};

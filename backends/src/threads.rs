@@ -84,8 +84,12 @@ impl<T: Send> ChannelTransport<T> {
                     })
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    if let Some(failure) = self.failure() {
-                        return Err(failure);
+                    if let Some(TransportFailure::Aborted { failed }) = self.failure() {
+                        return Err(TransportFailure::AbortedWhileWaiting {
+                            failed,
+                            from,
+                            message,
+                        });
                     }
                     if start.elapsed() > self.timeout {
                         return Err(TransportFailure::Timeout {
@@ -96,11 +100,18 @@ impl<T: Send> ChannelTransport<T> {
                     }
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    return Err(self.failure().unwrap_or_else(|| {
-                        TransportFailure::Broken(format!(
+                    return Err(match self.failure() {
+                        Some(TransportFailure::Aborted { failed }) => {
+                            TransportFailure::AbortedWhileWaiting {
+                                failed,
+                                from,
+                                message,
+                            }
+                        }
+                        _ => TransportFailure::Broken(format!(
                             "rank {from} ended without sending {message}"
-                        ))
-                    }))
+                        )),
+                    })
                 }
             }
         }
@@ -217,6 +228,12 @@ where
             Err(e) => errors.push((RankId::new(r as u32), e)),
         }
     }
+    if let Some(seconds) = errors.iter().find_map(|(_, e)| match e {
+        BackendError::Timeout { seconds, .. } => Some(*seconds),
+        _ => None,
+    }) {
+        return Err(stalled(seconds, &errors));
+    }
     // The rank the others name as the first to fail, else the first rank with an error of its own.
     let named = errors.iter().find_map(|(_, e)| match e {
         BackendError::Aborted { failed, .. } => Some(*failed),
@@ -234,4 +251,30 @@ where
         Some(i) => Err(errors.swap_remove(i).1),
         None => Ok(computes),
     }
+}
+
+/// Who waits on whom when a receive timed out: every rank's instruction and, for a waiting rank,
+/// the message it waits for; a rank that finished or was busy computing says so.
+fn stalled(seconds: f64, errors: &[(RankId, BackendError)]) -> BackendError {
+    let report = errors
+        .iter()
+        .map(|(rank, e)| match e {
+            BackendError::Timeout {
+                instr,
+                from,
+                message,
+                ..
+            } => format!("rank {rank} waits at instruction {instr} for {message} from rank {from}"),
+            BackendError::Aborted {
+                instr,
+                waiting: Some((from, message)),
+                ..
+            } => format!("rank {rank} waits at instruction {instr} for {message} from rank {from}"),
+            BackendError::Aborted { instr, .. } => {
+                format!("rank {rank} was busy until instruction {instr} (not waiting)")
+            }
+            other => format!("rank {rank}: {other}"),
+        })
+        .collect();
+    BackendError::Stalled { seconds, report }
 }

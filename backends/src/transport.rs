@@ -50,6 +50,15 @@ pub enum TransportFailure {
         /// What arrived.
         got: Message,
     },
+    /// Another rank failed while this one waited for `message` from `from`.
+    AbortedWhileWaiting {
+        /// The rank that failed.
+        failed: RankId,
+        /// The peer waited for.
+        from: RankId,
+        /// The awaited message.
+        message: Message,
+    },
     /// Nothing arrived within the run's limit.
     Timeout {
         /// The peer.
@@ -67,6 +76,14 @@ impl fmt::Display for TransportFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TransportFailure::Aborted { failed } => write!(f, "rank {failed} failed"),
+            TransportFailure::AbortedWhileWaiting {
+                failed,
+                from,
+                message,
+            } => write!(
+                f,
+                "rank {failed} failed while waiting for {message} from rank {from}"
+            ),
             TransportFailure::Unexpected {
                 from,
                 expected,

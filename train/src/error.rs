@@ -161,6 +161,15 @@ pub enum TrainError {
     /// A step's batch cannot be built (wrong sizes, no non-padding target).
     #[error("batch: {0}")]
     Batch(String),
+    /// A training step failed: which step, and why (a backend error names the rank and the
+    /// instruction).
+    #[error("step {step}: {source}")]
+    Step {
+        /// The step (1 first).
+        step: u64,
+        /// What failed.
+        source: Box<TrainError>,
+    },
     /// The model cannot be cut into the plan's stages.
     #[error("cutting the model into stages: {0}")]
     Cut(String),
@@ -198,6 +207,7 @@ impl TrainError {
             TrainError::Io { action, .. } => {
                 action.starts_with("read") || action.starts_with("list")
             }
+            TrainError::Step { source, .. } => source.is_bad_input(),
             TrainError::Tensor { .. }
             | TrainError::NonFiniteNorm { .. }
             | TrainError::Batch(_)

@@ -43,7 +43,7 @@ pub use gradients::{GradSync, LocalGradients};
 pub use optim::{AdamW, AdamWConfig, OptimizerState};
 pub use progress::Progress;
 pub use schedule::LrSchedule;
-pub use stage::{GptStage, MeasuredOp};
+pub use stage::{GptStage, Injection, MeasuredOp};
 pub use step::{GptModel, StepOutcome, StepRunner};
 pub use timeline::{step_timeline, StepTimeline};
 pub use trainer::{StepLog, TrainSettings, Trainer};

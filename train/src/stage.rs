@@ -41,6 +41,15 @@ pub struct MeasuredOp {
     pub end: f64,
 }
 
+/// A fault injected into a rank's stage, for tests of failure handling (`--fail`, `--stall`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Injection {
+    /// The rank's first forward of the step returns an error.
+    Fail,
+    /// The rank's first forward of the step stops responding for this long.
+    Stall(std::time::Duration),
+}
+
 /// A stage of this rank: its position along the route and its layers.
 #[derive(Debug, Clone)]
 struct HeldStage {
@@ -71,6 +80,7 @@ pub struct GptStage {
     /// Stages whose output leaves the rank (sent, or consumed by the loss): their output stays
     /// live until freed; a hand-over to a local next stage is not counted twice.
     outputs_leave: HashSet<StageId>,
+    injection: Option<Injection>,
 }
 
 fn bytes(t: &Tensor) -> usize {
@@ -131,7 +141,14 @@ impl GptStage {
             saved_bytes: HashMap::new(),
             output_bytes: HashMap::new(),
             outputs_leave,
+            injection: None,
         })
+    }
+
+    /// Injects `injection` into this rank's first forward.
+    pub fn with_injection(mut self, injection: Option<Injection>) -> GptStage {
+        self.injection = injection;
+        self
     }
 
     /// Runs forwards without keeping state for a backward (evaluation).
@@ -206,6 +223,11 @@ impl StageCompute for GptStage {
     type Tensor = Tensor;
 
     fn forward(&mut self, work: Work, input: Option<Tensor>) -> Result<Tensor, String> {
+        match self.injection.take() {
+            Some(Injection::Fail) => return Err("injected failure (--fail)".to_string()),
+            Some(Injection::Stall(pause)) => std::thread::sleep(pause),
+            None => {}
+        }
         let start = Instant::now();
         let input = match input {
             Some(hidden) => hidden,

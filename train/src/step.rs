@@ -11,7 +11,7 @@ use crate::batch::StepBatch;
 use crate::cut::ModelCut;
 use crate::error::TrainError;
 use crate::gradients::{GradSync, LocalGradients};
-use crate::stage::{GptStage, MeasuredOp};
+use crate::stage::{GptStage, Injection, MeasuredOp};
 use candle_core::{DType, Tensor};
 use pipeweave_backends::{run_threads, StageCompute, ThreadOptions};
 use pipeweave_core::{
@@ -149,6 +149,16 @@ impl GptModel {
     /// Runs forward and backward of one step through `runner`'s programs: the loss and every
     /// position's gradients.
     pub fn step(&self, runner: &StepRunner, batch: &StepBatch) -> Result<StepOutcome, TrainError> {
+        self.step_injected(runner, batch, None)
+    }
+
+    /// [`GptModel::step`] with a fault injected into one rank (tests of failure handling).
+    pub fn step_injected(
+        &self,
+        runner: &StepRunner,
+        batch: &StepBatch,
+        injection: Option<(RankId, Injection)>,
+    ) -> Result<StepOutcome, TrainError> {
         let problem = runner.problem();
         if batch.microbatches() != problem.microbatches() as usize {
             return Err(TrainError::Batch(format!(
@@ -164,7 +174,7 @@ impl GptModel {
         let batch = Arc::new(batch.clone());
         let epoch = Instant::now();
         let shared: Arc<dyn GradSync> = sync.clone();
-        let stages = self.run_stages(runner, &batch, shared, epoch, false)?;
+        let stages = self.run_stages(runner, &batch, shared, epoch, false, injection)?;
         let loss = fold_losses(&stages, batch.microbatches())? / batch.normalizer();
         let measured = stages.iter().map(|s| s.measured().to_vec()).collect();
         let peak_activation_bytes = stages.iter().map(GptStage::peak_activation_bytes).collect();
@@ -199,7 +209,7 @@ impl GptModel {
     ) -> Result<(f64, usize), TrainError> {
         let batch = Arc::new(batch.clone());
         let sync: Arc<dyn GradSync> = Arc::new(LocalGradients::new(self.cut.positions(), false));
-        let stages = self.run_stages(runner, &batch, sync, Instant::now(), true)?;
+        let stages = self.run_stages(runner, &batch, sync, Instant::now(), true, None)?;
         let loss = fold_losses(&stages, batch.microbatches())?;
         Ok((loss, batch.tokens()))
     }
@@ -214,6 +224,7 @@ impl GptModel {
         sync: Arc<dyn GradSync>,
         epoch: Instant,
         forward_only: bool,
+        injection: Option<(RankId, Injection)>,
     ) -> Result<Vec<GptStage>, TrainError> {
         let problem = runner.problem();
         let made = (0..problem.ranks())
@@ -227,7 +238,8 @@ impl GptModel {
                     Arc::clone(&sync),
                     epoch,
                 )
-                .map_err(TrainError::Stage)?;
+                .map_err(TrainError::Stage)?
+                .with_injection(injection.filter(|(at, _)| at.get() == r).map(|(_, i)| i));
                 Ok(Some(if forward_only {
                     stage.forward_only()
                 } else {

@@ -16,13 +16,15 @@ use crate::data::{eval_microbatches, BatchShape, Corpus, DataPosition, GlobalBat
 use crate::error::TrainError;
 use crate::optim::{clip_scale, global_norm, squared_norms, AdamW, AdamWConfig};
 use crate::schedule::LrSchedule;
-use crate::stage::MeasuredOp;
+use crate::stage::{Injection, MeasuredOp};
 use crate::step::{GptModel, StepRunner};
 use candle_core::DType;
+use pipeweave_backends::ThreadOptions;
+use pipeweave_core::RankId;
 use pipeweave_core::{Plan, RecvPolicy};
 use pipeweave_kernels::GptConfig;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Everything that fixes a run besides the plan and the data.
 #[derive(Clone, Debug)]
@@ -47,6 +49,11 @@ pub struct TrainSettings {
     pub eval_sequences: usize,
     /// What a checkpoint must share with a run that resumes it (the schedule and sizes).
     pub fingerprint: String,
+    /// How long a rank may wait for a message before the run stops with a report of who waits
+    /// on whom.
+    pub receive_timeout: Duration,
+    /// Faults to inject, for tests of failure handling: (rank, step, what).
+    pub injections: Vec<(u32, u64, Injection)>,
 }
 
 /// What one step did.
@@ -97,7 +104,10 @@ impl Trainer {
                 format!("the plan has {}", plan.problem().microbatches()),
             ));
         }
-        let runner = StepRunner::new(plan, RecvPolicy::Early, false)?;
+        let options = ThreadOptions {
+            receive_timeout: settings.receive_timeout,
+        };
+        let runner = StepRunner::new(plan, RecvPolicy::Early, false)?.with_options(options);
         let eval_runner = StepRunner::new(plan, RecvPolicy::Early, true)?;
         let model = GptModel::new(
             &settings.config,
@@ -159,22 +169,33 @@ impl Trainer {
         )
     }
 
-    /// One optimizer step.
+    /// One optimizer step; an error names the step.
     pub fn step(&mut self) -> Result<StepLog, TrainError> {
+        let step = self.step + 1;
+        self.try_step().map_err(|source| TrainError::Step {
+            step,
+            source: Box::new(source),
+        })
+    }
+
+    fn try_step(&mut self) -> Result<StepLog, TrainError> {
         let start = Instant::now();
         let (global, next) = self.loader.batch_at(self.position)?;
         let batch = self.step_batch(&global)?;
-        let outcome = self.model.step(&self.runner, &batch)?;
-        if !outcome.loss.is_finite() {
-            return Err(TrainError::NonFiniteNorm { norm: outcome.loss });
-        }
+        let step = self.step + 1;
+        let injection = self
+            .settings
+            .injections
+            .iter()
+            .find(|(_, at, _)| *at == step)
+            .map(|&(rank, _, what)| (RankId::new(rank), what));
+        let outcome = self.model.step_injected(&self.runner, &batch, injection)?;
         let mut norms = Vec::new();
         for grads in &outcome.gradients {
             norms.extend(squared_norms(grads)?);
         }
         let norm = global_norm(&norms);
         let scale = clip_scale(norm, self.settings.max_grad_norm)?;
-        let step = self.step + 1;
         let lr = self.settings.lr.lr(step);
         for (k, grads) in outcome.gradients.iter().enumerate() {
             let params: Vec<_> = self.model.models()[k]

@@ -53,6 +53,8 @@ fn settings(deterministic: bool, recompute: bool, steps: u64) -> TrainSettings {
         dtype: DType::F32,
         eval_sequences: 8,
         fingerprint: "test".to_string(),
+        receive_timeout: std::time::Duration::from_secs(60),
+        injections: Vec::new(),
     }
 }
 
@@ -138,4 +140,39 @@ fn bad_input_is_a_typed_error() {
     wrong.shape = BatchShape::new(16, 2, 4).unwrap();
     let err = Trainer::new(&p, &corpus(), wrong).err().unwrap();
     assert!(err.to_string().contains("microbatches"), "{err}");
+}
+
+fn injected(what: pipeweave_train::Injection) -> TrainError {
+    let p = plan("f1b(gpipe)", 4);
+    let mut s = settings(false, false, 3);
+    s.receive_timeout = std::time::Duration::from_millis(800);
+    s.injections = vec![(2, 2, what)];
+    let mut trainer = Trainer::new(&p, &corpus(), s).unwrap();
+    trainer.step().unwrap();
+    trainer.step().err().unwrap()
+}
+
+#[test]
+fn a_failing_rank_stops_the_step_naming_step_rank_and_instruction() {
+    let err = injected(pipeweave_train::Injection::Fail);
+    let text = err.to_string();
+    assert!(text.starts_with("step 2: rank 2, instruction "), "{text}");
+    assert!(text.contains("injected failure (--fail)"), "{text}");
+    assert!(!err.is_bad_input());
+}
+
+#[test]
+fn a_stalled_rank_ends_the_step_with_who_waits_on_whom() {
+    let start = std::time::Instant::now();
+    let err = injected(pipeweave_train::Injection::Stall(
+        std::time::Duration::from_secs(3),
+    ));
+    assert!(start.elapsed() < std::time::Duration::from_secs(10));
+    let text = err.to_string();
+    assert!(
+        text.starts_with("step 2: no progress within 0.8 s: "),
+        "{text}"
+    );
+    assert!(text.contains("rank 3 waits at instruction"), "{text}");
+    assert!(text.contains("from rank 2"), "{text}");
 }
