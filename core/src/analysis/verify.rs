@@ -78,6 +78,12 @@ pub enum Violation {
     },
     /// The orders and dependencies form a cycle: each rank waits for an op of the next.
     Cycle(Vec<Blocked>),
+    /// More violations were found than a report lists (a plan missing almost everything); only
+    /// their number is kept.
+    Omitted {
+        /// How many.
+        count: usize,
+    },
     /// A rank's activation memory exceeds the declared bound.
     MemoryBound {
         /// The rank.
@@ -127,6 +133,9 @@ impl fmt::Display for Violation {
                     write!(f, "{w}")?;
                 }
                 Ok(())
+            }
+            Violation::Omitted { count } => {
+                write!(f, "{count} more violation(s) of the same checks, not listed")
             }
             Violation::MemoryBound { rank, peak, limit, at } => write!(
                 f,
@@ -201,11 +210,15 @@ pub fn violations(plan: &Plan) -> Vec<Violation> {
     collect(plan, true)
 }
 
+/// Most violations one report holds; the rest are counted in [`Violation::Omitted`], so a plan
+/// that misses almost everything costs no memory beyond its tables.
+pub const MAX_LISTED: usize = 10_000;
+
 fn collect(plan: &Plan, with_memory: bool) -> Vec<Violation> {
-    let mut out = Vec::new();
+    let mut out = Report::default();
     let seen = check_structure(plan, &mut out);
     if !out.is_empty() {
-        return out;
+        return out.finish();
     }
     check_local_order(plan, &seen, &mut out);
     if out.is_empty() {
@@ -214,10 +227,40 @@ fn collect(plan: &Plan, with_memory: bool) -> Vec<Violation> {
     if with_memory {
         check_memory(plan, &mut out);
     }
-    out
+    out.finish()
 }
 
-fn check_structure(plan: &Plan, out: &mut Vec<Violation>) -> Seen {
+/// The violations found so far: the first [`MAX_LISTED`], and how many more.
+#[derive(Default)]
+struct Report {
+    list: Vec<Violation>,
+    omitted: usize,
+}
+
+impl Report {
+    fn push(&mut self, violation: Violation) {
+        if self.list.len() < MAX_LISTED {
+            self.list.push(violation);
+        } else {
+            self.omitted += 1;
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    fn finish(mut self) -> Vec<Violation> {
+        if self.omitted > 0 {
+            self.list.push(Violation::Omitted {
+                count: self.omitted,
+            });
+        }
+        self.list
+    }
+}
+
+fn check_structure(plan: &Plan, out: &mut Report) -> Seen {
     let problem = plan.problem();
     let mut seen = Seen {
         rank: vec![u32::MAX; plan.op_slots()],
@@ -307,7 +350,7 @@ fn check_structure(plan: &Plan, out: &mut Vec<Violation>) -> Seen {
     seen
 }
 
-fn check_local_order(plan: &Plan, seen: &Seen, out: &mut Vec<Violation>) {
+fn check_local_order(plan: &Plan, seen: &Seen, out: &mut Report) {
     let problem = plan.problem();
     for (r, order) in plan.orders().iter().enumerate() {
         for (position, task) in order.iter().enumerate() {
@@ -333,7 +376,7 @@ fn check_local_order(plan: &Plan, seen: &Seen, out: &mut Vec<Violation>) {
     }
 }
 
-fn check_acyclic(plan: &Plan, out: &mut Vec<Violation>) {
+fn check_acyclic(plan: &Plan, out: &mut Report) {
     if let Err(stuck) = replay(plan, |_: &Task| 1.0, 0.0, false) {
         out.push(stuck.into());
     }
@@ -359,7 +402,7 @@ impl From<ReplayError> for Violation {
     }
 }
 
-fn check_memory(plan: &Plan, out: &mut Vec<Violation>) {
+fn check_memory(plan: &Plan, out: &mut Report) {
     let Some(limit) = plan.memory_limit() else {
         return;
     };
@@ -435,6 +478,26 @@ mod tests {
             err.to_string(),
             "1 violation(s)\n  - rank 0 holds 2.0000 activations after 0F1 (stage 0), above the limit 1.5"
         );
+    }
+
+    #[test]
+    fn a_plan_missing_almost_everything_lists_a_bounded_report() {
+        let problem = crate::ir::problem::ProblemSpec::builder()
+            .ranks(1)
+            .microbatches(4000)
+            .build()
+            .validate()
+            .unwrap();
+        let plan = Plan::new(
+            problem,
+            crate::ir::cost::CostModel::uniform(1, Default::default(), 0.0).unwrap(),
+            crate::ir::memory::MemoryModel::uniform(1, Default::default()),
+            vec![vec!["0F0".parse().unwrap()]],
+        )
+        .unwrap();
+        let found = violations(&plan);
+        assert_eq!(found.len(), MAX_LISTED + 1);
+        assert_eq!(found[MAX_LISTED], Violation::Omitted { count: 4000 * 3 - 1 - MAX_LISTED });
     }
 
     #[test]

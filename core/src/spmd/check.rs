@@ -2,7 +2,8 @@
 //!
 //! Checks, in order:
 //! 1. **Inputs received.** Every compute's inputs from other ranks were received earlier in its
-//!    rank's program, and every output another rank needs is sent after it is computed.
+//!    rank's program, every output another rank needs is sent after it is computed, and every
+//!    message is sent once and received once.
 //! 2. **Matching.** For every ordered pair of ranks, the k-th send from one to the other carries the
 //!    same message (direction, stages, microbatch, shape slot) as the k-th receive there.
 //! 3. **Blocking rendezvous** (for program sets that claim it, see [`ProgramSet::semantics`]).
@@ -98,6 +99,16 @@ pub enum CommError {
         /// The instruction index.
         instr: usize,
         /// The send.
+        op: CommOp,
+    },
+    /// A message is sent, or received, a second time.
+    #[error("rank {rank}, instruction {instr}: {op} repeats a message that already travelled")]
+    Repeated {
+        /// The rank.
+        rank: RankId,
+        /// The instruction index.
+        instr: usize,
+        /// The repeated send or receive.
         op: CommOp,
     },
     /// The k-th send from one rank to another is not the k-th receive there.
@@ -214,6 +225,9 @@ fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> 
     // Stamps instead of clearing: entry == rank + 1 means "on this rank".
     let mut received = vec![0u32; slots.pairs() * 2];
     let mut computed = vec![0u32; slots.len()];
+    // Every message travels once: its sends and receives over all ranks.
+    let mut sends = vec![0u8; slots.pairs() * 2];
+    let mut receives = vec![0u8; slots.pairs() * 2];
     for program in &set.programs {
         let rank = program.rank;
         let stamp = rank.get() + 1;
@@ -225,9 +239,13 @@ fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> 
                             CommOp::Recv { message, .. } => {
                                 if let Some(k) = message_index(slots, &message) {
                                     received[k] = stamp;
+                                    once(&mut receives[k], rank, i, op)?;
                                 }
                             }
                             CommOp::Send { message, .. } => {
+                                if let Some(k) = message_index(slots, &message) {
+                                    once(&mut sends[k], rank, i, op)?;
+                                }
                                 let done = slots
                                     .op(message.producer())
                                     .is_some_and(|k| computed[k] == stamp);
@@ -265,6 +283,19 @@ fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> 
             }
         }
     }
+    Ok(())
+}
+
+/// Counts one send (or receive) of a message; a second one is an error.
+fn once(count: &mut u8, rank: RankId, instr: usize, op: &CommOp) -> Result<(), CommError> {
+    if *count > 0 {
+        return Err(CommError::Repeated {
+            rank,
+            instr,
+            op: *op,
+        });
+    }
+    *count = 1;
     Ok(())
 }
 
@@ -634,6 +665,20 @@ mod tests {
             err.to_string(),
             "deadlock under blocking rendezvous semantics: rank 0 waits at instruction 0 for send-act(stage 0, mb 0) to rank 1; rank 1 waits at instruction 0 for send-act(stage 1, mb 0) to rank 0"
         );
+    }
+
+    #[test]
+    fn a_message_sent_twice_is_rejected() {
+        // Found by the fuzzer: a duplicated send group and receive group matched pairwise.
+        let (problem, mut set) = one_f_one_b();
+        for rank in [0, 1] {
+            let instrs = &mut set.programs[rank].instrs;
+            let first = instrs.iter().position(|i| matches!(i, Instr::Comm(_))).unwrap();
+            let copy = instrs[first].clone();
+            instrs.insert(first + 1, copy);
+        }
+        let err = check_programs(&problem, &set).unwrap_err();
+        assert!(matches!(err, CommError::Repeated { .. }), "{err}");
     }
 
     #[test]

@@ -1,0 +1,6 @@
+#![no_main]
+//! See `run_reference_json` in `src/harness.rs` for what this target asserts.
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| pipeweave_fuzz::run_reference_json(data));
