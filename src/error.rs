@@ -25,6 +25,14 @@ pub enum Error {
     /// A run on a backend failed.
     #[error(transparent)]
     Backend(#[from] pipeweave_backends::BackendError),
+    /// The simulated figures are not finite numbers (costs so large that sums overflow).
+    #[error("the simulated {what} is {value}: the costs are too large for finite figures")]
+    Overflow {
+        /// Which figure.
+        what: &'static str,
+        /// Its value.
+        value: f64,
+    },
     /// A command-line option with a bad value.
     #[error("option {option}: {message}")]
     Option {

@@ -52,9 +52,15 @@ pub struct PlanReport {
     pub receive_buffers_per_rank: Vec<usize>,
 }
 
-/// Rounds away floating-point noise (1e-9) so reports are stable.
+/// Rounds away floating-point noise (1e-9) so reports are stable; figures too large to scale
+/// stay as they are.
 fn tidy(x: f64) -> f64 {
-    (x * 1e9).round() / 1e9
+    let scaled = (x * 1e9).round() / 1e9;
+    if scaled.is_finite() {
+        scaled
+    } else {
+        x
+    }
 }
 
 impl PlanReport {

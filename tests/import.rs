@@ -166,3 +166,28 @@ fn a_send_without_its_wait_is_rejected() {
         "a file without communication actions is a compute file"
     );
 }
+
+#[test]
+fn pytorchs_own_files_import_with_markers_quotes_and_a_byte_order_mark() {
+    let plain = "0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n";
+    let pytorch = "\u{feff}\"0UNSHARD\",\"0F0\",\"0F1\",0B0,0B1,0REDUCE_GRAD\n1UNSHARD,1F0,1B0,1F1,1B1,1RESHARD,1REDUCE_GRAD\n";
+    let a = import(plain).unwrap();
+    let b = import(pytorch).unwrap();
+    assert_eq!(a.plan.orders(), b.plan.orders());
+    assert!(verify(&b.plan).is_ok());
+    let err = import("0UNSHARDx,0F0\n").err().unwrap();
+    assert!(
+        err.to_string()
+            .contains("the microbatch must be a decimal number"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_backward_overlapping_its_own_forward_is_refused() {
+    let err = import("(0F0;0B0)OVERLAP_F_B\n").err().unwrap();
+    assert!(
+        err.to_string().contains("cannot overlap its own forward"),
+        "{err}"
+    );
+}

@@ -96,6 +96,14 @@ pub fn check_plan(
     };
     let counts = check_programs(plan.problem(), &programs)?;
     let simulation = simulate(&plan)?;
+    for (what, value) in [
+        ("makespan", simulation.makespan()),
+        ("bubble rate", simulation.bubble_rate()),
+    ] {
+        if !value.is_finite() {
+            return Err(Error::Overflow { what, value });
+        }
+    }
     Ok(Checked {
         plan,
         programs,

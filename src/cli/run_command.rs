@@ -1,15 +1,21 @@
 //! `pipeweave run`: execute a plan's programs on a backend with the numeric stage model, and
 //! report measured against simulated time and whether the gradients equal the single-device
 //! computation.
+//!
+//! Backends: `threads` (one OS thread per rank) and `mpi` (one process per rank: run the same
+//! command under `mpirun -np P`; needs the cargo feature `mpi`). Under MPI every process builds
+//! the plan, projects and checks it itself, runs its own rank, and rank 0 gathers the gradients and
+//! measured times and prints the report; every process exits with the same status. An error that
+//! every process finds alike (bad input, a world of the wrong size) is printed once, by rank 0.
 
 use crate::cli::outputs::{check_plan, RecvArg};
 use crate::cli::plan_command::ScheduleArgs;
 use crate::config::build_plan;
 use crate::error::Error;
 use clap::{Args, ValueEnum};
-use pipeweave_backends::numeric::{total_gradients, AffineModel};
+use pipeweave_backends::numeric::{total_gradients, AffineModel, AffineStage, Gradients};
 use pipeweave_backends::{run_threads, ThreadOptions};
-use pipeweave_core::{OpKind, Work};
+use pipeweave_core::{OpKind, Problem, ProgramSet, StageCosts, Work};
 use serde::Serialize;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -22,6 +28,17 @@ pub const GRADIENT_TOLERANCE: f64 = 1e-12;
 pub enum Backend {
     /// One OS thread per rank, channels as links.
     Threads,
+    /// One process per rank under `mpirun -np P` (needs the cargo feature `mpi`).
+    Mpi,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Threads => "threads",
+            Backend::Mpi => "mpi",
+        }
+    }
 }
 
 /// Arguments of `pipeweave run`.
@@ -38,6 +55,9 @@ pub struct RunArgs {
     /// Receive placement of the projected programs.
     #[arg(long, value_enum, default_value_t = RecvArg::Early)]
     recv: RecvArg,
+    /// Seconds a rank may wait for one message before the run is declared stuck.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    timeout: f64,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -62,6 +82,59 @@ pub struct RunReport {
     pub gradients_equal: bool,
 }
 
+/// A plan built, projected, checked and simulated, with the numeric model to run it on.
+struct Prepared {
+    problem: Problem,
+    programs: ProgramSet,
+    makespan: f64,
+    stage_costs: Vec<StageCosts>,
+    model: AffineModel,
+    reference: Gradients,
+}
+
+impl Prepared {
+    fn new(args: &RunArgs) -> Result<Prepared, Error> {
+        let plan = build_plan(&args.schedule.expression, &args.schedule.config()?)?;
+        let checked = check_plan(plan, None, args.recv)?;
+        let problem = checked.plan.problem().clone();
+        let model = AffineModel::new(&problem);
+        let reference = model.sequential_gradients(&problem);
+        Ok(Prepared {
+            makespan: checked.simulation.makespan(),
+            stage_costs: checked.plan.costs().stages().to_vec(),
+            programs: checked.programs,
+            problem,
+            model,
+            reference,
+        })
+    }
+
+    /// One rank's stage, spending each op's cost at the run's time scale.
+    fn stage(&self, scale: f64) -> AffineStage {
+        let stage_costs = self.stage_costs.clone();
+        self.model.stage(move |work: Work, kind: OpKind| {
+            let Some(c) = stage_costs.get(work.stage.index()) else {
+                return Duration::ZERO;
+            };
+            Duration::from_secs_f64(c.of(kind) * scale / 1000.0)
+        })
+    }
+
+    /// The report of a run that measured `measured` seconds and computed `gradients`.
+    fn report(&self, args: &RunArgs, measured: f64, gradients: &Gradients) -> RunReport {
+        let error = AffineModel::max_relative_error(gradients, &self.reference);
+        RunReport {
+            expression: args.schedule.expression.clone(),
+            backend: args.backend.name().to_string(),
+            simulated_makespan: self.makespan,
+            simulated_seconds: self.makespan * args.time_scale / 1000.0,
+            measured_seconds: measured,
+            max_relative_gradient_error: error,
+            gradients_equal: error <= GRADIENT_TOLERANCE,
+        }
+    }
+}
+
 /// Runs `pipeweave run`; returns whether the gradients were equal.
 pub fn run(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error> {
     if !(args.time_scale.is_finite() && args.time_scale >= 0.0) {
@@ -70,43 +143,163 @@ pub fn run(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error> {
             message: format!("{} must be >= 0", args.time_scale),
         });
     }
-    let plan = build_plan(&args.schedule.expression, &args.schedule.config()?)?;
-    let checked = check_plan(plan, None, args.recv)?;
-    let problem = checked.plan.problem().clone();
-    let model = AffineModel::new(&problem);
-    let reference = model.sequential_gradients(&problem);
-    let stage_costs = checked.plan.costs().stages().to_vec();
-    let scale = args.time_scale;
+    if !(args.timeout.is_finite() && args.timeout > 0.0 && args.timeout <= 1e9) {
+        return Err(Error::Option {
+            option: "--timeout",
+            message: format!("{} must be a number of seconds > 0", args.timeout),
+        });
+    }
+    match args.backend {
+        Backend::Threads => run_on_threads(args, stdout),
+        Backend::Mpi => run_on_mpi(args, stdout),
+    }
+}
+
+fn run_on_threads(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error> {
+    let prepared = Prepared::new(args)?;
     let start = Instant::now();
     let stages = run_threads(
-        &problem,
-        &checked.programs,
-        |_| {
-            let stage_costs = stage_costs.clone();
-            model.stage(move |work: Work, kind: OpKind| {
-                let Some(c) = stage_costs.get(work.stage.index()) else {
-                    return Duration::ZERO;
-                };
-                Duration::from_secs_f64(c.of(kind) * scale / 1000.0)
-            })
+        &prepared.problem,
+        &prepared.programs,
+        |_| prepared.stage(args.time_scale),
+        ThreadOptions {
+            receive_timeout: Duration::from_secs_f64(args.timeout),
+            ..ThreadOptions::default()
         },
-        ThreadOptions::default(),
     )
     .map_err(Error::Backend)?;
     let measured = start.elapsed().as_secs_f64();
-    let gradients = total_gradients(&stages);
-    let error = AffineModel::max_relative_error(&gradients, &reference);
-    let report = RunReport {
-        expression: args.schedule.expression.clone(),
-        backend: format!("{:?}", args.backend).to_lowercase(),
-        simulated_makespan: checked.simulation.makespan(),
-        simulated_seconds: checked.simulation.makespan() * scale / 1000.0,
-        measured_seconds: measured,
-        max_relative_gradient_error: error,
-        gradients_equal: error <= GRADIENT_TOLERANCE,
+    let report = prepared.report(args, measured, &total_gradients(&stages));
+    write_report(args, &prepared.problem, &report, stdout)?;
+    Ok(report.gradients_equal)
+}
+
+/// Without the feature: a one-line error (exit 2).
+#[cfg(not(feature = "mpi"))]
+fn run_on_mpi(_args: &RunArgs, _stdout: &mut dyn Write) -> Result<bool, Error> {
+    Err(Error::Option {
+        option: "--backend",
+        message: "mpi needs pipeweave built with the cargo feature `mpi` \
+                  (cargo build --release --features mpi)"
+            .to_string(),
+    })
+}
+
+/// Under MPI: every process runs its rank; rank 0 reports; all exit alike.
+///
+/// An error is printed here, by rank 0 only (every process finds the same errors before the run;
+/// the run's own failures abort the job inside it), and every process then waits for the others
+/// (so that `mpirun` does not end rank 0 before it has printed), finalises MPI and exits with the
+/// status of that error.
+#[cfg(feature = "mpi")]
+fn run_on_mpi(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error> {
+    use pipeweave_backends::mpi::rsmpi;
+    use rsmpi::collective::CommunicatorCollectives;
+    use rsmpi::topology::Communicator;
+
+    let Some(universe) = rsmpi::initialize() else {
+        return Err(Error::Option {
+            option: "--backend",
+            message: "MPI was already initialised in this process".to_string(),
+        });
     };
+    let world = universe.world();
+    let result = mpi_rank(args, &world, stdout);
+    let _ = stdout.flush();
+    if let Err(e) = &result {
+        if world.rank() == 0 {
+            eprintln!("error: {}", e.to_string().replace('\n', " "));
+        }
+    }
+    // Every process gets here (see `mpi_rank`), also rank 0 after an error of its own.
+    world.barrier();
+    // MPI_Finalize before any exit.
+    drop(world);
+    drop(universe);
+    match result {
+        Err(e) => std::process::exit(super::exit_code(&e)),
+        Ok(equal) => Ok(equal),
+    }
+}
+
+/// This process's part of an MPI run of `pipeweave run`. Every process returns from it: an error
+/// before the run is found by every process alike, a failure in the run aborts the job, and after
+/// the run only rank 0's writing of the report can fail.
+#[cfg(feature = "mpi")]
+fn mpi_rank(
+    args: &RunArgs,
+    world: &pipeweave_backends::mpi::rsmpi::topology::SimpleCommunicator,
+    stdout: &mut dyn Write,
+) -> Result<bool, Error> {
+    use pipeweave_backends::mpi::{rsmpi, run_mpi, MpiOptions};
+    use rsmpi::collective::{CommunicatorCollectives, Root};
+    use rsmpi::topology::Communicator;
+
+    let processes = world.size();
+    if i64::from(processes) != i64::from(args.schedule.ranks) {
+        return Err(Error::Option {
+            option: "--ranks",
+            message: format!(
+                "{} ranks need mpirun -np {}, but this MPI job has {processes} processes",
+                args.schedule.ranks, args.schedule.ranks
+            ),
+        });
+    }
+    let prepared = Prepared::new(args)?;
+    let mut stage = prepared.stage(args.time_scale);
+    world.barrier();
+    let start = Instant::now();
+    run_mpi(
+        world,
+        &prepared.problem,
+        &prepared.programs,
+        &mut stage,
+        MpiOptions {
+            receive_timeout: Duration::from_secs_f64(args.timeout),
+        },
+    )?;
+    let measured = start.elapsed().as_secs_f64();
+    // Every rank: its gradients (one pair per weight set, as many on every rank), then its time.
+    let mine: Vec<f64> = stage
+        .gradients()
+        .iter()
+        .flat_map(|&(a, b)| [a, b])
+        .chain([measured])
+        .collect();
+    let root = world.process_at_rank(0);
+    let mut equal = false;
+    if world.rank() == 0 {
+        let mut all = vec![0.0; mine.len() * processes as usize];
+        root.gather_into_root(&mine[..], &mut all[..]);
+        let mut gradients: Gradients = vec![(0.0, 0.0); stage.gradients().len()];
+        let mut slowest: f64 = 0.0;
+        for rank in all.chunks_exact(mine.len()) {
+            for (total, pair) in gradients.iter_mut().zip(rank.chunks_exact(2)) {
+                total.0 += pair[0];
+                total.1 += pair[1];
+            }
+            slowest = slowest.max(rank[mine.len() - 1]);
+        }
+        let report = prepared.report(args, slowest, &gradients);
+        equal = report.gradients_equal;
+        root.broadcast_into(&mut equal);
+        write_report(args, &prepared.problem, &report, stdout)?;
+    } else {
+        root.gather_into(&mine[..]);
+        root.broadcast_into(&mut equal);
+    }
+    Ok(equal)
+}
+
+/// Writes the report as text or JSON.
+fn write_report(
+    args: &RunArgs,
+    problem: &Problem,
+    report: &RunReport,
+    stdout: &mut dyn Write,
+) -> Result<(), Error> {
     let text = if args.json {
-        serde_json::to_string_pretty(&report).expect("a run report always serialises") + "\n"
+        serde_json::to_string_pretty(report).expect("a run report always serialises") + "\n"
     } else {
         format!(
             "{}  ({} ranks, {} microbatches) on {}\nsimulated   {:.3} units = {:.4} s at {} ms per unit\nmeasured    {:.4} s\ngradients   {} the single-device computation (max relative error {:.2e}, tolerance {:.0e})\n",
@@ -116,7 +309,7 @@ pub fn run(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error> {
             report.backend,
             report.simulated_makespan,
             report.simulated_seconds,
-            scale,
+            args.time_scale,
             report.measured_seconds,
             if report.gradients_equal { "equal" } else { "DIFFER from" },
             report.max_relative_gradient_error,
@@ -128,6 +321,5 @@ pub fn run(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error> {
         .map_err(|source| Error::Io {
             path: "<stdout>".to_string(),
             source,
-        })?;
-    Ok(report.gradients_equal)
+        })
 }

@@ -5,7 +5,8 @@
 //!
 //! 1. **Ranges.** Every op's stage is below the stage count and its microbatch below the microbatch
 //!    count, and the stage lies on that microbatch's route.
-//! 2. **Placement.** Every op runs on the rank that owns its stage.
+//! 2. **Placement.** Every op runs on the rank that owns its stage, and an overlapped F&B pairs
+//!    work of different (stage, microbatch) pairs (a backward cannot overlap its own forward).
 //! 3. **Exactly once.** Every op (F, I and W of every (stage, microbatch) pair on a route) appears
 //!    exactly once over all orders; none is missing, none is repeated.
 //! 4. **Dependency order on a rank.** When an op and an op it depends on (F along the route, I back
@@ -41,6 +42,15 @@ pub enum Violation {
         op: Op,
         /// Why.
         reason: String,
+    },
+    /// An overlapped F&B pairs a backward with its own forward, which it depends on.
+    SelfOverlap {
+        /// The rank.
+        rank: RankId,
+        /// Index in its order.
+        position: usize,
+        /// The work (stage, microbatch).
+        work: Work,
     },
     /// An op runs on a rank that does not own its stage.
     WrongRank {
@@ -134,6 +144,11 @@ impl fmt::Display for Violation {
                 }
                 Ok(())
             }
+            Violation::SelfOverlap { rank, position, work } => write!(
+                f,
+                "task {position} on rank {rank} overlaps the backward of stage {} microbatch {} with its own forward",
+                work.stage, work.microbatch
+            ),
             Violation::Omitted { count } => {
                 write!(f, "{count} more violation(s) of the same checks, not listed")
             }
@@ -269,6 +284,15 @@ fn check_structure(plan: &Plan, out: &mut Report) -> Seen {
     for (r, order) in plan.orders().iter().enumerate() {
         let rank = RankId::new(r as u32);
         for (position, task) in order.iter().enumerate() {
+            if let Task::Overlapped { forward, backward } = *task {
+                if forward == backward {
+                    out.push(Violation::SelfOverlap {
+                        rank,
+                        position,
+                        work: forward,
+                    });
+                }
+            }
             for op in task.ops() {
                 let Some(slot) = plan.op_slot(op) else {
                     let reason = if op.stage.get() >= problem.stages() {
@@ -467,6 +491,26 @@ mod tests {
     }
 
     #[test]
+    fn a_backward_overlapped_with_its_own_forward_is_rejected() {
+        use crate::ir::op::{Task, Work};
+        let plan = plan(["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"]);
+        let mut orders = plan.orders().to_vec();
+        let w = Work::new(1, 0);
+        orders[1].splice(
+            0..2,
+            [Task::Overlapped {
+                forward: w,
+                backward: w,
+            }],
+        );
+        let found = violations(&plan.with_orders(orders).unwrap());
+        assert_eq!(
+            found[0].to_string(),
+            "task 0 on rank 1 overlaps the backward of stage 1 microbatch 0 with its own forward"
+        );
+    }
+
+    #[test]
     fn the_memory_bound_is_checked_by_verify_only() {
         let bounded = plan(["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"])
             .with_memory_limit(Some(1.5))
@@ -497,7 +541,12 @@ mod tests {
         .unwrap();
         let found = violations(&plan);
         assert_eq!(found.len(), MAX_LISTED + 1);
-        assert_eq!(found[MAX_LISTED], Violation::Omitted { count: 4000 * 3 - 1 - MAX_LISTED });
+        assert_eq!(
+            found[MAX_LISTED],
+            Violation::Omitted {
+                count: 4000 * 3 - 1 - MAX_LISTED
+            }
+        );
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub enum CommAction {
 pub enum Action {
     /// A compute action.
     Compute(Task),
+    /// A PyTorch action that schedules no compute or message of ours (FSDP's `UNSHARD`,
+    /// `RESHARD`, `REDUCE_GRAD`): imported as a marker and ignored.
+    Marker,
     /// A communication action on `stage` for `microbatch`.
     Comm {
         /// What.
@@ -87,8 +90,21 @@ fn parse_number(text: &str, what: &str, line: usize, column: usize) -> Result<u3
         .map_err(|_| csv_error(line, column, format!("the {what} {text} is too large")))
 }
 
+/// PyTorch's actions without a compute or message of ours: `<stage>NAME[<microbatch>]`.
+const MARKER_NAMES: [&str; 3] = ["UNSHARD", "RESHARD", "REDUCE_GRAD"];
+
 /// Parses one cell.
 pub fn parse_action(cell: &str, line: usize, column: usize) -> Result<Action, CoreError> {
+    for name in MARKER_NAMES {
+        if let Some(at) = cell.find(name) {
+            parse_number(&cell[..at], "stage", line, column)?;
+            let rest = &cell[at + name.len()..];
+            if !rest.is_empty() {
+                parse_number(rest, "microbatch", line, column)?;
+            }
+            return Ok(Action::Marker);
+        }
+    }
     for (name, action) in COMM_NAMES {
         if let Some(at) = cell.find(name) {
             let stage = parse_number(&cell[..at], "stage", line, column)?;
@@ -112,6 +128,8 @@ pub fn parse_action(cell: &str, line: usize, column: usize) -> Result<Action, Co
 
 /// Parses a whole file into one row of actions per rank (empty cells dropped).
 pub fn parse_rows(text: &str) -> Result<Vec<Vec<Action>>, CoreError> {
+    // A UTF-8 byte-order mark, which PyTorch's reader (and spreadsheet tools) accept.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut rows = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         let line = i + 1;
@@ -128,11 +146,14 @@ pub fn parse_rows(text: &str) -> Result<Vec<Vec<Action>>, CoreError> {
         }
         let mut row = Vec::new();
         for (c, cell) in raw.split(',').enumerate() {
-            let cell = cell.trim();
+            let cell = unquoted(cell.trim());
             if cell.is_empty() {
                 continue;
             }
-            row.push(parse_action(cell, line, c + 1)?);
+            match parse_action(cell, line, c + 1)? {
+                Action::Marker => {}
+                action => row.push(action),
+            }
         }
         rows.push(row);
     }
@@ -140,6 +161,13 @@ pub fn parse_rows(text: &str) -> Result<Vec<Vec<Action>>, CoreError> {
         return Err(csv_error(1, 1, "the file has no rows"));
     }
     Ok(rows)
+}
+
+/// A cell without the double quotes a CSV writer may put around it.
+fn unquoted(cell: &str) -> &str {
+    cell.strip_prefix('"')
+        .and_then(|c| c.strip_suffix('"'))
+        .map_or(cell, str::trim)
 }
 
 /// What an import produced.
@@ -266,7 +294,7 @@ pub fn import_csv(text: &str, share_costs: StageCosts, comm: f64) -> Result<Impo
             row.iter()
                 .filter_map(|a| match a {
                     Action::Compute(t) => Some(*t),
-                    Action::Comm { .. } => None,
+                    Action::Comm { .. } | Action::Marker => None,
                 })
                 .collect()
         })
@@ -311,6 +339,7 @@ fn lower_row(problem: &Problem, rank: RankId, row: &[Action]) -> Result<RankProg
     for (c, action) in row.iter().enumerate() {
         let column = c + 1;
         match *action {
+            Action::Marker => {}
             Action::Compute(task) => {
                 if !group.ops.is_empty() {
                     instrs.push(Instr::Comm(std::mem::take(&mut group)));

@@ -239,6 +239,12 @@ impl FromStr for Task {
                     "an overlap pairs one forward (F) with one full backward (B)",
                 ));
             }
+            if forward == backward {
+                return Err(notation_error(
+                    text,
+                    "a backward cannot overlap its own forward (it depends on it)",
+                ));
+            }
             return Ok(Task::Overlapped { forward, backward });
         }
         let (letter, work) = parse_simple(text)?;
@@ -281,6 +287,7 @@ mod tests {
             ("(0F1;1F2)OVERLAP_F_B", "pairs one forward"),
             ("(0F1)OVERLAP_F_B", "needs"),
             ("1SEND_F2", "must be a decimal number"),
+            ("(0F0;0B0)OVERLAP_F_B", "cannot overlap its own forward"),
         ];
         for (text, why) in cases {
             let err = text.parse::<Task>().unwrap_err().to_string();

@@ -103,17 +103,28 @@ impl Plan {
     }
 
     /// A plan whose per-stage costs and activation memory come from one rank's whole share:
-    /// every stage gets the share divided by the number of stages its rank holds (so a rank holding
-    /// two chunks runs each in half the time). Memory is the default (everything held until W).
+    /// every stage gets the share divided by the number of distinct model chunks its rank holds
+    /// (so a rank holding two chunks runs each in half the time). A replica of another stage
+    /// (a later member of a tied group, as DualPipe's mirrors) is a copy of a chunk, not another
+    /// chunk: it does not split the share. Memory is the default (everything held until W).
     pub fn from_rank_shares(
         problem: Problem,
         share: StageCosts,
         comm: f64,
         orders: Vec<Vec<Task>>,
     ) -> Result<Plan, CoreError> {
-        let chunks: Vec<u32> = (0..problem.ranks())
-            .map(|r| problem.stages_of(RankId::new(r)).len() as u32)
-            .collect();
+        let mut replica = vec![false; problem.stages() as usize];
+        for group in problem.tied_stages() {
+            for stage in group.iter().skip(1) {
+                replica[stage.index()] = true;
+            }
+        }
+        let mut chunks = vec![0u32; problem.ranks() as usize];
+        for (s, r) in problem.stage_to_rank().iter().enumerate() {
+            if !replica[s] {
+                chunks[r.index()] += 1;
+            }
+        }
         let per_stage = |r: &RankId| chunks[r.index()];
         let costs = problem
             .stage_to_rank()

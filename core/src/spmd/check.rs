@@ -673,7 +673,10 @@ mod tests {
         let (problem, mut set) = one_f_one_b();
         for rank in [0, 1] {
             let instrs = &mut set.programs[rank].instrs;
-            let first = instrs.iter().position(|i| matches!(i, Instr::Comm(_))).unwrap();
+            let first = instrs
+                .iter()
+                .position(|i| matches!(i, Instr::Comm(_)))
+                .unwrap();
             let copy = instrs[first].clone();
             instrs.insert(first + 1, copy);
         }
