@@ -74,9 +74,13 @@ fn three_steps_through_every_schedule_equal_a_single_rank() {
     let (reference, reference_eval) = losses("gpipe", 1, true, false);
     let (loose, _) = losses("gpipe", 1, false, false);
     for expression in [
+        "gpipe",
         "f1b(gpipe)",
         "vpp(f1b(gpipe), chunks=2)",
+        "vpp(f1b(gpipe), chunks=3, group=4)",
         "vpp(f1b(gpipe), chunks=2, layout=v)",
+        "zero_bubble(f1b(gpipe), policy=h1)",
+        "zero_bubble(f1b(gpipe), policy=h2)",
         "zero_bubble(f1b(gpipe))",
         "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
         "zero_bubble(dual(f1b(gpipe)))",
