@@ -92,7 +92,14 @@ fn bad_input_exits_2_with_one_line_naming_the_constraint() {
             "option --costs: `x` is not a number",
         ),
         (
-            &["plan", "vpp(f1b(gpipe), chunks=2)", "-p", "4", "-m", "2"],
+            &[
+                "plan",
+                "vpp(f1b(gpipe), chunks=2, group=4)",
+                "-p",
+                "4",
+                "-m",
+                "2",
+            ],
             "precondition `ranks <= group <= microbatches` violated",
         ),
         (

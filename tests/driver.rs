@@ -154,10 +154,18 @@ fn preconditions_name_the_constraint_and_values() {
         "pass `f1b` precondition `plain layout: one stage per rank, stage s on rank s, one route` \
          violated: the problem has 4 stages on 2 ranks with 1 route(s)"
     );
-    let err = PassList::new(vec![
+    // Megatron's rules bind an explicit group; without one, sizes Megatron refuses still run.
+    assert!(PassList::new(vec![
         Box::new(GPipe),
         Box::new(OneForwardOneBackward),
         vpp2(),
+    ])
+    .run(start(4, 2))
+    .is_ok());
+    let err = PassList::new(vec![
+        Box::new(GPipe),
+        Box::new(OneForwardOneBackward),
+        Box::new(Interleave::new(2, Some(4), ChunkPlacement::Standard).unwrap()),
     ])
     .run(start(4, 2))
     .unwrap_err();

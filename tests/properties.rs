@@ -16,10 +16,26 @@ fn megatron_accepts(p: u32, m: u32, g: u32) -> bool {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 1024,
+        cases: 512,
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/properties.txt"))),
         ..ProptestConfig::default()
     })]
+
+    #[test]
+    fn interleaving_takes_every_microbatch_count(p in 1u32..=8, m in 1u32..=40, v in 1u32..=4) {
+        let c = uniform_config(p, m, 1.0, 1.0, 1.0, None);
+        let plan = build_plan(&format!("vpp(f1b(gpipe), chunks={v})"), &c).unwrap();
+        let sim = simulate(&plan).unwrap();
+        // Never slower than one group of all microbatches, one of the orders it chooses from.
+        if m >= p && v >= 2 {
+            let one_group = build_plan(&format!("vpp(f1b(gpipe), chunks={v}, group={m})"), &c).unwrap();
+            let one_group = simulate(&one_group).unwrap();
+            prop_assert!(sim.makespan() <= one_group.makespan() + 1e-9, "{} > {}", sim.makespan(), one_group.makespan());
+        }
+        if v == 2 {
+            build_plan("zero_bubble(vpp(f1b(gpipe), chunks=2))", &c).unwrap();
+        }
+    }
 
     #[test]
     fn every_pass_prefix_verifies(p in 1u32..=16, m in 1u32..=64, v in 1u32..=4, extra in 0u32..=4) {

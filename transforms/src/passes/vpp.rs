@@ -12,6 +12,12 @@
 //! Orders follow Megatron's schedule table: microbatches in groups of `group`
 //! (`microbatch_group_size_per_vp_stage`, default `P` after `f1b` and `M` after `gpipe`), each
 //! group running every chunk in turn; backwards use the same table with chunks reversed.
+//! - every `M >= 1`: where Megatron refuses the default group (`M < P`, or `M mod P` between 1
+//!   and `P - 1`), the generalisation takes PyTorch's `Interleaved1F1B` rounds as groups
+//!   (`r = max(1, ⌊M/P⌋)` rounds of `⌈M/r⌉` microbatches, Megatron's warm-up with that group),
+//!   or of fewer rounds, or one group of all `M`: the fastest of those orders that run (each is
+//!   verified before it is chosen), PyTorch's on a tie; failing all, the breadth-first order. An explicit `group` keeps Megatron's
+//!   rules on every layout, and `group = P` on the V layout is the default.
 //! - after `f1b`, standard layout: rank `r` warms up with `2(P - r - 1) + (chunks - 1)·group`
 //!   forwards, capped at `chunks·M`; then one forward and one backward alternate; then the
 //!   remaining backwards.
@@ -25,10 +31,9 @@
 //!
 //! Requires: fill-drain (`gpipe`) or one-forward-one-backward (`f1b`) pacing on the linear layout,
 //! whole backwards. Preconditions: `chunks >= 1` (`chunks = 1` leaves the plan as it is);
-//! `layout = v` needs `chunks = 2`; with 1F1B pacing, `chunks >= 2` and the standard layout,
-//! Megatron's rules on the group size: `P <= group <= M` and `M mod group` is 0 or at least `P`
-//! (otherwise the last group has dependency bubbles). The V layout is not Megatron's schedule and
-//! takes any group size.
+//! `layout = v` needs `chunks = 2`; an explicit `group` with `chunks >= 2` follows Megatron's
+//! rules on every layout: `P <= group <= M` and `M mod group` is 0 or at least `P` (otherwise the
+//! last group has dependency bubbles).
 //! May change: placement (stages, stage-to-rank), per-stage costs and memory, the layout (to
 //! interleaved), and the orders; the pacing stays.
 //!
@@ -47,6 +52,7 @@ use crate::order::warmup_merge;
 use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::zbv::{zbv_orders, Cooldown};
 use pipeweave_core::ir::problem::{MAX_STAGES, MAX_STAGE_MICROBATCH_PAIRS};
+use pipeweave_core::{simulate, verify_schedule};
 use pipeweave_core::{
     ChunkPlacement, CostModel, Facts, Layout, LayoutKind, MemoryModel, Pacing, Plan, Problem,
     ProblemSpec, Task, Work,
@@ -64,12 +70,11 @@ pub struct Interleave {
     placement: ChunkPlacement,
 }
 
-/// What [`Interleave::prepare`] found: the group size, whether the input is paced 1F1B, and the
-/// interleaved problem with its models.
+/// What [`Interleave::prepare`] built: the interleaved problem with its models, and every rank's
+/// order on it.
 pub struct Interleaving {
-    group: u32,
-    one_f_one_b: bool,
     shape: (Problem, CostModel, MemoryModel),
+    orders: Vec<Vec<Task>>,
 }
 
 impl Interleave {
@@ -110,15 +115,6 @@ impl Interleave {
     /// Number of chunks per rank.
     pub fn chunks(&self) -> u32 {
         self.chunks
-    }
-
-    fn group_for(&self, plan: &Plan, one_f_one_b: bool) -> u32 {
-        let problem = plan.problem();
-        self.group.unwrap_or(if one_f_one_b {
-            problem.ranks()
-        } else {
-            problem.microbatches()
-        })
     }
 
     /// The global stage of local chunk `chunk` on `rank` of `ranks`.
@@ -182,6 +178,83 @@ impl Interleave {
         }
     }
 
+    /// The orders on the interleaved `shape` (see the module doc): the V placement's 1F1B, the
+    /// breadth-first table after fill-drain input, Megatron's table with the given group or
+    /// (by default) `P` where Megatron accepts the sizes, else the generalisation.
+    fn orders_for(
+        &self,
+        plan: &Plan,
+        shape: &(Problem, CostModel, MemoryModel),
+    ) -> Result<Vec<Vec<Task>>, TransformError> {
+        let (p, m) = (plan.problem().ranks(), plan.problem().microbatches());
+        let one_f_one_b = plan.facts().pacing == Pacing::OneForwardOneBackward;
+        if !one_f_one_b {
+            return Ok(self.table_orders(p, m, self.group.unwrap_or(m), false));
+        }
+        let default_group = self.group.is_none_or(|g| g == p);
+        if self.placement == ChunkPlacement::V && default_group {
+            return Ok(v_one_f_one_b(p, m));
+        }
+        if let Some(g) = self.group {
+            return Ok(self.table_orders(p, m, g, true));
+        }
+        if megatron_accepts(p, m, p) {
+            return Ok(self.table_orders(p, m, p, true));
+        }
+        self.generalised_orders(plan, shape)
+    }
+
+    /// Interleaved 1F1B for sizes Megatron refuses (`M < P`, or `M mod P` below `P`): Megatron's
+    /// table with the groups of PyTorch's `Interleaved1F1B` (`r = max(1, ⌊M/P⌋)` rounds of
+    /// `⌈M/r⌉` microbatches), or of fewer rounds (up to 8 candidates, and one group of all `M`):
+    /// the fastest under the cost model of those that run, PyTorch's on a tie; the breadth-first
+    /// order when none runs.
+    fn generalised_orders(
+        &self,
+        plan: &Plan,
+        shape: &(Problem, CostModel, MemoryModel),
+    ) -> Result<Vec<Vec<Task>>, TransformError> {
+        let (p, m) = (plan.problem().ranks(), plan.problem().microbatches());
+        let rounds = (m / p).max(1);
+        let mut groups: Vec<u32> = (1..=rounds).rev().take(8).map(|r| m.div_ceil(r)).collect();
+        groups.push(m);
+        groups.dedup();
+        let mut best: Option<(f64, Vec<Vec<Task>>)> = None;
+        for group in groups {
+            let orders = self.table_orders(p, m, group, true);
+            let Some(makespan) = self.makespan_if_runs(plan, shape, &orders) else {
+                continue;
+            };
+            if best.as_ref().is_none_or(|(b, _)| makespan < *b - 1e-9) {
+                best = Some((makespan, orders));
+            }
+        }
+        Ok(best.map_or_else(|| self.table_orders(p, m, m, false), |(_, orders)| orders))
+    }
+
+    /// The makespan of `orders` on `shape` under the plan's costs, when they form a schedule that
+    /// runs to its end (verified).
+    fn makespan_if_runs(
+        &self,
+        plan: &Plan,
+        shape: &(Problem, CostModel, MemoryModel),
+        orders: &[Vec<Task>],
+    ) -> Option<f64> {
+        let facts = Facts {
+            layout: Layout::Interleaved {
+                chunks: self.chunks,
+                placement: self.placement,
+            },
+            ..plan.facts()
+        };
+        let trial = plan
+            .clone()
+            .reshaped(Some(shape.clone()), orders.to_vec(), facts)
+            .ok()?;
+        verify_schedule(&trial).ok()?;
+        simulate(&trial).ok().map(|s| s.makespan())
+    }
+
     /// The plan must fit the size limits once split into chunks.
     fn check_size(&self, problem: &Problem) -> Result<(), TransformError> {
         let stages = u64::from(problem.ranks()) * u64::from(self.chunks);
@@ -205,6 +278,9 @@ impl Interleave {
     /// Megatron's rules on the group size, for its interleaved 1F1B on the standard layout.
     fn check_megatron_group(&self, problem: &Problem, group: u32) -> Result<(), TransformError> {
         let (p, m, g) = (problem.ranks(), problem.microbatches(), group);
+        if megatron_accepts(p, m, g) {
+            return Ok(());
+        }
         if !(p <= g && g <= m) {
             return Err(TransformError::precondition(
                 "vpp",
@@ -225,14 +301,16 @@ impl Interleave {
         Ok(())
     }
 
-    /// Every rank's order from Megatron's table (breadth-first after fill-drain input).
+    /// Every rank's order from Megatron's table with groups of `group` microbatches: 1F1B with
+    /// Megatron's warm-up, or breadth-first (all forwards, then all backwards).
     fn table_orders(
         &self,
         ranks: u32,
         microbatches: u32,
-        prepared: &Interleaving,
+        group: u32,
+        one_f_one_b: bool,
     ) -> Vec<Vec<Task>> {
-        let table = self.table(microbatches, prepared.group);
+        let table = self.table(microbatches, group);
         (0..ranks)
             .map(|rank| {
                 let forwards: Vec<Task> = table
@@ -248,8 +326,8 @@ impl Interleave {
                         Task::Backward(Work::new(self.stage(ranks, rank, chunk), mb))
                     })
                     .collect();
-                let warmup = if prepared.one_f_one_b {
-                    self.warmup(ranks, rank, prepared.group)
+                let warmup = if one_f_one_b {
+                    self.warmup(ranks, rank, group)
                 } else {
                     forwards.len()
                 };
@@ -257,6 +335,11 @@ impl Interleave {
             })
             .collect()
     }
+}
+
+/// Megatron's rules on the group size: `P <= group <= M`, and `M mod group` is 0 or at least `P`.
+fn megatron_accepts(p: u32, m: u32, group: u32) -> bool {
+    p <= group && group <= m && (m % group == 0 || m % group >= p)
 }
 
 /// 1F1B on the V placement: the handcrafted ZB-V order with every backward kept whole (each W
@@ -314,34 +397,20 @@ impl Pass for Interleave {
     /// None when `chunks = 1` (nothing to do).
     fn prepare(&self, plan: &Plan) -> Result<Option<Interleaving>, TransformError> {
         self.check_size(plan.problem())?;
-        let one_f_one_b = plan.facts().pacing == Pacing::OneForwardOneBackward;
-        let group = self.group_for(plan, one_f_one_b);
-        if self.chunks >= 2 && one_f_one_b && self.placement == ChunkPlacement::Standard {
+        if let Some(group) = self.group.filter(|_| self.chunks >= 2) {
             self.check_megatron_group(plan.problem(), group)?;
         }
         if self.chunks == 1 {
             return Ok(None);
         }
-        Ok(Some(Interleaving {
-            group,
-            one_f_one_b,
-            shape: self.reshape(plan)?,
-        }))
+        let shape = self.reshape(plan)?;
+        let orders = self.orders_for(plan, &shape)?;
+        Ok(Some(Interleaving { shape, orders }))
     }
 
     fn apply(&self, plan: Plan, prepared: Option<Interleaving>) -> Result<Plan, TransformError> {
         let Some(prepared) = prepared else {
             return Ok(plan);
-        };
-        let ranks = plan.problem().ranks();
-        let microbatches = plan.problem().microbatches();
-        let orders = if prepared.one_f_one_b
-            && self.placement == ChunkPlacement::V
-            && self.group.is_none()
-        {
-            v_one_f_one_b(ranks, microbatches)
-        } else {
-            self.table_orders(ranks, microbatches, &prepared)
         };
         let facts = Facts {
             layout: Layout::Interleaved {
@@ -350,7 +419,7 @@ impl Pass for Interleave {
             },
             ..plan.facts()
         };
-        plan.reshaped(Some(prepared.shape), orders, facts)
+        plan.reshaped(Some(prepared.shape), prepared.orders, facts)
             .map_err(|e| TransformError::core("vpp", e))
     }
 }
