@@ -12,23 +12,33 @@ use pipeweave_transforms::compile_expression;
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gpt2")
+        .join(name)
 }
 
 #[test]
 fn our_eval_loss_equals_transformers_gpt2_on_the_same_checkpoint() {
     let expected: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture("transformers_eval.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(fixture("transformers_eval.json")).unwrap())
+            .unwrap();
     let text = std::fs::read(fixture("eval.txt")).unwrap();
     let (ranks, microbatches) = (2, 4);
-    let problem = ProblemSpec::builder().ranks(ranks).microbatches(microbatches).build().validate().unwrap();
+    let problem = ProblemSpec::builder()
+        .ranks(ranks)
+        .microbatches(microbatches)
+        .build()
+        .validate()
+        .unwrap();
     let start = Plan::unscheduled(
         problem,
         CostModel::uniform(ranks, StageCosts::default(), 0.0).unwrap(),
         MemoryModel::uniform(ranks, Default::default()),
     )
     .unwrap();
-    let plan = compile_expression("f1b(gpipe)").and_then(|p| p.run(start)).unwrap();
+    let plan = compile_expression("f1b(gpipe)")
+        .and_then(|p| p.run(start))
+        .unwrap();
     let settings = TrainSettings {
         config: GptConfig::new(2, 32, 2, 32).unwrap(),
         shape: BatchShape::new(32, 2, microbatches as usize).unwrap(),
@@ -49,5 +59,8 @@ fn our_eval_loss_equals_transformers_gpt2_on_the_same_checkpoint() {
     let (loss, tokens) = trainer.loss_and_tokens_on(&text).unwrap();
     let reference = expected["eval_loss"].as_f64().unwrap();
     assert_eq!(tokens as u64, expected["tokens"].as_u64().unwrap());
-    assert!((loss - reference).abs() / reference < 1e-4, "ours {loss}, transformers {reference}");
+    assert!(
+        (loss - reference).abs() / reference < 1e-4,
+        "ours {loss}, transformers {reference}"
+    );
 }
