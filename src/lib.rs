@@ -20,6 +20,7 @@ pub mod error;
 pub mod paper_table;
 pub mod reference;
 pub mod report;
+pub mod tune;
 
 pub use config::{build_plan, build_plan_observed, build_plan_with, PipelineConfig};
 pub use error::Error;

@@ -54,7 +54,7 @@ pub struct PlanReport {
 
 /// Rounds away floating-point noise (1e-9) so reports are stable; figures too large to scale
 /// stay as they are.
-fn tidy(x: f64) -> f64 {
+pub(crate) fn tidy(x: f64) -> f64 {
     let scaled = (x * 1e9).round() / 1e9;
     if scaled.is_finite() {
         scaled

@@ -370,3 +370,54 @@ fn stage_costs_files_set_uneven_costs_and_bad_ones_are_named() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn tune_ranks_schedules_and_each_expression_gives_the_same_figures_to_plan() {
+    let out = pipeweave(&[
+        "tune",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--memory-limit",
+        "4",
+        "--top",
+        "3",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let candidates = report["candidates"].as_array().unwrap();
+    assert_eq!(candidates.len(), 3);
+    assert!(report["evaluated"].as_u64().unwrap() >= 10);
+    let mut last = 0.0;
+    for c in candidates {
+        let makespan = c["makespan"].as_f64().unwrap();
+        assert!(makespan >= last);
+        last = makespan;
+        assert!(c["peak_activations"].as_f64().unwrap() <= 4.0 + 1e-9);
+        let plan = pipeweave(&[
+            "plan",
+            c["expression"].as_str().unwrap(),
+            "-p",
+            "4",
+            "-m",
+            "8",
+            "--memory-limit",
+            "4",
+            "--format",
+            "json",
+        ]);
+        let plan: serde_json::Value = serde_json::from_str(&stdout(&plan)).unwrap();
+        assert_eq!(plan["makespan"], c["makespan"], "{}", c["expression"]);
+        assert_eq!(plan["bubble_rate"], c["bubble_rate"], "{}", c["expression"]);
+    }
+    let none = pipeweave(&["tune", "-p", "4", "-m", "8", "--memory-limit", "0.5"]);
+    assert_eq!(none.status.code(), Some(2));
+    assert!(
+        stderr(&none).contains("no schedule fits"),
+        "{}",
+        stderr(&none)
+    );
+}

@@ -4,6 +4,8 @@
 //!   [--memory-limit L] [--stage-costs FILE] [outputs]`
 //! - `pipeweave check FILE.csv|FILE.json [--costs ..] [outputs]`
 //! - `pipeweave run [EXPR] --ranks P --microbatches M [--backend threads] [--time-scale MS]`
+//! - `pipeweave tune --ranks P --microbatches M [--costs ..] [--activation-memory ..]
+//!   [--memory-limit L] [--top K] [--format text|json]`
 //!
 //! Outputs: `--format text|json`, `--json FILE`, `--svg FILE`, `--trace FILE`, `--csv FILE
 //! [--lowered]`, `--programs FILE`, `--recv early|just-in-time`.
@@ -17,6 +19,7 @@ mod options;
 mod outputs;
 pub mod plan_command;
 mod run_command;
+mod tune_command;
 
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
@@ -45,6 +48,8 @@ enum Command {
     Check(check_command::CheckArgs),
     /// Execute a plan on a backend with a numeric model; compare time and gradients.
     Run(run_command::RunArgs),
+    /// Search the schedules and their arguments for the fastest that fits the memory limit.
+    Tune(tune_command::TuneArgs),
 }
 
 /// Runs the tool with `args` (including the program name); returns the exit status.
@@ -70,6 +75,7 @@ where
         Command::Plan(args) => plan_command::run(&args, stdout).map(|()| true),
         Command::Check(args) => check_command::run(&args, stdout).map(|()| true),
         Command::Run(args) => run_command::run(&args, stdout),
+        Command::Tune(args) => tune_command::run(&args, stdout).map(|()| true),
     };
     match result {
         Ok(true) => 0,

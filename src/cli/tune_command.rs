@@ -1,0 +1,110 @@
+//! `pipeweave tune`: search the schedules for the fastest that fits (contract: ../shared/CLI.md),
+//! with a progress bar on a terminal.
+
+use crate::cli::options::{parse_activation_memory, parse_costs};
+use crate::cli::outputs::Format;
+use crate::config::PipelineConfig;
+use crate::error::Error;
+use crate::tune::{candidate_expressions, tune};
+use clap::Args;
+use std::io::{IsTerminal, Write};
+
+/// Arguments of `pipeweave tune`.
+#[derive(Debug, Args)]
+pub struct TuneArgs {
+    /// Number of pipeline ranks.
+    #[arg(long, short = 'p', default_value_t = 4)]
+    ranks: u32,
+    /// Number of microbatches.
+    #[arg(long, short = 'm', default_value_t = 8)]
+    microbatches: u32,
+    /// Durations of a rank's whole share: `F=1,I=1,W=1,B=..,FB=..,comm=0`.
+    #[arg(long, default_value = "F=1,I=1,W=1,comm=0")]
+    costs: String,
+    /// Activation memory of one microbatch on a rank's share: `total=1,weight_grad=1`.
+    #[arg(long, default_value = "total=1")]
+    activation_memory: String,
+    /// Per-rank activation bound (units of `total`) every candidate must fit.
+    #[arg(long)]
+    memory_limit: Option<f64>,
+    /// How many of the best to print.
+    #[arg(long, default_value_t = 5)]
+    top: usize,
+    /// Output format on stdout.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+/// Runs `pipeweave tune`.
+pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
+    if let Some(limit) = args.memory_limit {
+        if !(limit.is_finite() && limit > 0.0) {
+            return Err(Error::Option {
+                option: "--memory-limit",
+                message: format!("{limit} must be > 0"),
+            });
+        }
+    }
+    let (costs, comm) = parse_costs(&args.costs)?;
+    let config = PipelineConfig::new(args.ranks, args.microbatches)?
+        .with_costs(costs, comm)?
+        .with_memory(parse_activation_memory(&args.activation_memory)?)
+        .with_memory_limit(args.memory_limit);
+    let expressions = candidate_expressions(args.ranks, args.memory_limit);
+    let bar = if std::io::stderr().is_terminal() {
+        indicatif::ProgressBar::new(expressions.len() as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_message("schedules");
+    let mut report = tune(&config, &expressions, &|done| bar.set_position(done as u64));
+    bar.finish_and_clear();
+    if report.candidates.is_empty() {
+        return Err(Error::Option {
+            option: "--memory-limit",
+            message: format!(
+                "no schedule fits in {} activations per rank ({} tried)",
+                args.memory_limit.unwrap_or(f64::INFINITY),
+                report.evaluated
+            ),
+        });
+    }
+    report.candidates.truncate(args.top.max(1));
+    let text = match args.format {
+        Format::Json => {
+            serde_json::to_string_pretty(&report).expect("a tune report always serialises") + "\n"
+        }
+        Format::Text => {
+            let mut out = format!(
+                "best of {} schedules for {} ranks, {} microbatches{}:\n\n{:>4}  {:<52} {:>10} {:>8} {:>6}\n",
+                report.evaluated,
+                args.ranks,
+                args.microbatches,
+                args.memory_limit
+                    .map_or(String::new(), |l| format!(" within {l} activations per rank")),
+                "rank",
+                "expression",
+                "makespan",
+                "bubble",
+                "peak"
+            );
+            for (i, c) in report.candidates.iter().enumerate() {
+                out.push_str(&format!(
+                    "{:>4}  {:<52} {:>10.3} {:>8.4} {:>6.2}\n",
+                    i + 1,
+                    c.expression,
+                    c.makespan,
+                    c.bubble_rate,
+                    c.peak_activations
+                ));
+            }
+            out
+        }
+    };
+    stdout
+        .write_all(text.as_bytes())
+        .map_err(|source| Error::Io {
+            path: "<stdout>".to_string(),
+            source,
+        })
+}

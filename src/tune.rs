@@ -1,0 +1,183 @@
+//! `tune`: which schedule is best for my sizes, costs and memory?
+//!
+//! Builds every candidate expression of the grammar (the built-in passes with their arguments:
+//! chunks, layout, policy, memory) for one [`PipelineConfig`], keeps those that build and whose
+//! peak activations fit the memory limit, and ranks them by makespan (then peak memory, then the
+//! order of the list below). Every candidate is built by [`build_plan`] exactly as `plan` would
+//! build it with the same options, so an expression given back to `plan` gives the same figures.
+//! Candidates are evaluated on every core.
+//!
+//! The candidates: `gpipe`; `f1b(gpipe)`; `vpp(f1b(gpipe), chunks=C)` for C = 2..4 and the V
+//! layout; `zero_bubble` with `h1`, `h2` and `auto` on 1F1B, on interleaving (2 and 3 chunks, the
+//! V layout) and, with `auto` at twice the 1F1B memory when the limit allows, on 1F1B; `dual` and
+//! `zero_bubble(dual(..))` on 1F1B and 2-chunk interleaving.
+
+use crate::config::{build_plan, PipelineConfig};
+use crate::report::tidy;
+use pipeweave_core::simulate;
+use serde::Serialize;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// One schedule that fits, with its figures.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Candidate {
+    /// The expression (give it to `plan` with the same options).
+    pub expression: String,
+    /// When the last op ends.
+    pub makespan: f64,
+    /// The Zero Bubble paper's bubble rate.
+    pub bubble_rate: f64,
+    /// The largest peak activations of any rank (units of a rank's share).
+    pub peak_activations: f64,
+    /// The stages of the plan.
+    pub stages: u32,
+}
+
+/// What a search found.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TuneReport {
+    /// The schedules that fit, fastest first.
+    pub candidates: Vec<Candidate>,
+    /// How many expressions were tried.
+    pub evaluated: usize,
+    /// Expressions that did not build or did not fit, with the reason.
+    pub rejected: Vec<(String, String)>,
+}
+
+/// Every expression `tune` tries for `ranks`, in tie-breaking order.
+pub fn candidate_expressions(ranks: u32, memory_limit: Option<f64>) -> Vec<String> {
+    let mut out: Vec<String> = vec!["gpipe".into(), "f1b(gpipe)".into()];
+    for chunks in 2..=4 {
+        out.push(format!("vpp(f1b(gpipe), chunks={chunks})"));
+    }
+    out.push("vpp(f1b(gpipe), chunks=2, layout=v)".into());
+    for policy in ["h1", "h2", "auto"] {
+        out.push(format!("zero_bubble(f1b(gpipe), policy={policy})"));
+    }
+    let doubled = 2.0 * f64::from(ranks);
+    if memory_limit.is_none_or(|l| l >= doubled) {
+        out.push(format!(
+            "zero_bubble(f1b(gpipe), policy=auto, memory={doubled})"
+        ));
+    }
+    for inner in [
+        "vpp(f1b(gpipe), chunks=2)",
+        "vpp(f1b(gpipe), chunks=3)",
+        "vpp(f1b(gpipe), chunks=2, layout=v)",
+    ] {
+        out.push(format!("zero_bubble({inner})"));
+    }
+    for inner in ["f1b(gpipe)", "vpp(f1b(gpipe), chunks=2)"] {
+        out.push(format!("dual({inner})"));
+        out.push(format!("zero_bubble(dual({inner}))"));
+    }
+    out
+}
+
+/// Evaluates `expressions` under `config` on every core; `progress` is called once per
+/// finished expression with the number done so far.
+pub fn tune(
+    config: &PipelineConfig,
+    expressions: &[String],
+    progress: &(dyn Fn(usize) + Sync),
+) -> TuneReport {
+    let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
+    let results: Mutex<Vec<(usize, Result<Candidate, String>)>> = Mutex::new(Vec::new());
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                let Some(expression) = expressions.get(i) else {
+                    break;
+                };
+                let outcome = evaluate(config, expression);
+                if let Ok(mut r) = results.lock() {
+                    r.push((i, outcome));
+                }
+                progress(done.fetch_add(1, Ordering::SeqCst) + 1);
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    results.sort_by_key(|(i, _)| *i);
+    let mut candidates = Vec::new();
+    let mut rejected = Vec::new();
+    for (i, outcome) in results {
+        match outcome {
+            Ok(c) => candidates.push((i, c)),
+            Err(reason) => rejected.push((expressions[i].clone(), reason)),
+        }
+    }
+    candidates.sort_by(|(i, a), (j, b)| {
+        a.makespan
+            .total_cmp(&b.makespan)
+            .then(a.peak_activations.total_cmp(&b.peak_activations))
+            .then(i.cmp(j))
+    });
+    TuneReport {
+        candidates: candidates.into_iter().map(|(_, c)| c).collect(),
+        evaluated: expressions.len(),
+        rejected,
+    }
+}
+
+/// Builds and simulates one expression.
+fn evaluate(config: &PipelineConfig, expression: &str) -> Result<Candidate, String> {
+    let plan = build_plan(expression, config).map_err(|e| e.to_string())?;
+    let sim = simulate(&plan).map_err(|e| e.to_string())?;
+    let peak = sim
+        .ranks()
+        .iter()
+        .map(|r| r.peak_activations)
+        .fold(0.0, f64::max);
+    if !sim.makespan().is_finite() {
+        return Err(format!("the makespan is {}", sim.makespan()));
+    }
+    Ok(Candidate {
+        expression: expression.to_string(),
+        makespan: tidy(sim.makespan()),
+        bubble_rate: tidy(sim.bubble_rate()),
+        peak_activations: tidy(peak),
+        stages: plan.problem().stages(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_best_is_at_least_as_fast_as_every_fixed_schedule() {
+        let config = PipelineConfig::new(4, 8).unwrap();
+        let expressions = candidate_expressions(4, None);
+        let report = tune(&config, &expressions, &|_| {});
+        assert_eq!(report.evaluated, expressions.len());
+        let best = &report.candidates[0];
+        for c in &report.candidates {
+            assert!(best.makespan <= c.makespan);
+        }
+        let f1b = report
+            .candidates
+            .iter()
+            .find(|c| c.expression == "f1b(gpipe)")
+            .unwrap();
+        assert!(best.makespan < f1b.makespan);
+    }
+
+    #[test]
+    fn a_memory_limit_rejects_what_does_not_fit() {
+        let config = PipelineConfig::new(4, 8)
+            .unwrap()
+            .with_memory_limit(Some(4.0));
+        let expressions = candidate_expressions(4, Some(4.0));
+        let report = tune(&config, &expressions, &|_| {});
+        assert!(report
+            .candidates
+            .iter()
+            .all(|c| c.peak_activations <= 4.0 + 1e-9));
+        assert!(report.rejected.iter().any(|(e, _)| e == "gpipe"));
+    }
+}
