@@ -70,7 +70,7 @@ fn registry() -> Registry {
                 args.allow_only(&["declare", "drop_last"])?;
                 let flag = |name| args.integer(name).map(|v| v.unwrap_or(0) == 1);
                 Ok(Box::new(SplitAll {
-                    declare: !args.integer("declare")?.is_some_and(|v| v == 0),
+                    declare: args.integer("declare")?.is_none_or(|v| v != 0),
                     drop_last: flag("drop_last")?,
                 }) as Box<dyn Transform>)
             }),
