@@ -38,6 +38,17 @@ proptest! {
     }
 
     #[test]
+    fn dualpipev_takes_every_microbatch_count_and_is_never_slower_than_1f1b(p in 1u32..=8, m in 1u32..=24) {
+        let c = uniform_config(p, m, 1.0, 1.0, 1.0, None);
+        let f1b = simulate(&build_plan("f1b(gpipe)", &c).unwrap()).unwrap().makespan();
+        for expr in ["dual(vpp(f1b(gpipe), chunks=2))", "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))"] {
+            let plan = build_plan(expr, &c).unwrap();
+            let makespan = simulate(&plan).unwrap().makespan();
+            prop_assert!(makespan <= f1b + 1e-9, "{}: {} > {}", expr, makespan, f1b);
+        }
+    }
+
+    #[test]
     fn every_pass_prefix_verifies(p in 1u32..=16, m in 1u32..=64, v in 1u32..=4, extra in 0u32..=4) {
         let c = uniform_config(p, m, 1.0, 1.0, 1.0, None);
         for expr in ["gpipe", "f1b(gpipe)"] {

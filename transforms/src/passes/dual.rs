@@ -18,8 +18,9 @@
 //!
 //! Requires: one-forward-one-backward pacing (`f1b`, or `vpp` after `f1b`) on the linear or an
 //! interleaved layout, whole backwards. Preconditions: DualPipe needs an even rank count and an
-//! even microbatch count `M >= 2P`; DualPipeV needs `M >= 2P`; more than two chunks per rank are
-//! rejected.
+//! even microbatch count `M >= 2P`; more than two chunks per rank are rejected. DualPipeV takes
+//! every `M`: below DeepSeek's `M >= 2P` its order is 1F1B on the same V placement (the ZB-V order
+//! with whole backwards), never slower than 1F1B.
 //! May change: placement (stages, routes, tied stages), per-stage costs and memory, the layout (to
 //! DualPipe or DualPipeV), orders; the pacing stays.
 //!
@@ -68,20 +69,11 @@ fn shape_of(plan: &Plan) -> Result<DualShape, TransformError> {
                 v: false,
             })
         }
-        Layout::Interleaved { chunks: 2, .. } => {
-            if m < 2 * p {
-                return Err(TransformError::precondition(
-                    "dual",
-                    "DualPipeV needs microbatches >= 2 x ranks",
-                    format!("microbatches = {m}, ranks = {p}"),
-                ));
-            }
-            Ok(DualShape {
-                ranks: p,
-                microbatches: m,
-                v: true,
-            })
-        }
+        Layout::Interleaved { chunks: 2, .. } => Ok(DualShape {
+            ranks: p,
+            microbatches: m,
+            v: true,
+        }),
         other => Err(TransformError::precondition(
             "dual",
             "one chunk per rank (DualPipe) or two (DualPipeV)",
@@ -188,7 +180,7 @@ impl Pass for Dual {
     }
 
     fn apply(&self, plan: Plan, (shape, layout): Self::Prepared) -> Result<Plan, TransformError> {
-        let orders = (0..shape.ranks).map(|r| shape.order(r, false)).collect();
+        let orders = shape.orders(false);
         let kind = if shape.v {
             DualKind::DualPipeV
         } else {

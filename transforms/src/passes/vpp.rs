@@ -50,7 +50,7 @@
 use crate::error::TransformError;
 use crate::order::warmup_merge;
 use crate::pass::{Changes, Contract, Pass, Requires};
-use crate::schedules::zbv::{zbv_orders, Cooldown};
+use crate::schedules::zbv::v_one_f_one_b;
 use pipeweave_core::ir::problem::{MAX_STAGES, MAX_STAGE_MICROBATCH_PAIRS};
 use pipeweave_core::{simulate, verify_schedule};
 use pipeweave_core::{
@@ -340,28 +340,6 @@ impl Interleave {
 /// Megatron's rules on the group size: `P <= group <= M`, and `M mod group` is 0 or at least `P`.
 fn megatron_accepts(p: u32, m: u32, group: u32) -> bool {
     p <= group && group <= m && (m % group == 0 || m % group >= p)
-}
-
-/// 1F1B on the V placement: the handcrafted ZB-V order with every backward kept whole (each W
-/// right after its I, fused into B), which keeps 1F1B's memory (`P` of a rank's share) and, unlike
-/// a Megatron table on the V, keeps both chunks busy.
-fn v_one_f_one_b(ranks: u32, microbatches: u32) -> Vec<Vec<Task>> {
-    zbv_orders(ranks, microbatches, Cooldown::Eager)
-        .into_iter()
-        .map(|order| {
-            let mut fused = Vec::with_capacity(order.len());
-            for task in order {
-                match (fused.last(), task) {
-                    (Some(&Task::InputGrad(i)), Task::WeightGrad(w)) if i == w => {
-                        fused.pop();
-                        fused.push(Task::Backward(w));
-                    }
-                    _ => fused.push(task),
-                }
-            }
-            fused
-        })
-        .collect()
 }
 
 impl Pass for Interleave {

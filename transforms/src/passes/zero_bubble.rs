@@ -106,7 +106,7 @@ fn default_limit(plan: &Plan) -> f64 {
     let input = max_peak(plan);
     match DualShape::of_plan(plan) {
         Some(shape) => {
-            let orders = (0..shape.ranks).map(|r| shape.order(r, true)).collect();
+            let orders = shape.orders(true);
             plan.clone()
                 .with_orders(orders)
                 .map_or(input, |deepseek| input.max(max_peak(&deepseek)))
@@ -208,7 +208,7 @@ fn best_greedy(plan: &Plan, limit: f64, dual: bool, bound: f64) -> Option<Vec<Ve
 fn handcrafted(plan: &Plan, dual: Option<DualShape>) -> Vec<Vec<Vec<Task>>> {
     let mut candidates: Vec<Vec<Vec<Task>>> = vec![plan.orders().to_vec()];
     match dual {
-        Some(shape) => candidates.push((0..shape.ranks).map(|r| shape.order(r, true)).collect()),
+        Some(shape) => candidates.push(shape.orders(true)),
         None => {
             for hand in [Hand::H1, Hand::H2] {
                 if let Ok(orders) = lagged_orders(plan, hand) {
@@ -353,7 +353,7 @@ impl Pass for ZeroBubble {
                 })?
             }
             (Policy::DeepSeek, _) => match DualShape::of_plan(&plan) {
-                Some(shape) => (0..shape.ranks).map(|r| shape.order(r, true)).collect(),
+                Some(shape) => shape.orders(true),
                 None => {
                     return Err(TransformError::precondition(
                         "zero_bubble",

@@ -18,6 +18,7 @@
 //! The weight gradients of input-gradient-only backwards wait in a FIFO; each W runs the oldest.
 //! Without zero bubble every backward is a full B and phases 7 and 8 hold only backwards.
 
+use crate::schedules::zbv::{v_one_f_one_b, zbv_orders, Cooldown};
 use pipeweave_core::{ChunkPlacement, DualKind, Layout, Plan, Task, Work};
 use std::collections::VecDeque;
 
@@ -92,6 +93,28 @@ impl DualShape {
             [replica, own]
         };
         (self.ranks / 2, half, h, directions)
+    }
+
+    /// Whether DeepSeek's phases apply: `M >= 2P` (DualPipe also needs `M` even, which the `dual`
+    /// pass requires).
+    pub fn deepseek_applies(&self) -> bool {
+        self.microbatches >= 2 * self.ranks
+    }
+
+    /// Every rank's order: DeepSeek's phases where they apply (with `zero_bubble`, its split
+    /// backwards and queued Ws); below them, on the V placement, the ZB-V order (whole backwards
+    /// without `zero_bubble`).
+    pub fn orders(&self, zero_bubble: bool) -> Vec<Vec<Task>> {
+        if self.v && !self.deepseek_applies() {
+            return if zero_bubble {
+                zbv_orders(self.ranks, self.microbatches, Cooldown::Eager)
+            } else {
+                v_one_f_one_b(self.ranks, self.microbatches)
+            };
+        }
+        (0..self.ranks)
+            .map(|r| self.order(r, zero_bubble))
+            .collect()
     }
 
     /// The order of `rank`; with `zero_bubble`, DeepSeek's split backwards and queued Ws.

@@ -125,3 +125,26 @@ pub fn zbv_orders(ranks: u32, microbatches: u32, cooldown: Cooldown) -> Vec<Vec<
         })
         .collect()
 }
+
+/// 1F1B on the V placement: the handcrafted ZB-V order with every backward kept whole (each W
+/// right after its I, fused into B), which keeps 1F1B's memory (`P` of a rank's share) and, unlike
+/// a Megatron table on the V, keeps both chunks busy. `vpp(.., layout=v)` and `dual` below
+/// DeepSeek's sizes use it.
+pub fn v_one_f_one_b(ranks: u32, microbatches: u32) -> Vec<Vec<Task>> {
+    zbv_orders(ranks, microbatches, Cooldown::Eager)
+        .into_iter()
+        .map(|order| {
+            let mut fused = Vec::with_capacity(order.len());
+            for task in order {
+                match (fused.last(), task) {
+                    (Some(&Task::InputGrad(i)), Task::WeightGrad(w)) if i == w => {
+                        fused.pop();
+                        fused.push(Task::Backward(w));
+                    }
+                    _ => fused.push(task),
+                }
+            }
+            fused
+        })
+        .collect()
+}
