@@ -32,8 +32,9 @@
 //! Requires: fill-drain (`gpipe`) or one-forward-one-backward (`f1b`) pacing on the linear layout,
 //! whole backwards. Preconditions: `chunks >= 1` (`chunks = 1` leaves the plan as it is);
 //! `layout = v` needs `chunks = 2`; an explicit `group` with `chunks >= 2` follows Megatron's
-//! rules on every layout: `P <= group <= M` and `M mod group` is 0 or at least `P` (otherwise the
-//! last group has dependency bubbles).
+//! rules on every layout after `f1b`: `P <= group <= M` and `M mod group` is 0 or at least `P`
+//! (otherwise the last group has dependency bubbles); after `gpipe` (breadth-first) it must not
+//! exceed `M`.
 //! May change: placement (stages, stage-to-rank), per-stage costs and memory, the layout (to
 //! interleaved), and the orders; the pacing stays.
 //!
@@ -376,7 +377,19 @@ impl Pass for Interleave {
     fn prepare(&self, plan: &Plan) -> Result<Option<Interleaving>, TransformError> {
         self.check_size(plan.problem())?;
         if let Some(group) = self.group.filter(|_| self.chunks >= 2) {
-            self.check_megatron_group(plan.problem(), group)?;
+            if plan.facts().pacing == Pacing::OneForwardOneBackward {
+                self.check_megatron_group(plan.problem(), group)?;
+            } else if group > plan.problem().microbatches() {
+                // Breadth-first orders only need the group to exist.
+                return Err(TransformError::precondition(
+                    "vpp",
+                    "group <= microbatches",
+                    format!(
+                        "group = {group}, microbatches = {}",
+                        plan.problem().microbatches()
+                    ),
+                ));
+            }
         }
         if self.chunks == 1 {
             return Ok(None);
