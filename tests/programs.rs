@@ -31,18 +31,17 @@ fn expressions(p: u32, m: u32) -> Vec<String> {
         "gpipe".to_string(),
         "f1b(gpipe)".to_string(),
         "vpp(gpipe, chunks=3)".to_string(),
-        "vpp(gpipe, chunks=3, group=2)".to_string(),
+        format!("vpp(gpipe, chunks=3, group={})", m.min(2)),
         "vpp(f1b(gpipe), chunks=2, layout=v)".to_string(),
         "zero_bubble(f1b(gpipe), policy=h1)".to_string(),
         "zero_bubble(f1b(gpipe))".to_string(),
     ];
-    if m % p == 0 && m >= p {
-        out.push("vpp(f1b(gpipe), chunks=2)".to_string());
-        out.push("vpp(f1b(gpipe), chunks=3)".to_string());
-        out.push("zero_bubble(vpp(f1b(gpipe), chunks=2))".to_string());
-    }
+    // Interleaving and DualPipeV take every microbatch count.
+    out.push("vpp(f1b(gpipe), chunks=2)".to_string());
+    out.push("vpp(f1b(gpipe), chunks=3)".to_string());
+    out.push("zero_bubble(vpp(f1b(gpipe), chunks=2))".to_string());
+    out.push("zero_bubble(dual(vpp(f1b(gpipe), chunks=2, layout=v)))".to_string());
     if m >= 2 * p {
-        out.push("zero_bubble(dual(vpp(f1b(gpipe), chunks=2, layout=v)))".to_string());
         if p % 2 == 0 && m % 2 == 0 {
             out.push("zero_bubble(dual(f1b(gpipe)))".to_string());
             out.push("dual(f1b(gpipe))".to_string());
