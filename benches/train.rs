@@ -36,6 +36,7 @@ fn settings(config: GptConfig) -> TrainSettings {
         eval_sequences: 1,
         fingerprint: "bench".to_string(),
         receive_timeout: std::time::Duration::from_secs(60),
+        replicas: 1,
         injections: Vec::new(),
     }
 }

@@ -162,9 +162,9 @@ fn run(args: &Args) -> Result<(), Failure> {
             "--backend mpi needs the binary built with the cargo feature `mpi` (see README)",
         ));
     }
-    if args.dp != 1 {
+    if args.dp == 0 {
         return Err(bad(
-            "--dp above 1 is not available yet on the threads backend",
+            "--dp 0: there must be at least one data-parallel replica",
         ));
     }
     if args.eval.is_some() && args.resume.is_none() {
@@ -172,7 +172,7 @@ fn run(args: &Args) -> Result<(), Failure> {
     }
     let threads = args.threads_per_rank.unwrap_or_else(|| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        (cores / args.ranks.max(1) as usize).max(1)
+        (cores / (args.ranks * args.dp).max(1) as usize).max(1)
     });
     // candle's matrix products read the thread count of each call from this variable.
     std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
@@ -198,8 +198,9 @@ fn run(args: &Args) -> Result<(), Failure> {
         shape: BatchShape::new(
             args.seq_len,
             args.microbatch_size,
-            args.microbatches as usize,
+            (args.microbatches * args.dp) as usize,
         )?,
+        replicas: args.dp,
         lr,
         max_grad_norm: 1.0,
         seed: args.seed,
@@ -210,8 +211,8 @@ fn run(args: &Args) -> Result<(), Failure> {
         receive_timeout: timeout(args.timeout)?,
         injections: injections(args)?,
         fingerprint: format!(
-            "{} ranks={} microbatches={} microbatch_size={}",
-            args.schedule, args.ranks, args.microbatches, args.microbatch_size
+            "{} ranks={} microbatches={} microbatch_size={} dp={}",
+            args.schedule, args.ranks, args.microbatches, args.microbatch_size, args.dp
         ),
     };
     let mut trainer = Trainer::new(&plan, &corpus, settings)?;
@@ -356,10 +357,10 @@ fn injections(args: &Args) -> Result<Vec<(u32, u64, Injection)>, Failure> {
             .split_once('@')
             .and_then(|(r, s)| Some((r.trim().parse().ok()?, s.trim().parse().ok()?)));
         match parsed {
-            Some((rank, step)) if rank < args.ranks && step >= 1 => Ok((rank, step)),
+            Some((rank, step)) if rank < args.ranks * args.dp && step >= 1 => Ok((rank, step)),
             _ => Err(bad(format!(
-                "{option} {text}: expected RANK@STEP with RANK below {} and STEP from 1",
-                args.ranks
+                "{option} {text}: expected RANK@STEP with RANK below {} (ranks x dp) and STEP from 1",
+                args.ranks * args.dp
             ))),
         }
     };

@@ -81,6 +81,9 @@ pub struct GptStage {
     /// live until freed; a hand-over to a local next stage is not counted twice.
     outputs_leave: HashSet<StageId>,
     injection: Option<Injection>,
+    /// The global index of this replica's microbatch 0 (data parallelism: replica `d` of `D`
+    /// runs microbatches `d M .. (d + 1) M` of the global batch).
+    offset: u32,
 }
 
 fn bytes(t: &Tensor) -> usize {
@@ -142,7 +145,20 @@ impl GptStage {
             output_bytes: HashMap::new(),
             outputs_leave,
             injection: None,
+            offset: 0,
         })
+    }
+
+    /// This rank belongs to the data-parallel replica whose microbatch 0 is the global batch's
+    /// microbatch `offset`: it reads those microbatches and reports their losses and gradients
+    /// under their global index.
+    pub fn with_offset(mut self, offset: u32) -> GptStage {
+        self.offset = offset;
+        self
+    }
+
+    fn global(&self, work: Work) -> u32 {
+        self.offset + work.microbatch.get()
     }
 
     /// Injects `injection` into this rank's first forward.
@@ -233,7 +249,7 @@ impl StageCompute for GptStage {
             Some(hidden) => hidden,
             None => self
                 .batch
-                .input(work.microbatch.index())
+                .input(self.global(work) as usize)
                 .ok_or_else(|| format!("no input for microbatch {}", work.microbatch))?
                 .clone(),
         };
@@ -258,7 +274,7 @@ impl StageCompute for GptStage {
     fn loss(&mut self, work: Work, logits: Tensor) -> Result<Tensor, String> {
         let targets = self
             .batch
-            .target(work.microbatch.index())
+            .target(self.global(work) as usize)
             .ok_or_else(|| format!("no targets for microbatch {}", work.microbatch))?;
         let held = self.stage(work.stage)?;
         let out = self
@@ -281,7 +297,7 @@ impl StageCompute for GptStage {
                 work.microbatch
             ));
         }
-        self.losses.insert(work.microbatch.get(), loss);
+        self.losses.insert(self.global(work), loss);
         self.release(Table::Output, work);
         Ok(out.grad_logits)
     }
@@ -319,7 +335,8 @@ impl StageCompute for GptStage {
             .model
             .backward_weight(pending)
             .map_err(|e| e.to_string())?;
-        self.sync.add(position, work.microbatch.get(), grads)?;
+        let microbatch = self.global(work);
+        self.sync.add(position, microbatch, grads)?;
         if self.last_weight.remove(&work.stage) {
             self.sync.stage_complete(position)?;
         }

@@ -159,12 +159,28 @@ impl GptModel {
         batch: &StepBatch,
         injection: Option<(RankId, Injection)>,
     ) -> Result<StepOutcome, TrainError> {
+        self.step_replicas(runner, batch, 1, injection)
+    }
+
+    /// One step of `replicas` data-parallel copies of the pipeline, each running `runner`'s
+    /// programs on its own microbatches (replica `d` on microbatches `d M .. (d + 1) M` of
+    /// `batch`), all folding their gradients into one sum (in global microbatch order when
+    /// deterministic: `--dp 2 --microbatches 4` gives the bits of `--dp 1 --microbatches 8`).
+    /// `injection` names a world rank `d P + r`.
+    pub fn step_replicas(
+        &self,
+        runner: &StepRunner,
+        batch: &StepBatch,
+        replicas: u32,
+        injection: Option<(RankId, Injection)>,
+    ) -> Result<StepOutcome, TrainError> {
         let problem = runner.problem();
-        if batch.microbatches() != problem.microbatches() as usize {
+        let (p, m) = (problem.ranks(), problem.microbatches());
+        if replicas == 0 || batch.microbatches() != (replicas * m) as usize {
             return Err(TrainError::Batch(format!(
-                "the batch has {} microbatches, the plan {}",
+                "the batch has {} microbatches, {replicas} replica(s) of the plan {}",
                 batch.microbatches(),
-                problem.microbatches()
+                replicas * m
             )));
         }
         let sync = Arc::new(LocalGradients::new(
@@ -173,8 +189,34 @@ impl GptModel {
         ));
         let batch = Arc::new(batch.clone());
         let epoch = Instant::now();
-        let shared: Arc<dyn GradSync> = sync.clone();
-        let stages = self.run_stages(runner, &batch, shared, epoch, false, injection)?;
+        let outcomes: Vec<Result<Vec<GptStage>, TrainError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..replicas)
+                .map(|d| {
+                    let shared: Arc<dyn GradSync> = sync.clone();
+                    let batch = Arc::clone(&batch);
+                    let injection = injection
+                        .filter(|(w, _)| w.get() / p == d)
+                        .map(|(w, what)| (RankId::new(w.get() % p), what));
+                    scope.spawn(move || {
+                        self.run_stages(runner, &batch, shared, epoch, false, injection, d * m)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(TrainError::Stage(
+                            "a data-parallel replica panicked".to_string(),
+                        ))
+                    })
+                })
+                .collect()
+        });
+        let mut stages = Vec::new();
+        for outcome in outcomes {
+            stages.extend(outcome?);
+        }
         let loss = fold_losses(&stages, batch.microbatches())? / batch.normalizer();
         let measured = stages.iter().map(|s| s.measured().to_vec()).collect();
         let peak_activation_bytes = stages.iter().map(GptStage::peak_activation_bytes).collect();
@@ -209,7 +251,7 @@ impl GptModel {
     ) -> Result<(f64, usize), TrainError> {
         let batch = Arc::new(batch.clone());
         let sync: Arc<dyn GradSync> = Arc::new(LocalGradients::new(self.cut.positions(), false));
-        let stages = self.run_stages(runner, &batch, sync, Instant::now(), true, None)?;
+        let stages = self.run_stages(runner, &batch, sync, Instant::now(), true, None, 0)?;
         let loss = fold_losses(&stages, batch.microbatches())?;
         Ok((loss, batch.tokens()))
     }
@@ -225,6 +267,7 @@ impl GptModel {
         epoch: Instant,
         forward_only: bool,
         injection: Option<(RankId, Injection)>,
+        offset: u32,
     ) -> Result<Vec<GptStage>, TrainError> {
         let problem = runner.problem();
         let made = (0..problem.ranks())
@@ -239,7 +282,8 @@ impl GptModel {
                     epoch,
                 )
                 .map_err(TrainError::Stage)?
-                .with_injection(injection.filter(|(at, _)| at.get() == r).map(|(_, i)| i));
+                .with_injection(injection.filter(|(at, _)| at.get() == r).map(|(_, i)| i))
+                .with_offset(offset);
                 Ok(Some(if forward_only {
                     stage.forward_only()
                 } else {

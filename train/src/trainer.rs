@@ -52,7 +52,10 @@ pub struct TrainSettings {
     /// How long a rank may wait for a message before the run stops with a report of who waits
     /// on whom.
     pub receive_timeout: Duration,
-    /// Faults to inject, for tests of failure handling: (rank, step, what).
+    /// Data-parallel replicas of the whole pipeline (the plan's microbatches are one replica's;
+    /// `shape.global_microbatches` is all replicas').
+    pub replicas: u32,
+    /// Faults to inject, for tests of failure handling: (world rank, step, what).
     pub injections: Vec<(u32, u64, Injection)>,
 }
 
@@ -97,11 +100,17 @@ impl Trainer {
         settings: TrainSettings,
     ) -> Result<Trainer, TrainError> {
         let split = corpus.split(settings.shape.seq_len)?;
-        if settings.shape.global_microbatches != plan.problem().microbatches() as usize {
+        let per_replica = plan.problem().microbatches() as usize;
+        if settings.replicas == 0
+            || settings.shape.global_microbatches != per_replica * settings.replicas as usize
+        {
             return Err(TrainError::invalid(
                 "microbatches",
                 settings.shape.global_microbatches,
-                format!("the plan has {}", plan.problem().microbatches()),
+                format!(
+                    "the plan has {per_replica} per replica and there are {} replica(s)",
+                    settings.replicas
+                ),
             ));
         }
         let options = ThreadOptions {
@@ -189,7 +198,9 @@ impl Trainer {
             .iter()
             .find(|(_, at, _)| *at == step)
             .map(|&(rank, _, what)| (RankId::new(rank), what));
-        let outcome = self.model.step_injected(&self.runner, &batch, injection)?;
+        let outcome =
+            self.model
+                .step_replicas(&self.runner, &batch, self.settings.replicas, injection)?;
         let mut norms = Vec::new();
         for grads in &outcome.gradients {
             norms.extend(squared_norms(grads)?);
@@ -241,7 +252,7 @@ impl Trainer {
             shape.seq_len,
             shape.microbatch_size,
         )?;
-        let m = shape.global_microbatches;
+        let m = shape.global_microbatches / self.settings.replicas.max(1) as usize;
         let (mut sum, mut tokens) = (0.0, 0usize);
         for first in (0..windows.inputs.len()).step_by(m) {
             let pad = |ids: &[Vec<u32>], id: u32| -> Vec<Vec<u32>> {

@@ -51,6 +51,7 @@ fn our_eval_loss_equals_transformers_gpt2_on_the_same_checkpoint() {
         eval_sequences: 1,
         fingerprint: String::new(),
         receive_timeout: std::time::Duration::from_secs(60),
+        replicas: 1,
         injections: Vec::new(),
     };
     let corpus = Corpus::from_text("eval.txt", String::from_utf8(text.clone()).unwrap());

@@ -54,6 +54,7 @@ fn settings(deterministic: bool, recompute: bool, steps: u64) -> TrainSettings {
         eval_sequences: 8,
         fingerprint: "test".to_string(),
         receive_timeout: std::time::Duration::from_secs(60),
+        replicas: 1,
         injections: Vec::new(),
     }
 }
@@ -179,4 +180,39 @@ fn a_stalled_rank_ends_the_step_with_who_waits_on_whom() {
     );
     assert!(text.contains("rank 3 waits at instruction"), "{text}");
     assert!(text.contains("from rank 2"), "{text}");
+}
+
+#[test]
+fn two_data_parallel_replicas_of_four_microbatches_equal_one_of_eight() {
+    let one = {
+        let mut trainer = Trainer::new(
+            &plan("zero_bubble(f1b(gpipe))", 2),
+            &corpus(),
+            settings(true, false, 3),
+        )
+        .unwrap();
+        (0..3)
+            .map(|_| trainer.step().unwrap().loss)
+            .collect::<Vec<_>>()
+    };
+    let problem = ProblemSpec::builder()
+        .ranks(2)
+        .microbatches(4)
+        .build()
+        .validate()
+        .unwrap();
+    let start = Plan::unscheduled(
+        problem,
+        CostModel::uniform(2, StageCosts::default(), 0.0).unwrap(),
+        MemoryModel::uniform(2, Default::default()),
+    )
+    .unwrap();
+    let half = compile_expression("zero_bubble(f1b(gpipe))")
+        .and_then(|p| p.run(start))
+        .unwrap();
+    let mut s = settings(true, false, 3);
+    s.replicas = 2;
+    let mut trainer = Trainer::new(&half, &corpus(), s).unwrap();
+    let two: Vec<f64> = (0..3).map(|_| trainer.step().unwrap().loss).collect();
+    assert_eq!(one, two);
 }
