@@ -23,10 +23,10 @@ pub mod numeric;
 pub mod threads;
 pub mod transport;
 
-pub use compute::StageCompute;
-pub use error::BackendError;
 #[cfg(feature = "mpi")]
 pub use crate::mpi::{run_mpi, MpiOptions, MpiTransport, WirePayload};
+pub use compute::StageCompute;
+pub use error::BackendError;
 pub use numeric::{AffineModel, AffineStage};
 pub use threads::{run_threads, ThreadOptions};
 pub use transport::{Incoming, Outgoing, Transport, TransportFailure};

@@ -12,7 +12,7 @@
 //! - every receive is matched with `MPI_Improbe` on its peer and then received with one
 //!   `MPI_Imrecv` into a buffer of the size the probe reports: no size message travels, and the
 //!   payload's size is whatever its sender sent; the group returns when every receive has completed
-//!   (tested in a polling loop, see *Timeouts*).
+//!   (tested in a polling loop, see *Failures and timeouts*).
 //!
 //! All messages use one tag on a private duplicate of the caller's communicator, so they match
 //! nothing else of the application. MPI does not let messages from one sender on one communicator
@@ -38,12 +38,15 @@
 //! # Failures and timeouts
 //! A rank whose own run fails (its stage returns an error or panics, a message is wrong, a receive
 //! times out) prints the error with the instruction it stopped at on stderr and calls `MPI_Abort`
-//! on the world, so no other rank waits forever; the process exits with status 1. Receives never
+//! on its communicator (Open MPI ends the whole job), so no other rank waits forever; `mpirun`
+//! exits with status [`FAILURE_STATUS`]. Receives never
 //! block in MPI: the transport polls (`MPI_Improbe`, `MPI_Test`), yielding and then sleeping
-//! briefly between polls, and a receive that waits longer than
-//! [`MpiOptions::receive_timeout`] fails with [`TransportFailure::Timeout`], reported as the rank,
-//! the instruction and the message it waits for. Sends still in flight when a run is abandoned keep
-//! their buffers (leaked rather than freed under MPI's feet).
+//! briefly between polls; when none of a group's receives has progressed for longer than
+//! [`MpiOptions::receive_timeout`], the group fails with [`TransportFailure::Timeout`] for its
+//! first receive still missing, reported as the rank, the instruction and the message it waits
+//! for. `finish` gives the sends the same limit. Operations still in flight when a run is abandoned
+//! keep their buffers (leaked rather than freed under MPI's feet). MPI's own errors go to its
+//! default handler, which ends the job.
 //!
 //! Not handled here: a process killed from outside (SIGKILL, a lost node) is left to `mpirun`,
 //! which ends the job; data parallelism (a communicator per pipeline, gradient all-reduce) is the
@@ -59,8 +62,8 @@ use crate::compute::StageCompute;
 use crate::error::BackendError;
 use crate::interpreter::run_rank;
 use crate::transport::{Incoming, Outgoing, Transport, TransportFailure};
-use ::mpi::datatype::Equivalence;
 use ::mpi::collective::CommunicatorCollectives;
+use ::mpi::datatype::Equivalence;
 use ::mpi::point_to_point::Source;
 use ::mpi::topology::{Communicator, SimpleCommunicator};
 use ::mpi::Tag;
@@ -177,7 +180,7 @@ impl MpiTransport {
     fn peer(&self, rank: RankId) -> Result<i32, TransportFailure> {
         i32::try_from(rank.get())
             .ok()
-            .filter(|&r| rank.index() < self.size && r >= 0)
+            .filter(|_| rank.index() < self.size)
             .ok_or_else(|| {
                 TransportFailure::Broken(format!(
                     "rank {rank} is not in the MPI world of {} processes",
@@ -192,7 +195,10 @@ impl MpiTransport {
     }
 
     /// Posts one immediate send per outgoing message.
-    fn post_sends<T: WirePayload>(&mut self, sends: Vec<Outgoing<T>>) -> Result<(), TransportFailure> {
+    fn post_sends<T: WirePayload>(
+        &mut self,
+        sends: Vec<Outgoing<T>>,
+    ) -> Result<(), TransportFailure> {
         for outgoing in sends {
             let peer = self.peer(outgoing.to)?;
             let bytes = wire::encode(outgoing.message, &outgoing.payload)?;
@@ -221,20 +227,18 @@ impl MpiTransport {
         let mut arriving: Vec<Arriving> = Vec::new();
         let mut results: Vec<Option<T>> = receives.iter().map(|_| None).collect();
         let mut left = receives.len();
-        let start = Instant::now();
+        let mut last_progress = Instant::now();
         let mut backoff = Backoff::new();
         while left > 0 {
             let mut progress = false;
             for (&peer, queue) in waiting.iter_mut() {
-                while !queue.is_empty() {
+                while let Some(&index) = queue.front() {
                     let process = self.comm.process_at_rank(peer);
                     let Some((matched, status)) = process.immediate_matched_probe_with_tag(TAG)
                     else {
                         break;
                     };
-                    let Some(index) = queue.pop_front() else {
-                        break;
-                    };
+                    queue.pop_front();
                     // A byte count is never negative (nor MPI_UNDEFINED); were it, the
                     // zero-byte receive would fail with MPI's truncation error, not read garbage.
                     let len = usize::try_from(status.count(u8::equivalent_datatype())).unwrap_or(0);
@@ -269,10 +273,11 @@ impl MpiTransport {
                 break;
             }
             if progress {
+                last_progress = Instant::now();
                 backoff.reset();
                 continue;
             }
-            if start.elapsed() > self.timeout {
+            if last_progress.elapsed() > self.timeout {
                 let Some(first) = receives
                     .iter()
                     .zip(&results)
@@ -403,19 +408,17 @@ fn compare_fingerprints(fingerprints: &[u64]) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "the ranks were given different programs: {} differ from rank 0 ({first:016x})",
+            "the ranks were given different programs: ranks whose fingerprint differs from rank \
+             0's ({first:016x}): {}",
             differ.join(", ")
         ))
     }
 }
 
-/// The instruction index an error names, if any.
+/// The instruction index an error names, when its message does not show the instruction.
 fn failed_instruction(error: &BackendError) -> Option<usize> {
     match error {
-        BackendError::Stage { instr, .. }
-        | BackendError::Panicked { instr, .. }
-        | BackendError::Program { instr, .. }
-        | BackendError::Protocol { instr, .. }
+        BackendError::Protocol { instr, .. }
         | BackendError::Transport { instr, .. }
         | BackendError::Aborted { instr, .. }
         | BackendError::Timeout { instr, .. } => Some(*instr),
@@ -426,8 +429,8 @@ fn failed_instruction(error: &BackendError) -> Option<usize> {
 /// The one-line report of a rank's failure, with the instruction it stopped at.
 pub fn failure_report(error: &BackendError, program: &RankProgram) -> String {
     let at = failed_instruction(error).map(|i| match program.instrs.get(i) {
-        Some(instr) => format!(" [instruction {i} of rank {}: {instr}]", program.rank),
-        None => format!(" [rank {}: end of program]", program.rank),
+        Some(instr) => format!(" (instruction {i} is {instr})"),
+        None => format!(" (instruction {i} is the end of the program)"),
     });
     format!(
         "error: {}{}; aborting the MPI job",
@@ -499,7 +502,10 @@ mod tests {
     fn fingerprints_name_the_ranks_that_differ() {
         assert!(compare_fingerprints(&[7, 7, 7]).is_ok());
         let err = compare_fingerprints(&[7, 7, 9, 8]).unwrap_err();
-        assert!(err.contains("rank 2 (0000000000000009), rank 3"), "{err}");
+        assert!(
+            err.contains("(0000000000000007): rank 2 (0000000000000009), rank 3"),
+            "{err}"
+        );
         assert!(!err.contains("rank 1 "), "{err}");
     }
 

@@ -164,7 +164,6 @@ fn run_on_threads(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error>
         |_| prepared.stage(args.time_scale),
         ThreadOptions {
             receive_timeout: Duration::from_secs_f64(args.timeout),
-            ..ThreadOptions::default()
         },
     )
     .map_err(Error::Backend)?;

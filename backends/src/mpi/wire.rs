@@ -230,7 +230,9 @@ impl Header {
                 "a header with {dims} dimensions (at most {MAX_DIMS})"
             ));
         }
-        let u32_at = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+        let u32_at = |at: usize| {
+            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
         let message = Message {
             direction,
             from_stage: StageId::new(u32_at(8)),
@@ -335,9 +337,7 @@ pub fn decode<T: WirePayload>(
         )));
     }
     T::from_bytes(header.dtype, &header.shape, data).map_err(|reason| {
-        TransportFailure::Broken(format!(
-            "rank {from} sent {expected} as {got}: {reason}"
-        ))
+        TransportFailure::Broken(format!("rank {from} sent {expected} as {got}: {reason}"))
     })
 }
 
@@ -381,14 +381,20 @@ mod tests {
         let message = Message::gradient(StageId::new(3), StageId::new(2), MicrobatchId::new(7));
         let bytes = encode(message, &1.25f64).unwrap();
         assert_eq!(bytes.len(), FIXED + 8);
-        assert_eq!(decode::<f64>(RankId::new(1), message, &bytes).unwrap(), 1.25);
+        assert_eq!(
+            decode::<f64>(RankId::new(1), message, &bytes).unwrap(),
+            1.25
+        );
         let raw = Raw {
             dtype: WireDType::F32,
             shape: vec![2, 3],
             data: (0..24).collect(),
         };
         let bytes = encode(act(0, 1, 4), &raw).unwrap();
-        assert_eq!(decode::<Raw>(RankId::new(0), act(0, 1, 4), &bytes).unwrap(), raw);
+        assert_eq!(
+            decode::<Raw>(RankId::new(0), act(0, 1, 4), &bytes).unwrap(),
+            raw
+        );
     }
 
     #[test]
@@ -415,7 +421,10 @@ mod tests {
         let bytes = encode(act(0, 1, 0), &raw).unwrap();
         let err = decode::<f64>(RankId::new(0), act(0, 1, 0), &bytes).unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("f32 [2]") && text.contains("f64 []"), "{text}");
+        assert!(
+            text.contains("f32 [2]") && text.contains("f64 []"),
+            "{text}"
+        );
     }
 
     #[test]
