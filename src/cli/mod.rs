@@ -3,7 +3,8 @@
 //! - `pipeweave plan [EXPR] --ranks P --microbatches M [--costs ..] [--activation-memory ..]
 //!   [--memory-limit L] [--stage-costs FILE] [outputs]`
 //! - `pipeweave check FILE.csv|FILE.json [--costs ..] [outputs]`
-//! - `pipeweave run [EXPR] --ranks P --microbatches M [--backend threads] [--time-scale MS]`
+//! - `pipeweave run [EXPR] --ranks P --microbatches M [--backend threads|mpi] [--time-scale MS]
+//!   [--timeout S]` (`mpi` needs the cargo feature `mpi` and `mpirun -np P`)
 //! - `pipeweave tune --ranks P --microbatches M [--costs ..] [--activation-memory ..]
 //!   [--memory-limit L] [--top K] [--format text|json]`
 //!
