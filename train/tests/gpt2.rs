@@ -3,12 +3,12 @@
 //! through `zero_bubble(f1b(gpipe))` on 2 ranks) on `eval.txt` (`tools/hf_eval.py`, fixture
 //! `transformers_eval.json`); our evaluation of the same checkpoint must agree within 1e-4.
 
+mod common;
+
 use candle_core::DType;
-use pipeweave_core::{CostModel, MemoryModel, Plan, ProblemSpec, StageCosts};
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::BatchShape;
 use pipeweave_train::{Corpus, LrSchedule, TrainSettings, Trainer};
-use pipeweave_transforms::compile_expression;
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
@@ -24,21 +24,7 @@ fn our_eval_loss_equals_transformers_gpt2_on_the_same_checkpoint() {
             .unwrap();
     let text = std::fs::read(fixture("eval.txt")).unwrap();
     let (ranks, microbatches) = (2, 4);
-    let problem = ProblemSpec::builder()
-        .ranks(ranks)
-        .microbatches(microbatches)
-        .build()
-        .validate()
-        .unwrap();
-    let start = Plan::unscheduled(
-        problem,
-        CostModel::uniform(ranks, StageCosts::default(), 0.0).unwrap(),
-        MemoryModel::uniform(ranks, Default::default()),
-    )
-    .unwrap();
-    let plan = compile_expression("f1b(gpipe)")
-        .and_then(|p| p.run(start))
-        .unwrap();
+    let plan = common::plan("f1b(gpipe)", ranks, microbatches);
     let settings = TrainSettings {
         config: GptConfig::new(2, 32, 2, 32).unwrap(),
         shape: BatchShape::new(32, 2, microbatches as usize).unwrap(),

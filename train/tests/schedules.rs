@@ -1,12 +1,14 @@
 //! Losses and gradients of a GPT trained through every schedule equal a single-rank run: bit for
 //! bit with deterministic accumulation, within f32 rounding without it; recompute on and off.
 
+mod common;
+
 use candle_core::{DType, Tensor};
-use pipeweave_core::{CostModel, MemoryModel, Plan, ProblemSpec, RecvPolicy, StageCosts};
+use common::plan;
+use pipeweave_core::RecvPolicy;
 use pipeweave_kernels::init::SplitMix64;
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::{GptModel, StepBatch, StepRunner};
-use pipeweave_transforms::compile_expression;
 use std::collections::BTreeMap;
 
 const SEQUENCES: usize = 2;
@@ -30,25 +32,6 @@ fn batch(microbatches: usize, seed: u64) -> StepBatch {
         targets.push(rows.iter().flat_map(|r| r[1..].to_vec()).collect());
     }
     StepBatch::new(&inputs, &targets, SEQUENCES, SEQ_LEN, None).unwrap()
-}
-
-/// The verified plan of `expression` on `ranks` ranks.
-fn plan(expression: &str, ranks: u32, microbatches: u32) -> Plan {
-    let problem = ProblemSpec::builder()
-        .ranks(ranks)
-        .microbatches(microbatches)
-        .build()
-        .validate()
-        .unwrap();
-    let start = Plan::unscheduled(
-        problem,
-        CostModel::uniform(ranks, StageCosts::default(), 0.0).unwrap(),
-        MemoryModel::uniform(ranks, Default::default()),
-    )
-    .unwrap();
-    compile_expression(expression)
-        .and_then(|passes| passes.run(start))
-        .unwrap_or_else(|e| panic!("{expression}: {e}"))
 }
 
 /// Loss and gradients by parameter name of one step of `expression`.

@@ -2,31 +2,18 @@
 //! deterministic accumulation), a stopped and resumed run equals an uninterrupted one, the model
 //! learns, and bad input is refused with a typed error.
 
+mod common;
+
 use candle_core::DType;
-use pipeweave_core::{CostModel, MemoryModel, Plan, ProblemSpec, StageCosts};
+use pipeweave_core::Plan;
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::BatchShape;
 use pipeweave_train::{Corpus, LrSchedule, TrainError, TrainSettings, Trainer};
-use pipeweave_transforms::compile_expression;
 
 const MICROBATCHES: u32 = 8;
 
 fn plan(expression: &str, ranks: u32) -> Plan {
-    let problem = ProblemSpec::builder()
-        .ranks(ranks)
-        .microbatches(MICROBATCHES)
-        .build()
-        .validate()
-        .unwrap();
-    let start = Plan::unscheduled(
-        problem,
-        CostModel::uniform(ranks, StageCosts::default(), 0.0).unwrap(),
-        MemoryModel::uniform(ranks, Default::default()),
-    )
-    .unwrap();
-    compile_expression(expression)
-        .and_then(|p| p.run(start))
-        .unwrap()
+    common::plan(expression, ranks, MICROBATCHES)
 }
 
 fn corpus() -> Corpus {
@@ -195,21 +182,7 @@ fn two_data_parallel_replicas_of_four_microbatches_equal_one_of_eight() {
             .map(|_| trainer.step().unwrap().loss)
             .collect::<Vec<_>>()
     };
-    let problem = ProblemSpec::builder()
-        .ranks(2)
-        .microbatches(4)
-        .build()
-        .validate()
-        .unwrap();
-    let start = Plan::unscheduled(
-        problem,
-        CostModel::uniform(2, StageCosts::default(), 0.0).unwrap(),
-        MemoryModel::uniform(2, Default::default()),
-    )
-    .unwrap();
-    let half = compile_expression("zero_bubble(f1b(gpipe))")
-        .and_then(|p| p.run(start))
-        .unwrap();
+    let half = common::plan("zero_bubble(f1b(gpipe))", 2, 4);
     let mut s = settings(true, false, 3);
     s.replicas = 2;
     let mut trainer = Trainer::new(&half, &corpus(), s).unwrap();
