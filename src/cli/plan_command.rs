@@ -41,7 +41,9 @@ impl ScheduleArgs {
 pub struct PlanArgs {
     #[command(flatten)]
     schedule: ScheduleArgs,
-    /// Per-rank costs from a JSON list (`[{"F":1,"I":1,"W":1}, ...]`), one entry per rank.
+    /// Per-stage costs from a JSON list (`[{"F":1,"I":1,"W":1}, ...]`), one entry per model stage
+    /// (stage s is rank s's share before `vpp` splits it; `dual`'s mirror of stage s costs what
+    /// stage s does).
     #[arg(long, value_name = "FILE")]
     stage_costs: Option<String>,
     /// Activation memory of one microbatch on a rank's share: `total=1,weight_grad=1`.

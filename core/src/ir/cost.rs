@@ -38,6 +38,8 @@ pub struct StageCosts {
     weight_grad: f64,
     full_backward: f64,
     overlapped: f64,
+    /// Whether `overlapped` was given (else it is the sum of the parts).
+    overlapped_given: bool,
 }
 
 fn check_duration(stage: &str, name: &str, value: f64) -> Result<f64, CoreError> {
@@ -72,12 +74,14 @@ impl StageCostsSpec {
             "FB",
             self.overlapped.unwrap_or(forward + full_backward),
         )?;
+        let overlapped_given = self.overlapped.is_some();
         Ok(StageCosts {
             forward,
             input_grad,
             weight_grad,
             full_backward,
             overlapped,
+            overlapped_given,
         })
     }
 }
@@ -120,6 +124,7 @@ impl StageCosts {
             weight_grad: self.weight_grad / k,
             full_backward: self.full_backward / k,
             overlapped: self.overlapped / k,
+            overlapped_given: self.overlapped_given,
         }
     }
 }
@@ -180,7 +185,8 @@ impl CostModel {
         self.stage_or_default(op.stage).of(op.kind)
     }
     /// Duration of a task: its fused figure for B and F&B, the op's own for F, I and W. An
-    /// overlapped F&B takes the longer of its two stages' `FB`.
+    /// overlapped F&B costs its two parts, the forward stage's `F` plus the backward stage's `B`,
+    /// unless both stages give `FB`, which then prices it (the longer of the two).
     pub fn task_duration(&self, task: &Task) -> f64 {
         let cost = |w: Work| self.stage_or_default(w.stage);
         match *task {
@@ -189,7 +195,12 @@ impl CostModel {
             Task::WeightGrad(w) => cost(w).weight_grad(),
             Task::Backward(w) => cost(w).full_backward(),
             Task::Overlapped { forward, backward } => {
-                cost(forward).overlapped().max(cost(backward).overlapped())
+                let (f, b) = (cost(forward), cost(backward));
+                if f.overlapped_given && b.overlapped_given {
+                    f.overlapped().max(b.overlapped())
+                } else {
+                    f.forward() + b.full_backward()
+                }
             }
         }
     }
