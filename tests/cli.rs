@@ -421,3 +421,31 @@ fn tune_ranks_schedules_and_each_expression_gives_the_same_figures_to_plan() {
         stderr(&none)
     );
 }
+
+#[test]
+fn dualpipe_overlap_with_uneven_stage_costs_costs_its_two_parts() {
+    let dir = std::env::temp_dir().join(format!("pipeweave-cli-fb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("costs.json");
+    std::fs::write(
+        &file,
+        r#"[{"F":1,"I":2,"W":0.5},{"F":2,"I":1,"W":1},{"F":1.5,"I":1,"W":0.3},{"F":1,"I":1,"W":1}]"#,
+    )
+    .unwrap();
+    let out = pipeweave(&[
+        "plan",
+        "dual(f1b(gpipe))",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--stage-costs",
+        file.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["makespan"], 32.9);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
