@@ -112,6 +112,7 @@ impl PlanReport {
         self.communication_checked = match programs.semantics {
             Semantics::Blocking => vec!["blocking rendezvous".to_string(), "batched".to_string()],
             Semantics::Batched => vec!["batched".to_string()],
+            Semantics::Rendezvous => vec![Semantics::Rendezvous.to_string(), "batched".to_string()],
         };
         self
     }

@@ -107,7 +107,8 @@ fn a_rank_that_never_receives_is_named() {
     let err = check_programs(imported.plan.problem(), &imported.programs.unwrap())
         .unwrap_err()
         .to_string();
-    assert_eq!(err, "rank 1, instruction 5 (1F1): needs act(stage 0 -> 1, mb 1) from rank 0, which it never received before");
+    // The imported program keeps the file's WAIT_SEND cells as instructions (index 6 counts one).
+    assert_eq!(err, "rank 1, instruction 6 (1F1): needs act(stage 0 -> 1, mb 1) from rank 0, which it never received before");
 }
 
 #[test]
@@ -190,4 +191,23 @@ fn a_backward_overlapping_its_own_forward_is_refused() {
         err.to_string().contains("cannot overlap its own forward"),
         "{err}"
     );
+}
+
+#[test]
+fn a_wait_send_that_blocks_on_a_blocked_peer_is_a_rendezvous_deadlock() {
+    // PyTorch's lowered rows from issue 10: each rank waits for its send to be received while
+    // the peer waits for its own.
+    let text = "0F0,0SEND_F0,0WAIT_SEND_F0,0F1,0SEND_F1,0WAIT_SEND_F1,0RECV_B0,0B0,0F2,0RECV_B1,0SEND_F2,0WAIT_SEND_F2,0B1,0RECV_B2,0B2\n\
+                1RECV_F0,1F0,1B0,1SEND_B0,1WAIT_SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1,1RECV_F2,1WAIT_SEND_B1,1F2,1B2,1SEND_B2,1WAIT_SEND_B2\n";
+    let imported = import(text).unwrap();
+    let err = check_programs(imported.plan.problem(), &imported.programs.unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with(
+            "deadlock under rendezvous (WAIT_SEND blocks) semantics: rank 0 waits at instruction"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("rank 1 waits at instruction"), "{err}");
 }

@@ -456,7 +456,7 @@ fn mutate(set: &mut ProgramSet, bytes: &mut Bytes<'_>, stages: u32, microbatches
                         w.microbatch = MicrobatchId::new(microbatch);
                     }
                     Instr::GradSync(s) => *s = StageId::new(stage),
-                    Instr::Comm(_) | Instr::FlushWeightGrads => {}
+                    Instr::Comm(_) | Instr::FlushWeightGrads | Instr::WaitSend { .. } => {}
                 }
             }
         }
@@ -506,7 +506,8 @@ fn mutate(set: &mut ProgramSet, bytes: &mut Bytes<'_>, stages: u32, microbatches
         14 => {
             set.semantics = match set.semantics {
                 Semantics::Blocking => Semantics::Batched,
-                Semantics::Batched => Semantics::Blocking,
+                Semantics::Batched => Semantics::Rendezvous,
+                Semantics::Rendezvous => Semantics::Blocking,
             }
         }
         _ => set.forward_only = !set.forward_only,

@@ -322,12 +322,13 @@ fn lower_rows(problem: &Problem, rows: &[Vec<Action>]) -> Result<ProgramSet, Cor
     Ok(ProgramSet {
         programs,
         forward_only: false,
-        semantics: Semantics::Batched,
+        // The file's WAIT_SENDs can block: check it as PyTorch runs it.
+        semantics: Semantics::Rendezvous,
     })
 }
 
-/// A send not yet waited for: (direction, stage, microbatch, column of the send).
-type Unwaited = (Direction, StageId, MicrobatchId, usize);
+/// A send not yet waited for: (direction, stage, microbatch, column of the send, the send).
+type Unwaited = (Direction, StageId, MicrobatchId, usize, CommOp);
 
 /// The program of one rank's row: computes (with the loss after a last stage's forward),
 /// consecutive sends and receives as one group, and every send waited for later on the row.
@@ -353,10 +354,16 @@ fn lower_row(problem: &Problem, rank: RankId, row: &[Action]) -> Result<RankProg
             } => {
                 let waited = unwaited
                     .iter()
-                    .position(|&(d, s, m, _)| d == direction && s == stage && m == microbatch);
+                    .position(|&(d, s, m, _, _)| d == direction && s == stage && m == microbatch);
                 match waited {
                     Some(i) => {
-                        unwaited.remove(i);
+                        let (.., send) = unwaited.remove(i);
+                        if let CommOp::Send { to, message } = send {
+                            if !group.ops.is_empty() {
+                                instrs.push(Instr::Comm(std::mem::take(&mut group)));
+                            }
+                            instrs.push(Instr::WaitSend { to, message });
+                        }
                     }
                     None => {
                         return Err(csv_error(
@@ -377,13 +384,13 @@ fn lower_row(problem: &Problem, rank: RankId, row: &[Action]) -> Result<RankProg
             } => {
                 let op = comm_op(problem, rank, action, stage, microbatch, (line, column))?;
                 if let CommOp::Send { message, .. } = op {
-                    unwaited.push((message.direction, stage, microbatch, column));
+                    unwaited.push((message.direction, stage, microbatch, column, op));
                 }
                 group.ops.push(op);
             }
         }
     }
-    if let Some(&(d, s, m, column)) = unwaited.first() {
+    if let Some(&(d, s, m, column, _)) = unwaited.first() {
         let name = comm_name(CommAction::Send(d));
         return Err(csv_error(
             line,
@@ -532,7 +539,14 @@ pub fn lowered_csv(set: &ProgramSet) -> String {
                     match set.semantics {
                         Semantics::Blocking => cells.extend(waits),
                         Semantics::Batched => deferred.extend(waits),
+                        // Imported files carry their waits as instructions.
+                        Semantics::Rendezvous => {}
                     }
+                }
+                Instr::WaitSend { message, .. } => {
+                    let stage = message.from_stage;
+                    let name = comm_name(CommAction::WaitSend(message.direction));
+                    cells.push(format!("{stage}{name}{}", message.microbatch));
                 }
                 _ => {}
             }

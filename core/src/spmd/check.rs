@@ -12,6 +12,9 @@
 //! 4. **Batched.** Posting each group's sends and receives together and waiting for its receives
 //!    (sends complete when received, by the end of the program at the latest), every rank runs to
 //!    its end.
+//! 5. **Rendezvous** (for program sets that claim it: imported lowered files). Sends post without
+//!    blocking, receives block until their send is posted, and every `WaitSend` blocks until its
+//!    send's receive is posted, as a large NCCL send does; every rank runs to its end.
 //!
 //! A program set that cannot finish is reported with the cycle of waiting ranks, e.g.
 //! `rank 2 waits for recv-grad(stage 5, mb 3) from rank 3; rank 3 waits for ...`.
@@ -180,8 +183,8 @@ pub fn check_programs(problem: &Problem, set: &ProgramSet) -> Result<CheckReport
     check_numbering(set)?;
     check_dataflow(problem, set)?;
     let messages = check_matching(set)?;
-    if set.semantics == Semantics::Blocking {
-        simulate_comm(set, Semantics::Blocking)?;
+    if set.semantics != Semantics::Batched {
+        simulate_comm(set, set.semantics)?;
     }
     simulate_comm(set, Semantics::Batched)?;
     let groups = set
@@ -258,6 +261,25 @@ fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> 
                                 }
                             }
                         }
+                    }
+                }
+                Instr::WaitSend { to, message } => {
+                    let sent = program.instrs[..i].iter().any(|earlier| match earlier {
+                        Instr::Comm(g) => g.ops.contains(&CommOp::Send {
+                            to: *to,
+                            message: *message,
+                        }),
+                        _ => false,
+                    });
+                    if !sent {
+                        return Err(CommError::BadSend {
+                            rank,
+                            instr: i,
+                            op: CommOp::Send {
+                                to: *to,
+                                message: *message,
+                            },
+                        });
                     }
                 }
                 Instr::Compute(task) => {
@@ -368,13 +390,15 @@ struct Slot {
     pair: usize,
     ordinal: usize,
     is_send: bool,
+    /// A `WaitSend` on an earlier send (blocks until that send's receive is posted).
+    wait: bool,
 }
 
 impl Slot {
-    /// Whether the rank must wait for this operation's partner before going on: always under
-    /// blocking semantics; only for receives under batched ones.
+    /// Whether the rank must wait for this operation's partner before going on: a wait always;
+    /// a send only under blocking semantics; a receive always.
     fn blocks(&self, semantics: Semantics) -> bool {
-        !(semantics == Semantics::Batched && self.is_send)
+        self.wait || !self.is_send || semantics == Semantics::Blocking
     }
 }
 
@@ -405,6 +429,18 @@ impl CommReplay {
             let mut rank_slots = Vec::new();
             let mut rank_units = Vec::new();
             for (i, instr) in p.instrs.iter().enumerate() {
+                if let Instr::WaitSend { to, message } = *instr {
+                    // Blocks on the latest earlier send of that message (check 1 ensures one).
+                    let sent = rank_slots.iter().rev().find(|s: &&Slot| {
+                        s.is_send && !s.wait && s.op == CommOp::Send { to, message }
+                    });
+                    if let Some(&send) = sent {
+                        let k = rank_slots.len();
+                        rank_slots.push(Slot { wait: true, ..send });
+                        rank_units.push((i, k..k + 1));
+                    }
+                    continue;
+                }
                 let Instr::Comm(g) = instr else { continue };
                 let first = rank_slots.len();
                 for op in g.ops.iter().filter(|op| op.peer().index() < ranks) {
@@ -418,11 +454,12 @@ impl CommReplay {
                         pair,
                         ordinal: *counter,
                         is_send,
+                        wait: false,
                     });
                     *counter += 1;
                 }
                 match semantics {
-                    Semantics::Blocking => {
+                    Semantics::Blocking | Semantics::Rendezvous => {
                         rank_units.extend((first..rank_slots.len()).map(|k| (i, k..k + 1)))
                     }
                     Semantics::Batched => rank_units.push((i, first..rank_slots.len())),

@@ -21,6 +21,10 @@ pub enum Semantics {
     /// matched, and its sends complete when the peers receive them (all by the end of the
     /// program), as with `batch_isend_irecv` and waiting on the receive requests.
     Batched,
+    /// PyTorch's lowered programs: a send is posted without blocking, a receive blocks until its
+    /// send is posted, and a [`Instr::WaitSend`] blocks until the send's receive is posted (a
+    /// large NCCL send completes only then).
+    Rendezvous,
 }
 
 impl fmt::Display for Semantics {
@@ -28,6 +32,7 @@ impl fmt::Display for Semantics {
         f.write_str(match self {
             Semantics::Blocking => "blocking rendezvous",
             Semantics::Batched => "batched",
+            Semantics::Rendezvous => "rendezvous (WAIT_SEND blocks)",
         })
     }
 }
@@ -236,6 +241,14 @@ pub enum Instr {
     GradSync(StageId),
     /// End of the step: flush weight gradients still pending.
     FlushWeightGrads,
+    /// Wait until the earlier send of `message` to `to` has completed (its receive is posted);
+    /// written by lowered schedule files (`WAIT_SEND_F`, `WAIT_SEND_B`).
+    WaitSend {
+        /// The peer.
+        to: RankId,
+        /// The message sent.
+        message: Message,
+    },
 }
 
 impl fmt::Display for Instr {
@@ -258,6 +271,7 @@ impl fmt::Display for Instr {
             }
             Instr::GradSync(s) => write!(f, "grad-sync(stage {s})"),
             Instr::FlushWeightGrads => write!(f, "flush-weight-grads"),
+            Instr::WaitSend { to, message } => write!(f, "wait-send({message} to rank {to})"),
         }
     }
 }
