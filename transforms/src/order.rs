@@ -1,6 +1,39 @@
 //! Building blocks for per-rank orders shared by the passes.
 
-use pipeweave_core::Task;
+use pipeweave_core::{Problem, Task, Work};
+
+/// Fill-drain (GPipe) orders for any problem: every rank runs all its forwards, then all its full
+/// backwards, microbatch after microbatch, route by route; on a rank holding several stages of a
+/// route, forwards go in route order and backwards in reverse. Always a runnable schedule.
+pub fn fill_drain(problem: &Problem) -> Vec<Vec<Task>> {
+    let ranks = problem.ranks() as usize;
+    let mut forwards: Vec<Vec<Task>> = vec![Vec::new(); ranks];
+    let mut backwards: Vec<Vec<Task>> = vec![Vec::new(); ranks];
+    for route in problem.routes() {
+        for mb in route.first().get()..route.end().get() {
+            for &stage in route.stages() {
+                let rank = problem
+                    .rank_of(stage)
+                    .expect("route stages are in range in a validated problem");
+                forwards[rank.index()].push(Task::Forward(Work::new(stage.get(), mb)));
+            }
+            for &stage in route.stages().iter().rev() {
+                let rank = problem
+                    .rank_of(stage)
+                    .expect("route stages are in range in a validated problem");
+                backwards[rank.index()].push(Task::Backward(Work::new(stage.get(), mb)));
+            }
+        }
+    }
+    forwards
+        .into_iter()
+        .zip(backwards)
+        .map(|(mut f, b)| {
+            f.extend(b);
+            f
+        })
+        .collect()
+}
 
 /// Merges a rank's forwards and backwards the way every warm-up / steady / cool-down schedule
 /// does: the first `warmup` forwards, then pairs (next forward, next backward) while both remain,

@@ -14,8 +14,9 @@
 //! ```
 
 use crate::error::TransformError;
+use crate::order::fill_drain;
 use crate::pass::{Changes, Contract, Pass, Requires};
-use pipeweave_core::{Facts, LayoutKind, Pacing, Plan, Task, Work};
+use pipeweave_core::{Facts, LayoutKind, Pacing, Plan};
 
 /// The GPipe baseline pass.
 #[derive(Clone, Copy, Debug, Default)]
@@ -47,34 +48,7 @@ impl Pass for GPipe {
     }
 
     fn apply(&self, plan: Plan, (): ()) -> Result<Plan, TransformError> {
-        let problem = plan.problem();
-        let ranks = problem.ranks() as usize;
-        let mut forwards: Vec<Vec<Task>> = vec![Vec::new(); ranks];
-        let mut backwards: Vec<Vec<Task>> = vec![Vec::new(); ranks];
-        for route in problem.routes() {
-            for mb in route.first().get()..route.end().get() {
-                for &stage in route.stages() {
-                    let rank = problem
-                        .rank_of(stage)
-                        .expect("route stages are in range in a validated problem");
-                    forwards[rank.index()].push(Task::Forward(Work::new(stage.get(), mb)));
-                }
-                for &stage in route.stages().iter().rev() {
-                    let rank = problem
-                        .rank_of(stage)
-                        .expect("route stages are in range in a validated problem");
-                    backwards[rank.index()].push(Task::Backward(Work::new(stage.get(), mb)));
-                }
-            }
-        }
-        let orders = forwards
-            .into_iter()
-            .zip(backwards)
-            .map(|(mut f, b)| {
-                f.extend(b);
-                f
-            })
-            .collect();
+        let orders = fill_drain(plan.problem());
         let facts = Facts {
             pacing: Pacing::FillDrain,
             ..plan.facts()
