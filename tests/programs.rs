@@ -41,11 +41,9 @@ fn expressions(p: u32, m: u32) -> Vec<String> {
     out.push("vpp(f1b(gpipe), chunks=3)".to_string());
     out.push("zero_bubble(vpp(f1b(gpipe), chunks=2))".to_string());
     out.push("zero_bubble(dual(vpp(f1b(gpipe), chunks=2, layout=v)))".to_string());
-    if m >= 2 * p {
-        if p % 2 == 0 && m % 2 == 0 {
-            out.push("zero_bubble(dual(f1b(gpipe)))".to_string());
-            out.push("dual(f1b(gpipe))".to_string());
-        }
+    if m >= 2 * p && p % 2 == 0 && m % 2 == 0 {
+        out.push("zero_bubble(dual(f1b(gpipe)))".to_string());
+        out.push("dual(f1b(gpipe))".to_string());
     }
     out
 }

@@ -198,7 +198,13 @@ impl GptModel {
                         .filter(|(w, _)| w.get() / p == d)
                         .map(|(w, what)| (RankId::new(w.get() % p), what));
                     scope.spawn(move || {
-                        self.run_stages(runner, &batch, shared, epoch, false, injection, d * m)
+                        let how = StageRun {
+                            epoch,
+                            forward_only: false,
+                            injection,
+                            offset: d * m,
+                        };
+                        self.run_stages(runner, &batch, shared, how)
                     })
                 })
                 .collect();
@@ -251,7 +257,13 @@ impl GptModel {
     ) -> Result<(f64, usize), TrainError> {
         let batch = Arc::new(batch.clone());
         let sync: Arc<dyn GradSync> = Arc::new(LocalGradients::new(self.cut.positions(), false));
-        let stages = self.run_stages(runner, &batch, sync, Instant::now(), true, None, 0)?;
+        let how = StageRun {
+            epoch: Instant::now(),
+            forward_only: true,
+            injection: None,
+            offset: 0,
+        };
+        let stages = self.run_stages(runner, &batch, sync, how)?;
         let loss = fold_losses(&stages, batch.microbatches())?;
         Ok((loss, batch.tokens()))
     }
@@ -264,11 +276,14 @@ impl GptModel {
         runner: &StepRunner,
         batch: &Arc<StepBatch>,
         sync: Arc<dyn GradSync>,
-        epoch: Instant,
-        forward_only: bool,
-        injection: Option<(RankId, Injection)>,
-        offset: u32,
+        how: StageRun,
     ) -> Result<Vec<GptStage>, TrainError> {
+        let StageRun {
+            epoch,
+            forward_only,
+            injection,
+            offset,
+        } = how;
         let problem = runner.problem();
         let made = (0..problem.ranks())
             .map(|r| {
@@ -300,6 +315,16 @@ impl GptModel {
                 .expect("run_threads makes each rank's compute exactly once")
         })
     }
+}
+
+/// How one replica's stages run: the step's clock, forward only or not, a fault to inject, and
+/// the global index of the replica's microbatch 0.
+#[derive(Clone, Copy)]
+struct StageRun {
+    epoch: Instant,
+    forward_only: bool,
+    injection: Option<(RankId, Injection)>,
+    offset: u32,
 }
 
 /// The summed loss of every microbatch, added in microbatch order.
