@@ -77,7 +77,7 @@ impl ModelCut {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pipeweave_core::{ProblemSpec, RouteSpec};
+    use pipeweave_core::ProblemSpec;
 
     #[test]
     fn blocks_spread_over_positions_unevenly_when_needed() {
@@ -98,26 +98,7 @@ mod tests {
     #[test]
     fn mirrored_stages_share_a_position() {
         let config = GptConfig::new(2, 16, 2, 8).unwrap();
-        let problem = ProblemSpec::builder()
-            .ranks(2)
-            .microbatches(4)
-            .stage_to_rank(vec![0, 1, 1, 0])
-            .routes(vec![
-                RouteSpec {
-                    first: 0,
-                    end: 2,
-                    stages: vec![0, 1],
-                },
-                RouteSpec {
-                    first: 2,
-                    end: 4,
-                    stages: vec![2, 3],
-                },
-            ])
-            .tied_stages(vec![vec![0, 2], vec![1, 3]])
-            .build()
-            .validate()
-            .unwrap();
+        let problem = ProblemSpec::dualpipe(2, 4).validate().unwrap();
         let cut = ModelCut::new(&config, &problem).unwrap();
         assert_eq!(cut.positions(), 2);
         assert_eq!(cut.position(StageId::new(2)), Some(0));

@@ -330,7 +330,7 @@ impl fmt::Display for Facts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::problem::{ProblemSpec, RouteSpec};
+    use crate::ir::problem::ProblemSpec;
 
     fn placed(ranks: u32, stage_to_rank: Vec<u32>) -> Problem {
         ProblemSpec::builder()
@@ -377,31 +377,12 @@ mod tests {
 
     #[test]
     fn dualpipe_layout_needs_mirrors_routes_and_ties() {
-        let spec = |tied: Vec<Vec<u32>>| {
-            ProblemSpec::builder()
-                .ranks(2)
-                .microbatches(4)
-                .stage_to_rank(vec![0, 1, 1, 0])
-                .routes(vec![
-                    RouteSpec {
-                        first: 0,
-                        end: 2,
-                        stages: vec![0, 1],
-                    },
-                    RouteSpec {
-                        first: 2,
-                        end: 4,
-                        stages: vec![2, 3],
-                    },
-                ])
-                .tied_stages(tied)
-                .build()
-                .validate()
-                .unwrap()
-        };
         let dual = Layout::Dual(DualKind::DualPipe);
-        assert!(dual.check(&spec(vec![vec![0, 2], vec![1, 3]])).is_ok());
-        assert!(dual.check(&spec(vec![])).is_err());
+        assert!(dual
+            .check(&ProblemSpec::dualpipe(2, 4).validate().unwrap())
+            .is_ok());
+        // The same placement without routes or ties is not DualPipe.
+        assert!(dual.check(&placed(2, vec![0, 1, 1, 0])).is_err());
     }
 
     #[test]

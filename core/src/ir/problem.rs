@@ -136,6 +136,34 @@ fn check_size(what: &'static str, value: u64, max: u64) -> Result<(), CoreError>
 }
 
 impl ProblemSpec {
+    /// DeepSeek's DualPipe layout on `ranks` ranks: stage `i` on rank `i` and its mirror `P + i`
+    /// (tied to it) on rank `P - 1 - i`; the first `M / 2` microbatches flow through stages
+    /// `0..P`, the others through `P..2P`.
+    pub fn dualpipe(ranks: u32, microbatches: u32) -> ProblemSpec {
+        let half = microbatches / 2;
+        let placement = (0..ranks)
+            .chain((0..ranks).map(|i| ranks - 1 - i))
+            .collect();
+        ProblemSpec::builder()
+            .ranks(ranks)
+            .microbatches(microbatches)
+            .stage_to_rank(placement)
+            .routes(vec![
+                RouteSpec {
+                    first: 0,
+                    end: half,
+                    stages: (0..ranks).collect(),
+                },
+                RouteSpec {
+                    first: half,
+                    end: microbatches,
+                    stages: (ranks..2 * ranks).collect(),
+                },
+            ])
+            .tied_stages((0..ranks).map(|i| vec![i, ranks + i]).collect())
+            .build()
+    }
+
     /// Checks every rule in the module doc and builds the [`Problem`].
     pub fn validate(self) -> Result<Problem, CoreError> {
         check_size("ranks", self.ranks.into(), MAX_RANKS.into())?;
@@ -447,26 +475,8 @@ mod tests {
 
     #[test]
     fn dualpipe_routes_validate_and_bad_routes_do_not() {
-        let ok = ProblemSpec::builder()
-            .ranks(2)
-            .microbatches(4)
-            .stage_to_rank(vec![0, 1, 1, 0])
-            .routes(vec![
-                RouteSpec {
-                    first: 0,
-                    end: 2,
-                    stages: vec![0, 1],
-                },
-                RouteSpec {
-                    first: 2,
-                    end: 4,
-                    stages: vec![2, 3],
-                },
-            ])
-            .tied_stages(vec![vec![0, 2], vec![1, 3]])
-            .build()
-            .validate()
-            .unwrap();
+        let ok = ProblemSpec::dualpipe(2, 4).validate().unwrap();
+        assert_eq!(ok.tied_stages().len(), 2);
         assert!(!ok.has_work(StageId::new(2), MicrobatchId::new(0)));
         assert!(ok.has_work(StageId::new(2), MicrobatchId::new(3)));
         assert_eq!(ok.work_count(), 8);

@@ -36,7 +36,7 @@ use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::dualpipe::DualShape;
 use pipeweave_core::{
     CostModel, DualKind, Facts, Layout, LayoutKind, MemoryModel, Pacing, Plan, Problem,
-    ProblemSpec, RouteSpec, StageCosts, StageMemory,
+    ProblemSpec, StageCosts, StageMemory,
 };
 
 /// The bidirectional pass.
@@ -116,25 +116,7 @@ fn reshape(
             .stage_to_rank(owner)
             .build()
     } else {
-        let half = shape.microbatches / 2;
-        ProblemSpec::builder()
-            .ranks(p)
-            .microbatches(shape.microbatches)
-            .stage_to_rank(owner)
-            .routes(vec![
-                RouteSpec {
-                    first: 0,
-                    end: half,
-                    stages: (0..p).collect(),
-                },
-                RouteSpec {
-                    first: half,
-                    end: shape.microbatches,
-                    stages: (p..2 * p).collect(),
-                },
-            ])
-            .tied_stages((0..p).map(|i| vec![i, p + i]).collect())
-            .build()
+        ProblemSpec::dualpipe(p, shape.microbatches)
     };
     let problem = spec
         .validate()
