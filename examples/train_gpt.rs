@@ -285,6 +285,12 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
         _ => format!("nothing to do: the run is already at step {}", trainer.steps_done()),
     };
     progress.finish(&summary);
+    if !trainer.peak_activation_bytes().is_empty() {
+        eprintln!(
+            "peak live activation bytes per rank (last step, measured): {:?}",
+            trainer.peak_activation_bytes()
+        );
+    }
     if let Some(path) = &args.curve {
         let svg = LossCurve::new(
             format!("{} — {}", args.schedule, corpus.origin().display()),

@@ -15,7 +15,8 @@
 //! - forward-only evaluation: forwards and losses without saved state for a backward.
 //!
 //! Every op's measured start and end are recorded for the trace of a step, and the live
-//! activation bytes (saved boundary tensors and outputs not yet sent) are counted with their peak.
+//! activation bytes (the distinct tensors of the kernels' saved and pending states, and outputs
+//! not yet sent) are counted with their peak.
 
 use crate::batch::StepBatch;
 use crate::cut::ModelCut;
@@ -76,6 +77,7 @@ pub struct GptStage {
     live_bytes: usize,
     peak_bytes: usize,
     saved_bytes: HashMap<Work, usize>,
+    pending_bytes: HashMap<Work, usize>,
     output_bytes: HashMap<Work, usize>,
     /// Stages whose output leaves the rank (sent, or consumed by the loss): their output stays
     /// live until freed; a hand-over to a local next stage is not counted twice.
@@ -142,6 +144,7 @@ impl GptStage {
             live_bytes: 0,
             peak_bytes: 0,
             saved_bytes: HashMap::new(),
+            pending_bytes: HashMap::new(),
             output_bytes: HashMap::new(),
             outputs_leave,
             injection: None,
@@ -211,6 +214,7 @@ impl GptStage {
     fn hold(&mut self, table: Table, work: Work, amount: usize) {
         let map = match table {
             Table::Saved => &mut self.saved_bytes,
+            Table::Pending => &mut self.pending_bytes,
             Table::Output => &mut self.output_bytes,
         };
         map.insert(work, amount);
@@ -221,6 +225,7 @@ impl GptStage {
     fn release(&mut self, table: Table, work: Work) {
         let map = match table {
             Table::Saved => &mut self.saved_bytes,
+            Table::Pending => &mut self.pending_bytes,
             Table::Output => &mut self.output_bytes,
         };
         if let Some(amount) = map.remove(&work) {
@@ -229,9 +234,12 @@ impl GptStage {
     }
 }
 
+/// What live activation bytes are held for: a forward's saved state (until its input-gradient
+/// backward), its pending weight-gradient state (until its W), an output not yet sent.
 #[derive(Clone, Copy)]
 enum Table {
     Saved,
+    Pending,
     Output,
 }
 
@@ -256,11 +264,7 @@ impl StageCompute for GptStage {
         let held = self.stage(work.stage)?;
         let (output, saved) = held.model.forward(&input).map_err(|e| e.to_string())?;
         if !self.forward_only {
-            let kept = if held.model.recompute() {
-                bytes(&input)
-            } else {
-                bytes(&input) + bytes(&output)
-            };
+            let kept = saved.held_bytes();
             self.saved.insert(work, saved);
             self.hold(Table::Saved, work, kept);
         }
@@ -317,8 +321,10 @@ impl StageCompute for GptStage {
             .model
             .backward_input(saved, &grad_output)
             .map_err(|e| e.to_string())?;
+        let kept = pending.held_bytes();
         self.pending.insert(work, pending);
         self.release(Table::Saved, work);
+        self.hold(Table::Pending, work, kept);
         self.record(OpKind::InputGrad, work, start);
         Ok(grad_input)
     }
@@ -335,6 +341,7 @@ impl StageCompute for GptStage {
             .model
             .backward_weight(pending)
             .map_err(|e| e.to_string())?;
+        self.release(Table::Pending, work);
         let microbatch = self.global(work);
         self.sync.add(position, microbatch, grads)?;
         if self.last_weight.remove(&work.stage) {

@@ -199,6 +199,30 @@ impl ParameterSlots for Attention {
     }
 }
 
+impl crate::layers::HeldTensors for CoreSaved {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        out.push(&self.query);
+        out.push(&self.key);
+        out.push(&self.value);
+        out.push(&self.probs);
+    }
+}
+
+impl crate::layers::HeldTensors for AttentionSaved {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        self.c_attn.tensors(out);
+        self.core.tensors(out);
+        self.c_proj.tensors(out);
+    }
+}
+
+impl crate::layers::HeldTensors for AttentionPendingWeightGrad {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        self.c_attn.tensors(out);
+        self.c_proj.tensors(out);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

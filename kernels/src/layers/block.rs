@@ -178,6 +178,24 @@ impl ParameterSlots for Block {
     }
 }
 
+impl crate::layers::HeldTensors for BlockSaved {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        self.ln_1.tensors(out);
+        self.attn.tensors(out);
+        self.ln_2.tensors(out);
+        self.mlp.tensors(out);
+    }
+}
+
+impl crate::layers::HeldTensors for BlockPendingWeightGrad {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        self.ln_1.tensors(out);
+        self.attn.tensors(out);
+        self.ln_2.tensors(out);
+        self.mlp.tensors(out);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -162,6 +162,21 @@ impl ParameterSlots for Embedding {
     }
 }
 
+impl crate::layers::HeldTensors for EmbeddingSaved {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        out.push(&self.token_ids);
+        out.push(&self.position_ids);
+    }
+}
+
+impl crate::layers::HeldTensors for EmbeddingPendingWeightGrad {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        out.push(&self.token_ids);
+        out.push(&self.position_ids);
+        out.push(&self.grad_rows);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

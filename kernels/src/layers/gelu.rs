@@ -55,6 +55,12 @@ impl Layer for Gelu {
     }
 }
 
+impl crate::layers::HeldTensors for GeluSaved {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        out.push(&self.input);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

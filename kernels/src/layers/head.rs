@@ -129,6 +129,21 @@ impl ParameterSlots for Head {
     }
 }
 
+impl crate::layers::HeldTensors for HeadSaved {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        out.push(&self.normed_rows);
+        self.ln_f.tensors(out);
+    }
+}
+
+impl crate::layers::HeldTensors for HeadPendingWeightGrad {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        out.push(&self.normed_rows);
+        out.push(&self.grad_rows);
+        self.ln_f.tensors(out);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,6 +120,20 @@ impl ParameterSlots for LayerNorm {
     }
 }
 
+impl crate::layers::HeldTensors for LayerNormSaved {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        out.push(&self.normalized);
+        out.push(&self.rstd);
+    }
+}
+
+impl crate::layers::HeldTensors for LayerNormPendingWeightGrad {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        out.push(&self.normalized);
+        out.push(&self.grad_output);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

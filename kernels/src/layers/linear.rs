@@ -142,6 +142,19 @@ impl ParameterSlots for Linear {
     }
 }
 
+impl crate::layers::HeldTensors for LinearSaved {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        out.push(&self.input_rows);
+    }
+}
+
+impl crate::layers::HeldTensors for LinearPendingWeightGrad {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        out.push(&self.input_rows);
+        out.push(&self.grad_rows);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -111,6 +111,21 @@ impl ParameterSlots for Mlp {
     }
 }
 
+impl crate::layers::HeldTensors for MlpSaved {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        self.c_fc.tensors(out);
+        self.gelu.tensors(out);
+        self.c_proj.tensors(out);
+    }
+}
+
+impl crate::layers::HeldTensors for MlpPendingWeightGrad {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        self.c_fc.tensors(out);
+        self.c_proj.tensors(out);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

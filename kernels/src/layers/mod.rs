@@ -113,6 +113,22 @@ pub(crate) fn prefixed(prefix: &str, params: Vec<(String, Tensor)>) -> Vec<(Stri
 
 /// Mutable access to a layer's parameter tensors, in the order of [`Layer::parameters`], for
 /// [`crate::StageModel::set_parameters`], which checks shapes and dtypes before writing.
+/// The tensors a saved or pending state keeps alive (its memory, counted once per tensor).
+pub(crate) trait HeldTensors {
+    /// Pushes every tensor held.
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>);
+}
+
+/// Bytes of distinct tensors among `tensors`.
+pub(crate) fn distinct_bytes(tensors: &[&Tensor]) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    tensors
+        .iter()
+        .filter(|t| seen.insert(t.id()))
+        .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+        .sum()
+}
+
 pub(crate) trait ParameterSlots {
     /// The parameter tensors, in order.
     fn parameter_slots(&mut self) -> Vec<&mut Tensor>;

@@ -129,6 +129,47 @@ pub struct StagePendingWeightGrad {
     head: Option<HeadPendingWeightGrad>,
 }
 
+impl StageSaved {
+    /// Bytes of the distinct tensors this state keeps for the backward (activation memory).
+    pub fn held_bytes(&self) -> usize {
+        use crate::layers::HeldTensors;
+        let mut tensors: Vec<&Tensor> = Vec::new();
+        match &self.kind {
+            SavedKind::InputOnly(input) => tensors.push(input),
+            SavedKind::Full(states) => {
+                if let Some(e) = &states.embedding {
+                    e.tensors(&mut tensors);
+                }
+                for b in &states.blocks {
+                    b.tensors(&mut tensors);
+                }
+                if let Some(h) = &states.head {
+                    h.tensors(&mut tensors);
+                }
+            }
+        }
+        crate::layers::distinct_bytes(&tensors)
+    }
+}
+
+impl StagePendingWeightGrad {
+    /// Bytes of the distinct tensors kept until the weight gradient.
+    pub fn held_bytes(&self) -> usize {
+        use crate::layers::HeldTensors;
+        let mut tensors: Vec<&Tensor> = Vec::new();
+        if let Some(e) = &self.embedding {
+            e.tensors(&mut tensors);
+        }
+        for b in &self.blocks {
+            b.tensors(&mut tensors);
+        }
+        if let Some(h) = &self.head {
+            h.tensors(&mut tensors);
+        }
+        crate::layers::distinct_bytes(&tensors)
+    }
+}
+
 impl StageModel {
     /// A stage of `config` holding `layout`, GPT-2-initialised from `seed` in `dtype` (F32 or
     /// F64), on the CPU primitives, with recomputation off.
