@@ -391,3 +391,75 @@ fn mpi_child() {
         other => panic!("unknown scenario {other}"),
     }
 }
+
+#[test]
+fn a_rank_killed_from_outside_ends_the_job_within_ten_seconds() {
+    let _one = MPIRUN.lock().unwrap_or_else(|e| e.into_inner());
+    // A run that would take about 13 s: 33 units of 0.4 s at 4 ranks and 8 microbatches.
+    let mut job = Command::new("timeout")
+        .args([
+            "120",
+            "mpirun",
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "4",
+        ])
+        .arg(env!("CARGO_BIN_EXE_pipeweave"))
+        .args([
+            "run",
+            "f1b(gpipe)",
+            "-p",
+            "4",
+            "-m",
+            "8",
+            "--backend",
+            "mpi",
+            "--time-scale",
+            "400",
+        ])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("mpirun runs (install Open MPI: .ci/mpi)");
+    // Wait for the ranks to start, then kill one of them.
+    let mut victim = None;
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(100));
+        // A rank's command line starts with the binary (mpirun's and timeout's do not).
+        let pattern = format!(
+            "^{} run f1b\\(gpipe\\) -p 4 -m 8 --backend mpi --time-scale 400",
+            env!("CARGO_BIN_EXE_pipeweave")
+        );
+        let found = Command::new("pgrep")
+            .args(["-f", "--newest", &pattern])
+            .output()
+            .expect("pgrep runs");
+        let pid = text(&found.stdout).trim().to_string();
+        if !pid.is_empty() {
+            victim = Some(pid);
+            break;
+        }
+    }
+    let victim = victim.expect("the ranks started");
+    std::thread::sleep(Duration::from_millis(1500));
+    let killed = Instant::now();
+    Command::new("kill")
+        .args(["-9", &victim])
+        .status()
+        .expect("kill runs");
+    let status = loop {
+        if let Some(status) = job.try_wait().expect("the job can be waited for") {
+            break status;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "the job survived a killed rank for 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!status.success(), "a job with a killed rank must fail");
+    assert!(killed.elapsed() < Duration::from_secs(10));
+}
