@@ -104,6 +104,16 @@ pub enum CommError {
         /// The send.
         op: CommOp,
     },
+    /// A send or receive names a message that crosses no boundary of its microbatch's route.
+    #[error("rank {rank}, instruction {instr}: {op} is not a message of this plan (no such stage boundary on the microbatch's route)")]
+    NotAnEdge {
+        /// The rank.
+        rank: RankId,
+        /// The instruction index.
+        instr: usize,
+        /// The send or receive.
+        op: CommOp,
+    },
     /// A message is sent, or received, a second time.
     #[error("rank {rank}, instruction {instr}: {op} repeats a message that already travelled")]
     Repeated {
@@ -239,6 +249,20 @@ fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> 
                 Instr::Comm(group) => {
                     for op in &group.ops {
                         match *op {
+                            CommOp::Recv { message, .. } if !is_edge(problem, &message) => {
+                                return Err(CommError::NotAnEdge {
+                                    rank,
+                                    instr: i,
+                                    op: *op,
+                                })
+                            }
+                            CommOp::Send { message, .. } if !is_edge(problem, &message) => {
+                                return Err(CommError::NotAnEdge {
+                                    rank,
+                                    instr: i,
+                                    op: *op,
+                                })
+                            }
                             CommOp::Recv { message, .. } => {
                                 if let Some(k) = message_index(slots, &message) {
                                     received[k] = stamp;
@@ -306,6 +330,23 @@ fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> 
         }
     }
     Ok(())
+}
+
+/// Whether `message` crosses a real boundary of its microbatch's route: an activation from a stage
+/// to the next, a gradient from a stage to the previous, with that boundary's shape slot.
+fn is_edge(problem: &Problem, message: &Message) -> bool {
+    let Some(route) = problem.route_of(message.microbatch) else {
+        return false;
+    };
+    let expected = match message.direction {
+        Direction::Activation => route
+            .next(message.from_stage)
+            .map(|next| Message::activation(message.from_stage, next, message.microbatch)),
+        Direction::Gradient => route
+            .prev(message.from_stage)
+            .map(|prev| Message::gradient(message.from_stage, prev, message.microbatch)),
+    };
+    expected == Some(*message)
 }
 
 /// Counts one send (or receive) of a message; a second one is an error.
@@ -702,6 +743,30 @@ mod tests {
             err.to_string(),
             "deadlock under blocking rendezvous semantics: rank 0 waits at instruction 0 for send-act(stage 0, mb 0) to rank 1; rank 1 waits at instruction 0 for send-act(stage 1, mb 0) to rank 0"
         );
+    }
+
+    #[test]
+    fn a_message_across_no_boundary_is_rejected() {
+        // Found by the fuzzer: a send and its receive both retargeted to a stage two hops away.
+        let (problem, mut set) = one_f_one_b();
+        let bogus = |m: &mut Message| m.to_stage = crate::ir::ids::StageId::new(0);
+        for program in &mut set.programs {
+            for instr in &mut program.instrs {
+                if let Instr::Comm(CommGroup { ops }) = instr {
+                    for op in ops {
+                        match op {
+                            CommOp::Send { message, .. } | CommOp::Recv { message, .. } => {
+                                if message.direction == Direction::Activation {
+                                    bogus(message)
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let err = check_programs(&problem, &set).unwrap_err();
+        assert!(matches!(err, CommError::NotAnEdge { .. }), "{err}");
     }
 
     #[test]
