@@ -2,8 +2,9 @@
 //!
 //! Checks, in order:
 //! 1. **Inputs received.** Every compute's inputs from other ranks were received earlier in its
-//!    rank's program, every output another rank needs is sent after it is computed, and every
-//!    message is sent once and received once.
+//!    rank's program, every output another rank needs is sent after it is computed, every message
+//!    crosses a real stage boundary of its microbatch's route and is sent once and received once,
+//!    and every `WaitSend` follows its send.
 //! 2. **Matching.** For every ordered pair of ranks, the k-th send from one to the other carries the
 //!    same message (direction, stages, microbatch, shape slot) as the k-th receive there.
 //! 3. **Blocking rendezvous** (for program sets that claim it, see [`ProgramSet::semantics`]).
