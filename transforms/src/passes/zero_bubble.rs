@@ -106,9 +106,13 @@ fn default_limit(plan: &Plan) -> f64 {
     let input = max_peak(plan);
     match DualShape::of_plan(plan) {
         Some(shape) => {
-            let orders = shape.orders(true);
+            let split = Facts {
+                backwards: Backwards::Split,
+                ..plan.facts()
+            };
             plan.clone()
-                .with_orders(orders)
+                .with_facts(split)
+                .and_then(|p| p.with_orders(shape.orders(true)))
                 .map_or(input, |deepseek| input.max(max_peak(&deepseek)))
         }
         None => input,
