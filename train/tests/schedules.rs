@@ -4,7 +4,7 @@
 mod common;
 
 use candle_core::{DType, Tensor};
-use common::plan;
+use common::{plan, SCHEDULES};
 use pipeweave_core::RecvPolicy;
 use pipeweave_kernels::init::SplitMix64;
 use pipeweave_kernels::GptConfig;
@@ -87,20 +87,6 @@ fn max_relative(a: &Tensor, b: &Tensor) -> f64 {
         .map(|(x, y)| (x - y).abs() / scale)
         .fold(0f32, f32::max) as f64
 }
-
-const SCHEDULES: &[&str] = &[
-    "gpipe",
-    "f1b(gpipe)",
-    "vpp(f1b(gpipe), chunks=2)",
-    "vpp(f1b(gpipe), chunks=3, group=4)",
-    "vpp(f1b(gpipe), chunks=2, layout=v)",
-    "zero_bubble(f1b(gpipe), policy=h1)",
-    "zero_bubble(f1b(gpipe), policy=h2)",
-    "zero_bubble(f1b(gpipe))",
-    "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
-    "zero_bubble(dual(f1b(gpipe)))",
-    "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
-];
 
 #[test]
 fn every_schedule_gives_the_single_rank_bits_when_deterministic() {

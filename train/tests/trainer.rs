@@ -61,19 +61,7 @@ fn losses(expression: &str, ranks: u32, deterministic: bool, recompute: bool) ->
 fn three_steps_through_every_schedule_equal_a_single_rank() {
     let (reference, reference_eval) = losses("gpipe", 1, true, false);
     let (loose, _) = losses("gpipe", 1, false, false);
-    for expression in [
-        "gpipe",
-        "f1b(gpipe)",
-        "vpp(f1b(gpipe), chunks=2)",
-        "vpp(f1b(gpipe), chunks=3, group=4)",
-        "vpp(f1b(gpipe), chunks=2, layout=v)",
-        "zero_bubble(f1b(gpipe), policy=h1)",
-        "zero_bubble(f1b(gpipe), policy=h2)",
-        "zero_bubble(f1b(gpipe))",
-        "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
-        "zero_bubble(dual(f1b(gpipe)))",
-        "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
-    ] {
+    for &expression in common::SCHEDULES {
         let (exact, eval) = losses(expression, 4, true, true);
         assert_eq!(exact, reference, "{expression}");
         assert_eq!(eval.to_bits(), reference_eval.to_bits(), "{expression}");
