@@ -321,22 +321,12 @@ fn run_executes_on_threads_and_compares_gradients() {
 fn stage_costs_files_set_uneven_costs_and_bad_ones_are_named() {
     let dir = std::env::temp_dir().join(format!("pipeweave-cli-costs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let good = dir.join("good.json");
-    std::fs::write(&good, r#"[{"F":1,"I":1,"W":1},{"F":2,"I":2,"W":2}]"#).unwrap();
-    let out = pipeweave(&[
-        "plan",
+    let json = plan_with_stage_costs(
         "f1b(gpipe)",
-        "-p",
         "2",
-        "-m",
         "4",
-        "--stage-costs",
-        good.to_str().unwrap(),
-        "--format",
-        "json",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        r#"[{"F":1,"I":1,"W":1},{"F":2,"I":2,"W":2}]"#,
+    );
     // The slow second rank dominates: it starts at 1 and is busy 4 x 6 = 24 without a gap; then
     // rank 0's last backward (2) follows: 1 + 24 + 2.
     assert_eq!(json["makespan"], 27.0);
@@ -422,30 +412,40 @@ fn tune_ranks_schedules_and_each_expression_gives_the_same_figures_to_plan() {
     );
 }
 
-#[test]
-fn dualpipe_overlap_with_uneven_stage_costs_costs_its_two_parts() {
-    let dir = std::env::temp_dir().join(format!("pipeweave-cli-fb-{}", std::process::id()));
+/// The JSON report of `plan EXPR -p P -m M --stage-costs FILE` with `costs` in FILE.
+fn plan_with_stage_costs(expression: &str, p: &str, m: &str, costs: &str) -> serde_json::Value {
+    let dir = std::env::temp_dir().join(format!(
+        "pipeweave-cli-stage-costs-{}-{}",
+        std::process::id(),
+        expression.len() + costs.len()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("costs.json");
-    std::fs::write(
-        &file,
-        r#"[{"F":1,"I":2,"W":0.5},{"F":2,"I":1,"W":1},{"F":1.5,"I":1,"W":0.3},{"F":1,"I":1,"W":1}]"#,
-    )
-    .unwrap();
+    std::fs::write(&file, costs).unwrap();
     let out = pipeweave(&[
         "plan",
-        "dual(f1b(gpipe))",
+        expression,
         "-p",
-        "4",
+        p,
         "-m",
-        "8",
+        m,
         "--stage-costs",
         file.to_str().unwrap(),
         "--format",
         "json",
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
-    assert_eq!(report["makespan"], 32.9);
     std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
+#[test]
+fn dualpipe_overlap_with_uneven_stage_costs_costs_its_two_parts() {
+    let report = plan_with_stage_costs(
+        "dual(f1b(gpipe))",
+        "4",
+        "8",
+        r#"[{"F":1,"I":2,"W":0.5},{"F":2,"I":1,"W":1},{"F":1.5,"I":1,"W":0.3},{"F":1,"I":1,"W":1}]"#,
+    );
+    assert_eq!(report["makespan"], 32.9);
 }
