@@ -2,9 +2,12 @@
 //!
 //! `cargo run --release --example train_gpt -- --schedule 'zero_bubble(f1b(gpipe))' --ranks 2`
 //!
-//! Every rank runs in its own thread over the checked per-rank programs of the plan; the model is
-//! cut into the plan's stages; losses equal a single-rank run (bit for bit with
-//! `--deterministic`). Without `--data` it trains on the source files of this checkout.
+//! Every rank runs in its own thread over the checked per-rank programs of the plan, or, with
+//! `--backend mpi` (cargo feature `mpi`), in its own process under
+//! `mpirun -np RANKS·DP target/release/examples/train_gpt --backend mpi ...`; the model is cut
+//! into the plan's stages; losses equal a single-rank run (bit for bit with `--deterministic`, on
+//! either backend). Without `--data` it trains on the source files of this checkout. Under MPI,
+//! world rank 0 prints, logs and writes the files; a failing rank reports and aborts the job.
 
 use clap::{Parser, ValueEnum};
 use pipeweave::Plan;
@@ -12,6 +15,8 @@ use pipeweave::{build_plan, PipelineConfig};
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::checkpoint::config_path;
 use pipeweave_train::data::BatchShape;
+#[cfg(feature = "mpi")]
+use pipeweave_train::mpi::MpiCluster;
 use pipeweave_train::{
     step_timeline, Corpus, Injection, LossCurve, LrSchedule, Progress, StepLog, TrainError,
     TrainSettings, Trainer,
@@ -156,12 +161,69 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: &Args) -> Result<(), Failure> {
+/// MPI, started once per process for `--backend mpi` (finalized when dropped).
+#[cfg(feature = "mpi")]
+type Mpi = Option<pipeweave_backends::mpi::rsmpi::environment::Universe>;
+#[cfg(not(feature = "mpi"))]
+type Mpi = Option<()>;
+
+#[cfg(feature = "mpi")]
+fn start_mpi(args: &Args) -> Result<Mpi, Failure> {
+    if args.backend != Backend::Mpi {
+        return Ok(None);
+    }
+    if args.timeline.is_some() {
+        return Err(bad(
+            "--timeline needs --backend threads (one process sees only its own rank's ops)",
+        ));
+    }
+    pipeweave_backends::mpi::rsmpi::initialize()
+        .map(Some)
+        .ok_or_else(|| {
+            bad("--backend mpi: MPI could not be initialised (is this run under mpirun?)")
+        })
+}
+
+#[cfg(not(feature = "mpi"))]
+fn start_mpi(args: &Args) -> Result<Mpi, Failure> {
     if args.backend == Backend::Mpi {
         return Err(bad(
             "--backend mpi needs the binary built with the cargo feature `mpi` (see README)",
         ));
     }
+    Ok(None)
+}
+
+/// The trainer on threads, or on this process's rank of the MPI world.
+fn make_trainer(
+    mpi: &Mpi,
+    plan: &Plan,
+    corpus: &Corpus,
+    settings: TrainSettings,
+) -> Result<Trainer, Failure> {
+    #[cfg(feature = "mpi")]
+    if let Some(universe) = mpi {
+        let cluster = MpiCluster::new(
+            &universe.world(),
+            plan,
+            &settings.config,
+            settings.replicas,
+            settings.deterministic,
+            settings.receive_timeout,
+        )?;
+        return Ok(Trainer::on_cluster(
+            plan,
+            corpus,
+            settings,
+            Box::new(cluster),
+        )?);
+    }
+    let _ = mpi;
+    Ok(Trainer::new(plan, corpus, settings)?)
+}
+
+fn run(args: &Args) -> Result<(), Failure> {
+    let mpi = start_mpi(args)?;
     if args.dp == 0 {
         return Err(bad(
             "--dp 0: there must be at least one data-parallel replica",
@@ -215,29 +277,53 @@ fn run(args: &Args) -> Result<(), Failure> {
             args.schedule, args.ranks, args.microbatches, args.microbatch_size, args.dp
         ),
     };
-    let mut trainer = Trainer::new(&plan, &corpus, settings)?;
+    let mut trainer = make_trainer(&mpi, &plan, &corpus, settings)?;
+    let result = resume_and_train(args, &plan, &mut trainer, &corpus);
+    if let Err(failure) = &result {
+        if failure.status == 1 {
+            // Under MPI the other ranks must not wait for this one: report, then end the job.
+            eprintln!("error: {}", failure.message.replace('\n', " "));
+            trainer.abandon();
+        }
+    }
+    result
+}
+
+fn resume_and_train(
+    args: &Args,
+    plan: &Plan,
+    trainer: &mut Trainer,
+    corpus: &Corpus,
+) -> Result<(), Failure> {
     if let (Some(checkpoint), Some(text)) = (&args.resume, &args.eval) {
         trainer.load_weights(checkpoint)?;
         let corpus = Corpus::from_path(text)?;
         let (loss, tokens) = trainer.loss_and_tokens_on(corpus.bytes())?;
-        println!("{{\"eval_loss\": {loss}, \"tokens\": {tokens}}}");
+        if trainer.is_writer() {
+            println!("{{\"eval_loss\": {loss}, \"tokens\": {tokens}}}");
+        }
         return Ok(());
     }
     if let Some(checkpoint) = &args.resume {
         trainer.resume(checkpoint)?;
     }
-    train(args, &plan, &mut trainer, &corpus)
+    train(args, plan, trainer, corpus)
 }
 
 fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Result<(), Failure> {
+    let writer = trainer.is_writer();
     let mut log = match &args.log {
-        Some(path) => {
+        Some(path) if writer => {
             Some(std::fs::File::create(path).map_err(|e| bad(format!("{}: {e}", path.display())))?)
         }
-        None => None,
+        _ => None,
     };
     let end = args.stop_after.map_or(args.steps, |k| k.min(args.steps));
-    let progress = Progress::start(end);
+    let progress = if writer {
+        Progress::start(end)
+    } else {
+        Progress::with_visibility(end, false)
+    };
     let mut train_curve = Vec::new();
     let mut eval_curve = Vec::new();
     let mut first: Option<StepLog> = None;
@@ -284,6 +370,13 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
         ),
         _ => format!("nothing to do: the run is already at step {}", trainer.steps_done()),
     };
+    if let Some(path) = &args.save {
+        // Collective under MPI: every process takes part, world rank 0 writes.
+        trainer.save(path)?;
+    }
+    if !writer {
+        return Ok(());
+    }
     progress.finish(&summary);
     if !trainer.peak_activation_bytes().is_empty() {
         eprintln!(
@@ -304,7 +397,6 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
         write_timeline(prefix, plan, trainer, &args.schedule)?;
     }
     if let Some(path) = &args.save {
-        trainer.save(path)?;
         eprintln!(
             "saved {} (config {})",
             path.display(),

@@ -128,9 +128,11 @@ where
     fn run(mut self) -> Result<(), BackendError> {
         let program = self.program;
         for (index, instr) in program.instrs.iter().enumerate() {
+            self.transport.at_instruction(index);
             self.guarded(index, Component::Stage, |run| run.dispatch(instr))?;
         }
         let end = program.instrs.len();
+        self.transport.at_instruction(end);
         self.guarded(end, Component::Transport, |run| {
             run.transport.finish().map_err(Fault::Transport)
         })
@@ -373,6 +375,9 @@ fn fault_error(rank: RankId, instr: usize, what: String, fault: Fault) -> Backen
             message,
             seconds,
         },
+        Fault::Transport(TransportFailure::Stalled { seconds, report }) => {
+            BackendError::Stalled { seconds, report }
+        }
         Fault::Transport(TransportFailure::Broken(reason)) => BackendError::Transport {
             rank,
             instr,

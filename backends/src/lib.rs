@@ -24,7 +24,7 @@ pub mod threads;
 pub mod transport;
 
 #[cfg(feature = "mpi")]
-pub use crate::mpi::{run_mpi, MpiOptions, MpiTransport, WirePayload};
+pub use crate::mpi::{agree_on_programs, run_mpi, Mailbox, MpiOptions, MpiTransport, WirePayload};
 pub use compute::StageCompute;
 pub use error::BackendError;
 pub use numeric::{AffineModel, AffineStage};

@@ -43,40 +43,41 @@
 //! block in MPI: the transport polls (`MPI_Improbe`, `MPI_Test`), yielding and then sleeping
 //! briefly between polls; when none of a group's receives has progressed for longer than
 //! [`MpiOptions::receive_timeout`], the group fails with [`TransportFailure::Timeout`] for its
-//! first receive still missing, reported as the rank, the instruction and the message it waits
-//! for. `finish` gives the sends the same limit. Operations still in flight when a run is abandoned
+//! first receive still missing: before it fails, the rank asks every other rank where it stands
+//! ([`report`]: each waiting rank answers with its instruction and the message it waits for; a
+//! rank that computes, stalls or is gone does not answer) and the failure is
+//! [`TransportFailure::Stalled`] with who waits on whom. `finish` gives the sends the same limit. Operations still in flight when a run is abandoned
 //! keep their buffers (leaked rather than freed under MPI's feet). MPI's own errors go to its
 //! default handler, which ends the job.
 //!
-//! Not handled here: a process killed from outside (SIGKILL, a lost node) is left to `mpirun`,
-//! which ends the job; data parallelism (a communicator per pipeline, gradient all-reduce) is the
-//! caller's, who may pass any communicator, e.g. one split from the world.
+//! A process killed from outside (SIGKILL, a lost node) is left to `mpirun`, which ends the job.
+//! Data parallelism (a communicator per pipeline, the gradient reduction) is the caller's: it
+//! passes any communicator (e.g. one split from the world), sets up the programs once with
+//! [`agree_on_programs`], runs them with [`crate::interpreter::run_rank`] over an
+//! [`MpiTransport`] (or its own transport around one) and exchanges its own messages through a
+//! [`Mailbox`]. [`run_mpi`] does all of it for one run of one program set.
 
+mod fingerprint;
 mod inflight;
+mod mailbox;
+pub mod report;
+mod transport;
 pub mod wire;
 
 pub use ::mpi as rsmpi;
+pub use fingerprint::fingerprint;
+pub use mailbox::Mailbox;
+pub use transport::{MpiTransport, FAILURE_STATUS};
 pub use wire::{WireDType, WirePayload};
 
 use crate::compute::StageCompute;
 use crate::error::BackendError;
 use crate::interpreter::run_rank;
-use crate::transport::{Incoming, Outgoing, Transport, TransportFailure};
 use ::mpi::collective::CommunicatorCollectives;
-use ::mpi::datatype::Equivalence;
-use ::mpi::point_to_point::Source;
 use ::mpi::topology::{Communicator, SimpleCommunicator};
-use ::mpi::Tag;
-use inflight::InFlight;
-use pipeweave_core::{check_programs, Message, Problem, ProgramSet, RankId, RankProgram};
-use std::collections::{BTreeMap, VecDeque};
-use std::time::{Duration, Instant};
-
-/// The tag of every message of the transport (on its private communicator).
-const TAG: Tag = 17;
-
-/// The exit status of a process whose rank failed (`MPI_Abort`'s error code).
-pub const FAILURE_STATUS: i32 = 1;
+use fingerprint::compare_fingerprints;
+use pipeweave_core::{check_programs, Problem, ProgramSet, RankId, RankProgram};
+use std::time::Duration;
 
 /// Options of an MPI run.
 #[derive(Clone, Copy, Debug)]
@@ -90,328 +91,6 @@ impl Default for MpiOptions {
         MpiOptions {
             receive_timeout: Duration::from_secs(60),
         }
-    }
-}
-
-/// A send posted and not yet known to be complete.
-struct PendingSend {
-    to: RankId,
-    message: Message,
-    op: InFlight,
-}
-
-/// One rank's links to its peers over MPI (see the module doc for the protocol).
-pub struct MpiTransport {
-    /// A private duplicate of the caller's communicator.
-    comm: SimpleCommunicator,
-    rank: RankId,
-    size: usize,
-    timeout: Duration,
-    sends: Vec<PendingSend>,
-}
-
-/// Polling pace: yield the processor for a while, then sleep briefly, so that ranks sharing cores
-/// (`mpirun --oversubscribe`) leave them to the rank that computes.
-struct Backoff {
-    idle: u32,
-}
-
-impl Backoff {
-    fn new() -> Backoff {
-        Backoff { idle: 0 }
-    }
-
-    fn reset(&mut self) {
-        self.idle = 0;
-    }
-
-    fn pause(&mut self) {
-        self.idle = self.idle.saturating_add(1);
-        if self.idle < 64 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    }
-}
-
-/// A receive of a group whose message has been matched and is arriving.
-struct Arriving {
-    index: usize,
-    op: InFlight,
-}
-
-impl MpiTransport {
-    /// The transport of this process's rank in `comm` (collective: every rank of `comm` calls it).
-    pub fn new(comm: &SimpleCommunicator, receive_timeout: Duration) -> MpiTransport {
-        let comm = comm.duplicate();
-        // MPI ranks and sizes are non-negative `int`s.
-        let rank = RankId::new(u32::try_from(comm.rank()).unwrap_or(0));
-        let size = usize::try_from(comm.size()).unwrap_or(0);
-        MpiTransport {
-            comm,
-            rank,
-            size,
-            timeout: receive_timeout,
-            sends: Vec::new(),
-        }
-    }
-
-    /// This process's rank.
-    pub fn rank(&self) -> RankId {
-        self.rank
-    }
-
-    /// The number of ranks.
-    pub fn size(&self) -> usize {
-        self.size
-    }
-
-    /// The transport's communicator (a duplicate of the one it was made from).
-    pub fn communicator(&self) -> &SimpleCommunicator {
-        &self.comm
-    }
-
-    /// Ends every process of the communicator with `status` (`MPI_Abort`).
-    pub fn abort_world(&self, status: i32) -> ! {
-        self.comm.abort(status)
-    }
-
-    fn peer(&self, rank: RankId) -> Result<i32, TransportFailure> {
-        i32::try_from(rank.get())
-            .ok()
-            .filter(|_| rank.index() < self.size)
-            .ok_or_else(|| {
-                TransportFailure::Broken(format!(
-                    "rank {rank} is not in the MPI world of {} processes",
-                    self.size
-                ))
-            })
-    }
-
-    /// Frees the buffers of the sends that have completed.
-    fn reap_sends(&mut self) {
-        self.sends.retain_mut(|send| !send.op.test());
-    }
-
-    /// Posts one immediate send per outgoing message.
-    fn post_sends<T: WirePayload>(
-        &mut self,
-        sends: Vec<Outgoing<T>>,
-    ) -> Result<(), TransportFailure> {
-        for outgoing in sends {
-            let peer = self.peer(outgoing.to)?;
-            let bytes = wire::encode(outgoing.message, &outgoing.payload)?;
-            let op = InFlight::send(&self.comm.process_at_rank(peer), TAG, bytes);
-            self.sends.push(PendingSend {
-                to: outgoing.to,
-                message: outgoing.message,
-                op,
-            });
-        }
-        Ok(())
-    }
-
-    /// Matches and completes every receive of a group, in each peer's program order.
-    fn receive_all<T: WirePayload>(
-        &mut self,
-        receives: &[Incoming],
-    ) -> Result<Vec<T>, TransportFailure> {
-        // Per peer, the indices of its receives in group order: only the first unmatched one
-        // may match the peer's next message.
-        let mut waiting: BTreeMap<i32, VecDeque<usize>> = BTreeMap::new();
-        for (index, incoming) in receives.iter().enumerate() {
-            let peer = self.peer(incoming.from)?;
-            waiting.entry(peer).or_default().push_back(index);
-        }
-        let mut arriving: Vec<Arriving> = Vec::new();
-        let mut results: Vec<Option<T>> = receives.iter().map(|_| None).collect();
-        let mut left = receives.len();
-        let mut last_progress = Instant::now();
-        let mut backoff = Backoff::new();
-        while left > 0 {
-            let mut progress = false;
-            for (&peer, queue) in waiting.iter_mut() {
-                while let Some(&index) = queue.front() {
-                    let process = self.comm.process_at_rank(peer);
-                    let Some((matched, status)) = process.immediate_matched_probe_with_tag(TAG)
-                    else {
-                        break;
-                    };
-                    queue.pop_front();
-                    // A byte count is never negative (nor MPI_UNDEFINED); were it, the
-                    // zero-byte receive would fail with MPI's truncation error, not read garbage.
-                    let len = usize::try_from(status.count(u8::equivalent_datatype())).unwrap_or(0);
-                    arriving.push(Arriving {
-                        index,
-                        op: InFlight::receive(matched, len),
-                    });
-                    progress = true;
-                }
-            }
-            let mut i = 0;
-            while i < arriving.len() {
-                if !arriving[i].op.test() {
-                    i += 1;
-                    continue;
-                }
-                let Arriving { index, op } = arriving.swap_remove(i);
-                let bytes = match op.into_bytes() {
-                    Ok(bytes) => bytes,
-                    Err(op) => {
-                        // Tested complete above; keep it in the loop all the same.
-                        arriving.push(Arriving { index, op });
-                        continue;
-                    }
-                };
-                let incoming = receives[index];
-                results[index] = Some(wire::decode(incoming.from, incoming.message, &bytes)?);
-                left -= 1;
-                progress = true;
-            }
-            if left == 0 {
-                break;
-            }
-            if progress {
-                last_progress = Instant::now();
-                backoff.reset();
-                continue;
-            }
-            if last_progress.elapsed() > self.timeout {
-                let Some(first) = receives
-                    .iter()
-                    .zip(&results)
-                    .find_map(|(incoming, result)| result.is_none().then_some(*incoming))
-                else {
-                    break;
-                };
-                return Err(TransportFailure::Timeout {
-                    from: first.from,
-                    message: first.message,
-                    seconds: self.timeout.as_secs_f64(),
-                });
-            }
-            backoff.pause();
-        }
-        results
-            .into_iter()
-            .zip(receives)
-            .map(|(result, incoming)| {
-                result.ok_or_else(|| {
-                    TransportFailure::Broken(format!(
-                        "{} from rank {} never completed",
-                        incoming.message, incoming.from
-                    ))
-                })
-            })
-            .collect()
-    }
-}
-
-impl<T: WirePayload> Transport<T> for MpiTransport {
-    /// One `MPI_Isend` per send (completed by `finish` at the latest), one matched `MPI_Imrecv`
-    /// per receive, then every receive completed.
-    fn exchange(
-        &mut self,
-        sends: Vec<Outgoing<T>>,
-        receives: &[Incoming],
-    ) -> Result<Vec<T>, TransportFailure> {
-        self.reap_sends();
-        self.post_sends(sends)?;
-        self.receive_all(receives)
-    }
-
-    /// Waits (polling, within the timeout) until every send has been received.
-    fn finish(&mut self) -> Result<(), TransportFailure> {
-        let start = Instant::now();
-        let mut backoff = Backoff::new();
-        loop {
-            self.reap_sends();
-            let Some(first) = self.sends.first() else {
-                return Ok(());
-            };
-            if start.elapsed() > self.timeout {
-                return Err(TransportFailure::Broken(format!(
-                    "rank {} did not receive {} within {} s of the end of the program",
-                    first.to,
-                    first.message,
-                    self.timeout.as_secs_f64()
-                )));
-            }
-            backoff.pause();
-        }
-    }
-
-    /// Aborts every process of the world (`MPI_Abort`).
-    fn abort(&mut self) {
-        self.abort_world(FAILURE_STATUS)
-    }
-}
-
-/// 64-bit FNV-1a, written out so that fingerprints do not depend on the build.
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn bytes(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    fn u32s(&mut self, values: impl IntoIterator<Item = u32>) {
-        let values: Vec<u32> = values.into_iter().collect();
-        self.bytes(&(values.len() as u64).to_le_bytes());
-        for v in values {
-            self.bytes(&v.to_le_bytes());
-        }
-    }
-}
-
-/// The fingerprint of what a rank is about to run: the problem (sizes, placement, routes, tied
-/// stages) and the programs (their JSON).
-pub fn fingerprint(problem: &Problem, programs: &ProgramSet) -> u64 {
-    let mut h = Fnv::new();
-    h.u32s([problem.ranks(), problem.microbatches()]);
-    h.u32s(problem.stage_to_rank().iter().map(|r| r.get()));
-    for route in problem.route_specs() {
-        h.u32s([route.first, route.end]);
-        h.u32s(route.stages);
-    }
-    for group in problem.tied_stages() {
-        h.u32s(group.iter().map(|s| s.get()));
-    }
-    match serde_json::to_vec(programs) {
-        Ok(json) => h.bytes(&json),
-        // Plain data always serialises; the debug form is as deterministic, should it not.
-        Err(_) => h.bytes(format!("{programs:?}").as_bytes()),
-    }
-    h.0
-}
-
-/// Compares every rank's fingerprint with rank 0's; `Err` names the ranks that differ.
-fn compare_fingerprints(fingerprints: &[u64]) -> Result<(), String> {
-    let Some(&first) = fingerprints.first() else {
-        return Ok(());
-    };
-    let differ: Vec<String> = fingerprints
-        .iter()
-        .enumerate()
-        .filter(|(_, f)| **f != first)
-        .map(|(r, f)| format!("rank {r} ({f:016x})"))
-        .collect();
-    if differ.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "the ranks were given different programs: ranks whose fingerprint differs from rank \
-             0's ({first:016x}): {}",
-            differ.join(", ")
-        ))
     }
 }
 
@@ -439,6 +118,46 @@ pub fn failure_report(error: &BackendError, program: &RankProgram) -> String {
     )
 }
 
+/// Makes sure every rank of `comm` is about to run the same programs, and returns this rank's
+/// (collective: every rank calls it with its own `problem` and `programs`).
+///
+/// The fingerprints of `problem` and `programs` are all-gathered and compared, the
+/// communicator's size is compared with the programs' rank count, and the programs are checked;
+/// any of these failing returns the same error on every rank.
+pub fn agree_on_programs(
+    comm: &SimpleCommunicator,
+    problem: &Problem,
+    programs: &ProgramSet,
+) -> Result<RankProgram, BackendError> {
+    // MPI ranks and sizes are non-negative `int`s.
+    let rank = RankId::new(u32::try_from(comm.rank()).unwrap_or(0));
+    let size = usize::try_from(comm.size()).unwrap_or(0);
+    let before = |reason: String| BackendError::Program {
+        rank,
+        instr: 0,
+        what: "before the program".to_string(),
+        reason,
+    };
+    let own = fingerprint(problem, programs);
+    let mut all = vec![0u64; size];
+    comm.all_gather_into(&own, &mut all[..]);
+    compare_fingerprints(&all).map_err(before)?;
+    if programs.programs.len() != size {
+        return Err(before(format!(
+            "the programs are for {} ranks, but the MPI job has {size} processes (mpirun -np {})",
+            programs.programs.len(),
+            programs.programs.len()
+        )));
+    }
+    check_programs(problem, programs)?;
+    programs
+        .programs
+        .iter()
+        .find(|p| p.rank == rank)
+        .cloned()
+        .ok_or_else(|| before(format!("the programs have none for rank {rank}")))
+}
+
 /// Runs this process's rank of `programs` over `comm` (collective: every rank of `comm` calls it
 /// with its own `compute`, the same `problem` and the same `programs`).
 ///
@@ -459,60 +178,13 @@ where
     C: StageCompute,
     C::Tensor: WirePayload,
 {
+    let program = agree_on_programs(comm, problem, programs)?;
     let mut transport = MpiTransport::new(comm, options.receive_timeout);
-    let rank = transport.rank();
-    let before = |reason: String| BackendError::Program {
-        rank,
-        instr: 0,
-        what: "before the program".to_string(),
-        reason,
-    };
-    let own = fingerprint(problem, programs);
-    let mut all = vec![0u64; transport.size()];
-    transport.communicator().all_gather_into(&own, &mut all[..]);
-    compare_fingerprints(&all).map_err(before)?;
-    if programs.programs.len() != transport.size() {
-        return Err(before(format!(
-            "the programs are for {} ranks, but the MPI job has {} processes (mpirun -np {})",
-            programs.programs.len(),
-            transport.size(),
-            programs.programs.len()
-        )));
-    }
-    check_programs(problem, programs)?;
-    let program = programs
-        .programs
-        .iter()
-        .find(|p| p.rank == rank)
-        .ok_or_else(|| before(format!("the programs have none for rank {rank}")))?;
-    match run_rank(program, problem, compute, &mut transport) {
+    match run_rank(&program, problem, compute, &mut transport) {
         Ok(()) => Ok(()),
         Err(error) => {
-            eprintln!("{}", failure_report(&error, program));
+            eprintln!("{}", failure_report(&error, &program));
             transport.abort_world(FAILURE_STATUS)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fingerprints_name_the_ranks_that_differ() {
-        assert!(compare_fingerprints(&[7, 7, 7]).is_ok());
-        let err = compare_fingerprints(&[7, 7, 9, 8]).unwrap_err();
-        assert!(
-            err.contains("(0000000000000007): rank 2 (0000000000000009), rank 3"),
-            "{err}"
-        );
-        assert!(!err.contains("rank 1 "), "{err}");
-    }
-
-    #[test]
-    fn fnv_is_the_published_one() {
-        let mut h = Fnv::new();
-        h.bytes(b"a");
-        assert_eq!(h.0, 0xaf63_dc4c_8601_ec8c);
     }
 }

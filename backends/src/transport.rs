@@ -68,6 +68,15 @@ pub enum TransportFailure {
         /// The limit in seconds.
         seconds: f64,
     },
+    /// Nothing arrived within the run's limit, and the transport asked every peer what it was
+    /// doing: who waits on whom (MPI; the threaded backend builds the same report itself).
+    Stalled {
+        /// The limit in seconds.
+        seconds: f64,
+        /// One line per rank: its instruction and the message it waits for, or that it did not
+        /// answer.
+        report: Vec<String>,
+    },
     /// The link is broken.
     Broken(String),
 }
@@ -97,6 +106,9 @@ impl fmt::Display for TransportFailure {
                 f,
                 "waited more than {seconds} s for {message} from rank {from}"
             ),
+            TransportFailure::Stalled { seconds, report } => {
+                write!(f, "no progress within {seconds} s: {}", report.join("; "))
+            }
             TransportFailure::Broken(reason) => f.write_str(reason),
         }
     }
@@ -113,6 +125,10 @@ pub trait Transport<T> {
         sends: Vec<Outgoing<T>>,
         receives: &[Incoming],
     ) -> Result<Vec<T>, TransportFailure>;
+
+    /// The program is about to run its instruction `index` (the program's length: its end).
+    /// A transport that reports where a stuck rank stands keeps it; the default ignores it.
+    fn at_instruction(&mut self, _index: usize) {}
 
     /// Completes every send still in flight (called once, at the end of the program).
     fn finish(&mut self) -> Result<(), TransportFailure> {

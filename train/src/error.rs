@@ -179,6 +179,16 @@ pub enum TrainError {
     /// A stage's computation, or the gathering of its results, failed.
     #[error("stage: {0}")]
     Stage(String),
+    /// A process of a data-parallel run failed: which replica and world rank, and why.
+    #[error("replica {replica} (world rank {world_rank}): {source}")]
+    Replica {
+        /// The data-parallel replica.
+        replica: u32,
+        /// The process's rank in the world.
+        world_rank: usize,
+        /// What failed.
+        source: Box<TrainError>,
+    },
     /// The run failed in a backend (a stage error, a panic, a timeout, a lost peer), naming the
     /// rank and the instruction.
     #[error(transparent)]
@@ -207,7 +217,9 @@ impl TrainError {
             TrainError::Io { action, .. } => {
                 action.starts_with("read") || action.starts_with("list")
             }
-            TrainError::Step { source, .. } => source.is_bad_input(),
+            TrainError::Step { source, .. } | TrainError::Replica { source, .. } => {
+                source.is_bad_input()
+            }
             TrainError::Tensor { .. }
             | TrainError::NonFiniteNorm { .. }
             | TrainError::Batch(_)

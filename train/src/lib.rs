@@ -5,9 +5,13 @@
 //! - [`batch`]: a step's tokens and the global loss normaliser;
 //! - [`stage`]: [`GptStage`], one rank's share as a `StageCompute` honouring every marker;
 //! - [`gradients`]: the [`GradSync`] trait and its in-process, optionally deterministic fold;
+//!   [`reduce`]: the same sums between processes (an ordered reduction over point-to-point
+//!   messages);
 //! - [`step`]: [`StepRunner`] (a plan's checked programs, run for any model) and [`GptModel`];
 //! - [`timeline`]: a step's measured timeline (SVG, Perfetto trace) beside the simulator's
 //!   prediction from measured op costs;
+//! - [`cluster`]: where a step's ranks run ([`ThreadsCluster`]; `mpi::MpiCluster` with the cargo
+//!   feature `mpi`) and how their losses, gradients and norms meet;
 //! - [`trainer`]: the training loop ([`Trainer`]): steps, clipping, AdamW, evaluation through the
 //!   forward-only programs, checkpoints that resume bit for bit;
 //! - [`data`]: the byte corpus (any UTF-8 text, by default the checkout's own sources), its
@@ -20,13 +24,17 @@
 
 pub mod batch;
 pub mod checkpoint;
+pub mod cluster;
 pub mod curve;
 pub mod cut;
 pub mod data;
 pub mod error;
 pub mod gradients;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod optim;
 pub mod progress;
+pub mod reduce;
 pub mod schedule;
 pub mod stage;
 pub mod step;
@@ -35,6 +43,7 @@ pub mod trainer;
 
 pub use batch::{StepBatch, PAD_ID};
 pub use checkpoint::{Checkpoint, CheckpointMeta};
+pub use cluster::{Cluster, ClusterStep, ThreadsCluster};
 pub use curve::LossCurve;
 pub use cut::ModelCut;
 pub use data::{BatchShape, Corpus, DataPosition, GlobalBatch, Loader};

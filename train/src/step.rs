@@ -287,23 +287,14 @@ impl GptModel {
         let problem = runner.problem();
         let made = (0..problem.ranks())
             .map(|r| {
-                let stage = GptStage::new(
-                    RankId::new(r),
-                    problem,
-                    &self.cut,
-                    &self.models,
-                    Arc::clone(batch),
-                    Arc::clone(&sync),
+                let how = StageRun {
                     epoch,
-                )
-                .map_err(TrainError::Stage)?
-                .with_injection(injection.filter(|(at, _)| at.get() == r).map(|(_, i)| i))
-                .with_offset(offset);
-                Ok(Some(if forward_only {
-                    stage.forward_only()
-                } else {
-                    stage
-                }))
+                    forward_only,
+                    injection,
+                    offset,
+                };
+                self.rank_stage(problem, RankId::new(r), batch, &sync, how)
+                    .map(Some)
             })
             .collect::<Result<Vec<_>, TrainError>>()?;
         drop(sync);
@@ -317,14 +308,44 @@ impl GptModel {
     }
 }
 
-/// How one replica's stages run: the step's clock, forward only or not, a fault to inject, and
-/// the global index of the replica's microbatch 0.
+/// How one replica's stages run: the step's clock, forward only or not, a fault to inject (at a
+/// rank of the replica), and the global index of the replica's microbatch 0.
 #[derive(Clone, Copy)]
-struct StageRun {
-    epoch: Instant,
-    forward_only: bool,
-    injection: Option<(RankId, Injection)>,
-    offset: u32,
+pub(crate) struct StageRun {
+    pub(crate) epoch: Instant,
+    pub(crate) forward_only: bool,
+    pub(crate) injection: Option<(RankId, Injection)>,
+    pub(crate) offset: u32,
+}
+
+impl GptModel {
+    /// The [`GptStage`] of `rank` of `problem` for one step run as `how` says.
+    pub(crate) fn rank_stage(
+        &self,
+        problem: &Problem,
+        rank: RankId,
+        batch: &Arc<StepBatch>,
+        sync: &Arc<dyn GradSync>,
+        how: StageRun,
+    ) -> Result<GptStage, TrainError> {
+        let stage = GptStage::new(
+            rank,
+            problem,
+            &self.cut,
+            &self.models,
+            Arc::clone(batch),
+            Arc::clone(sync),
+            how.epoch,
+        )
+        .map_err(TrainError::Stage)?
+        .with_injection(how.injection.filter(|(at, _)| *at == rank).map(|(_, i)| i))
+        .with_offset(how.offset);
+        Ok(if how.forward_only {
+            stage.forward_only()
+        } else {
+            stage
+        })
+    }
 }
 
 /// The summed loss of every microbatch, added in microbatch order.

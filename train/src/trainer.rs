@@ -12,13 +12,15 @@
 
 use crate::batch::StepBatch;
 use crate::checkpoint::{self, CheckpointMeta};
+use crate::cluster::{Cluster, ThreadsCluster};
 use crate::data::{eval_microbatches, BatchShape, Corpus, DataPosition, GlobalBatch, Loader};
 use crate::error::TrainError;
-use crate::optim::{clip_scale, global_norm, squared_norms, AdamW, AdamWConfig};
+use crate::optim::{clip_scale, global_norm, AdamW, AdamWConfig, OptimizerState};
 use crate::schedule::LrSchedule;
 use crate::stage::{Injection, MeasuredOp};
 use crate::step::{GptModel, StepRunner};
 use candle_core::DType;
+use candle_core::Tensor;
 use pipeweave_backends::ThreadOptions;
 use pipeweave_core::RankId;
 use pipeweave_core::{Plan, RecvPolicy};
@@ -79,8 +81,7 @@ pub struct StepLog {
 /// A training run in progress.
 pub struct Trainer {
     settings: TrainSettings,
-    runner: StepRunner,
-    eval_runner: StepRunner,
+    cluster: Box<dyn Cluster>,
     model: GptModel,
     optimizers: Vec<AdamW>,
     loader: Loader,
@@ -93,11 +94,29 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// A fresh run of `settings` through `plan` on `corpus` (its last tenth held out).
+    /// A fresh run of `settings` through `plan` on `corpus` (its last tenth held out), every
+    /// rank of every replica a thread of this process.
     pub fn new(
         plan: &Plan,
         corpus: &Corpus,
         settings: TrainSettings,
+    ) -> Result<Trainer, TrainError> {
+        let options = ThreadOptions {
+            receive_timeout: settings.receive_timeout,
+        };
+        let runner = StepRunner::new(plan, RecvPolicy::Early, false)?.with_options(options);
+        let eval_runner = StepRunner::new(plan, RecvPolicy::Early, true)?;
+        let cluster = ThreadsCluster::new(runner, eval_runner, settings.replicas);
+        Trainer::on_cluster(plan, corpus, settings, Box::new(cluster))
+    }
+
+    /// A fresh run as [`Trainer::new`], its steps run by `cluster` (e.g. one MPI process per
+    /// rank); every process of the cluster makes its own trainer with the same arguments.
+    pub fn on_cluster(
+        plan: &Plan,
+        corpus: &Corpus,
+        settings: TrainSettings,
+        cluster: Box<dyn Cluster>,
     ) -> Result<Trainer, TrainError> {
         let split = corpus.split(settings.shape.seq_len)?;
         let per_replica = plan.problem().microbatches() as usize;
@@ -113,11 +132,6 @@ impl Trainer {
                 ),
             ));
         }
-        let options = ThreadOptions {
-            receive_timeout: settings.receive_timeout,
-        };
-        let runner = StepRunner::new(plan, RecvPolicy::Early, false)?.with_options(options);
-        let eval_runner = StepRunner::new(plan, RecvPolicy::Early, true)?;
         let model = GptModel::new(
             &settings.config,
             plan.problem(),
@@ -136,8 +150,7 @@ impl Trainer {
             held_out: split.held_out.to_vec(),
             corpus_origin: corpus.origin().to_path_buf(),
             settings,
-            runner,
-            eval_runner,
+            cluster,
             model,
             optimizers,
             loader,
@@ -198,17 +211,20 @@ impl Trainer {
             .iter()
             .find(|(_, at, _)| *at == step)
             .map(|&(rank, _, what)| (RankId::new(rank), what));
-        let outcome =
-            self.model
-                .step_replicas(&self.runner, &batch, self.settings.replicas, injection)?;
-        let mut norms = Vec::new();
-        for grads in &outcome.gradients {
-            norms.extend(squared_norms(grads)?);
-        }
+        let outcome = self.cluster.step(&self.model, &batch, injection)?;
+        let counts: Vec<usize> = self
+            .model
+            .models()
+            .iter()
+            .map(|m| m.parameters().len())
+            .collect();
+        let norms = self.cluster.squared_norms(&outcome.gradients, &counts)?;
         let norm = global_norm(&norms);
         let scale = clip_scale(norm, self.settings.max_grad_norm)?;
         let lr = self.settings.lr.lr(step);
         for (k, grads) in outcome.gradients.iter().enumerate() {
+            // Another process updates this position.
+            let Some(grads) = grads else { continue };
             let params: Vec<_> = self.model.models()[k]
                 .parameters()
                 .into_iter()
@@ -233,18 +249,18 @@ impl Trainer {
 
     /// The mean token loss of the held-out text (at most `eval_sequences` sequences) through the
     /// plan's forward-only programs.
-    pub fn evaluate(&self) -> Result<f64, TrainError> {
+    pub fn evaluate(&mut self) -> Result<f64, TrainError> {
         let shape = self.settings.shape;
         let limit =
             (self.settings.eval_sequences.max(1) * shape.seq_len).min(self.held_out.len() - 1);
-        let text = &self.held_out[..=limit];
-        self.loss_and_tokens_on(text).map(|(loss, _)| loss)
+        let text = self.held_out[..=limit].to_vec();
+        self.loss_and_tokens_on(&text).map(|(loss, _)| loss)
     }
 
     /// The mean next-byte loss of `text` cut into windows of `seq_len + 1` bytes overlapping by
     /// one (the last incomplete window dropped), through the forward-only programs, and the
     /// number of bytes predicted.
-    pub fn loss_and_tokens_on(&self, text: &[u8]) -> Result<(f64, usize), TrainError> {
+    pub fn loss_and_tokens_on(&mut self, text: &[u8]) -> Result<(f64, usize), TrainError> {
         let shape = self.settings.shape;
         let windows = eval_microbatches(
             &self.corpus_origin,
@@ -271,15 +287,56 @@ impl Trainer {
                 shape.seq_len,
                 Some(crate::batch::PAD_ID),
             )?;
-            let (loss, counted) = self.model.evaluate(&self.eval_runner, &batch)?;
+            let (loss, counted) = self.cluster.evaluate(&self.model, &batch)?;
             sum += loss;
             tokens += counted;
         }
         Ok((sum / tokens as f64, tokens))
     }
 
-    /// Writes a checkpoint of the run as it stands.
-    pub fn save(&self, path: &Path) -> Result<(), TrainError> {
+    /// Whether this process writes the run's files (one process of a cluster does).
+    pub fn is_writer(&self) -> bool {
+        self.cluster.is_writer()
+    }
+
+    /// Ends every process of the run after this one failed (MPI); nothing to do on threads.
+    pub fn abandon(&mut self) {
+        self.cluster.abandon();
+    }
+
+    /// Gives every process the weights and optimizer moments of every position as the process
+    /// that updates it has them (a cluster of processes updates each position on its holders
+    /// only).
+    fn share_positions(&mut self) -> Result<(), TrainError> {
+        for k in 0..self.model.models().len() {
+            let params: Vec<Tensor> = self.model.models()[k]
+                .parameters()
+                .into_iter()
+                .map(|(_, t)| t)
+                .collect();
+            let params = self.cluster.share(k, params)?;
+            self.model.set_parameters(k, params)?;
+            let state = self.optimizers[k].state();
+            let names: Vec<String> = state.m.keys().cloned().collect();
+            let m = self.cluster.share(k, state.m.into_values().collect())?;
+            let v = self.cluster.share(k, state.v.into_values().collect())?;
+            let shared = OptimizerState {
+                step: self.step,
+                m: names.iter().cloned().zip(m).collect(),
+                v: names.into_iter().zip(v).collect(),
+            };
+            self.optimizers[k].load_state(&shared)?;
+        }
+        Ok(())
+    }
+
+    /// Writes a checkpoint of the run as it stands (collective on a cluster of processes: every
+    /// process calls it, one writes).
+    pub fn save(&mut self, path: &Path) -> Result<(), TrainError> {
+        self.share_positions()?;
+        if !self.cluster.is_writer() {
+            return Ok(());
+        }
         let mut state = self.optimizers[0].state();
         for optimizer in &self.optimizers[1..] {
             state.merge(optimizer.state())?;

@@ -1,0 +1,475 @@
+//! [`MpiCluster`] (cargo feature `mpi`): one process per rank of every data-parallel replica,
+//! started by `mpirun -np D·P`.
+//!
+//! - **Communicators.** World rank `w = d P + r` is rank `r` of replica `d`; the world is split
+//!   into one pipeline communicator per replica, on which the rank's program runs over an
+//!   [`MpiTransport`] (pipeline payloads are [`WireTensor`]s: the tensor's element type and shape
+//!   travel in the message header and are checked on receipt). Both program sets (training and
+//!   forward-only evaluation) are agreed on once, before the first step
+//!   ([`agree_on_programs`]: fingerprints compared, programs checked).
+//! - **Gradients.** A stage's weight gradients go to an ordered reduction
+//!   ([`crate::reduce::Reduction`]) over a [`Mailbox`] on the world: data-parallel replicas and
+//!   DualPipe's mirrored stages pass a running sum along in global microbatch order, so with
+//!   `deterministic` the sums are the bits of the threaded run. The reduction is advanced before
+//!   every communication group of the pipeline (it starts while the pipeline still runs) and
+//!   completed at the end of the program.
+//! - **Losses, norms, peaks.** Each microbatch's loss is computed by one process; a sum-reduction
+//!   over the world of a vector with one slot per microbatch (zeros elsewhere) gives every
+//!   process every loss exactly, and the losses are added in microbatch order as on threads. The
+//!   squared gradient norms go the same way, one slot per parameter, filled by the first holder
+//!   of its position.
+//! - **Failures.** A rank whose step fails returns the error (naming the rank and instruction);
+//!   the caller reports it and calls [`Cluster::abandon`], which aborts the job. A wait longer
+//!   than the timeout ends with who waits on whom, gathered from the other ranks of the pipeline
+//!   (a rank waiting for a gradient sum says which).
+
+use crate::batch::StepBatch;
+use crate::cluster::{Cluster, ClusterStep};
+use crate::cut::ModelCut;
+use crate::error::TrainError;
+use crate::gradients::{GradSync, LocalGradients};
+use crate::optim::squared_norms;
+use crate::reduce::{decode, encode, Courier, GradientOwners, Reduction};
+use crate::stage::{GptStage, Injection};
+use crate::step::{GptModel, StageRun};
+use candle_core::{DType, Device, Tensor};
+use pipeweave_backends::interpreter::run_rank;
+use pipeweave_backends::mpi::rsmpi;
+use pipeweave_backends::mpi::{agree_on_programs, Mailbox, MpiTransport, FAILURE_STATUS};
+use pipeweave_backends::mpi::{WireDType, WirePayload};
+use pipeweave_backends::{Incoming, Outgoing, Transport, TransportFailure};
+use pipeweave_core::{project, Plan, Problem, ProjectionOptions, RankId, RankProgram, RecvPolicy};
+use pipeweave_kernels::GptConfig;
+use rsmpi::collective::{CommunicatorCollectives, Root, SystemOperation};
+use rsmpi::topology::{Color, Communicator, SimpleCommunicator};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A tensor as a pipeline payload over MPI.
+#[derive(Debug, Clone)]
+pub struct WireTensor(pub Tensor);
+
+impl WirePayload for WireTensor {
+    fn dtype(&self) -> WireDType {
+        match self.0.dtype() {
+            DType::F64 => WireDType::F64,
+            DType::F16 => WireDType::F16,
+            DType::BF16 => WireDType::BF16,
+            DType::I64 => WireDType::I64,
+            DType::U32 => WireDType::U32,
+            DType::U8 => WireDType::U8,
+            _ => WireDType::F32,
+        }
+    }
+
+    fn shape(&self) -> Vec<usize> {
+        self.0.dims().to_vec()
+    }
+
+    fn to_bytes(&self) -> Vec<u8> {
+        // Activations and gradients are f32 or f64 (the model's dtype); `encode` handles both.
+        encode(std::slice::from_ref(&self.0)).unwrap_or_default()
+    }
+
+    fn from_bytes(dtype: WireDType, shape: &[usize], bytes: &[u8]) -> Result<Self, String> {
+        let like = match dtype {
+            WireDType::F32 => Tensor::zeros(shape, DType::F32, &Device::Cpu),
+            WireDType::F64 => Tensor::zeros(shape, DType::F64, &Device::Cpu),
+            other => return Err(format!("a model tensor cannot be of type {other}")),
+        }
+        .map_err(|e| e.to_string())?;
+        let mut tensors = decode(bytes, std::slice::from_ref(&like))?;
+        tensors
+            .pop()
+            .map(WireTensor)
+            .ok_or_else(|| "no tensor in the payload".to_string())
+    }
+}
+
+/// The ordered reduction as the stage's [`GradSync`].
+struct SharedReduction(Mutex<Reduction>);
+
+impl SharedReduction {
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Reduction>, String> {
+        self.0
+            .lock()
+            .map_err(|_| "the gradient reduction was poisoned".to_string())
+    }
+}
+
+impl GradSync for SharedReduction {
+    fn add(&self, position: usize, microbatch: u32, grads: Vec<Tensor>) -> Result<(), String> {
+        self.lock()?.add(position, microbatch, grads)
+    }
+}
+
+/// The reduction's messages through the world's mailbox.
+struct MailboxCourier<'a>(&'a mut Mailbox);
+
+impl Courier for MailboxCourier<'_> {
+    fn post(&mut self, to: usize, tag: u16, bytes: Vec<u8>) -> Result<(), String> {
+        self.0.post(to, tag, bytes).map_err(|e| e.to_string())
+    }
+
+    fn try_receive(&mut self, from: usize, tag: u16) -> Result<Option<Vec<u8>>, String> {
+        self.0.try_receive(from, tag).map_err(|e| e.to_string())
+    }
+}
+
+/// The pipeline's transport for tensors, advancing the gradient reduction before every group
+/// and completing it at the end of the program.
+struct StepTransport<'a> {
+    inner: &'a mut MpiTransport,
+    mailbox: &'a mut Mailbox,
+    reduction: Option<&'a SharedReduction>,
+    world_rank: usize,
+}
+
+impl StepTransport<'_> {
+    fn pump(&mut self) -> Result<bool, TransportFailure> {
+        let Some(reduction) = self.reduction else {
+            return Ok(true);
+        };
+        let mut reduction = reduction.lock().map_err(TransportFailure::Broken)?;
+        reduction
+            .pump(&mut MailboxCourier(self.mailbox))
+            .map_err(TransportFailure::Broken)?;
+        Ok(reduction.done())
+    }
+
+    /// This rank's status line while it waits for the reduction.
+    fn waiting_line(&self) -> String {
+        let awaited = self
+            .reduction
+            .and_then(|r| r.lock().ok().and_then(|r| r.awaited()));
+        let rank = self.world_rank;
+        match awaited {
+            Some(a) => format!(
+                "world rank {rank} waits at the end of its program for the {} of position {}'s \
+                 gradients from world rank {}",
+                if a.total { "sum" } else { "running sum" },
+                a.position,
+                a.from
+            ),
+            None => format!("world rank {rank} is at the end of its program"),
+        }
+    }
+}
+
+impl Transport<Tensor> for StepTransport<'_> {
+    fn exchange(
+        &mut self,
+        sends: Vec<Outgoing<Tensor>>,
+        receives: &[Incoming],
+    ) -> Result<Vec<Tensor>, TransportFailure> {
+        self.pump()?;
+        let sends = sends
+            .into_iter()
+            .map(|o| Outgoing {
+                to: o.to,
+                message: o.message,
+                payload: WireTensor(o.payload),
+            })
+            .collect();
+        let received: Vec<WireTensor> = self.inner.exchange(sends, receives)?;
+        Ok(received.into_iter().map(|w| w.0).collect())
+    }
+
+    fn at_instruction(&mut self, index: usize) {
+        <MpiTransport as Transport<WireTensor>>::at_instruction(self.inner, index);
+    }
+
+    fn finish(&mut self) -> Result<(), TransportFailure> {
+        <MpiTransport as Transport<WireTensor>>::finish(self.inner)?;
+        let timeout = self.inner.timeout();
+        let mut last_progress = Instant::now();
+        let mut awaited = None;
+        while !self.pump()? {
+            let now = self
+                .reduction
+                .and_then(|r| r.lock().ok().and_then(|r| r.awaited()));
+            if now != awaited {
+                awaited = now;
+                last_progress = Instant::now();
+            }
+            let line = self.waiting_line();
+            if last_progress.elapsed() > timeout {
+                return Err(self.inner.stalled(&|| line.clone()));
+            }
+            self.inner.answer_requests(&|| line.clone());
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self) {
+        self.inner.abort_world(FAILURE_STATUS)
+    }
+}
+
+/// One process per rank of every data-parallel replica (see the module doc).
+pub struct MpiCluster {
+    world: SimpleCommunicator,
+    pipeline: SimpleCommunicator,
+    world_rank: usize,
+    replica: u32,
+    rank: RankId,
+    problem: Problem,
+    program: RankProgram,
+    eval_program: RankProgram,
+    transport: MpiTransport,
+    mailbox: Mailbox,
+    owners: GradientOwners,
+    deterministic: bool,
+}
+
+impl MpiCluster {
+    /// This process's part of `replicas` copies of `plan`'s pipeline over `world` (collective:
+    /// every process of `world` calls it with the same arguments). The world must have
+    /// `replicas × P` processes.
+    pub fn new(
+        world: &SimpleCommunicator,
+        plan: &Plan,
+        config: &GptConfig,
+        replicas: u32,
+        deterministic: bool,
+        timeout: Duration,
+    ) -> Result<MpiCluster, TrainError> {
+        let problem = plan.problem().clone();
+        let p = problem.ranks();
+        // MPI ranks and sizes are non-negative `int`s.
+        let size = usize::try_from(world.size()).unwrap_or(0);
+        let world_rank = usize::try_from(world.rank()).unwrap_or(0);
+        let expected = p as usize * replicas as usize;
+        if size != expected {
+            return Err(TrainError::invalid(
+                "MPI processes",
+                size,
+                format!(
+                    "the run needs ranks x dp = {p} x {replicas} = {expected} processes \
+                     (mpirun -np {expected})"
+                ),
+            ));
+        }
+        let replica = (world_rank / p as usize) as u32;
+        let color = Color::with_value(i32::try_from(replica).unwrap_or(i32::MAX));
+        let pipeline = world
+            .split_by_color_with_key(color, world.rank())
+            .ok_or_else(|| TrainError::Stage("MPI gave no pipeline communicator".into()))?;
+        let programs = |forward_only| {
+            project(
+                plan,
+                ProjectionOptions {
+                    recv: RecvPolicy::Early,
+                    forward_only,
+                },
+            )
+            .map_err(|v| TrainError::Plan(v.to_string()))
+        };
+        let program = agree_on_programs(&pipeline, &problem, &programs(false)?)?;
+        let eval_program = agree_on_programs(&pipeline, &problem, &programs(true)?)?;
+        let cut = ModelCut::new(config, &problem)?;
+        Ok(MpiCluster {
+            world: world.duplicate(),
+            transport: MpiTransport::new(&pipeline, timeout),
+            mailbox: Mailbox::new(world),
+            owners: GradientOwners::new(&problem, &cut, replicas),
+            rank: program.rank,
+            pipeline,
+            world_rank,
+            replica,
+            problem,
+            program,
+            eval_program,
+            deterministic,
+        })
+    }
+
+    /// This process's rank in the world.
+    pub fn world_rank(&self) -> usize {
+        self.world_rank
+    }
+
+    /// The failure of this process, naming its replica when there are several.
+    fn located(&self, error: TrainError) -> TrainError {
+        if self.world.size() as usize == self.problem.ranks() as usize {
+            return error;
+        }
+        TrainError::Replica {
+            replica: self.replica,
+            world_rank: self.world_rank,
+            source: Box::new(error),
+        }
+    }
+
+    /// Runs `program` with `stage` over the pipeline (and the reduction, when training).
+    fn run(
+        &mut self,
+        forward_only: bool,
+        stage: &mut GptStage,
+        reduction: Option<&SharedReduction>,
+    ) -> Result<(), TrainError> {
+        let program = if forward_only {
+            &self.eval_program
+        } else {
+            &self.program
+        };
+        let mut transport = StepTransport {
+            inner: &mut self.transport,
+            mailbox: &mut self.mailbox,
+            reduction,
+            world_rank: self.world_rank,
+        };
+        run_rank(program, &self.problem, stage, &mut transport).map_err(TrainError::from)
+    }
+
+    /// Every microbatch's loss, added in microbatch order: each process fills the slots of the
+    /// losses it computed, the sum over `comm` gives all of them exactly.
+    fn fold_losses(
+        comm: &SimpleCommunicator,
+        stage: &GptStage,
+        microbatches: usize,
+    ) -> Result<f64, TrainError> {
+        let mut values = vec![0.0f64; microbatches];
+        let mut counts = vec![0u32; microbatches];
+        for (&m, &loss) in stage.losses() {
+            if let (Some(v), Some(c)) = (values.get_mut(m as usize), counts.get_mut(m as usize)) {
+                *v = loss;
+                *c += 1;
+            }
+        }
+        let mut all_values = vec![0.0f64; microbatches];
+        let mut all_counts = vec![0u32; microbatches];
+        comm.all_reduce_into(&values[..], &mut all_values[..], SystemOperation::sum());
+        comm.all_reduce_into(&counts[..], &mut all_counts[..], SystemOperation::sum());
+        all_values
+            .iter()
+            .zip(&all_counts)
+            .enumerate()
+            .try_fold(0.0, |sum, (m, (loss, count))| match count {
+                1 => Ok(sum + loss),
+                n => Err(TrainError::Stage(format!(
+                    "microbatch {m} has {n} losses in the world, not one"
+                ))),
+            })
+    }
+}
+
+impl Cluster for MpiCluster {
+    fn step(
+        &mut self,
+        model: &GptModel,
+        batch: &StepBatch,
+        injection: Option<(RankId, Injection)>,
+    ) -> Result<ClusterStep, TrainError> {
+        let reduction = Arc::new(SharedReduction(Mutex::new(Reduction::new(
+            &self.owners,
+            self.world_rank,
+            self.deterministic,
+        ))));
+        let sync: Arc<dyn GradSync> = reduction.clone();
+        let how = StageRun {
+            epoch: Instant::now(),
+            forward_only: false,
+            injection: injection
+                .filter(|(w, _)| w.index() == self.world_rank)
+                .map(|(_, what)| (self.rank, what)),
+            offset: self.replica * self.problem.microbatches(),
+        };
+        let batch = Arc::new(batch.clone());
+        let mut stage = model.rank_stage(&self.problem, self.rank, &batch, &sync, how)?;
+        drop(sync);
+        self.run(false, &mut stage, Some(&reduction))
+            .map_err(|e| self.located(e))?;
+        let loss =
+            Self::fold_losses(&self.world, &stage, batch.microbatches())? / batch.normalizer();
+        let measured = vec![stage.measured().to_vec()];
+        let peak = stage.peak_activation_bytes() as u64;
+        drop(stage);
+        let mut peaks = vec![0u64; self.world.size() as usize];
+        self.world.all_gather_into(&peak, &mut peaks[..]);
+        let reduction = Arc::try_unwrap(reduction)
+            .map_err(|_| TrainError::Stage("the stage still holds the reduction".into()))?;
+        let totals = reduction
+            .0
+            .into_inner()
+            .map_err(|_| TrainError::Stage("the gradient reduction was poisoned".into()))?
+            .into_totals()
+            .map_err(TrainError::Stage)?;
+        let gradients = (0..self.owners.positions())
+            .map(|k| totals.get(&k).cloned())
+            .collect();
+        Ok(ClusterStep {
+            loss,
+            gradients,
+            measured,
+            peak_activation_bytes: peaks.into_iter().map(|p| p as usize).collect(),
+        })
+    }
+
+    fn evaluate(
+        &mut self,
+        model: &GptModel,
+        batch: &StepBatch,
+    ) -> Result<(f64, usize), TrainError> {
+        let sync: Arc<dyn GradSync> = Arc::new(LocalGradients::new(0, false));
+        let how = StageRun {
+            epoch: Instant::now(),
+            forward_only: true,
+            injection: None,
+            offset: 0,
+        };
+        let batch = Arc::new(batch.clone());
+        let mut stage = model.rank_stage(&self.problem, self.rank, &batch, &sync, how)?;
+        self.run(true, &mut stage, None)
+            .map_err(|e| self.located(e))?;
+        let loss = Self::fold_losses(&self.pipeline, &stage, batch.microbatches())?;
+        Ok((loss, batch.tokens()))
+    }
+
+    fn squared_norms(
+        &mut self,
+        gradients: &[Option<Vec<Tensor>>],
+        parameters: &[usize],
+    ) -> Result<Vec<f64>, TrainError> {
+        let total: usize = parameters.iter().sum();
+        let mut local = vec![0.0f64; total];
+        let mut offset = 0;
+        for (k, &count) in parameters.iter().enumerate() {
+            let first_holder = self.owners.holders(k).first().copied();
+            if first_holder == Some(self.world_rank) {
+                let grads = gradients
+                    .get(k)
+                    .and_then(Option::as_ref)
+                    .ok_or_else(|| TrainError::Stage(format!("position {k} has no gradient")))?;
+                for (slot, norm) in local[offset..offset + count]
+                    .iter_mut()
+                    .zip(squared_norms(grads)?)
+                {
+                    *slot = norm;
+                }
+            }
+            offset += count;
+        }
+        let mut all = vec![0.0f64; total];
+        self.world
+            .all_reduce_into(&local[..], &mut all[..], SystemOperation::sum());
+        Ok(all)
+    }
+
+    fn share(&mut self, position: usize, tensors: Vec<Tensor>) -> Result<Vec<Tensor>, TrainError> {
+        let root = self.owners.holders(position).first().copied().unwrap_or(0);
+        let mut bytes = encode(&tensors).map_err(TrainError::Stage)?;
+        let root = self.world.process_at_rank(i32::try_from(root).unwrap_or(0));
+        root.broadcast_into(&mut bytes[..]);
+        decode(&bytes, &tensors).map_err(TrainError::Stage)
+    }
+
+    fn is_writer(&self) -> bool {
+        self.world_rank == 0
+    }
+
+    fn abandon(&mut self) {
+        self.world.abort(FAILURE_STATUS)
+    }
+}
