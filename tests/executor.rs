@@ -5,7 +5,7 @@
 use pipeweave::backends::numeric::{total_gradients, AffineModel, AffineStage};
 use pipeweave::backends::{run_threads, BackendError, StageCompute, ThreadOptions};
 use pipeweave::core_ir::{project, ProjectionOptions, RecvPolicy};
-use pipeweave::{build_plan, OpKind, PipelineConfig, StageCostsSpec, Work};
+use pipeweave::{build_plan, OpKind, PipelineConfig, StageCostsSpec, Task, Work};
 use std::time::{Duration, Instant};
 
 const EXPRESSIONS: &[&str] = &[
@@ -26,7 +26,7 @@ const EXPRESSIONS: &[&str] = &[
     "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)), policy=auto)",
 ];
 
-fn no_delay(_: Work, _: OpKind) -> Duration {
+fn no_delay(_: &Task) -> Duration {
     Duration::ZERO
 }
 

@@ -18,7 +18,7 @@ use pipeweave::backends::mpi::{run_mpi, MpiOptions, MpiTransport};
 use pipeweave::backends::numeric::{AffineModel, AffineStage};
 use pipeweave::backends::{Incoming, Outgoing, StageCompute, Transport};
 use pipeweave::core_ir::{project, Message, ProjectionOptions};
-use pipeweave::{build_plan, MicrobatchId, OpKind, PipelineConfig, RankId, StageId, Work};
+use pipeweave::{build_plan, MicrobatchId, OpKind, PipelineConfig, RankId, StageId, Task, Work};
 use rsmpi::topology::Communicator;
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -307,7 +307,7 @@ fn mpi_child() {
     let plan = build_plan(expression, &config).unwrap();
     let programs = project(&plan, ProjectionOptions::default()).unwrap();
     let model = AffineModel::new(plan.problem());
-    let no_delay = |_: Work, _: OpKind| Duration::ZERO;
+    let no_delay = |_: &Task| Duration::ZERO;
     match scenario.as_str() {
         "wrong_message" => {
             let mut transport = MpiTransport::new(&world, Duration::from_secs(20));

@@ -29,6 +29,19 @@ pub trait StageCompute {
     /// Weight-gradient backward of `work` (after its input-gradient backward).
     fn backward_weight(&mut self, work: Work) -> Result<(), String>;
 
+    /// A whole backward of `work` (input and weight gradients) as one op. The default runs the
+    /// two halves one after the other; a stage that fuses them (or charges the fused op's time)
+    /// overrides it.
+    fn backward(
+        &mut self,
+        work: Work,
+        grad_output: Self::Tensor,
+    ) -> Result<Option<Self::Tensor>, String> {
+        let grad_input = self.backward_input(work, grad_output)?;
+        self.backward_weight(work)?;
+        Ok(grad_input)
+    }
+
     /// One forward and one full backward run as one overlapped op. The default runs them one
     /// after the other; a backend that overlaps computation and communication overrides it.
     fn forward_backward(

@@ -247,8 +247,7 @@ where
             Task::WeightGrad(w) => self.compute.backward_weight(w).map_err(Fault::Stage)?,
             Task::Backward(w) => {
                 let grad = take(&mut self.tensors.grads, w, "output gradient")?;
-                let grad_input = self.compute.backward_input(w, grad).map_err(Fault::Stage)?;
-                self.compute.backward_weight(w).map_err(Fault::Stage)?;
+                let grad_input = self.compute.backward(w, grad).map_err(Fault::Stage)?;
                 self.place_grad_input(w, grad_input);
             }
             Task::Overlapped { forward, backward } => {

@@ -8,7 +8,7 @@
 //! rounding.
 
 use crate::compute::StageCompute;
-use pipeweave_core::{OpKind, Problem, StageId, Work};
+use pipeweave_core::{Problem, StageId, Task, Work};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -89,15 +89,17 @@ impl AffineModel {
         grads
     }
 
-    /// The share of rank `rank`, spending `delay(work, kind)` of wall time in each op (for runs
-    /// that compare measured with simulated time; zero for correctness runs).
-    pub fn stage(&self, delay: impl Fn(Work, OpKind) -> Duration + Send + 'static) -> AffineStage {
+    /// The share of rank `rank`, spending `delay(task)` of wall time in each task the program
+    /// runs (a whole backward and an overlapped F&B once, as the simulator prices them), for
+    /// runs that compare measured with simulated time; zero for correctness runs.
+    pub fn stage(&self, delay: impl Fn(&Task) -> Duration + Send + 'static) -> AffineStage {
         AffineStage {
             model: self.clone(),
             saved_input: HashMap::new(),
             saved_grad: HashMap::new(),
             grads: vec![(0.0, 0.0); self.scale.len()],
             delay: Box::new(delay),
+            fused: false,
         }
     }
 
@@ -127,7 +129,9 @@ pub struct AffineStage {
     saved_input: HashMap<Work, f64>,
     saved_grad: HashMap<Work, f64>,
     grads: Gradients,
-    delay: Box<dyn Fn(Work, OpKind) -> Duration + Send>,
+    delay: Box<dyn Fn(&Task) -> Duration + Send>,
+    /// Inside a fused task: its parts spend nothing, the task spends its own time.
+    fused: bool,
 }
 
 impl AffineStage {
@@ -136,16 +140,66 @@ impl AffineStage {
         &self.grads
     }
 
-    fn spend(&self, work: Work, kind: OpKind) {
-        let d = (self.delay)(work, kind);
-        if !d.is_zero() {
-            let until = Instant::now() + d;
-            while Instant::now() < until {
-                std::thread::sleep(
-                    Duration::from_micros(50).min(until.saturating_duration_since(Instant::now())),
-                );
-            }
+    fn spend(&self, task: Task) {
+        if self.fused {
+            return;
         }
+        let d = (self.delay)(&task);
+        if !d.is_zero() {
+            sleep_until(Instant::now() + d);
+        }
+    }
+
+    /// Runs `parts` as one task: the parts spend nothing, then the task spends its time (unless
+    /// it is itself part of an enclosing fused task).
+    fn fused<R>(&mut self, task: Task, parts: impl FnOnce(&mut Self) -> R) -> R {
+        let outer = std::mem::replace(&mut self.fused, true);
+        let result = parts(self);
+        self.fused = outer;
+        self.spend(task);
+        result
+    }
+}
+
+/// The last stretch of a delay, spent yielding rather than sleeping (a sleep may overshoot).
+const FINAL_STRETCH: Duration = Duration::from_micros(40);
+
+/// Spends the time until `deadline` as an emulated kernel would: close to exactly. The thread's
+/// timer slack is set to its minimum first (Linux lets a sleep end up to 50 us late by default,
+/// 5% of a 1 ms op), then it sleeps until just before the deadline and yields the processor for
+/// the last few microseconds.
+fn sleep_until(deadline: Instant) {
+    precise_timers();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        if left > FINAL_STRETCH {
+            std::thread::sleep(left - FINAL_STRETCH);
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Sets this thread's timer slack to 1 ns, once (Linux; elsewhere nothing to do).
+fn precise_timers() {
+    #[cfg(target_os = "linux")]
+    {
+        thread_local! {
+            static SET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        }
+        SET.with(|set| {
+            if !set.replace(true) {
+                // SAFETY: PR_SET_TIMERSLACK takes one integer argument and changes only the
+                // calling thread's timer slack; it touches no memory of ours. A failure leaves
+                // the default slack, which only makes delays less precise.
+                unsafe {
+                    libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
+                }
+            }
+        });
     }
 }
 
@@ -166,7 +220,7 @@ impl StageCompute for AffineStage {
     type Tensor = f64;
 
     fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, String> {
-        self.spend(work, OpKind::Forward);
+        self.spend(Task::Forward(work));
         let x = match input {
             Some(x) => x,
             None => *self
@@ -190,14 +244,14 @@ impl StageCompute for AffineStage {
     }
 
     fn backward_input(&mut self, work: Work, grad_output: f64) -> Result<Option<f64>, String> {
-        self.spend(work, OpKind::InputGrad);
+        self.spend(Task::InputGrad(work));
         self.saved_grad.insert(work, grad_output);
         let (a, _) = self.model.params(work.stage);
         Ok(Some(a * grad_output))
     }
 
     fn backward_weight(&mut self, work: Work) -> Result<(), String> {
-        self.spend(work, OpKind::WeightGrad);
+        self.spend(Task::WeightGrad(work));
         let g = self.saved_grad.remove(&work).ok_or_else(|| {
             format!(
                 "weight gradient of stage {} microbatch {} before its input gradient",
@@ -214,5 +268,27 @@ impl StageCompute for AffineStage {
         self.grads[w].0 += g * x;
         self.grads[w].1 += g;
         Ok(())
+    }
+
+    fn backward(&mut self, work: Work, grad_output: f64) -> Result<Option<f64>, String> {
+        self.fused(Task::Backward(work), |stage| {
+            let grad_input = stage.backward_input(work, grad_output)?;
+            stage.backward_weight(work)?;
+            Ok(grad_input)
+        })
+    }
+
+    fn forward_backward(
+        &mut self,
+        forward: Work,
+        input: Option<f64>,
+        backward: Work,
+        grad_output: f64,
+    ) -> Result<(f64, Option<f64>), String> {
+        self.fused(Task::Overlapped { forward, backward }, |stage| {
+            let output = stage.forward(forward, input)?;
+            let grad_input = stage.backward(backward, grad_output)?;
+            Ok((output, grad_input))
+        })
     }
 }

@@ -590,7 +590,7 @@ pub fn run_programs_checker(data: &[u8]) {
     let stages = run_threads(
         problem,
         &set,
-        |_| model.stage(|_, _| Duration::ZERO),
+        |_| model.stage(|_| Duration::ZERO),
         ThreadOptions {
             receive_timeout: THREAD_TIMEOUT,
         },

@@ -15,7 +15,7 @@ use crate::error::Error;
 use clap::{Args, ValueEnum};
 use pipeweave_backends::numeric::{total_gradients, AffineModel, AffineStage, Gradients};
 use pipeweave_backends::{run_threads, ThreadOptions};
-use pipeweave_core::{OpKind, Problem, ProgramSet, StageCosts, Work};
+use pipeweave_core::{CostModel, Problem, ProgramSet, Task};
 use serde::Serialize;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -87,7 +87,7 @@ struct Prepared {
     problem: Problem,
     programs: ProgramSet,
     makespan: f64,
-    stage_costs: Vec<StageCosts>,
+    costs: CostModel,
     model: AffineModel,
     reference: Gradients,
 }
@@ -101,7 +101,7 @@ impl Prepared {
         let reference = model.sequential_gradients(&problem);
         Ok(Prepared {
             makespan: checked.simulation.makespan(),
-            stage_costs: checked.plan.costs().stages().to_vec(),
+            costs: checked.plan.costs().clone(),
             programs: checked.programs,
             problem,
             model,
@@ -111,12 +111,9 @@ impl Prepared {
 
     /// One rank's stage, spending each op's cost at the run's time scale.
     fn stage(&self, scale: f64) -> AffineStage {
-        let stage_costs = self.stage_costs.clone();
-        self.model.stage(move |work: Work, kind: OpKind| {
-            let Some(c) = stage_costs.get(work.stage.index()) else {
-                return Duration::ZERO;
-            };
-            Duration::from_secs_f64(c.of(kind) * scale / 1000.0)
+        let costs = self.costs.clone();
+        self.model.stage(move |task: &Task| {
+            Duration::from_secs_f64(costs.task_duration(task) * scale / 1000.0)
         })
     }
 

@@ -1,0 +1,188 @@
+//! The MPI backend's figures (issue 9), against threads, measured in one run:
+//!
+//! - **Training throughput**: the model of `benches/train.rs` (4 blocks, width 192, 4 heads,
+//!   64-byte sequences, 16 microbatches of 2 sequences) trained on one rank with one compute
+//!   thread, against pp2 (`f1b(gpipe)`) as two MPI processes with one compute thread each
+//!   (`mpirun -np 2` of this binary, which then acts as a rank). Target: throughput ratio >= 1.7
+//!   (the 1F1B bubble at P=2, M=16 makes 1.88 the ceiling).
+//! - **Sleep kernels**: `pipeweave run f1b(gpipe) -p 8 -m 32 --costs F=1,B=1 --time-scale 1`
+//!   (every op sleeps 1 ms) on threads and under `mpirun -np 8`: the measured makespan over the
+//!   simulated one. Target: <= 1.05 on both.
+//!
+//! `cargo bench --features mpi --bench mpi` (needs Open MPI, see README). The ranks' role is
+//! chosen by an environment variable that the driver passes through `mpirun`.
+
+use candle_core::DType;
+use pipeweave::{build_plan, PipelineConfig, Plan};
+use pipeweave_backends::mpi::rsmpi;
+use pipeweave_kernels::GptConfig;
+use pipeweave_train::data::BatchShape;
+use pipeweave_train::mpi::MpiCluster;
+use pipeweave_train::{Corpus, LrSchedule, TrainSettings, Trainer};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const STEPS: u64 = 4;
+const MICROBATCHES: u32 = 16;
+const SEQ_LEN: usize = 64;
+const SEQUENCES: usize = 2;
+/// Set (to anything) in the ranks started by the driver.
+const RANK_ROLE: &str = "PIPEWEAVE_BENCH_MPI_RANK";
+
+fn config() -> GptConfig {
+    GptConfig::new(4, 192, 4, SEQ_LEN).expect("the bench's model is valid")
+}
+
+fn settings() -> TrainSettings {
+    TrainSettings {
+        config: config(),
+        shape: BatchShape::new(SEQ_LEN, SEQUENCES, MICROBATCHES as usize).expect("valid shape"),
+        lr: LrSchedule::constant(1e-3).expect("valid learning rate"),
+        max_grad_norm: 1.0,
+        seed: 1,
+        deterministic: false,
+        recompute: false,
+        dtype: DType::F32,
+        eval_sequences: 1,
+        fingerprint: "bench".to_string(),
+        receive_timeout: Duration::from_secs(120),
+        replicas: 1,
+        injections: Vec::new(),
+    }
+}
+
+fn plan(expression: &str, ranks: u32) -> Plan {
+    build_plan(
+        expression,
+        &PipelineConfig::new(ranks, MICROBATCHES).expect("sizes"),
+    )
+    .expect("the bench's plans build")
+}
+
+/// Seconds per step after one warm-up step.
+fn seconds_per_step(trainer: &mut Trainer) -> f64 {
+    trainer.step().expect("warm-up step");
+    let start = Instant::now();
+    for _ in 0..STEPS {
+        trainer.step().expect("step");
+    }
+    start.elapsed().as_secs_f64() / STEPS as f64
+}
+
+/// A rank of the pp2 job: trains, and rank 0 prints its seconds per step.
+fn rank() {
+    let universe = rsmpi::initialize().expect("MPI initialises under mpirun");
+    let world = universe.world();
+    let corpus = Corpus::default_sources().expect("the checkout's sources");
+    let plan = plan("f1b(gpipe)", 2);
+    let settings = settings();
+    let cluster = MpiCluster::new(
+        &world,
+        &plan,
+        &settings.config,
+        1,
+        settings.deterministic,
+        settings.receive_timeout,
+    )
+    .expect("the cluster starts");
+    let writer = cluster.world_rank() == 0;
+    let mut trainer =
+        Trainer::on_cluster(&plan, &corpus, settings, Box::new(cluster)).expect("trainer");
+    let seconds = seconds_per_step(&mut trainer);
+    if writer {
+        println!("{seconds}");
+    }
+}
+
+fn mpirun(np: usize) -> Command {
+    let mut command = Command::new("mpirun");
+    command
+        .args(["--allow-run-as-root", "--oversubscribe", "-np"])
+        .arg(np.to_string())
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    command
+}
+
+fn stdout_of(mut command: Command) -> String {
+    let out = command
+        .output()
+        .expect("the command runs (is Open MPI installed?)");
+    assert!(
+        out.status.success(),
+        "{:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Measured over simulated makespan of the 1 ms sleep kernels, on `mpi` or threads.
+fn sleep_ratio(mpi: bool) -> f64 {
+    let args = [
+        "run",
+        "f1b(gpipe)",
+        "-p",
+        "8",
+        "-m",
+        "32",
+        "--costs",
+        "F=1,B=1",
+        "--time-scale",
+        "1",
+        "--json",
+    ];
+    let bin = env!("CARGO_BIN_EXE_pipeweave");
+    let command = if mpi {
+        let mut c = mpirun(8);
+        c.arg(bin).args(args).args(["--backend", "mpi"]);
+        c
+    } else {
+        let mut c = Command::new(bin);
+        c.args(args);
+        c
+    };
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout_of(command)).expect("a JSON report");
+    let measured = report["measured_seconds"]
+        .as_f64()
+        .expect("measured_seconds");
+    let simulated = report["simulated_seconds"]
+        .as_f64()
+        .expect("simulated_seconds");
+    measured / simulated
+}
+
+fn main() {
+    // candle's matrix products take their thread count from this variable: one per rank.
+    std::env::set_var("RAYON_NUM_THREADS", "1");
+    if std::env::var_os(RANK_ROLE).is_some() {
+        rank();
+        return;
+    }
+    let corpus = Corpus::default_sources().expect("the checkout's sources");
+    let one_plan = plan("gpipe", 1);
+    let mut one = Trainer::new(&one_plan, &corpus, settings()).expect("trainer");
+    let single = seconds_per_step(&mut one);
+    let mut job = mpirun(2);
+    job.args(["-x", RANK_ROLE, "-x", "RAYON_NUM_THREADS"])
+        .env(RANK_ROLE, "1")
+        .arg(std::env::current_exe().expect("this bench's path"));
+    let pp2: f64 = stdout_of(job)
+        .trim()
+        .parse()
+        .expect("rank 0 prints its seconds per step");
+    println!(
+        "model: 4 blocks, width 192, 16 microbatches of 2 x 64 bytes; one compute thread per rank"
+    );
+    println!("one rank (threads backend): {single:.3} s/step");
+    println!("pp2 (1F1B) as two MPI processes: {pp2:.3} s/step");
+    println!(
+        "throughput ratio pp2 over MPI / one rank: {:.2} (target >= 1.7, ceiling 1.88)",
+        single / pp2
+    );
+    let threads = sleep_ratio(false);
+    let mpi = sleep_ratio(true);
+    println!("1 ms sleep kernels, f1b(gpipe) at pp8 m32, measured / simulated makespan:");
+    println!("  threads {threads:.3}, MPI {mpi:.3} (target <= 1.05)");
+}
