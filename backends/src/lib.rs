@@ -8,7 +8,8 @@
 //!   sends and matched receives with a checked header, a fingerprint of the programs compared
 //!   before the run, abort of the job on failure);
 //! - [`numeric`]: a scalar affine stage model and its single-device reference, for end-to-end
-//!   gradient checks.
+//!   gradient checks (and, with delays, sleep kernels against the simulator);
+//! - [`timing`]: precise sleeps (the thread's timer slack at its minimum).
 //!
 //! Architecture invariant: backends only consume checked per-rank programs; they never look at
 //! the global plan's orders. Threads, MPI and NCCL differ only in the transport.
@@ -21,6 +22,7 @@ pub mod interpreter;
 pub mod mpi;
 pub mod numeric;
 pub mod threads;
+pub mod timing;
 pub mod transport;
 
 #[cfg(feature = "mpi")]

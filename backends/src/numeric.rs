@@ -8,6 +8,7 @@
 //! rounding.
 
 use crate::compute::StageCompute;
+use crate::timing::sleep_until;
 use pipeweave_core::{Problem, StageId, Task, Work};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -100,6 +101,7 @@ impl AffineModel {
             grads: vec![(0.0, 0.0); self.scale.len()],
             delay: Box::new(delay),
             fused: false,
+            busy: None,
         }
     }
 
@@ -132,6 +134,8 @@ pub struct AffineStage {
     delay: Box<dyn Fn(&Task) -> Duration + Send>,
     /// Inside a fused task: its parts spend nothing, the task spends its own time.
     fused: bool,
+    /// The first task's start and the last task's end.
+    busy: Option<(Instant, Instant)>,
 }
 
 impl AffineStage {
@@ -140,14 +144,26 @@ impl AffineStage {
         &self.grads
     }
 
-    fn spend(&self, task: Task) {
+    fn spend(&mut self, task: Task) {
         if self.fused {
             return;
         }
+        let start = Instant::now();
         let d = (self.delay)(&task);
         if !d.is_zero() {
-            sleep_until(Instant::now() + d);
+            sleep_until(start + d);
         }
+        let end = Instant::now();
+        self.busy = Some(match self.busy {
+            None => (start, end),
+            Some((first, _)) => (first, end),
+        });
+    }
+
+    /// When this rank's first task started and its last task ended (None before any task): the
+    /// schedule's measured makespan is the latest end less the earliest start over the ranks.
+    pub fn busy(&self) -> Option<(Instant, Instant)> {
+        self.busy
     }
 
     /// Runs `parts` as one task: the parts spend nothing, then the task spends its time (unless
@@ -158,48 +174,6 @@ impl AffineStage {
         self.fused = outer;
         self.spend(task);
         result
-    }
-}
-
-/// The last stretch of a delay, spent yielding rather than sleeping (a sleep may overshoot).
-const FINAL_STRETCH: Duration = Duration::from_micros(40);
-
-/// Spends the time until `deadline` as an emulated kernel would: close to exactly. The thread's
-/// timer slack is set to its minimum first (Linux lets a sleep end up to 50 us late by default,
-/// 5% of a 1 ms op), then it sleeps until just before the deadline and yields the processor for
-/// the last few microseconds.
-fn sleep_until(deadline: Instant) {
-    precise_timers();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return;
-        }
-        if left > FINAL_STRETCH {
-            std::thread::sleep(left - FINAL_STRETCH);
-        } else {
-            std::thread::yield_now();
-        }
-    }
-}
-
-/// Sets this thread's timer slack to 1 ns, once (Linux; elsewhere nothing to do).
-fn precise_timers() {
-    #[cfg(target_os = "linux")]
-    {
-        thread_local! {
-            static SET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-        }
-        SET.with(|set| {
-            if !set.replace(true) {
-                // SAFETY: PR_SET_TIMERSLACK takes one integer argument and changes only the
-                // calling thread's timer slack; it touches no memory of ours. A failure leaves
-                // the default slack, which only makes delays less precise.
-                unsafe {
-                    libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
-                }
-            }
-        });
     }
 }
 

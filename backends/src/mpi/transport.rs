@@ -20,6 +20,9 @@ const TAG: Tag = 17;
 /// The exit status of a process whose rank failed (`MPI_Abort`'s error code).
 pub const FAILURE_STATUS: i32 = 1;
 
+/// The nap between polls once a wait has lasted a while.
+const POLL_NAP: Duration = Duration::from_micros(20);
+
 /// How long a rank whose wait timed out collects the other ranks' status lines.
 const REPORT_WINDOW: Duration = Duration::from_secs(1);
 
@@ -63,7 +66,9 @@ impl Backoff {
         if self.idle < 64 {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(Duration::from_micros(100));
+            // Short, precise naps: a message waits at most about this long to be noticed.
+            crate::timing::precise_timers();
+            std::thread::sleep(POLL_NAP);
         }
     }
 }
