@@ -111,10 +111,6 @@ fn bad_input_exits_2_with_one_line_naming_the_constraint() {
             "weight_grad = 3 must lie between 0 and total = 1",
         ),
         (
-            &["plan", "dual(f1b(gpipe))", "-p", "3", "-m", "8"],
-            "precondition `DualPipe needs an even number of ranks` violated: ranks = 3",
-        ),
-        (
             &[
                 "plan",
                 "dual(vpp(f1b(gpipe), chunks=3))",

@@ -2,7 +2,7 @@
 //! file), verify it, project and check its communication, simulate it, and report.
 
 use crate::cli::options::parse_costs;
-use crate::cli::outputs::{check_plan, emit, OutputArgs};
+use crate::cli::outputs::{check_and_emit, OutputArgs, Source};
 use crate::error::Error;
 use crate::reference::read_reference;
 use clap::Args;
@@ -34,6 +34,6 @@ pub fn run(args: &CheckArgs, stdout: &mut dyn Write) -> Result<(), Error> {
         let imported = import_csv(&text, costs, comm)?;
         (imported.plan, imported.programs)
     };
-    let checked = check_plan(plan, programs, args.outputs.recv)?;
-    emit(&args.file, &checked, &args.outputs, stdout)
+    let source = Source::Imported(plan, programs);
+    check_and_emit(&args.file, source, &args.outputs, stdout)
 }

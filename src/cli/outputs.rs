@@ -1,12 +1,17 @@
-//! What `plan` and `check` share: checking a plan end to end (verify, project, check the
-//! communication, simulate) and writing the report and the files a plan can be written to.
+//! What `plan` and `check` share: checking a plan end to end (verify, simulate, project, check the
+//! communication) and writing the report and the files a plan can be written to.
+//!
+//! A large plan keeps a second core busy: the communication check runs beside the rendering of the
+//! files, and the files are written while the text report is formatted. Nothing is written before
+//! every check has passed, and files are written in the order they always were.
 
 use crate::error::Error;
 use crate::report::PlanReport;
 use clap::{Args, ValueEnum};
 use pipeweave_core::formats::{csv, svg, trace};
+use pipeweave_core::spmd::project::project_simulated;
 use pipeweave_core::{
-    check_programs, project, simulate, verify, CheckReport, Plan, ProgramSet, ProjectionOptions,
+    check_programs, simulate, verify, CheckReport, CommError, Plan, ProgramSet, ProjectionOptions,
     RecvPolicy, Simulation,
 };
 use std::io::Write;
@@ -70,14 +75,35 @@ pub struct Checked {
     pub simulation: Simulation,
 }
 
-/// Verifies `plan`, projects it (unless `programs` came with it), checks the programs and
-/// simulates.
-pub fn check_plan(
+/// Where a plan to check comes from, which says what is left to check of it.
+pub enum Source {
+    /// Built by the pass driver ([`crate::build_plan`]), which verified it after its last pass,
+    /// memory bound included: verifying it again would find what the driver found.
+    Built(Plan),
+    /// Read from a file, with the programs of a lowered file: verified here first.
+    Imported(Plan, Option<ProgramSet>),
+}
+
+/// A verified plan, simulated, with the programs that are still to be checked.
+struct Projected {
     plan: Plan,
-    programs: Option<ProgramSet>,
-    recv: RecvArg,
-) -> Result<Checked, Error> {
-    verify(&plan)?;
+    programs: ProgramSet,
+    simulation: Simulation,
+}
+
+/// Verifies an imported plan, simulates the plan and projects it along the simulated timeline
+/// (unless programs came with it).
+fn project_source(source: Source, recv: RecvArg) -> Result<Projected, Error> {
+    let (plan, programs) = match source {
+        Source::Built(plan) => (plan, None),
+        Source::Imported(plan, programs) => {
+            verify(&plan)?;
+            (plan, programs)
+        }
+    };
+    // A verified plan runs to its end: the simulation cannot fail here, and its timeline is the
+    // one the projection would replay.
+    let simulation = simulate(&plan)?;
     let programs = match programs {
         Some(p) => p,
         None => {
@@ -85,31 +111,83 @@ pub fn check_plan(
                 RecvArg::Early => RecvPolicy::Early,
                 RecvArg::JustInTime => RecvPolicy::JustInTime,
             };
-            project(
-                &plan,
-                ProjectionOptions {
-                    recv,
-                    forward_only: false,
-                },
-            )?
+            let options = ProjectionOptions {
+                recv,
+                forward_only: false,
+            };
+            project_simulated(&plan, &simulation, options)?
         }
     };
-    let counts = check_programs(plan.problem(), &programs)?;
-    let simulation = simulate(&plan)?;
-    for (what, value) in [
-        ("makespan", simulation.makespan()),
-        ("bubble rate", simulation.bubble_rate()),
-    ] {
-        if !value.is_finite() {
-            return Err(Error::Overflow { what, value });
-        }
-    }
-    Ok(Checked {
+    Ok(Projected {
         plan,
         programs,
-        counts,
         simulation,
     })
+}
+
+impl Projected {
+    /// The plan with its checked programs: what the check counted, once the figures are finite.
+    fn checked(self, counts: Result<CheckReport, CommError>) -> Result<Checked, Error> {
+        let counts = counts?;
+        for (what, value) in [
+            ("makespan", self.simulation.makespan()),
+            ("bubble rate", self.simulation.bubble_rate()),
+        ] {
+            if !value.is_finite() {
+                return Err(Error::Overflow { what, value });
+            }
+        }
+        Ok(Checked {
+            plan: self.plan,
+            programs: self.programs,
+            counts,
+            simulation: self.simulation,
+        })
+    }
+}
+
+/// Verifies an imported plan, simulates the plan, projects it along the simulated timeline
+/// (unless programs came with it) and checks the programs.
+pub fn check_plan(source: Source, recv: RecvArg) -> Result<Checked, Error> {
+    let projected = project_source(source, recv)?;
+    let counts = check_programs(projected.plan.problem(), &projected.programs);
+    projected.checked(counts)
+}
+
+/// [`check_plan`], then [`emit`]: the communication check runs on a thread of its own while the
+/// files are rendered (nothing is written before every check has passed).
+pub fn check_and_emit(
+    title: &str,
+    source: Source,
+    args: &OutputArgs,
+    stdout: &mut dyn Write,
+) -> Result<(), Error> {
+    let projected = project_source(source, args.recv)?;
+    let (counts, files) = std::thread::scope(|scope| {
+        let check = scope.spawn(|| check_programs(projected.plan.problem(), &projected.programs));
+        let files = Files::render(
+            title,
+            &projected.plan,
+            &projected.programs,
+            &projected.simulation,
+            args,
+        );
+        let counts = check
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (counts, files)
+    });
+    let checked = projected.checked(counts)?;
+    files.write(&checked, args, stdout)?;
+    leave_to_exit(checked);
+    Ok(())
+}
+
+/// Leaves `values` to the end of the process instead of freeing them: the command ends here,
+/// and freeing a large plan's programs and report one allocation at a time costs more than
+/// writing them (the operating system takes the memory back at once).
+fn leave_to_exit<T>(values: T) {
+    std::mem::forget(values);
 }
 
 fn write_file(path: &str, contents: &str) -> Result<(), Error> {
@@ -119,54 +197,97 @@ fn write_file(path: &str, contents: &str) -> Result<(), Error> {
     })
 }
 
-/// Writes the requested files and the report on stdout.
-pub fn emit(
-    title: &str,
-    checked: &Checked,
-    args: &OutputArgs,
-    stdout: &mut dyn Write,
-) -> Result<(), Error> {
-    let report = PlanReport::new(title, &checked.plan, &checked.simulation)
-        .with_programs(&checked.programs, &checked.counts);
-    let json = serde_json::to_string_pretty(&report).expect("a report always serialises");
-    if let Some(path) = &args.json {
-        write_file(path, &json)?;
-    }
-    if let Some(path) = &args.svg {
-        write_file(
-            path,
-            &svg::timeline_svg(&checked.plan, &checked.simulation, title),
-        )?;
-    }
-    if let Some(path) = &args.trace {
-        let value = trace::chrome_trace(&checked.plan, &checked.simulation, title);
-        write_file(
-            path,
-            &serde_json::to_string(&value).expect("a trace always serialises"),
-        )?;
-    }
-    if let Some(path) = &args.csv {
-        let text = if args.lowered {
-            csv::lowered_csv(&checked.programs)
-        } else {
-            csv::compute_csv(&checked.plan)
+/// What the output options ask for, rendered before the programs' check ends: everything but
+/// what needs its counts (the report's text and JSON).
+struct Files {
+    report: PlanReport,
+    svg: Option<String>,
+    trace: Option<String>,
+    csv: Option<String>,
+    programs: Option<String>,
+}
+
+impl Files {
+    fn render(
+        title: &str,
+        plan: &Plan,
+        programs: &ProgramSet,
+        simulation: &Simulation,
+        args: &OutputArgs,
+    ) -> Files {
+        let trace = |_: &String| {
+            let value = trace::chrome_trace(plan, simulation, title);
+            serde_json::to_string(&value).expect("a trace always serialises")
         };
-        write_file(path, &text)?;
+        let csv = |_: &String| {
+            if args.lowered {
+                csv::lowered_csv(programs)
+            } else {
+                csv::compute_csv(plan)
+            }
+        };
+        let programs_json =
+            |_: &String| serde_json::to_string_pretty(programs).expect("programs always serialise");
+        Files {
+            report: PlanReport::new(title, plan, simulation),
+            svg: args
+                .svg
+                .as_ref()
+                .map(|_| svg::timeline_svg(plan, simulation, title)),
+            trace: args.trace.as_ref().map(trace),
+            csv: args.csv.as_ref().map(csv),
+            programs: args.programs.as_ref().map(programs_json),
+        }
     }
-    if let Some(path) = &args.programs {
-        write_file(
-            path,
-            &serde_json::to_string_pretty(&checked.programs).expect("programs always serialise"),
-        )?;
+
+    /// Writes the requested files and the report on stdout.
+    fn write(
+        self,
+        checked: &Checked,
+        args: &OutputArgs,
+        stdout: &mut dyn Write,
+    ) -> Result<(), Error> {
+        let report = self
+            .report
+            .with_programs(&checked.programs, &checked.counts);
+        let json = (args.json.is_some() || args.format == Format::Json)
+            .then(|| serde_json::to_string_pretty(&report).expect("a report always serialises"));
+        let files = [
+            (&args.json, json.as_ref()),
+            (&args.svg, self.svg.as_ref()),
+            (&args.trace, self.trace.as_ref()),
+            (&args.csv, self.csv.as_ref()),
+            (&args.programs, self.programs.as_ref()),
+        ];
+        // The files are written, in order, while the text report is formatted.
+        let (written, text) = std::thread::scope(|scope| {
+            let writer = scope.spawn(|| {
+                files
+                    .iter()
+                    .try_for_each(|(path, contents)| match (path, contents) {
+                        (Some(path), Some(contents)) => write_file(path, contents),
+                        _ => Ok(()),
+                    })
+            });
+            let text = (args.format == Format::Text)
+                .then(|| report.to_text(&checked.plan, &checked.simulation));
+            let written = writer
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (written, text)
+        });
+        written?;
+        let text = match (text, json) {
+            (Some(text), _) => text,
+            (None, json) => json.expect("a JSON report is rendered for --format json") + "\n",
+        };
+        stdout
+            .write_all(text.as_bytes())
+            .map_err(|source| Error::Io {
+                path: "<stdout>".to_string(),
+                source,
+            })?;
+        leave_to_exit((report, self.csv, self.programs));
+        Ok(())
     }
-    let text = match args.format {
-        Format::Text => report.to_text(&checked.plan, &checked.simulation),
-        Format::Json => json + "\n",
-    };
-    stdout
-        .write_all(text.as_bytes())
-        .map_err(|source| Error::Io {
-            path: "<stdout>".to_string(),
-            source,
-        })
 }

@@ -2,7 +2,7 @@
 //! programs, simulate it, and report (text or JSON) and write the requested files.
 
 use crate::cli::options::{parse_activation_memory, parse_costs, read_stage_costs};
-use crate::cli::outputs::{check_plan, emit, OutputArgs};
+use crate::cli::outputs::{check_and_emit, OutputArgs, Source};
 use crate::config::{build_plan, PipelineConfig};
 use crate::error::Error;
 use clap::Args;
@@ -76,6 +76,10 @@ pub fn run(args: &PlanArgs, stdout: &mut dyn Write) -> Result<(), Error> {
         config = config.with_rank_costs(read_stage_costs(path)?)?;
     }
     let plan = build_plan(&args.schedule.expression, &config)?;
-    let checked = check_plan(plan, None, args.outputs.recv)?;
-    emit(&args.schedule.expression, &checked, &args.outputs, stdout)
+    check_and_emit(
+        &args.schedule.expression,
+        Source::Built(plan),
+        &args.outputs,
+        stdout,
+    )
 }

@@ -8,7 +8,7 @@
 //! measured times and prints the report; every process exits with the same status. An error that
 //! every process finds alike (bad input, a world of the wrong size) is printed once, by rank 0.
 
-use crate::cli::outputs::{check_plan, RecvArg};
+use crate::cli::outputs::{check_plan, RecvArg, Source};
 use crate::cli::plan_command::ScheduleArgs;
 use crate::config::build_plan;
 use crate::error::Error;
@@ -18,7 +18,7 @@ use pipeweave_backends::{run_threads, ThreadOptions};
 use pipeweave_core::{CostModel, Problem, ProgramSet, Task};
 use serde::Serialize;
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Relative tolerance for "equal to the single-device computation" (f64 sums in another order).
 pub const GRADIENT_TOLERANCE: f64 = 1e-12;
@@ -74,7 +74,9 @@ pub struct RunReport {
     pub simulated_makespan: f64,
     /// Simulated makespan in seconds at the run's time scale.
     pub simulated_seconds: f64,
-    /// Measured wall time of the run in seconds.
+    /// Measured makespan in seconds: the last task's end less the first task's start over every
+    /// rank (the checks, the ranks' start and, under MPI, the programs' agreement excluded; MPI
+    /// ranks' clocks are aligned by a barrier).
     pub measured_seconds: f64,
     /// Largest relative difference between the pipelined and the single-device gradients.
     pub max_relative_gradient_error: f64,
@@ -95,7 +97,7 @@ struct Prepared {
 impl Prepared {
     fn new(args: &RunArgs) -> Result<Prepared, Error> {
         let plan = build_plan(&args.schedule.expression, &args.schedule.config()?)?;
-        let checked = check_plan(plan, None, args.recv)?;
+        let checked = check_plan(Source::Built(plan), args.recv)?;
         let problem = checked.plan.problem().clone();
         let model = AffineModel::new(&problem);
         let reference = model.sequential_gradients(&problem);
@@ -154,7 +156,6 @@ pub fn run(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error> {
 
 fn run_on_threads(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error> {
     let prepared = Prepared::new(args)?;
-    let start = Instant::now();
     let stages = run_threads(
         &prepared.problem,
         &prepared.programs,
@@ -164,7 +165,14 @@ fn run_on_threads(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error>
         },
     )
     .map_err(Error::Backend)?;
-    let measured = start.elapsed().as_secs_f64();
+    let spans: Vec<_> = stages.iter().filter_map(AffineStage::busy).collect();
+    let measured = match (
+        spans.iter().map(|s| s.0).min(),
+        spans.iter().map(|s| s.1).max(),
+    ) {
+        (Some(first), Some(last)) => last.duration_since(first).as_secs_f64(),
+        _ => 0.0,
+    };
     let report = prepared.report(args, measured, &total_gradients(&stages));
     write_report(args, &prepared.problem, &report, stdout)?;
     Ok(report.gradients_equal)
@@ -244,7 +252,9 @@ fn mpi_rank(
     let prepared = Prepared::new(args)?;
     let mut stage = prepared.stage(args.time_scale);
     world.barrier();
-    let start = Instant::now();
+    // The ranks' clocks are compared from here: the barrier ends on all of them at once, within
+    // its latency.
+    let epoch = std::time::Instant::now();
     run_mpi(
         world,
         &prepared.problem,
@@ -254,13 +264,19 @@ fn mpi_rank(
             receive_timeout: Duration::from_secs_f64(args.timeout),
         },
     )?;
-    let measured = start.elapsed().as_secs_f64();
-    // Every rank: its gradients (one pair per weight set, as many on every rank), then its time.
+    // Every rank: its gradients (one pair per weight set, as many on every rank), then its first
+    // task's start and last task's end since the epoch.
+    let (first, last) = stage.busy().map_or((f64::INFINITY, 0.0), |(first, last)| {
+        (
+            first.duration_since(epoch).as_secs_f64(),
+            last.duration_since(epoch).as_secs_f64(),
+        )
+    });
     let mine: Vec<f64> = stage
         .gradients()
         .iter()
         .flat_map(|&(a, b)| [a, b])
-        .chain([measured])
+        .chain([first, last])
         .collect();
     let root = world.process_at_rank(0);
     let mut equal = false;
@@ -268,15 +284,18 @@ fn mpi_rank(
         let mut all = vec![0.0; mine.len() * processes as usize];
         root.gather_into_root(&mine[..], &mut all[..]);
         let mut gradients: Gradients = vec![(0.0, 0.0); stage.gradients().len()];
-        let mut slowest: f64 = 0.0;
+        let (mut first, mut last) = (f64::INFINITY, 0.0f64);
+        let pairs = mine.len() - 2;
         for rank in all.chunks_exact(mine.len()) {
-            for (total, pair) in gradients.iter_mut().zip(rank.chunks_exact(2)) {
+            for (total, pair) in gradients.iter_mut().zip(rank[..pairs].chunks_exact(2)) {
                 total.0 += pair[0];
                 total.1 += pair[1];
             }
-            slowest = slowest.max(rank[mine.len() - 1]);
+            first = first.min(rank[pairs]);
+            last = last.max(rank[pairs + 1]);
         }
-        let report = prepared.report(args, slowest, &gradients);
+        let measured = if first.is_finite() { last - first } else { 0.0 };
+        let report = prepared.report(args, measured, &gradients);
         equal = report.gradients_equal;
         root.broadcast_into(&mut equal);
         write_report(args, &prepared.problem, &report, stdout)?;

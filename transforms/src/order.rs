@@ -1,54 +1,72 @@
 //! Building blocks for per-rank orders shared by the passes.
 
-use pipeweave_core::{Problem, Task, Work};
+use pipeweave_core::{Problem, StageId, Task, Work};
 
 /// Fill-drain (GPipe) orders for any problem: every rank runs all its forwards, then all its full
 /// backwards, microbatch after microbatch, route by route; on a rank holding several stages of a
 /// route, forwards go in route order and backwards in reverse. Always a runnable schedule.
 pub fn fill_drain(problem: &Problem) -> Vec<Vec<Task>> {
     let ranks = problem.ranks() as usize;
-    let mut forwards: Vec<Vec<Task>> = vec![Vec::new(); ranks];
-    let mut backwards: Vec<Vec<Task>> = vec![Vec::new(); ranks];
+    let owner = |stage: StageId| {
+        problem
+            .rank_of(stage)
+            .expect("route stages are in range in a validated problem")
+            .index()
+    };
+    // Each rank's order is sized first: every (stage, microbatch) pair it holds, twice.
+    let mut sizes = vec![0usize; ranks];
+    for route in problem.routes() {
+        let microbatches = (route.end().get() - route.first().get()) as usize;
+        for &stage in route.stages() {
+            sizes[owner(stage)] += 2 * microbatches;
+        }
+    }
+    let mut orders: Vec<Vec<Task>> = sizes.into_iter().map(Vec::with_capacity).collect();
     for route in problem.routes() {
         for mb in route.first().get()..route.end().get() {
             for &stage in route.stages() {
-                let rank = problem
-                    .rank_of(stage)
-                    .expect("route stages are in range in a validated problem");
-                forwards[rank.index()].push(Task::Forward(Work::new(stage.get(), mb)));
-            }
-            for &stage in route.stages().iter().rev() {
-                let rank = problem
-                    .rank_of(stage)
-                    .expect("route stages are in range in a validated problem");
-                backwards[rank.index()].push(Task::Backward(Work::new(stage.get(), mb)));
+                orders[owner(stage)].push(Task::Forward(Work::new(stage.get(), mb)));
             }
         }
     }
-    forwards
-        .into_iter()
-        .zip(backwards)
-        .map(|(mut f, b)| {
-            f.extend(b);
-            f
-        })
-        .collect()
+    for route in problem.routes() {
+        for mb in route.first().get()..route.end().get() {
+            for &stage in route.stages().iter().rev() {
+                orders[owner(stage)].push(Task::Backward(Work::new(stage.get(), mb)));
+            }
+        }
+    }
+    orders
 }
 
 /// Merges a rank's forwards and backwards the way every warm-up / steady / cool-down schedule
 /// does: the first `warmup` forwards, then pairs (next forward, next backward) while both remain,
 /// then whatever is left (backwards, in order). `warmup` is capped at the number of forwards.
 pub fn warmup_merge(forwards: &[Task], backwards: &[Task], warmup: usize) -> Vec<Task> {
-    let warmup = warmup.min(forwards.len());
-    let mut out = Vec::with_capacity(forwards.len() + backwards.len());
-    out.extend_from_slice(&forwards[..warmup]);
-    let steady = (forwards.len() - warmup).min(backwards.len());
+    warmup_merge_with(
+        (forwards.len(), |i| forwards[i]),
+        (backwards.len(), |i| backwards[i]),
+        warmup,
+    )
+}
+
+/// [`warmup_merge`] of forwards and backwards given by their number and the task at each
+/// position: the merged order without building either list first.
+pub fn warmup_merge_with(
+    (forwards, forward): (usize, impl Fn(usize) -> Task),
+    (backwards, backward): (usize, impl Fn(usize) -> Task),
+    warmup: usize,
+) -> Vec<Task> {
+    let warmup = warmup.min(forwards);
+    let mut out = Vec::with_capacity(forwards + backwards);
+    out.extend((0..warmup).map(&forward));
+    let steady = (forwards - warmup).min(backwards);
     for i in 0..steady {
-        out.push(forwards[warmup + i]);
-        out.push(backwards[i]);
+        out.push(forward(warmup + i));
+        out.push(backward(i));
     }
-    out.extend_from_slice(&forwards[warmup + steady..]);
-    out.extend_from_slice(&backwards[steady..]);
+    out.extend((warmup + steady..forwards).map(&forward));
+    out.extend((steady..backwards).map(&backward));
     out
 }
 

@@ -6,6 +6,7 @@
 use crate::ir::ids::RankId;
 use crate::ir::op::Op;
 use crate::ir::plan::Plan;
+use std::ops::ControlFlow;
 
 /// Peak held activation memory of one rank and the op at which it is first reached.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -34,7 +35,7 @@ pub fn peak_per_rank(plan: &Plan) -> Vec<RankPeak> {
                 at: None,
             };
             for task in order {
-                for op in task.ops() {
+                let _ = task.try_for_each_op(|op| {
                     if let Some(m) = figures.get(op.stage.index()) {
                         held += m.delta(op.kind);
                     }
@@ -42,7 +43,8 @@ pub fn peak_per_rank(plan: &Plan) -> Vec<RankPeak> {
                         best.peak = held;
                         best.at = Some(op);
                     }
-                }
+                    ControlFlow::<()>::Continue(())
+                });
             }
             best
         })

@@ -9,15 +9,23 @@
 //! The engine assumes every op of every task is in range (the verifier checks that first); an op out
 //! of range, an op run twice, and a deadlock are reported as a [`ReplayError`] rather than a panic.
 
-use crate::ir::deps::predecessors;
+use crate::ir::deps::Links;
 use crate::ir::ids::RankId;
 use crate::ir::op::{Op, Task};
 use crate::ir::plan::Plan;
 use std::collections::VecDeque;
 use std::fmt;
+use std::ops::ControlFlow;
 use thiserror::Error;
 
 const NONE: u32 = u32::MAX;
+
+/// Why a rank stops at a task: one of its ops is out of range, or waits for an op (with its slot)
+/// that has not run yet.
+enum Stop {
+    OutOfRange(Op),
+    Waits(Op, usize),
+}
 
 /// One task with its simulated start and end.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -100,10 +108,21 @@ pub fn replay(
     comm: f64,
     record: bool,
 ) -> Result<Replay, ReplayError> {
-    let problem = plan.problem();
+    replay_linked(plan, &Links::of(plan.problem()), duration, comm, record)
+}
+
+/// [`replay`] with the dependency tables of the plan's problem already built.
+pub fn replay_linked(
+    plan: &Plan,
+    links: &Links,
+    duration: impl Fn(&Task) -> f64,
+    comm: f64,
+    record: bool,
+) -> Result<Replay, ReplayError> {
     let ranks = plan.orders().len();
-    let mut finish = vec![f64::NAN; plan.op_slots()];
-    let mut waiter_head = vec![NONE; plan.op_slots()];
+    let slots = links.slots();
+    let mut finish = vec![f64::NAN; slots.len()];
+    let mut waiter_head = vec![NONE; slots.len()];
     let mut waiter_next = vec![NONE; ranks];
     let mut position = vec![0usize; ranks];
     let mut clock = vec![0.0f64; ranks];
@@ -118,51 +137,58 @@ pub fn replay(
 
     while let Some(r) = ready.pop_front() {
         let order = &plan.orders()[r];
-        'tasks: while position[r] < order.len() {
+        while position[r] < order.len() {
             let task = order[position[r]];
-            let ops = task.ops();
+            let at = |op| (RankId::new(r as u32), position[r], op);
             let mut start = clock[r];
-            let mut slots = [0usize; 3];
-            for (k, op) in ops.iter().enumerate() {
-                match plan.op_slot(*op) {
-                    Some(slot) if problem.has_work(op.stage, op.microbatch) => slots[k] = slot,
-                    _ => {
-                        return Err(ReplayError::OutOfRange(
-                            RankId::new(r as u32),
-                            position[r],
-                            *op,
-                        ))
+            let mut own = [0usize; 3];
+            let mut count = 0;
+            let ready_or_not = task.try_for_each_op(|op| {
+                let located = links.try_for_each_dep(op, |dep, slot| {
+                    if task.runs(dep) {
+                        return ControlFlow::Continue(());
                     }
-                }
-                for dep in predecessors(problem, *op) {
-                    if ops.contains(&dep) {
-                        continue;
-                    }
-                    let slot = plan
-                        .op_slot(dep)
-                        .expect("predecessors of an in-range op are in range");
                     let done = finish[slot];
                     if done.is_nan() {
-                        waiter_next[r] = waiter_head[slot];
-                        waiter_head[slot] = r as u32;
-                        waiting_for[r] = Some(dep);
-                        break 'tasks;
+                        return ControlFlow::Break(Stop::Waits(dep, slot));
                     }
-                    let owner = problem.rank_of(dep.stage).map(RankId::index);
+                    let owner = links.owner(dep.stage).map(RankId::index);
                     let latency = if owner == Some(r) { 0.0 } else { comm };
                     start = start.max(done + latency);
+                    ControlFlow::Continue(())
+                });
+                let Some((slot, flow)) = located else {
+                    return ControlFlow::Break(Stop::OutOfRange(op));
+                };
+                own[count] = slot;
+                count += 1;
+                flow
+            });
+            match ready_or_not {
+                ControlFlow::Continue(()) => {}
+                ControlFlow::Break(Stop::OutOfRange(op)) => {
+                    let (rank, position, op) = at(op);
+                    return Err(ReplayError::OutOfRange(rank, position, op));
+                }
+                ControlFlow::Break(Stop::Waits(dep, slot)) => {
+                    waiter_next[r] = waiter_head[slot];
+                    waiter_head[slot] = r as u32;
+                    waiting_for[r] = Some(dep);
+                    break;
                 }
             }
             let end = start + duration(&task);
-            for (op, &slot) in ops.iter().zip(&slots) {
+            let mut k = 0;
+            let twice = task.try_for_each_op(|op| {
+                let slot = own[k];
+                k += 1;
                 if !finish[slot].is_nan() {
-                    return Err(ReplayError::RunsTwice(
-                        RankId::new(r as u32),
-                        position[r],
-                        *op,
-                    ));
+                    return ControlFlow::Break(op);
                 }
                 finish[slot] = end;
+                if waiter_head[slot] == NONE {
+                    return ControlFlow::Continue(());
+                }
                 let mut w = std::mem::replace(&mut waiter_head[slot], NONE);
                 while w != NONE {
                     let next = waiter_next[w as usize];
@@ -171,6 +197,11 @@ pub fn replay(
                     ready.push_back(w as usize);
                     w = next;
                 }
+                ControlFlow::Continue(())
+            });
+            if let ControlFlow::Break(op) = twice {
+                let (rank, position, op) = at(op);
+                return Err(ReplayError::RunsTwice(rank, position, op));
             }
             clock[r] = end;
             if record {

@@ -94,7 +94,10 @@ impl Simulation {
                     },
                     work: tasks
                         .iter()
-                        .flat_map(|t| t.task.ops())
+                        .flat_map(|t| {
+                            let (ops, count) = t.task.op_array();
+                            ops.into_iter().take(count)
+                        })
                         .map(|op| costs.op_cost(op))
                         .sum(),
                     peak_activations: peaks.get(r).map_or(0.0, |p| p.peak),

@@ -17,14 +17,23 @@
 //!    activations (F adds `total`, I frees `total - weight_grad`, W frees `weight_grad`) exceed it.
 //!
 //! Checks 4 to 6 run only when 1 to 3 hold, because they are meaningless on an incomplete plan.
+//!
+//! Shortcuts keep a sound plan cheap and leave every report as it is. Check 3 counts the ops it
+//! sees and looks for missing ones only when the count falls short. The replay of check 5 runs
+//! before check 4's pass: a plan it runs to the end respects 4 (an op needing a later op of its
+//! own rank blocks that rank on itself; inside one task, every task kind runs an op's
+//! dependencies before it), so check 4's pass runs only after a failed replay, whose cycle is
+//! reported when check 4 finds nothing.
 
 use crate::analysis::peak::peak_per_rank;
-use crate::analysis::replay::{replay, Blocked, ReplayError};
-use crate::ir::deps::predecessors;
+use crate::analysis::replay::{replay_linked, Blocked, ReplayError};
+use crate::ir::deps::Links;
 use crate::ir::ids::RankId;
 use crate::ir::op::{Op, OpKind, Task, Work};
 use crate::ir::plan::Plan;
+use crate::ir::problem::Problem;
 use std::fmt;
+use std::ops::ControlFlow;
 
 /// Tolerance on the memory bound (floating-point sums of fractions).
 const MEMORY_EPSILON: f64 = 1e-9;
@@ -214,11 +223,15 @@ fn into_result(violations: Vec<Violation>) -> Result<(), Violations> {
     }
 }
 
-/// Where each op was seen: (rank, position in its order).
+/// Which rank each op was seen on (`NOT_SEEN` for none; ranks are fewer than
+/// [`crate::ir::problem::MAX_RANKS`], so a `u16` holds one), and how many distinct ops were.
 struct Seen {
-    rank: Vec<u32>,
-    position: Vec<u32>,
+    rank: Vec<u16>,
+    distinct: usize,
 }
+
+/// Marks an op no order holds, in [`Seen`].
+const NOT_SEEN: u16 = u16::MAX;
 
 /// Every violation of `plan` (empty when it is sound).
 pub fn violations(plan: &Plan) -> Vec<Violation> {
@@ -231,13 +244,17 @@ pub const MAX_LISTED: usize = 10_000;
 
 fn collect(plan: &Plan, with_memory: bool) -> Vec<Violation> {
     let mut out = Report::default();
-    let seen = check_structure(plan, &mut out);
+    let links = Links::of(plan.problem());
+    let seen = check_structure(plan, &links, &mut out);
     if !out.is_empty() {
         return out.finish();
     }
-    check_local_order(plan, &seen, &mut out);
-    if out.is_empty() {
-        check_acyclic(plan, &mut out);
+    // Check 5's replay before check 4's pass (see the module doc).
+    if let Err(stuck) = replay_linked(plan, &links, |_: &Task| 1.0, 0.0, false) {
+        check_local_order(plan, &links, &seen, &mut out);
+        if out.is_empty() {
+            out.push(stuck.into());
+        }
     }
     if with_memory {
         check_memory(plan, &mut out);
@@ -275,11 +292,10 @@ impl Report {
     }
 }
 
-fn check_structure(plan: &Plan, out: &mut Report) -> Seen {
-    let problem = plan.problem();
+fn check_structure(plan: &Plan, links: &Links, out: &mut Report) -> Seen {
     let mut seen = Seen {
-        rank: vec![u32::MAX; plan.op_slots()],
-        position: vec![u32::MAX; plan.op_slots()],
+        rank: vec![NOT_SEEN; links.slots().len()],
+        distinct: 0,
     };
     for (r, order) in plan.orders().iter().enumerate() {
         let rank = RankId::new(r as u32);
@@ -293,64 +309,85 @@ fn check_structure(plan: &Plan, out: &mut Report) -> Seen {
                     });
                 }
             }
-            for op in task.ops() {
-                let Some(slot) = plan.op_slot(op) else {
-                    let reason = if op.stage.get() >= problem.stages() {
-                        format!(
-                            "stage {} is out of range (the plan has {} stages)",
-                            op.stage,
-                            problem.stages()
-                        )
-                    } else {
-                        format!(
-                            "microbatch {} is out of range (the plan has {} microbatches)",
-                            op.microbatch,
-                            problem.microbatches()
-                        )
-                    };
-                    out.push(Violation::OutOfRange {
-                        rank,
-                        position,
-                        op,
-                        reason,
-                    });
-                    continue;
-                };
-                if !problem.has_work(op.stage, op.microbatch) {
-                    out.push(Violation::OutOfRange {
-                        rank,
-                        position,
-                        op,
-                        reason: format!(
-                            "stage {} is not on the route of microbatch {}",
-                            op.stage, op.microbatch
-                        ),
-                    });
-                    continue;
-                }
-                let owner = problem
-                    .rank_of(op.stage)
-                    .expect("stage checked in range above");
-                if owner != rank {
-                    out.push(Violation::WrongRank {
-                        op,
-                        placed_on: rank,
-                        owner,
-                    });
-                }
-                if seen.rank[slot] != u32::MAX {
-                    out.push(Violation::Duplicate {
-                        op,
-                        rank,
-                        first_on: RankId::new(seen.rank[slot]),
-                    });
-                    continue;
-                }
-                seen.rank[slot] = r as u32;
-                seen.position[slot] = position as u32;
-            }
+            let _ = task.try_for_each_op(|op| {
+                check_op(plan, links, (rank, position), op, &mut seen, out);
+                ControlFlow::<()>::Continue(())
+            });
         }
     }
+    if seen.distinct < plan.problem().work_count() * 3 {
+        check_complete(plan, links, &seen, out);
+    }
+    seen
+}
+
+/// Invariants 1 to 3 for one op of the task at `position` on `rank`.
+fn check_op(
+    plan: &Plan,
+    links: &Links,
+    (rank, position): (RankId, usize),
+    op: Op,
+    seen: &mut Seen,
+    out: &mut Report,
+) {
+    let Some(slot) = links.slot(op) else {
+        out.push(out_of_range(plan.problem(), rank, position, op));
+        return;
+    };
+    let owner = links.owner(op.stage).expect("stage checked in range above");
+    if owner != rank {
+        out.push(Violation::WrongRank {
+            op,
+            placed_on: rank,
+            owner,
+        });
+    }
+    let first = seen.rank[slot];
+    if first != NOT_SEEN {
+        out.push(Violation::Duplicate {
+            op,
+            rank,
+            first_on: RankId::new(first.into()),
+        });
+        return;
+    }
+    seen.rank[slot] = rank.get() as u16;
+    seen.distinct += 1;
+}
+
+/// The violation of an op whose (stage, microbatch) pair does not exist, saying why.
+fn out_of_range(problem: &Problem, rank: RankId, position: usize, op: Op) -> Violation {
+    let reason = if op.stage.get() >= problem.stages() {
+        format!(
+            "stage {} is out of range (the plan has {} stages)",
+            op.stage,
+            problem.stages()
+        )
+    } else if op.microbatch.get() >= problem.microbatches() {
+        format!(
+            "microbatch {} is out of range (the plan has {} microbatches)",
+            op.microbatch,
+            problem.microbatches()
+        )
+    } else {
+        format!(
+            "stage {} is not on the route of microbatch {}",
+            op.stage, op.microbatch
+        )
+    };
+    Violation::OutOfRange {
+        rank,
+        position,
+        op,
+        reason,
+    }
+}
+
+/// Invariant 3's other half: every op of every pair on a route was seen (only ops of such pairs
+/// are counted as seen, so a full count means none is missing).
+fn check_complete(plan: &Plan, links: &Links, seen: &Seen, out: &mut Report) {
+    let problem = plan.problem();
+    let slots = links.slots();
     for route in problem.routes() {
         for mb in route.first().get()..route.end().get() {
             for &stage in route.stages() {
@@ -360,37 +397,38 @@ fn check_structure(plan: &Plan, out: &mut Report) -> Seen {
                         microbatch: mb.into(),
                     }
                     .op(kind);
-                    let slot = plan
-                        .op_slot(op)
+                    let slot = slots
+                        .op(op)
                         .expect("route stages and microbatches are in range");
-                    if seen.rank[slot] == u32::MAX {
-                        let owner = problem.rank_of(stage).expect("route stages are in range");
+                    if seen.rank[slot] == NOT_SEEN {
+                        let owner = links.owner(stage).expect("route stages are in range");
                         out.push(Violation::Missing { op, owner });
                     }
                 }
             }
         }
     }
-    seen
 }
 
-fn check_local_order(plan: &Plan, seen: &Seen, out: &mut Report) {
-    let problem = plan.problem();
+/// Invariant 4 (run only to explain a failed replay, see the module doc).
+fn check_local_order(plan: &Plan, links: &Links, seen: &Seen, out: &mut Report) {
+    let position = positions(plan, links);
     for (r, order) in plan.orders().iter().enumerate() {
-        for (position, task) in order.iter().enumerate() {
-            let ops = task.ops();
-            for (i, op) in ops.iter().enumerate() {
-                for dep in predecessors(problem, *op) {
-                    let slot = plan.op_slot(dep).expect("predecessors are in range");
-                    if seen.rank[slot] != r as u32 {
+        for (at, task) in order.iter().enumerate() {
+            let (ops, count) = task.op_array();
+            let ops = &ops[..count];
+            for (i, &op) in ops.iter().enumerate() {
+                let located = links.locate(op).expect("structure checked first");
+                for &(dep, slot) in &located.deps {
+                    if usize::from(seen.rank[slot]) != r {
                         continue;
                     }
-                    let dep_position = seen.position[slot] as usize;
-                    let inside_before = dep_position == position && ops[..i].contains(&dep);
-                    if dep_position > position || (dep_position == position && !inside_before) {
+                    let dep_at = position[slot] as usize;
+                    let inside_before = dep_at == at && ops[..i].contains(&dep);
+                    if dep_at > at || (dep_at == at && !inside_before) {
                         out.push(Violation::DependencyOrder {
                             rank: RankId::new(r as u32),
-                            op: *op,
+                            op,
                             needs: dep,
                         });
                     }
@@ -400,10 +438,20 @@ fn check_local_order(plan: &Plan, seen: &Seen, out: &mut Report) {
     }
 }
 
-fn check_acyclic(plan: &Plan, out: &mut Report) {
-    if let Err(stuck) = replay(plan, |_: &Task| 1.0, 0.0, false) {
-        out.push(stuck.into());
+/// Each op's position in its rank's order (of a plan whose every op appears once).
+fn positions(plan: &Plan, links: &Links) -> Vec<u32> {
+    let mut position = vec![u32::MAX; links.slots().len()];
+    for order in plan.orders() {
+        for (at, task) in order.iter().enumerate() {
+            let (ops, count) = task.op_array();
+            for &op in &ops[..count] {
+                if let Some(slot) = links.slot(op) {
+                    position[slot] = at as u32;
+                }
+            }
+        }
     }
+    position
 }
 
 impl From<ReplayError> for Violation {

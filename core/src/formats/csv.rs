@@ -15,7 +15,7 @@
 
 use crate::error::CoreError;
 use crate::ir::cost::StageCosts;
-use crate::ir::ids::{MicrobatchId, RankId, StageId};
+use crate::ir::ids::{push_decimal, MicrobatchId, RankId, StageId};
 use crate::ir::op::{OpKind, Task, Work};
 use crate::ir::plan::Plan;
 use crate::ir::problem::{Problem, ProblemSpec, RouteSpec};
@@ -493,67 +493,134 @@ fn comm_op(
 
 /// The compute-only CSV of a plan.
 pub fn compute_csv(plan: &Plan) -> String {
-    let mut out = String::new();
-    for row in plan.orders_notation() {
-        out.push_str(&row.join(","));
-        out.push('\n');
+    let mut text = CsvText::with_capacity(plan.task_count() * 8 + plan.orders().len());
+    for order in plan.orders() {
+        for task in order {
+            task.push_notation(text.cell());
+        }
+        text.end_row();
     }
-    out
+    text.finish()
 }
 
-fn comm_cell(op: &CommOp) -> (String, Option<String>) {
+/// CSV text being written, as bytes: cells separated by commas, rows ended by newlines.
+struct CsvText {
+    bytes: Vec<u8>,
+    row_empty: bool,
+}
+
+impl CsvText {
+    fn with_capacity(capacity: usize) -> CsvText {
+        CsvText {
+            bytes: Vec::with_capacity(capacity),
+            row_empty: true,
+        }
+    }
+
+    /// The bytes to append the next cell of the row to (after its separator).
+    fn cell(&mut self) -> &mut Vec<u8> {
+        if !self.row_empty {
+            self.bytes.push(b',');
+        }
+        self.row_empty = false;
+        &mut self.bytes
+    }
+
+    fn end_row(&mut self) {
+        self.bytes.push(b'\n');
+        self.row_empty = true;
+    }
+
+    fn finish(self) -> String {
+        String::from_utf8(self.bytes).expect("the CSV writers write ASCII")
+    }
+}
+
+/// A communication cell of a lowered file: `<stage><action><microbatch>`.
+#[derive(Clone, Copy)]
+struct CommCell {
+    action: CommAction,
+    stage: StageId,
+    microbatch: MicrobatchId,
+}
+
+impl CommCell {
+    fn new(action: CommAction, stage: StageId, microbatch: MicrobatchId) -> CommCell {
+        CommCell {
+            action,
+            stage,
+            microbatch,
+        }
+    }
+
+    fn push(self, text: &mut CsvText) {
+        let out = text.cell();
+        push_decimal(out, self.stage.get());
+        // The names of [`COMM_NAMES`], as fixed-size appends.
+        let name: &[u8] = match self.action {
+            CommAction::Send(Direction::Activation) => b"SEND_F",
+            CommAction::Send(Direction::Gradient) => b"SEND_B",
+            CommAction::Recv(Direction::Activation) => b"RECV_F",
+            CommAction::Recv(Direction::Gradient) => b"RECV_B",
+            CommAction::WaitSend(Direction::Activation) => b"WAIT_SEND_F",
+            CommAction::WaitSend(Direction::Gradient) => b"WAIT_SEND_B",
+        };
+        debug_assert_eq!(name, comm_name(self.action).as_bytes());
+        out.extend_from_slice(name);
+        push_decimal(out, self.microbatch.get());
+    }
+}
+
+/// The cell of a send or receive, and for a send the cell of the wait on it.
+fn comm_cells(op: &CommOp) -> (CommCell, Option<CommCell>) {
     let m = op.message();
     let (action, stage) = match op {
         CommOp::Send { .. } => (CommAction::Send(m.direction), m.from_stage),
         CommOp::Recv { .. } => (CommAction::Recv(m.direction), m.to_stage),
     };
-    let cell = format!("{stage}{}{}", comm_name(action), m.microbatch);
-    let wait = matches!(op, CommOp::Send { .. }).then(|| {
-        format!(
-            "{stage}{}{}",
-            comm_name(CommAction::WaitSend(m.direction)),
-            m.microbatch
-        )
-    });
-    (cell, wait)
+    let wait = matches!(op, CommOp::Send { .. })
+        .then(|| CommCell::new(CommAction::WaitSend(m.direction), stage, m.microbatch));
+    (CommCell::new(action, stage, m.microbatch), wait)
 }
 
 /// The lowered CSV of projected programs: compute and communication actions in execution order.
 /// Sends are waited for right after their group when the programs are projected for blocking
 /// semantics, at the end of the rank's row otherwise.
 pub fn lowered_csv(set: &ProgramSet) -> String {
-    let mut out = String::new();
+    let instrs: usize = set.programs.iter().map(|p| p.instrs.len()).sum();
+    let mut text = CsvText::with_capacity(instrs * 16);
+    let mut waits: Vec<CommCell> = Vec::new();
+    let mut deferred: Vec<CommCell> = Vec::new();
     for program in &set.programs {
-        let mut cells: Vec<String> = Vec::new();
-        let mut deferred: Vec<String> = Vec::new();
+        deferred.clear();
         for instr in &program.instrs {
             match instr {
-                Instr::Compute(t) => cells.push(t.to_string()),
+                Instr::Compute(t) => t.push_notation(text.cell()),
                 Instr::Comm(group) => {
-                    let mut waits = Vec::new();
+                    waits.clear();
                     for op in &group.ops {
-                        let (cell, wait) = comm_cell(op);
-                        cells.push(cell);
+                        let (cell, wait) = comm_cells(op);
+                        cell.push(&mut text);
                         waits.extend(wait);
                     }
                     match set.semantics {
-                        Semantics::Blocking => cells.extend(waits),
-                        Semantics::Batched => deferred.extend(waits),
+                        Semantics::Blocking => waits.iter().for_each(|w| w.push(&mut text)),
+                        Semantics::Batched => deferred.append(&mut waits),
                         // Imported files carry their waits as instructions.
                         Semantics::Rendezvous => {}
                     }
                 }
-                Instr::WaitSend { message, .. } => {
-                    let stage = message.from_stage;
-                    let name = comm_name(CommAction::WaitSend(message.direction));
-                    cells.push(format!("{stage}{name}{}", message.microbatch));
-                }
+                Instr::WaitSend { message, .. } => CommCell::new(
+                    CommAction::WaitSend(message.direction),
+                    message.from_stage,
+                    message.microbatch,
+                )
+                .push(&mut text),
                 _ => {}
             }
         }
-        cells.extend(deferred);
-        out.push_str(&cells.join(","));
-        out.push('\n');
+        deferred.iter().for_each(|w| w.push(&mut text));
+        text.end_row();
     }
-    out
+    text.finish()
 }

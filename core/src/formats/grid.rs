@@ -7,6 +7,7 @@
 //! The quantum is the shortest task duration, widened so the grid has at most [`MAX_COLUMNS`] columns.
 
 use crate::analysis::simulate::Simulation;
+use crate::ir::ids::push_decimal;
 use crate::ir::op::{Task, TaskKind};
 use crate::ir::plan::Plan;
 use std::fmt::Write;
@@ -14,13 +15,9 @@ use std::fmt::Write;
 /// Widest grid drawn; longer schedules are drawn with a coarser quantum.
 pub const MAX_COLUMNS: usize = 160;
 
-fn label(plan: &Plan, rank: usize, task: &Task) -> String {
+/// A task's label: its kind's letter (capital on the rank's first local stage) and microbatch.
+fn label(first_local: Option<usize>, task: &Task) -> String {
     let work = task.work();
-    let first_local = plan
-        .problem()
-        .stage_to_rank()
-        .iter()
-        .position(|r| r.index() == rank);
     let letter = match task.kind() {
         TaskKind::Forward => 'F',
         TaskKind::InputGrad => 'I',
@@ -33,7 +30,27 @@ fn label(plan: &Plan, rank: usize, task: &Task) -> String {
     } else {
         letter.to_ascii_lowercase()
     };
-    format!("{letter}{}", work.microbatch)
+    let mut out = Vec::with_capacity(8);
+    out.push(letter as u8);
+    push_decimal(&mut out, work.microbatch.get());
+    String::from_utf8(out).expect("a label is ASCII")
+}
+
+/// The length of a task's label, without writing it.
+fn label_len(task: &Task) -> usize {
+    let microbatch = task.work().microbatch.get();
+    1 + microbatch
+        .checked_ilog10()
+        .map_or(1, |digits| digits as usize + 1)
+}
+
+/// What a cell of a rank's row shows: idle, or the task (its index in the rank's timeline)
+/// starting or continuing there. A later task drawn over a cell replaces an earlier one.
+#[derive(Clone, Copy, PartialEq)]
+enum Cell {
+    Idle,
+    Starts(usize),
+    Continues,
 }
 
 /// Renders the grid of `simulation` (a simulation of `plan`).
@@ -54,16 +71,17 @@ pub fn render_grid(plan: &Plan, simulation: &Simulation) -> String {
         quantum = makespan / MAX_COLUMNS as f64;
     }
     let columns = ((makespan / quantum) - 1e-9).ceil().max(1.0) as usize;
-    let labels: Vec<Vec<String>> = timeline
+    let width = timeline
         .iter()
-        .enumerate()
-        .map(|(r, tasks)| tasks.iter().map(|t| label(plan, r, &t.task)).collect())
-        .collect();
-    let width = labels.iter().flatten().map(String::len).max().unwrap_or(1);
+        .flatten()
+        .map(|t| label_len(&t.task))
+        .max()
+        .unwrap_or(1);
     let mut out = String::new();
+    let mut row = vec![Cell::Idle; columns];
     for (r, tasks) in timeline.iter().enumerate() {
-        let mut row = vec![".".to_string(); columns];
-        for (t, lab) in tasks.iter().zip(&labels[r]) {
+        row.fill(Cell::Idle);
+        for (i, t) in tasks.iter().enumerate() {
             let first = ((t.start / quantum) + 1e-9).floor() as usize;
             let last = (((t.end / quantum) - 1e-9).ceil() as usize).max(first + 1);
             for (c, cell) in row
@@ -73,15 +91,25 @@ pub fn render_grid(plan: &Plan, simulation: &Simulation) -> String {
                 .skip(first)
             {
                 *cell = if c == first {
-                    lab.clone()
+                    Cell::Starts(i)
                 } else {
-                    "~".to_string()
+                    Cell::Continues
                 };
             }
         }
+        let first_local = plan
+            .problem()
+            .stage_to_rank()
+            .iter()
+            .position(|rank| rank.index() == r);
         let _ = write!(out, "rank {r:>2} |");
-        for cell in row {
-            let _ = write!(out, " {cell:<width$}");
+        for cell in &row {
+            let text = match *cell {
+                Cell::Idle => ".".to_string(),
+                Cell::Starts(i) => label(first_local, &tasks[i].task),
+                Cell::Continues => "~".to_string(),
+            };
+            let _ = write!(out, " {text:<width$}");
         }
         out.push('\n');
     }

@@ -8,10 +8,11 @@
 //! Notation: `<stage><kind><microbatch>`, kinds `F`, `I`, `W`, `B`; e.g. `4B12`.
 
 use crate::error::CoreError;
-use crate::ir::ids::{MicrobatchId, StageId};
+use crate::ir::ids::{push_decimal, MicrobatchId, StageId};
 use serde::{Deserialize, Serialize};
 use smallvec::{smallvec, SmallVec};
 use std::fmt;
+use std::ops::ControlFlow;
 use std::str::FromStr;
 
 /// The kind of an atomic op.
@@ -146,6 +147,69 @@ impl Task {
         }
     }
 
+    /// Calls `visit` with each op of the task in order until it breaks: [`Task::ops`] without a
+    /// collection, for the analyses' inner loops (the ops stay in registers).
+    #[inline]
+    pub fn try_for_each_op<B>(
+        &self,
+        mut visit: impl FnMut(Op) -> ControlFlow<B>,
+    ) -> ControlFlow<B> {
+        match *self {
+            Task::Forward(w) => visit(w.op(OpKind::Forward)),
+            Task::InputGrad(w) => visit(w.op(OpKind::InputGrad)),
+            Task::WeightGrad(w) => visit(w.op(OpKind::WeightGrad)),
+            Task::Backward(w) => {
+                visit(w.op(OpKind::InputGrad))?;
+                visit(w.op(OpKind::WeightGrad))
+            }
+            Task::Overlapped { forward, backward } => {
+                visit(forward.op(OpKind::Forward))?;
+                visit(backward.op(OpKind::InputGrad))?;
+                visit(backward.op(OpKind::WeightGrad))
+            }
+        }
+    }
+
+    /// Whether `op` is one of the task's ops.
+    #[inline]
+    pub fn runs(&self, op: Op) -> bool {
+        let on = |w: Work| w.stage == op.stage && w.microbatch == op.microbatch;
+        match (*self, op.kind) {
+            (Task::Forward(w), OpKind::Forward)
+            | (Task::InputGrad(w), OpKind::InputGrad)
+            | (Task::WeightGrad(w), OpKind::WeightGrad)
+            | (Task::Backward(w), OpKind::InputGrad | OpKind::WeightGrad)
+            | (Task::Overlapped { forward: w, .. }, OpKind::Forward)
+            | (Task::Overlapped { backward: w, .. }, OpKind::InputGrad | OpKind::WeightGrad) => {
+                on(w)
+            }
+            _ => false,
+        }
+    }
+
+    /// [`Task::ops`] as a fixed array and the number of its entries in use: for the analyses'
+    /// inner loops, which visit every op of a plan.
+    #[inline]
+    pub fn op_array(&self) -> ([Op; 3], usize) {
+        match *self {
+            Task::Forward(w) => ([w.op(OpKind::Forward); 3], 1),
+            Task::InputGrad(w) => ([w.op(OpKind::InputGrad); 3], 1),
+            Task::WeightGrad(w) => ([w.op(OpKind::WeightGrad); 3], 1),
+            Task::Backward(w) => {
+                let (i, w) = (w.op(OpKind::InputGrad), w.op(OpKind::WeightGrad));
+                ([i, w, w], 2)
+            }
+            Task::Overlapped { forward, backward } => (
+                [
+                    forward.op(OpKind::Forward),
+                    backward.op(OpKind::InputGrad),
+                    backward.op(OpKind::WeightGrad),
+                ],
+                3,
+            ),
+        }
+    }
+
     /// The kind of task.
     pub fn kind(&self) -> TaskKind {
         match self {
@@ -184,6 +248,42 @@ impl fmt::Display for Task {
                 forward.stage, forward.microbatch, backward.stage, backward.microbatch
             ),
         }
+    }
+}
+
+impl Work {
+    /// Appends `<stage><letter><microbatch>`.
+    fn push_action(self, letter: u8, out: &mut Vec<u8>) {
+        push_decimal(out, self.stage.get());
+        out.push(letter);
+        push_decimal(out, self.microbatch.get());
+    }
+}
+
+impl Task {
+    /// Appends the task's notation to `out` (ASCII): what `Display` writes, without the
+    /// formatting machinery (the writers of whole plans call it once per task).
+    pub fn push_notation(&self, out: &mut Vec<u8>) {
+        match *self {
+            Task::Forward(w) => w.push_action(b'F', out),
+            Task::InputGrad(w) => w.push_action(b'I', out),
+            Task::WeightGrad(w) => w.push_action(b'W', out),
+            Task::Backward(w) => w.push_action(b'B', out),
+            Task::Overlapped { forward, backward } => {
+                out.push(b'(');
+                forward.push_action(b'F', out);
+                out.push(b';');
+                backward.push_action(b'B', out);
+                out.extend_from_slice(b")OVERLAP_F_B");
+            }
+        }
+    }
+
+    /// The task's notation: [`ToString::to_string`] without the formatting machinery.
+    pub fn notation(&self) -> String {
+        let mut out = Vec::with_capacity(24);
+        self.push_notation(&mut out);
+        String::from_utf8(out).expect("the notation is ASCII")
     }
 }
 
@@ -273,6 +373,30 @@ mod tests {
         }
         let b: Task = "2B5".parse().unwrap();
         assert_eq!(b.ops().len(), 2);
+        for text in [
+            "0F0",
+            "12B3",
+            "4I7",
+            "4W7",
+            "(0F3;7B9)OVERLAP_F_B",
+            "4095F1048575",
+        ] {
+            let task: Task = text.parse().unwrap();
+            assert_eq!(task.notation(), text);
+            let (ops, len) = task.op_array();
+            assert_eq!(&ops[..len], task.ops().as_slice());
+            let mut visited = Vec::new();
+            let _ = task.try_for_each_op(|op| {
+                visited.push(op);
+                ControlFlow::<()>::Continue(())
+            });
+            assert_eq!(visited.as_slice(), task.ops().as_slice());
+            for op in task.ops() {
+                assert!(task.runs(op));
+                let other = Op::new(op.kind, op.stage, (op.microbatch.get() + 1).into());
+                assert!(!task.runs(other));
+            }
+        }
         assert_eq!(b.ops()[1].to_string(), "2W5");
     }
 

@@ -244,7 +244,7 @@ impl Plan {
     pub fn orders_notation(&self) -> Vec<Vec<String>> {
         self.orders
             .iter()
-            .map(|o| o.iter().map(Task::to_string).collect())
+            .map(|o| o.iter().map(Task::notation).collect())
             .collect()
     }
     /// The numbering of this plan's ops.

@@ -17,15 +17,22 @@
 //!    blocking, receives block until their send is posted, and every `WaitSend` blocks until its
 //!    send's receive is posted, as a large NCCL send does; every rank runs to its end.
 //!
+//! A set that completes under blocking semantics completes batched too: batching posts every
+//! operation no later and waits on no more (the first operation a batched run never posted would
+//! sit behind a receive whose send the blocking run posted before it). So for the sets that claim
+//! blocking semantics, check 3 passing is check 4 passing; check 4 runs for the others.
+//!
 //! A program set that cannot finish is reported with the cycle of waiting ranks, e.g.
 //! `rank 2 waits for recv-grad(stage 5, mb 3) from rank 3; rank 3 waits for ...`.
 
+use crate::ir::deps::Links;
 use crate::ir::ids::RankId;
+use crate::ir::op::Task;
 use crate::ir::problem::Problem;
 use crate::ir::slots::OpSlots;
 use crate::spmd::messages::remote_inputs;
-use crate::spmd::program::{CommOp, Direction, Instr, Message, ProgramSet, Semantics};
-use std::collections::VecDeque;
+use crate::spmd::program::{CommOp, Direction, Instr, Message, ProgramSet, RankProgram, Semantics};
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use thiserror::Error;
 
@@ -183,6 +190,10 @@ pub struct CheckReport {
 }
 
 /// Runs every check of the module doc.
+///
+/// The programs are read twice: once for check 1, which also counts each ordered pair's sends
+/// and receives, and once to number those in a [`CommReplay`], which checks 2 to 5 then use
+/// without going back to the programs.
 pub fn check_programs(problem: &Problem, set: &ProgramSet) -> Result<CheckReport, CommError> {
     let ranks = problem.ranks() as usize;
     if set.programs.len() != ranks {
@@ -192,19 +203,20 @@ pub fn check_programs(problem: &Problem, set: &ProgramSet) -> Result<CheckReport
         });
     }
     check_numbering(set)?;
-    check_dataflow(problem, set)?;
-    let messages = check_matching(set)?;
+    let traffic = check_dataflow(problem, set)?;
+    let counts = traffic.counts?;
+    let replay = CommReplay::new(set, &counts, Some(OpSlots::of(problem)));
+    let messages = replay.check_matching()?;
     if set.semantics != Semantics::Batched {
-        simulate_comm(set, set.semantics)?;
+        replay.run(set.semantics)?;
     }
-    simulate_comm(set, Semantics::Batched)?;
-    let groups = set
-        .programs
-        .iter()
-        .flat_map(|p| &p.instrs)
-        .filter(|i| matches!(i, Instr::Comm(_)))
-        .count();
-    Ok(CheckReport { messages, groups })
+    if set.semantics != Semantics::Blocking {
+        replay.run(Semantics::Batched)?;
+    }
+    Ok(CheckReport {
+        messages,
+        groups: traffic.groups,
+    })
 }
 
 /// Program `i` must be rank `i`'s.
@@ -232,357 +244,617 @@ fn message_index(slots: OpSlots, m: &Message) -> Option<usize> {
         .map(|pair| pair * 2 + direction)
 }
 
+/// The ordered pair of ranks a send or receive of `rank` belongs to (`from · ranks + to`), and
+/// whether it is the send; None when the peer is out of range.
+fn pair_of(rank: RankId, op: &CommOp, ranks: usize) -> Option<(usize, bool)> {
+    match *op {
+        CommOp::Send { to, .. } if to.index() < ranks => {
+            Some((rank.index() * ranks + to.index(), true))
+        }
+        CommOp::Recv { from, .. } if from.index() < ranks => {
+            Some((from.index() * ranks + rank.index(), false))
+        }
+        _ => None,
+    }
+}
+
+/// Per ordered pair of ranks (`from · ranks + to`), its receives and its sends.
+type PairCounts = Vec<[usize; 2]>;
+
+/// Counts one send or receive of `rank` in `counts`; a peer out of range is left out and is
+/// check 2's error.
+fn count(
+    counts: &mut PairCounts,
+    ranks: usize,
+    rank: RankId,
+    op: &CommOp,
+) -> Result<(), CommError> {
+    let (pair, is_send) = pair_of(rank, op, ranks).ok_or(CommError::PeerOutOfRange {
+        rank,
+        op: *op,
+        peer: op.peer(),
+        ranks,
+    })?;
+    counts[pair][usize::from(is_send)] += 1;
+    Ok(())
+}
+
+/// Counts every send and receive of `set` per ordered pair of ranks, with check 2's error for
+/// the first peer out of range (left out of the counts).
+fn pair_counts(set: &ProgramSet) -> (PairCounts, Option<CommError>) {
+    let ranks = set.programs.len();
+    let mut counts = vec![[0; 2]; ranks * ranks];
+    let mut stray = None;
+    for p in &set.programs {
+        for (_, op) in p.comm_ops() {
+            if let Err(e) = count(&mut counts, ranks, p.rank, op) {
+                stray.get_or_insert(e);
+            }
+        }
+    }
+    (counts, stray)
+}
+
+/// What the pass of check 1 counted on the way: the sends and receives of every ordered pair
+/// (or check 2's error for the first peer out of range) and the communication groups.
+struct Traffic {
+    counts: Result<PairCounts, CommError>,
+    groups: usize,
+}
+
+/// What check 1 has seen so far, in tables indexed by message ([`message_index`]) and op.
+/// Stamps instead of clearing: an entry equal to `rank + 1` means "on this rank".
+struct Dataflow<'a> {
+    links: &'a Links,
+    slots: OpSlots,
+    /// Per message, the rank that received it last.
+    received: Vec<u32>,
+    /// Per op, the rank that computed it last.
+    computed: Vec<u32>,
+    /// Per message, the rank that sent it and to whom (every message is sent once).
+    sent: Vec<Option<(u32, RankId)>>,
+    /// Per message, whether it was received (every message is received once).
+    receives: Vec<bool>,
+}
+
+impl Dataflow<'_> {
+    /// A send or receive of `rank`'s instruction `instr`.
+    fn comm(&mut self, rank: RankId, instr: usize, op: &CommOp) -> Result<(), CommError> {
+        let stamp = rank.get() + 1;
+        let message = op.message();
+        let k = match message_index(self.slots, &message) {
+            Some(k) if is_edge(self.links, &message) => k,
+            _ => {
+                return Err(CommError::NotAnEdge {
+                    rank,
+                    instr,
+                    op: *op,
+                })
+            }
+        };
+        let repeated = || CommError::Repeated {
+            rank,
+            instr,
+            op: *op,
+        };
+        match *op {
+            CommOp::Recv { .. } => {
+                self.received[k] = stamp;
+                if std::mem::replace(&mut self.receives[k], true) {
+                    return Err(repeated());
+                }
+            }
+            CommOp::Send { to, .. } => {
+                if self.sent[k].is_some() {
+                    return Err(repeated());
+                }
+                self.sent[k] = Some((stamp, to));
+                let done = self
+                    .slots
+                    .op(message.producer())
+                    .is_some_and(|p| self.computed[p] == stamp);
+                if !done || self.links.owner(message.from_stage) != Some(rank) {
+                    return Err(CommError::BadSend {
+                        rank,
+                        instr,
+                        op: *op,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A wait on an earlier send of `rank`: every send checked so far is a route edge, sent
+    /// once, so the message's entry says whether this rank sent it to `to`.
+    fn wait(
+        &self,
+        rank: RankId,
+        instr: usize,
+        to: RankId,
+        message: Message,
+    ) -> Result<(), CommError> {
+        let sent = is_edge(self.links, &message)
+            && message_index(self.slots, &message)
+                .is_some_and(|k| self.sent[k] == Some((rank.get() + 1, to)));
+        if sent {
+            return Ok(());
+        }
+        Err(CommError::BadSend {
+            rank,
+            instr,
+            op: CommOp::Send { to, message },
+        })
+    }
+
+    /// A compute: its inputs from other ranks were received before it.
+    fn compute(&mut self, rank: RankId, instr: usize, task: &Task) -> Result<(), CommError> {
+        let stamp = rank.get() + 1;
+        for input in remote_inputs(self.links, rank, task) {
+            let received = message_index(self.slots, &input.message)
+                .is_some_and(|k| self.received[k] == stamp);
+            if !received {
+                return Err(CommError::NotReceived {
+                    rank,
+                    instr,
+                    task: task.to_string(),
+                    message: input.message,
+                    from: input.from,
+                });
+            }
+        }
+        let (ops, count) = task.op_array();
+        for &op in &ops[..count] {
+            if let Some(k) = self.slots.op(op) {
+                self.computed[k] = stamp;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Check 1: every cross-rank input is received before the compute using it, and every send
-/// carries data computed earlier on its rank.
-fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<(), CommError> {
-    let slots = OpSlots::of(problem);
-    // Stamps instead of clearing: entry == rank + 1 means "on this rank".
-    let mut received = vec![0u32; slots.pairs() * 2];
-    let mut computed = vec![0u32; slots.len()];
-    // Every message travels once: its sends and receives over all ranks.
-    let mut sends = vec![0u8; slots.pairs() * 2];
-    let mut receives = vec![0u8; slots.pairs() * 2];
+/// carries data computed earlier on its rank. On the way, counts what check 2 needs.
+fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<Traffic, CommError> {
+    let links = Links::of(problem);
+    let slots = links.slots();
+    let messages = slots.pairs() * 2;
+    let mut flow = Dataflow {
+        links: &links,
+        slots,
+        received: vec![0; messages],
+        computed: vec![0; slots.len()],
+        sent: vec![None; messages],
+        receives: vec![false; messages],
+    };
+    let ranks = set.programs.len();
+    let mut traffic = Traffic {
+        counts: Ok(vec![[0; 2]; ranks * ranks]),
+        groups: 0,
+    };
     for program in &set.programs {
         let rank = program.rank;
-        let stamp = rank.get() + 1;
         for (i, instr) in program.instrs.iter().enumerate() {
             match instr {
                 Instr::Comm(group) => {
+                    traffic.groups += 1;
                     for op in &group.ops {
-                        match *op {
-                            CommOp::Recv { message, .. } if !is_edge(problem, &message) => {
-                                return Err(CommError::NotAnEdge {
-                                    rank,
-                                    instr: i,
-                                    op: *op,
-                                })
-                            }
-                            CommOp::Send { message, .. } if !is_edge(problem, &message) => {
-                                return Err(CommError::NotAnEdge {
-                                    rank,
-                                    instr: i,
-                                    op: *op,
-                                })
-                            }
-                            CommOp::Recv { message, .. } => {
-                                if let Some(k) = message_index(slots, &message) {
-                                    received[k] = stamp;
-                                    once(&mut receives[k], rank, i, op)?;
-                                }
-                            }
-                            CommOp::Send { message, .. } => {
-                                if let Some(k) = message_index(slots, &message) {
-                                    once(&mut sends[k], rank, i, op)?;
-                                }
-                                let done = slots
-                                    .op(message.producer())
-                                    .is_some_and(|k| computed[k] == stamp);
-                                if !done || problem.rank_of(message.from_stage) != Some(rank) {
-                                    return Err(CommError::BadSend {
-                                        rank,
-                                        instr: i,
-                                        op: *op,
-                                    });
-                                }
+                        flow.comm(rank, i, op)?;
+                        if let Ok(counts) = &mut traffic.counts {
+                            if let Err(stray) = count(counts, ranks, rank, op) {
+                                traffic.counts = Err(stray);
                             }
                         }
                     }
                 }
-                Instr::WaitSend { to, message } => {
-                    let sent = program.instrs[..i].iter().any(|earlier| match earlier {
-                        Instr::Comm(g) => g.ops.contains(&CommOp::Send {
-                            to: *to,
-                            message: *message,
-                        }),
-                        _ => false,
-                    });
-                    if !sent {
-                        return Err(CommError::BadSend {
-                            rank,
-                            instr: i,
-                            op: CommOp::Send {
-                                to: *to,
-                                message: *message,
-                            },
-                        });
-                    }
-                }
-                Instr::Compute(task) => {
-                    for input in remote_inputs(problem, rank, task) {
-                        if message_index(slots, &input.message).is_none_or(|k| received[k] != stamp)
-                        {
-                            return Err(CommError::NotReceived {
-                                rank,
-                                instr: i,
-                                task: task.to_string(),
-                                message: input.message,
-                                from: input.from,
-                            });
-                        }
-                    }
-                    for op in task.ops() {
-                        if let Some(k) = slots.op(op) {
-                            computed[k] = stamp;
-                        }
-                    }
-                }
+                Instr::WaitSend { to, message } => flow.wait(rank, i, *to, *message)?,
+                Instr::Compute(task) => flow.compute(rank, i, task)?,
                 _ => {}
             }
         }
     }
-    Ok(())
+    Ok(traffic)
 }
 
 /// Whether `message` crosses a real boundary of its microbatch's route: an activation from a stage
 /// to the next, a gradient from a stage to the previous, with that boundary's shape slot.
-fn is_edge(problem: &Problem, message: &Message) -> bool {
-    let Some(route) = problem.route_of(message.microbatch) else {
-        return false;
-    };
+fn is_edge(links: &Links, message: &Message) -> bool {
+    let (stage, microbatch) = (message.from_stage, message.microbatch);
     let expected = match message.direction {
-        Direction::Activation => route
-            .next(message.from_stage)
-            .map(|next| Message::activation(message.from_stage, next, message.microbatch)),
-        Direction::Gradient => route
-            .prev(message.from_stage)
-            .map(|prev| Message::gradient(message.from_stage, prev, message.microbatch)),
+        Direction::Activation => links
+            .next(stage, microbatch)
+            .map(|next| Message::activation(stage, next, microbatch)),
+        Direction::Gradient => links
+            .prev(stage, microbatch)
+            .map(|prev| Message::gradient(stage, prev, microbatch)),
     };
     expected == Some(*message)
 }
 
-/// Counts one send (or receive) of a message; a second one is an error.
-fn once(count: &mut u8, rank: RankId, instr: usize, op: &CommOp) -> Result<(), CommError> {
-    if *count > 0 {
-        return Err(CommError::Repeated {
-            rank,
-            instr,
-            op: *op,
-        });
+/// Check 2 on its own, for programs whose messages all cross route edges (check 1): per ordered
+/// pair, the k-th send is the k-th receive. Returns the message count.
+#[cfg(test)]
+fn check_matching(problem: &Problem, set: &ProgramSet) -> Result<usize, CommError> {
+    match pair_counts(set) {
+        (_, Some(stray)) => Err(stray),
+        (counts, None) => {
+            CommReplay::new(set, &counts, Some(OpSlots::of(problem))).check_matching()
+        }
     }
-    *count = 1;
-    Ok(())
 }
 
-/// Check 2: per ordered pair, the k-th send is the k-th receive. Returns the message count.
-fn check_matching(set: &ProgramSet) -> Result<usize, CommError> {
-    let ranks = set.programs.len();
-    let mut sends: Vec<Vec<Message>> = vec![Vec::new(); ranks * ranks];
-    let mut recvs: Vec<Vec<Message>> = vec![Vec::new(); ranks * ranks];
-    for program in &set.programs {
-        for (_, op) in program.comm_ops() {
-            match *op {
-                CommOp::Send { to, message } if to.index() < ranks => {
-                    sends[program.rank.index() * ranks + to.index()].push(message)
-                }
-                CommOp::Recv { from, message } if from.index() < ranks => {
-                    recvs[from.index() * ranks + program.rank.index()].push(message)
-                }
-                _ => {
-                    return Err(CommError::PeerOutOfRange {
-                        rank: program.rank,
-                        op: *op,
-                        peer: op.peer(),
-                        ranks,
-                    });
-                }
-            }
-        }
-    }
-    let mut total = 0;
-    for pair in 0..ranks * ranks {
-        let (from, to) = (
-            RankId::new((pair / ranks) as u32),
-            RankId::new((pair % ranks) as u32),
-        );
-        let (s, r) = (&sends[pair], &recvs[pair]);
-        for (index, (sent, expected)) in s.iter().zip(r).enumerate() {
-            if sent != expected {
-                return Err(CommError::Mismatch {
-                    from,
-                    to,
-                    index,
-                    sent: *sent,
-                    expected: *expected,
-                });
-            }
-        }
-        if s.len() != r.len() {
-            let first = if s.len() > r.len() {
-                s[r.len()]
-            } else {
-                r[s.len()]
-            };
-            return Err(CommError::CountMismatch {
-                from,
-                to,
-                sends: s.len(),
-                recvs: r.len(),
-                first,
-            });
-        }
-        total += s.len();
-    }
-    Ok(total)
-}
+/// Marks a slot's partner that no program posts (fewer operations on the other side).
+const NEVER: u32 = u32::MAX;
+/// [`Slot::meta`]'s bits above the peer: a send, the first operation of a group, a wait.
+const SEND: u32 = 1 << 16;
+const OPENS: u32 = 1 << 17;
+const WAIT: u32 = 1 << 18;
 
-/// One send or receive of the communication replay, with its place in its pair's sequence.
+/// One send, receive or wait of the communication replay: its instruction, its flag and its
+/// partner's in the table of posted operations, and its peer with what kind of operation it is
+/// (ranks are fewer than [`crate::ir::problem::MAX_RANKS`], so a peer takes 16 bits).
 #[derive(Clone, Copy)]
 struct Slot {
-    op: CommOp,
-    pair: usize,
-    ordinal: usize,
-    is_send: bool,
-    /// A `WaitSend` on an earlier send (blocks until that send's receive is posted).
-    wait: bool,
+    instr: u32,
+    /// Its place in the posted table (for a wait, its send's).
+    flag: u32,
+    /// Its partner's place ([`NEVER`] when there is none).
+    partner: u32,
+    /// The peer, and [`SEND`], [`OPENS`] and [`WAIT`].
+    meta: u32,
 }
 
 impl Slot {
+    fn peer(&self) -> usize {
+        (self.meta & 0xffff) as usize
+    }
+
+    fn is(&self, bit: u32) -> bool {
+        self.meta & bit != 0
+    }
+
     /// Whether the rank must wait for this operation's partner before going on: a wait always;
     /// a send only under blocking semantics; a receive always.
     fn blocks(&self, semantics: Semantics) -> bool {
-        self.wait || !self.is_send || semantics == Semantics::Blocking
+        self.is(WAIT) || !self.is(SEND) || semantics == Semantics::Blocking
     }
 }
 
 /// The communication of a program set reduced to what completion depends on: per rank, its
-/// sends and receives in program order, grouped into units (one op each under blocking
-/// semantics, one group each under batched), and which of them have been posted.
-struct CommReplay {
-    semantics: Semantics,
-    /// Per rank, every send and receive in program order.
+/// sends, receives and waits in program order, each numbered within its ordered pair of ranks.
+/// The posted table holds, pair after pair, the pair's receives then its sends, so the k-th
+/// send of a pair has the flag its k-th receive waits on, and the messages' indices laid out in
+/// the same order are what check 2 compares. Built once, run under each semantics: one operation
+/// per unit under blocking and rendezvous semantics, one group per unit under batched.
+struct CommReplay<'a> {
+    set: &'a ProgramSet,
+    /// Per rank, its slots.
     slots: Vec<Vec<Slot>>,
-    /// Per rank, its units: (instruction index, range of its slots).
-    units: Vec<Vec<(usize, std::ops::Range<usize>)>>,
-    /// `posted[pair][is_send][ordinal]`.
-    posted: Vec<[Vec<bool>; 2]>,
-    /// Per rank, the next unit to complete.
-    position: Vec<usize>,
+    /// Per pair and direction (receives, sends), where its flags start, and how many it has.
+    pairs: Vec<[(usize, usize); 2]>,
+    /// The index ([`message_index`]) of every send's and receive's message, at its flag: one
+    /// message each once check 1 has found every message on a route edge.
+    messages: Vec<u32>,
 }
 
-impl CommReplay {
-    /// Numbers every send and receive within its ordered pair of ranks. Peers out of range are
-    /// left out (check 2 reports them).
-    fn new(set: &ProgramSet, semantics: Semantics) -> CommReplay {
+impl<'a> CommReplay<'a> {
+    /// Numbers every send and receive within its ordered pair of ranks (`counts` per pair, from
+    /// [`pair_counts`]), with its message's index when `slots` number the messages. Peers out of
+    /// range are left out (check 2 reports them); a wait joins the latest earlier send of its
+    /// message.
+    fn new(set: &'a ProgramSet, counts: &PairCounts, slots: Option<OpSlots>) -> CommReplay<'a> {
         let ranks = set.programs.len();
-        let mut counters = vec![[0usize; 2]; ranks * ranks];
-        let mut slots: Vec<Vec<Slot>> = Vec::with_capacity(ranks);
-        let mut units: Vec<Vec<(usize, std::ops::Range<usize>)>> = Vec::with_capacity(ranks);
+        let mut total = 0;
+        let pairs: Vec<[(usize, usize); 2]> = counts
+            .iter()
+            .map(|count| {
+                [0, 1].map(|d| {
+                    total += count[d];
+                    (total - count[d], count[d])
+                })
+            })
+            .collect();
+        let mut messages = vec![NEVER; if slots.is_some() { total } else { 0 }];
+        let mut next: Vec<[usize; 2]> = pairs.iter().map(|p| [p[0].0, p[1].0]).collect();
+        let mut all: Vec<Vec<Slot>> = Vec::with_capacity(ranks);
         for p in &set.programs {
-            let mut rank_slots = Vec::new();
-            let mut rank_units = Vec::new();
+            let mut rank_slots = Vec::with_capacity(p.instrs.len());
+            let mut sends = WaitedSends::default();
             for (i, instr) in p.instrs.iter().enumerate() {
                 if let Instr::WaitSend { to, message } = *instr {
-                    // Blocks on the latest earlier send of that message (check 1 ensures one).
-                    let sent = rank_slots.iter().rev().find(|s: &&Slot| {
-                        s.is_send && !s.wait && s.op == CommOp::Send { to, message }
-                    });
-                    if let Some(&send) = sent {
-                        let k = rank_slots.len();
-                        rank_slots.push(Slot { wait: true, ..send });
-                        rank_units.push((i, k..k + 1));
+                    if let Some(k) = sends.latest(&rank_slots, p, ranks, to, message) {
+                        let send: Slot = rank_slots[k];
+                        rank_slots.push(Slot {
+                            instr: i as u32,
+                            meta: send.meta | OPENS | WAIT,
+                            ..send
+                        });
                     }
                     continue;
                 }
                 let Instr::Comm(g) = instr else { continue };
-                let first = rank_slots.len();
-                for op in g.ops.iter().filter(|op| op.peer().index() < ranks) {
-                    let (pair, is_send) = match *op {
-                        CommOp::Send { to, .. } => (p.rank.index() * ranks + to.index(), true),
-                        CommOp::Recv { from, .. } => (from.index() * ranks + p.rank.index(), false),
+                let mut opens = OPENS;
+                for op in &g.ops {
+                    let Some((pair, is_send)) = pair_of(p.rank, op, ranks) else {
+                        continue;
                     };
-                    let counter = &mut counters[pair][usize::from(is_send)];
-                    rank_slots.push(Slot {
-                        op: *op,
-                        pair,
-                        ordinal: *counter,
-                        is_send,
-                        wait: false,
-                    });
-                    *counter += 1;
-                }
-                match semantics {
-                    Semantics::Blocking | Semantics::Rendezvous => {
-                        rank_units.extend((first..rank_slots.len()).map(|k| (i, k..k + 1)))
+                    let (mine, theirs) = (usize::from(is_send), usize::from(!is_send));
+                    let flag = next[pair][mine];
+                    next[pair][mine] += 1;
+                    let ordinal = flag - pairs[pair][mine].0;
+                    let (start, count) = pairs[pair][theirs];
+                    if let Some(slots) = slots {
+                        let index = message_index(slots, &op.message());
+                        messages[flag] = index.map_or(NEVER, |k| k as u32);
                     }
-                    Semantics::Batched => rank_units.push((i, first..rank_slots.len())),
+                    if is_send {
+                        sends.record(op, rank_slots.len());
+                    }
+                    let send = if is_send { SEND } else { 0 };
+                    rank_slots.push(Slot {
+                        instr: i as u32,
+                        flag: flag as u32,
+                        partner: if ordinal < count {
+                            (start + ordinal) as u32
+                        } else {
+                            NEVER
+                        },
+                        meta: op.peer().get() | send | opens,
+                    });
+                    opens = 0;
                 }
             }
-            slots.push(rank_slots);
-            units.push(rank_units);
+            all.push(rank_slots);
         }
-        let posted = counters
-            .iter()
-            .map(|c| [vec![false; c[0]], vec![false; c[1]]])
-            .collect();
         CommReplay {
+            set,
+            slots: all,
+            pairs,
+            messages,
+        }
+    }
+
+    /// Check 2: per ordered pair, the k-th send is the k-th receive (the replay numbered the
+    /// messages). Returns the message count.
+    fn check_matching(&self) -> Result<usize, CommError> {
+        let ranks = self.slots.len();
+        let mut total = 0;
+        for (pair, [(r_start, r_count), (s_start, s_count)]) in self.pairs.iter().enumerate() {
+            let (from, to) = (
+                RankId::new((pair / ranks) as u32),
+                RankId::new((pair % ranks) as u32),
+            );
+            let s = &self.messages[*s_start..s_start + s_count];
+            let r = &self.messages[*r_start..r_start + r_count];
+            let nth = |is_send, k| self.nth_message(from, to, is_send, k);
+            if let Some(index) = s
+                .iter()
+                .zip(r)
+                .position(|(sent, expected)| sent != expected)
+            {
+                return Err(CommError::Mismatch {
+                    from,
+                    to,
+                    index,
+                    sent: nth(true, index),
+                    expected: nth(false, index),
+                });
+            }
+            if s.len() != r.len() {
+                let first = if s.len() > r.len() {
+                    nth(true, r.len())
+                } else {
+                    nth(false, s.len())
+                };
+                return Err(CommError::CountMismatch {
+                    from,
+                    to,
+                    sends: s.len(),
+                    recvs: r.len(),
+                    first,
+                });
+            }
+            total += s.len();
+        }
+        Ok(total)
+    }
+
+    /// Size of the posted table.
+    fn flags(&self) -> usize {
+        self.pairs
+            .last()
+            .map_or(0, |[_, (start, count)]| start + count)
+    }
+
+    /// The message of the k-th send from `from` to `to` (or of the k-th receive there), read
+    /// back from the programs to name a mismatch.
+    fn nth_message(&self, from: RankId, to: RankId, is_send: bool, k: usize) -> Message {
+        let (rank, peer) = if is_send { (from, to) } else { (to, from) };
+        self.set.programs[rank.index()]
+            .comm_ops()
+            .map(|(_, op)| op)
+            .filter(|op| matches!(op, CommOp::Send { .. }) == is_send && op.peer() == peer)
+            .nth(k)
+            .map(CommOp::message)
+            .expect("the replay counted the operation")
+    }
+}
+
+/// The operation of slot `k` of `program`'s slots (in a set of `ranks` programs): the send a
+/// wait waits on, or one operation of a group (a group's slots are its operations with a peer in
+/// range, in order).
+fn slot_op(program: &RankProgram, ranks: usize, slots: &[Slot], k: usize) -> CommOp {
+    let slot = slots[k];
+    match &program.instrs[slot.instr as usize] {
+        Instr::WaitSend { to, message } => CommOp::Send {
+            to: *to,
+            message: *message,
+        },
+        Instr::Comm(g) => {
+            let first = slots[..k]
+                .iter()
+                .rposition(|s| s.instr != slot.instr)
+                .map_or(0, |p| p + 1);
+            *g.ops
+                .iter()
+                .filter(|op| op.peer().index() < ranks)
+                .nth(k - first)
+                .expect("a slot of a group is one of its operations")
+        }
+        _ => unreachable!("slots are made of waits and communication groups"),
+    }
+}
+
+/// The sends of one program a `WaitSend` may wait on, each message at its latest send: kept
+/// from the program's first wait on (the projected programs have none, and pay nothing).
+#[derive(Default)]
+struct WaitedSends {
+    latest: Option<HashMap<(RankId, Message), usize>>,
+}
+
+impl WaitedSends {
+    /// Remembers that slot `k` sends `op`, once waits have been seen.
+    fn record(&mut self, op: &CommOp, k: usize) {
+        if let (Some(latest), CommOp::Send { to, message }) = (&mut self.latest, *op) {
+            latest.insert((to, message), k);
+        }
+    }
+
+    /// The slot of the latest earlier send of `message` to `to` among `slots` (program `p`'s so
+    /// far, in a set of `ranks`); at the first wait, the sends so far are indexed.
+    fn latest(
+        &mut self,
+        slots: &[Slot],
+        p: &RankProgram,
+        ranks: usize,
+        to: RankId,
+        message: Message,
+    ) -> Option<usize> {
+        let latest = self.latest.get_or_insert_with(|| {
+            let mut sends = HashMap::new();
+            for (k, s) in slots.iter().enumerate() {
+                if s.is(SEND) && !s.is(WAIT) {
+                    if let CommOp::Send { to, message } = slot_op(p, ranks, slots, k) {
+                        sends.insert((to, message), k);
+                    }
+                }
+            }
+            sends
+        });
+        latest.get(&(to, message)).copied()
+    }
+}
+
+/// One run of a [`CommReplay`] under one semantics: which flags are posted and where each rank is.
+struct CommRun<'r, 'a> {
+    replay: &'r CommReplay<'a>,
+    semantics: Semantics,
+    posted: Vec<bool>,
+    /// Per rank, the slot its next unit starts at.
+    position: Vec<usize>,
+}
+
+impl CommReplay<'_> {
+    /// Checks 3 to 5 under `semantics`: every rank runs to its end, or the cycle of waiting
+    /// ranks.
+    fn run(&self, semantics: Semantics) -> Result<(), CommError> {
+        let mut run = CommRun {
+            replay: self,
             semantics,
-            slots,
-            units,
-            posted,
-            position: vec![0; ranks],
+            posted: vec![false; self.flags()],
+            position: vec![0; self.slots.len()],
+        };
+        run.advance();
+        if run.finished() {
+            return Ok(());
+        }
+        Err(CommError::Deadlock {
+            semantics,
+            cycle: run.wait_cycle(),
+        })
+    }
+}
+
+impl CommRun<'_, '_> {
+    /// The end of the unit starting at slot `start` of rank `r`.
+    fn unit_end(&self, r: usize, start: usize) -> usize {
+        let slots = &self.replay.slots[r];
+        match self.semantics {
+            Semantics::Batched => {
+                let rest = slots[start + 1..].iter().position(|s| s.is(OPENS));
+                rest.map_or(slots.len(), |k| start + 1 + k)
+            }
+            Semantics::Blocking | Semantics::Rendezvous => start + 1,
         }
     }
 
     fn partner_posted(&self, s: &Slot) -> bool {
-        self.posted[s.pair][usize::from(!s.is_send)]
-            .get(s.ordinal)
-            .copied()
-            .unwrap_or(false)
+        s.partner != NEVER && self.posted[s.partner as usize]
     }
 
     /// Advances every rank as far as it can: a rank posts its next unit, then completes it once
     /// every blocking operation's partner is posted. Posting wakes the peers.
-    fn run(&mut self) {
-        let ranks = self.slots.len();
-        let mut posted_through = vec![0usize; ranks];
+    fn advance(&mut self) {
+        let ranks = self.replay.slots.len();
+        let mut posted_until = vec![0usize; ranks];
         let mut queue: VecDeque<usize> = (0..ranks).collect();
         let mut queued = vec![true; ranks];
         while let Some(r) = queue.pop_front() {
             queued[r] = false;
-            while self.position[r] < self.units[r].len() {
-                let u = self.position[r];
-                let range = self.units[r][u].1.clone();
-                if posted_through[r] <= u {
-                    posted_through[r] = u + 1;
-                    for s in &self.slots[r][range.clone()] {
-                        self.posted[s.pair][usize::from(s.is_send)][s.ordinal] = true;
-                        let p = s.op.peer().index();
+            let slots = &self.replay.slots[r];
+            while self.position[r] < slots.len() {
+                let start = self.position[r];
+                let end = self.unit_end(r, start);
+                if posted_until[r] <= start {
+                    posted_until[r] = end;
+                    for s in &slots[start..end] {
+                        self.posted[s.flag as usize] = true;
+                        let p = s.peer();
                         if p != r && !queued[p] {
                             queued[p] = true;
                             queue.push_back(p);
                         }
                     }
                 }
-                let unit = &self.slots[r][range];
+                let unit = &slots[start..end];
                 if !unit
                     .iter()
                     .all(|s| !s.blocks(self.semantics) || self.partner_posted(s))
                 {
                     break;
                 }
-                self.position[r] += 1;
+                self.position[r] = end;
             }
         }
     }
 
     fn finished(&self) -> bool {
-        (0..self.slots.len()).all(|r| self.position[r] == self.units[r].len())
+        (self.replay.slots.iter().zip(&self.position)).all(|(slots, &at)| at == slots.len())
     }
 
     /// The operation rank `r` is stuck at, with its instruction index.
     fn waiting_op(&self, r: usize) -> Option<(usize, CommOp)> {
-        let (instr, range) = self.units[r].get(self.position[r])?;
-        self.slots[r][range.clone()]
-            .iter()
-            .find(|s| s.blocks(self.semantics) && !self.partner_posted(s))
-            .map(|s| (*instr, s.op))
+        let start = self.position[r];
+        if start >= self.replay.slots[r].len() {
+            return None;
+        }
+        let end = self.unit_end(r, start);
+        let slots = &self.replay.slots[r];
+        let k = start
+            + slots[start..end]
+                .iter()
+                .position(|s| s.blocks(self.semantics) && !self.partner_posted(s))?;
+        let program = &self.replay.set.programs[r];
+        let op = slot_op(program, self.replay.slots.len(), slots, k);
+        Some((slots[k].instr as usize, op))
     }
 
     /// The cycle: follow "rank waits for an op whose partner its peer has not posted" from the
     /// first unfinished rank until a rank repeats.
     fn wait_cycle(&self) -> Vec<Waiting> {
-        let ranks = self.slots.len();
-        let Some(start) = (0..ranks).find(|&r| self.position[r] < self.units[r].len()) else {
+        let ranks = self.replay.slots.len();
+        let Some(start) = (0..ranks).find(|&r| self.position[r] < self.replay.slots[r].len())
+        else {
             return Vec::new();
         };
         let mut path: Vec<Waiting> = Vec::new();
@@ -612,15 +884,8 @@ impl CommReplay {
 /// ignored here (check 2 reports them).
 pub fn simulate_comm(set: &ProgramSet, semantics: Semantics) -> Result<(), CommError> {
     check_numbering(set)?;
-    let mut replay = CommReplay::new(set, semantics);
-    replay.run();
-    if replay.finished() {
-        return Ok(());
-    }
-    Err(CommError::Deadlock {
-        semantics,
-        cycle: replay.wait_cycle(),
-    })
+    let (counts, _) = pair_counts(set);
+    CommReplay::new(set, &counts, None).run(semantics)
 }
 
 #[cfg(test)]
@@ -670,20 +935,20 @@ mod tests {
 
     #[test]
     fn unmatched_and_mismatched_messages_are_reported() {
-        let (_, mut set) = one_f_one_b();
+        let (problem, mut set) = one_f_one_b();
         drop_op(&mut set, 0, |op| matches!(op, CommOp::Send { .. }));
-        let err = check_matching(&set).unwrap_err();
+        let err = check_matching(&problem, &set).unwrap_err();
         assert_eq!(
             err.to_string(),
             "rank 0 -> rank 1: send #0 carries act(stage 0 -> 1, mb 1) but receive #0 expects act(stage 0 -> 1, mb 0)"
         );
-        let (_, mut set) = one_f_one_b();
+        let (problem, mut set) = one_f_one_b();
         drop_op(
             &mut set,
             1,
             |op| matches!(op, CommOp::Send { message, .. } if message.microbatch.get() == 1),
         );
-        let err = check_matching(&set).unwrap_err();
+        let err = check_matching(&problem, &set).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -695,7 +960,7 @@ mod tests {
             ),
             "{err}"
         );
-        let (_, mut set) = one_f_one_b();
+        let (problem, mut set) = one_f_one_b();
         for instr in &mut set.programs[1].instrs {
             if let Instr::Comm(CommGroup { ops }) = instr {
                 for op in ops {
@@ -707,7 +972,7 @@ mod tests {
             }
         }
         assert!(matches!(
-            check_matching(&set),
+            check_matching(&problem, &set),
             Err(CommError::Mismatch { .. })
         ));
     }

@@ -2,12 +2,10 @@
 //! other ranks and the outputs it owes them. The projection places the sends and receives these
 //! name; the checker demands them of any program.
 
-use crate::ir::deps::predecessors;
+use crate::ir::deps::Links;
 use crate::ir::ids::RankId;
 use crate::ir::op::{Op, OpKind, Task};
-use crate::ir::problem::Problem;
 use crate::spmd::program::Message;
-use smallvec::SmallVec;
 
 /// An input of a task that another rank produces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,60 +32,65 @@ pub struct RemoteOutput {
 }
 
 /// The inputs `task`, run on `rank`, needs from other ranks (dependencies inside the task or on
-/// the same rank travel nowhere; a stage out of range is the verifier's to report).
-pub fn remote_inputs(problem: &Problem, rank: RankId, task: &Task) -> SmallVec<[RemoteInput; 4]> {
-    let ops = task.ops();
-    let mut out = SmallVec::new();
-    for &consumer in &ops {
-        for producer in predecessors(problem, consumer) {
-            if ops.contains(&producer) {
-                continue;
+/// the same rank travel nowhere; a stage out of range is the verifier's to report). `links` are
+/// the problem's dependency tables.
+#[inline]
+pub fn remote_inputs<'a>(
+    links: &'a Links,
+    rank: RankId,
+    task: &Task,
+) -> impl Iterator<Item = RemoteInput> + 'a {
+    let (ops, count) = task.op_array();
+    (0..count).flat_map(move |k| {
+        let consumer = ops[k];
+        links.predecessors(consumer).filter_map(move |producer| {
+            if ops[..count].contains(&producer) {
+                return None;
             }
-            let Some(from) = problem.rank_of(producer.stage) else {
-                continue;
-            };
-            if from != rank {
-                out.push(RemoteInput {
-                    from,
-                    producer,
-                    consumer,
-                    message: Message::carrying(producer, consumer),
-                });
-            }
-        }
-    }
-    out
+            let from = links.owner(producer.stage)?;
+            (from != rank).then(|| RemoteInput {
+                from,
+                producer,
+                consumer,
+                message: Message::carrying(producer, consumer),
+            })
+        })
+    })
 }
 
 /// The outputs of `task`, run on `rank`, that other ranks consume: a forward's activation when the
 /// next stage of the route is elsewhere, an input-gradient backward's gradient when the previous
 /// one is.
-pub fn remote_outputs(problem: &Problem, rank: RankId, task: &Task) -> SmallVec<[RemoteOutput; 2]> {
-    let mut out = SmallVec::new();
-    for producer in task.ops() {
-        let Some(route) = problem.route_of(producer.microbatch) else {
-            continue;
-        };
-        let message = match producer.kind {
-            OpKind::Forward => route
-                .next(producer.stage)
-                .map(|next| Message::activation(producer.stage, next, producer.microbatch)),
-            OpKind::InputGrad => route
-                .prev(producer.stage)
-                .map(|prev| Message::gradient(producer.stage, prev, producer.microbatch)),
-            OpKind::WeightGrad => None,
-        };
-        let Some(message) = message else { continue };
-        match problem.rank_of(message.to_stage) {
-            Some(to) if to != rank => out.push(RemoteOutput {
-                to,
-                producer,
-                message,
-            }),
-            _ => {}
-        }
-    }
-    out
+#[inline]
+pub fn remote_outputs<'a>(
+    links: &'a Links,
+    rank: RankId,
+    task: &Task,
+) -> impl Iterator<Item = RemoteOutput> + 'a {
+    let (ops, count) = task.op_array();
+    (0..count).filter_map(move |k| remote_output(links, rank, ops[k]))
+}
+
+/// The output of `producer`, run on `rank`, that another rank consumes, if any: see
+/// [`remote_outputs`].
+#[inline]
+pub fn remote_output(links: &Links, rank: RankId, producer: Op) -> Option<RemoteOutput> {
+    let (stage, microbatch) = (producer.stage, producer.microbatch);
+    let message = match producer.kind {
+        OpKind::Forward => links
+            .next(stage, microbatch)
+            .map(|next| Message::activation(stage, next, microbatch)),
+        OpKind::InputGrad => links
+            .prev(stage, microbatch)
+            .map(|prev| Message::gradient(stage, prev, microbatch)),
+        OpKind::WeightGrad => None,
+    }?;
+    let to = links.owner(message.to_stage).filter(|&to| to != rank)?;
+    Some(RemoteOutput {
+        to,
+        producer,
+        message,
+    })
 }
 
 #[cfg(test)]
@@ -105,20 +108,24 @@ mod tests {
             .build()
             .validate()
             .unwrap();
+        let links = Links::of(&problem);
         let task: Task = "1F0".parse().unwrap();
-        let inputs = remote_inputs(&problem, RankId::new(1), &task);
+        let inputs: Vec<RemoteInput> = remote_inputs(&links, RankId::new(1), &task).collect();
         assert_eq!(inputs.len(), 1);
         assert_eq!(inputs[0].message.to_string(), "act(stage 0 -> 1, mb 0)");
-        let outputs = remote_outputs(&problem, RankId::new(1), &task);
+        let outputs: Vec<RemoteOutput> = remote_outputs(&links, RankId::new(1), &task).collect();
         assert_eq!(outputs[0].to, RankId::new(0));
         let backward: Task = "1B0".parse().unwrap();
-        let needs: Vec<String> = remote_inputs(&problem, RankId::new(1), &backward)
-            .iter()
+        let needs: Vec<String> = remote_inputs(&links, RankId::new(1), &backward)
             .map(|i| i.message.to_string())
             .collect();
         assert_eq!(needs, ["grad(stage 2 -> 1, mb 0)"]);
         assert_eq!(outputs[0].message.producer().to_string(), "1F0");
         // The last stage's forward feeds the loss, not another rank.
-        assert!(remote_outputs(&problem, RankId::new(0), &"2F0".parse().unwrap()).is_empty());
+        assert!(
+            remote_outputs(&links, RankId::new(0), &"2F0".parse().unwrap())
+                .next()
+                .is_none()
+        );
     }
 }

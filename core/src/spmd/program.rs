@@ -295,13 +295,13 @@ impl RankProgram {
     }
     /// Every send and receive in program order.
     pub fn comm_ops(&self) -> impl Iterator<Item = (usize, &CommOp)> {
-        self.instrs
-            .iter()
-            .enumerate()
-            .flat_map(|(i, instr)| match instr {
-                Instr::Comm(g) => g.ops.iter().map(move |op| (i, op)).collect::<Vec<_>>(),
-                _ => Vec::new(),
-            })
+        self.instrs.iter().enumerate().flat_map(|(i, instr)| {
+            let ops: &[CommOp] = match instr {
+                Instr::Comm(g) => &g.ops,
+                _ => &[],
+            };
+            ops.iter().map(move |op| (i, op))
+        })
     }
 }
 

@@ -23,23 +23,32 @@
 //! sent; `GradSync(stage)` before the last task producing weight gradients of that stage on the
 //! rank; `FlushWeightGrads` at the end. `forward_only` projects the forwards and losses alone.
 //!
-//! The steps: [`timed_source`] replays the plan (forward part only, for evaluation);
-//! [`Producers`] records when and in which order every op's task completed; a [`RankEvents`] per
-//! rank collects keyed events ([`EventKey`], [`EventClass`]); [`lay_out`] sorts them and groups
-//! neighbouring sends and receives.
+//! The steps: [`timed_source`] replays the plan (forward part only, for evaluation), unless the
+//! caller hands in its simulation ([`project_simulated`]). Then each rank on its own (ranks are
+//! independent once the timeline is known; a large plan's ranks are split into blocks projected
+//! on threads of their own): [`Receives`] walks the timelines of the ranks that send to it and
+//! turns each output for it into a receive, keyed on the time line ([`EventKey`],
+//! [`EventClass`]) and sorted; a [`RankProjection`] walks the rank's tasks emitting their events,
+//! which come out in key order (a rank's tasks follow each other in time and in the topological
+//! order), with the receives merged in; a [`Layout`] groups neighbouring sends and receives into
+//! instructions. Every key is distinct, so the merge is the one order a full sort of all events
+//! would give.
 
 use crate::analysis::replay::{replay, TimedTask};
+use crate::analysis::simulate::Simulation;
 use crate::analysis::verify::{verify_schedule, Violations};
+use crate::ir::deps::Links;
 use crate::ir::ids::{RankId, StageId};
 use crate::ir::op::{Op, OpKind, Task, Work};
 use crate::ir::plan::Plan;
 use crate::ir::problem::Problem;
 use crate::ir::slots::OpSlots;
-use crate::spmd::messages::{remote_inputs, remote_outputs};
+use crate::spmd::messages::{remote_output, remote_outputs};
 use crate::spmd::program::{
     CommGroup, CommOp, Direction, Instr, Message, ProgramSet, RankProgram, Semantics,
 };
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::ops::ControlFlow;
 
 /// Where receives go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -61,7 +70,7 @@ pub struct ProjectionOptions {
 }
 
 /// An event of a rank's program before grouping.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 enum Event {
     Compute(Task),
     Loss(Work),
@@ -87,17 +96,32 @@ enum EventClass {
 /// class, tie-break). A compute sits at its start (`2 q` for its task's completion sequence `q`),
 /// its sends at its end (`2 q + 1`), a receive where its message is produced (early) or just
 /// before its consumer (just in time).
+///
+/// Packed into one integer that compares as the tuple does: the bits of the non-negative time
+/// (which sort like the times) in the high 64 bits, then 32 bits of topological position, 3 of
+/// class and 29 of tie-break. The size limits keep every field in its bits: a plan has fewer
+/// than `3 · 2^24` tasks, so `2 q + 1` and a just-in-time tie-break `2 q + 1` stay below `2^28`,
+/// and a stage below `2^16`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct EventKey {
-    /// The bits of a non-negative time, which sort like the times.
-    time: u64,
-    topo: u64,
-    class: EventClass,
-    tiebreak: u64,
+struct EventKey(u128);
+
+impl EventKey {
+    fn new((time, topo): Moment, class: EventClass, tiebreak: u64) -> EventKey {
+        debug_assert!(topo < 1 << 32 && tiebreak < 1 << 29, "see the size limits");
+        EventKey(
+            (u128::from(time) << 64)
+                | (u128::from(topo) << 32)
+                | ((class as u128) << 29)
+                | u128::from(tiebreak),
+        )
+    }
 }
 
 /// A moment of a task on the time line: (time bits, topological position).
 type Moment = (u64, u64);
+
+/// An event at its place on the time line.
+type Keyed = (EventKey, Event);
 
 fn time_bits(t: f64) -> u64 {
     t.max(0.0).to_bits()
@@ -127,32 +151,209 @@ fn forward_part(task: &Task) -> Option<Task> {
 /// incomplete plan or one that cannot finish is rejected with the verifier's violations; the
 /// programs themselves are for [`crate::spmd::check::check_programs`] to check.
 pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Violations> {
-    let ops: usize = plan.orders().iter().flatten().map(|t| t.ops().len()).sum();
+    check_complete(plan)?;
+    let (source, timeline) = timed_source(plan, options.forward_only)?;
+    Ok(programs_of(&source, &timeline, options))
+}
+
+/// [`project`] for a plan already simulated: the programs follow `simulation`'s timeline instead
+/// of a replay of their own (it must be [`crate::simulate`]'s result for `plan`; a timeline that
+/// does not hold the plan's orders, or whose tasks on a rank overlap, is replayed again, and so
+/// are forward-only programs, which run a part of the plan).
+pub fn project_simulated(
+    plan: &Plan,
+    simulation: &Simulation,
+    options: ProjectionOptions,
+) -> Result<ProgramSet, Violations> {
+    let timeline = simulation.timeline();
+    let matches = timeline.len() == plan.orders().len()
+        && timeline
+            .iter()
+            .zip(plan.orders())
+            .all(|(timed, order)| timed.len() == order.len());
+    if options.forward_only || !matches || !is_sequential(timeline) {
+        return project(plan, options);
+    }
+    check_complete(plan)?;
+    Ok(programs_of(plan, timeline, options))
+}
+
+/// An incomplete plan is rejected with the verifier's violations (a complete one may still not
+/// run; the replay finds that).
+fn check_complete(plan: &Plan) -> Result<(), Violations> {
+    let ops: usize = plan.orders().iter().flatten().map(|t| t.op_array().1).sum();
     if ops != plan.problem().work_count() * 3 {
         verify_schedule(plan)?;
     }
-    let (source, timeline) = timed_source(plan, options.forward_only)?;
-    let producers = Producers::index(&source, &timeline);
-    let programs = timeline
-        .iter()
-        .enumerate()
-        .map(|(r, tasks)| {
-            let mut events = RankEvents::new(source.problem(), RankId::new(r as u32), &producers);
-            events.add_tasks(tasks, options.recv);
-            RankProgram {
-                rank: RankId::new(r as u32),
-                instrs: lay_out(events.finish(), options.forward_only),
-            }
+    Ok(())
+}
+
+/// Plans with fewer tasks than this are projected on the calling thread alone.
+const PARALLEL_TASKS: usize = 1 << 15;
+
+/// The programs of `source` laid out along its `timeline`. Ranks are independent once the
+/// timeline is known: a large plan's ranks are split into contiguous blocks projected on
+/// threads of their own (each reusing its receive buffers from one rank to the next).
+fn programs_of(
+    source: &Plan,
+    timeline: &[Vec<TimedTask>],
+    options: ProjectionOptions,
+) -> ProgramSet {
+    let links = Links::of(source.problem());
+    let senders = senders(source.problem());
+    let starts = (options.recv == RecvPolicy::JustInTime).then(|| Starts::index(&links, timeline));
+    let project = |ranks: std::ops::Range<usize>| {
+        let mut receives = Receives {
+            links: &links,
+            timeline,
+            senders: &senders,
+            starts: starts.as_ref(),
+            late: Vec::new(),
+        };
+        let mut buffer = Vec::new();
+        ranks
+            .map(|r| project_rank(&links, &mut receives, &mut buffer, r, options))
+            .collect::<Vec<_>>()
+    };
+    let tasks: usize = timeline.iter().map(Vec::len).sum();
+    let threads = if tasks < PARALLEL_TASKS {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(timeline.len()))
+    };
+    let programs = if threads <= 1 {
+        project(0..timeline.len())
+    } else {
+        let block = timeline.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..timeline.len())
+                .step_by(block)
+                .map(|first| {
+                    let ranks = first..(first + block).min(timeline.len());
+                    scope.spawn(move || project(ranks))
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
         })
-        .collect();
+    };
     let semantics = match options.recv {
         RecvPolicy::Early => Semantics::Blocking,
         RecvPolicy::JustInTime => Semantics::Batched,
     };
-    Ok(ProgramSet {
+    ProgramSet {
         programs,
         forward_only: options.forward_only,
         semantics,
+    }
+}
+
+/// The program of rank `r`: its receives collected into `buffer`, merged into its tasks' events.
+fn project_rank(
+    links: &Links,
+    receives: &mut Receives<'_>,
+    buffer: &mut Vec<Keyed>,
+    r: usize,
+    options: ProjectionOptions,
+) -> RankProgram {
+    let rank = RankId::new(r as u32);
+    let tasks = &receives.timeline[r];
+    receives.collect(rank, buffer);
+    let mut projection = RankProjection {
+        links,
+        rank,
+        receives: std::mem::take(buffer),
+        next_receive: 0,
+        layout: Layout::with_capacity(tasks.len() * 3),
+    };
+    projection.emit_tasks(tasks);
+    let (instrs, used) = projection.finish(options.forward_only);
+    *buffer = used;
+    RankProgram { rank, instrs }
+}
+
+/// Per rank, the ranks that send it something: the owners of the stages next to its own on a
+/// route, in rank order.
+fn senders(problem: &Problem) -> Vec<Vec<RankId>> {
+    let mut senders = vec![Vec::new(); problem.ranks() as usize];
+    for route in problem.routes() {
+        for pair in route.stages().windows(2) {
+            let (Some(a), Some(b)) = (problem.rank_of(pair[0]), problem.rank_of(pair[1])) else {
+                continue;
+            };
+            if a != b {
+                senders[b.index()].push(a);
+                senders[a.index()].push(b);
+            }
+        }
+    }
+    for list in &mut senders {
+        list.sort_unstable();
+        list.dedup();
+    }
+    senders
+}
+
+/// What finds a rank's receives: they are found from the sending side, walking each sender's
+/// timeline in order, where every output for the rank is a receive, early at the moment it is
+/// produced or just in time (see [`place_just_in_time`]). So a rank's list is a run of keys in
+/// order per sender, which a run-adaptive sort merges.
+struct Receives<'a> {
+    links: &'a Links,
+    timeline: &'a [Vec<TimedTask>],
+    senders: &'a [Vec<RankId>],
+    /// The tasks' starts, for just-in-time receives.
+    starts: Option<&'a Starts>,
+    /// The just-in-time receives being placed.
+    late: Vec<LateReceive>,
+}
+
+impl Receives<'_> {
+    /// The receives of `rank`, keyed on the time line and sorted, into `events`.
+    fn collect(&mut self, rank: RankId, events: &mut Vec<Keyed>) {
+        events.clear();
+        self.late.clear();
+        for &from in &self.senders[rank.index()] {
+            for t in &self.timeline[from.index()] {
+                for output in remote_outputs(self.links, from, &t.task) {
+                    if output.to != rank {
+                        continue;
+                    }
+                    let message = output.message;
+                    match self.starts {
+                        None => {
+                            let produced = (time_bits(t.end), 2 * t.sequence as u64 + 1);
+                            let key = EventKey::new(
+                                produced,
+                                EventClass::Communication,
+                                direction_bit(&message),
+                            );
+                            events.push((key, Event::Comm(CommOp::Recv { from, message })));
+                        }
+                        Some(starts) => {
+                            let consumer = starts.of_consumer(&message);
+                            self.late.push((from, t.sequence, consumer, message));
+                        }
+                    }
+                }
+            }
+        }
+        place_just_in_time(&mut self.late, events);
+        events.sort_by_key(|e| e.0);
+    }
+}
+
+/// Whether every rank's timed tasks follow each other (each starts after the previous ends, in
+/// completion order): what a replay produces, and what laying out a rank's own events in the
+/// order they are generated relies on.
+fn is_sequential(timeline: &[Vec<TimedTask>]) -> bool {
+    timeline.iter().all(|tasks| {
+        tasks.iter().all(|t| t.start >= 0.0 && t.end >= t.start)
+            && tasks
+                .windows(2)
+                .all(|w| w[1].start >= w[0].end && w[1].sequence > w[0].sequence)
     })
 }
 
@@ -160,18 +361,20 @@ pub fn project(plan: &Plan, options: ProjectionOptions) -> Result<ProgramSet, Vi
 fn timed_source(
     plan: &Plan,
     forward_only: bool,
-) -> Result<(Plan, Vec<Vec<TimedTask>>), Violations> {
+) -> Result<(Cow<'_, Plan>, Vec<Vec<TimedTask>>), Violations> {
     let source = if forward_only {
         let orders = plan
             .orders()
             .iter()
             .map(|o| o.iter().filter_map(forward_part).collect())
             .collect();
-        plan.clone()
-            .with_orders(orders)
-            .expect("a plan's forward part keeps its problem, models and facts")
+        Cow::Owned(
+            plan.clone()
+                .with_orders(orders)
+                .expect("a plan's forward part keeps its problem, models and facts"),
+        )
     } else {
-        plan.clone()
+        Cow::Borrowed(plan)
     };
     let costs = source.costs();
     match replay(&source, |t| costs.task_duration(t), costs.comm(), true) {
@@ -180,170 +383,154 @@ fn timed_source(
     }
 }
 
-/// When and in which order every op's task completed.
-struct Producers {
+/// Where every op's task starts on the time line: what a just-in-time receive is placed before.
+struct Starts {
     slots: OpSlots,
-    /// The completion sequence of every op's task.
-    sequence: Vec<usize>,
-    /// The simulated end of every op's task.
-    end: Vec<f64>,
+    /// Per op, the moment its task starts.
+    start: Vec<Moment>,
 }
 
-impl Producers {
-    fn index(plan: &Plan, timeline: &[Vec<TimedTask>]) -> Producers {
-        let slots = plan.slots();
-        let mut sequence = vec![usize::MAX; slots.len()];
-        let mut end = vec![0.0f64; slots.len()];
+impl Starts {
+    fn index(links: &Links, timeline: &[Vec<TimedTask>]) -> Starts {
+        let slots = links.slots();
+        let mut start = vec![(0, 0); slots.len()];
         for t in timeline.iter().flatten() {
-            for op in t.task.ops() {
+            let (ops, count) = t.task.op_array();
+            for &op in &ops[..count] {
                 let slot = slots.op(op).expect("replayed ops are in range");
-                sequence[slot] = t.sequence;
-                end[slot] = t.end;
+                start[slot] = (time_bits(t.start), 2 * t.sequence as u64);
             }
         }
-        Producers {
-            slots,
-            sequence,
-            end,
-        }
+        Starts { slots, start }
     }
 
-    fn of(&self, op: Op) -> (usize, f64) {
+    /// The start of the task that consumes `message`: the forward of the receiving stage for an
+    /// activation, its input-gradient backward for a gradient.
+    fn of_consumer(&self, message: &Message) -> Moment {
+        let kind = match message.direction {
+            Direction::Activation => OpKind::Forward,
+            Direction::Gradient => OpKind::InputGrad,
+        };
+        let op = Op::new(kind, message.to_stage, message.microbatch);
         let slot = self.slots.op(op).expect("replayed ops are in range");
-        (self.sequence[slot], self.end[slot])
+        self.start[slot]
     }
 }
 
 /// A receive placed just in time: (peer, producing sequence, consumer's moment, message).
 type LateReceive = (RankId, usize, Moment, Message);
 
-/// The events of one rank's program, keyed on the global time line.
-struct RankEvents<'a> {
-    problem: &'a Problem,
+/// The projection of one rank: its receives, keyed on the global time line and sorted, merged
+/// into the events of its own tasks as these are emitted in order.
+struct RankProjection<'a> {
+    links: &'a Links,
     rank: RankId,
-    producers: &'a Producers,
-    events: Vec<(EventKey, Event)>,
-    late: Vec<LateReceive>,
+    /// The rank's receives, sorted by key.
+    receives: Vec<Keyed>,
+    /// The first receive not laid out yet.
+    next_receive: usize,
+    layout: Layout,
 }
 
-impl<'a> RankEvents<'a> {
-    fn new(problem: &'a Problem, rank: RankId, producers: &'a Producers) -> RankEvents<'a> {
-        RankEvents {
-            problem,
-            rank,
-            producers,
-            events: Vec::new(),
-            late: Vec::new(),
+impl RankProjection<'_> {
+    /// Lays out `event` at `key`, after the receives that come before it.
+    fn emit(&mut self, key: EventKey, event: Event) {
+        while let Some((at, received)) = self.receives.get(self.next_receive) {
+            if *at >= key {
+                break;
+            }
+            self.layout.push(*received);
+            self.next_receive += 1;
         }
+        self.layout.push(event);
     }
 
-    fn push(&mut self, (time, topo): Moment, class: EventClass, tiebreak: u64, event: Event) {
-        let key = EventKey {
-            time,
-            topo,
-            class,
-            tiebreak,
-        };
-        self.events.push((key, event));
-    }
-
-    fn add_tasks(&mut self, tasks: &[TimedTask], recv: RecvPolicy) {
+    /// The events of the rank's own tasks, in key order: per task, the gradient-sync marker, the
+    /// compute and the loss at its start, the sends and then the frees at its end.
+    fn emit_tasks(&mut self, tasks: &[TimedTask]) {
         let last_weight = last_weight_tasks(tasks);
         for t in tasks {
             let q = t.sequence as u64;
             let start = (time_bits(t.start), 2 * q);
             let end = (time_bits(t.end), 2 * q + 1);
-            self.add_receives(&t.task, start, recv);
-            for op in t.task.ops().iter().filter(|o| o.kind == OpKind::WeightGrad) {
-                if last_weight.get(&op.stage) == Some(&t.sequence) {
-                    let tiebreak = u64::from(op.stage.get());
-                    self.push(
-                        start,
-                        EventClass::GradSync,
-                        tiebreak,
-                        Event::GradSync(op.stage),
-                    );
+            let _ = t.task.try_for_each_op(|op| {
+                let last = last_weight.get(op.stage.index()) == Some(&t.sequence);
+                if op.kind == OpKind::WeightGrad && last {
+                    let key = EventKey::new(start, EventClass::GradSync, u64::from(op.stage.get()));
+                    self.emit(key, Event::GradSync(op.stage));
                 }
-            }
-            self.push(start, EventClass::Compute, 0, Event::Compute(t.task));
-            self.add_losses(&t.task, start);
-            self.add_sends(&t.task, end);
+                ControlFlow::<()>::Continue(())
+            });
+            self.emit(
+                EventKey::new(start, EventClass::Compute, 0),
+                Event::Compute(t.task),
+            );
+            let _ = t.task.try_for_each_op(|op| {
+                let last_stage = self.links.next(op.stage, op.microbatch).is_none();
+                if op.kind == OpKind::Forward && last_stage {
+                    let work = Work {
+                        stage: op.stage,
+                        microbatch: op.microbatch,
+                    };
+                    self.emit(EventKey::new(start, EventClass::Loss, 0), Event::Loss(work));
+                }
+                ControlFlow::<()>::Continue(())
+            });
+            self.emit_sends(&t.task, end);
         }
     }
 
-    /// The task's inputs from other ranks: early at their production, or remembered for
-    /// just-in-time placement.
-    fn add_receives(&mut self, task: &Task, start: Moment, recv: RecvPolicy) {
-        for input in remote_inputs(self.problem, self.rank, task) {
-            let (produced, produced_at) = self.producers.of(input.producer);
-            let message = input.message;
-            match recv {
-                RecvPolicy::Early => self.push(
-                    (time_bits(produced_at), 2 * produced as u64 + 1),
-                    EventClass::Communication,
-                    direction_bit(&message),
-                    Event::Comm(CommOp::Recv {
-                        from: input.from,
-                        message,
-                    }),
-                ),
-                RecvPolicy::JustInTime => self.late.push((input.from, produced, start, message)),
-            }
-        }
-    }
-
-    /// A loss after every forward on the last stage of its route.
-    fn add_losses(&mut self, task: &Task, start: Moment) {
-        for op in task.ops().iter().filter(|o| o.kind == OpKind::Forward) {
-            let last = self
-                .problem
-                .route_of(op.microbatch)
-                .is_some_and(|route| route.next(op.stage).is_none());
-            if last {
-                let work = Work {
-                    stage: op.stage,
-                    microbatch: op.microbatch,
-                };
-                self.push(start, EventClass::Loss, 0, Event::Loss(work));
-            }
-        }
-    }
-
-    /// The task's outputs for other ranks at its end; a sent activation may then be freed.
-    fn add_sends(&mut self, task: &Task, end: Moment) {
-        for output in remote_outputs(self.problem, self.rank, task) {
-            let message = output.message;
-            let tiebreak = direction_bit(&message);
-            self.push(
-                end,
-                EventClass::Communication,
-                tiebreak,
-                Event::Comm(CommOp::Send {
+    /// The task's outputs for other ranks at its end; then the sent activations may be freed.
+    fn emit_sends(&mut self, task: &Task, end: Moment) {
+        let _ = task.try_for_each_op(|op| {
+            if let Some(output) = remote_output(self.links, self.rank, op) {
+                let message = output.message;
+                let send = Event::Comm(CommOp::Send {
                     to: output.to,
                     message,
-                }),
-            );
-            if message.direction == Direction::Activation {
-                let free = Event::FreeOutput(message.source());
-                self.push(end, EventClass::FreeOutput, tiebreak, free);
+                });
+                let tiebreak = direction_bit(&message);
+                self.emit(
+                    EventKey::new(end, EventClass::Communication, tiebreak),
+                    send,
+                );
             }
-        }
+            ControlFlow::<()>::Continue(())
+        });
+        let _ = task.try_for_each_op(|op| {
+            let output = remote_output(self.links, self.rank, op);
+            if let Some(message) = output.map(|o| o.message) {
+                if message.direction == Direction::Activation {
+                    let free = Event::FreeOutput(message.source());
+                    let tiebreak = direction_bit(&message);
+                    self.emit(EventKey::new(end, EventClass::FreeOutput, tiebreak), free);
+                }
+            }
+            ControlFlow::<()>::Continue(())
+        });
     }
 
-    /// Places the just-in-time receives and returns every event in program order.
-    fn finish(mut self) -> Vec<Event> {
-        place_just_in_time(&mut self.late, &mut self.events);
-        self.events.sort_unstable_by_key(|e| e.0);
-        self.events.into_iter().map(|(_, e)| e).collect()
+    /// The rank's instructions (the receives after its last event laid out last), and the
+    /// receive buffer for the next rank.
+    fn finish(mut self, forward_only: bool) -> (Vec<Instr>, Vec<Keyed>) {
+        for (_, received) in self.receives.drain(self.next_receive..) {
+            self.layout.push(received);
+        }
+        (self.layout.finish(forward_only), self.receives)
     }
 }
 
-/// Per stage, the completion sequence of the rank's last task producing its weight gradients.
-fn last_weight_tasks(tasks: &[TimedTask]) -> HashMap<StageId, usize> {
-    let mut last = HashMap::new();
+/// Per stage, the completion sequence of the rank's last task producing its weight gradients
+/// (`usize::MAX` for a stage the rank produces none of).
+fn last_weight_tasks(tasks: &[TimedTask]) -> Vec<usize> {
+    let mut last: Vec<usize> = Vec::new();
     for t in tasks {
-        for op in t.task.ops().iter().filter(|o| o.kind == OpKind::WeightGrad) {
-            last.insert(op.stage, t.sequence);
+        let (ops, count) = t.task.op_array();
+        for op in ops[..count].iter().filter(|o| o.kind == OpKind::WeightGrad) {
+            if last.len() <= op.stage.index() {
+                last.resize(op.stage.index() + 1, usize::MAX);
+            }
+            last[op.stage.index()] = t.sequence;
         }
     }
     last
@@ -352,7 +539,7 @@ fn last_weight_tasks(tasks: &[TimedTask]) -> HashMap<StageId, usize> {
 /// Places just-in-time receives right before their consumers, except that the receives from one
 /// peer keep the order of that peer's sends (the k-th send matches the k-th receive): a receive
 /// moves earlier when a later message of the same peer is needed sooner.
-fn place_just_in_time(late: &mut [LateReceive], events: &mut Vec<(EventKey, Event)>) {
+fn place_just_in_time(late: &mut [LateReceive], events: &mut Vec<Keyed>) {
     // The peer sends in the order (producing sequence, message key).
     late.sort_by_key(|&(peer, produced, _, m)| (peer, produced, message_key(&m)));
     let mut bound: Moment = (u64::MAX, u64::MAX);
@@ -365,14 +552,8 @@ fn place_just_in_time(late: &mut [LateReceive], events: &mut Vec<(EventKey, Even
         bound = bound.min(consumer);
         // The peer's send order: by producing task, then activation before gradient.
         let tiebreak = ((produced as u64) << 1) | direction_bit(&message);
-        let key = EventKey {
-            time: bound.0,
-            topo: bound.1,
-            class: EventClass::JustInTimeReceive,
-            tiebreak,
-        };
         events.push((
-            key,
+            EventKey::new(bound, EventClass::JustInTimeReceive, tiebreak),
             Event::Comm(CommOp::Recv {
                 from: peer,
                 message,
@@ -381,40 +562,54 @@ fn place_just_in_time(late: &mut [LateReceive], events: &mut Vec<(EventKey, Even
     }
 }
 
-/// Turns sorted events into instructions: consecutive sends and receives form one group; frees
-/// follow the group that sent the output.
-fn lay_out(events: Vec<Event>, forward_only: bool) -> Vec<Instr> {
-    let mut instrs = Vec::with_capacity(events.len() + 1);
-    let mut group = CommGroup::default();
-    let mut frees: Vec<Work> = Vec::new();
-    let flush = |instrs: &mut Vec<Instr>, group: &mut CommGroup, frees: &mut Vec<Work>| {
-        if !group.ops.is_empty() {
-            instrs.push(Instr::Comm(std::mem::take(group)));
+/// Instructions from events in program order: consecutive sends and receives form one group;
+/// frees follow the group that sent the output.
+struct Layout {
+    instrs: Vec<Instr>,
+    /// The open group's sends and receives (copied out at its exact size when it closes).
+    group: Vec<CommOp>,
+    frees: Vec<Work>,
+}
+
+impl Layout {
+    fn with_capacity(capacity: usize) -> Layout {
+        Layout {
+            instrs: Vec::with_capacity(capacity),
+            group: Vec::new(),
+            frees: Vec::new(),
         }
-        instrs.extend(frees.drain(..).map(Instr::FreeOutput));
-    };
-    for event in events {
+    }
+
+    fn push(&mut self, event: Event) {
         let instr = match event {
-            Event::Comm(op) => {
-                group.ops.push(op);
-                continue;
-            }
-            Event::FreeOutput(w) => {
-                frees.push(w);
-                continue;
-            }
+            Event::Comm(op) => return self.group.push(op),
+            Event::FreeOutput(w) => return self.frees.push(w),
             Event::Compute(t) => Instr::Compute(t),
             Event::Loss(w) => Instr::Loss(w),
             Event::GradSync(s) => Instr::GradSync(s),
         };
-        flush(&mut instrs, &mut group, &mut frees);
-        instrs.push(instr);
+        self.flush();
+        self.instrs.push(instr);
     }
-    flush(&mut instrs, &mut group, &mut frees);
-    if !forward_only {
-        instrs.push(Instr::FlushWeightGrads);
+
+    /// Closes the open group, then its frees.
+    fn flush(&mut self) {
+        if !self.group.is_empty() {
+            let ops = self.group.as_slice().to_vec();
+            self.group.clear();
+            self.instrs.push(Instr::Comm(CommGroup { ops }));
+        }
+        self.instrs
+            .extend(self.frees.drain(..).map(Instr::FreeOutput));
     }
-    instrs
+
+    fn finish(mut self, forward_only: bool) -> Vec<Instr> {
+        self.flush();
+        if !forward_only {
+            self.instrs.push(Instr::FlushWeightGrads);
+        }
+        self.instrs
+    }
 }
 
 #[cfg(test)]

@@ -1,26 +1,47 @@
 //! `dual`: bidirectional pipelines (DeepSeek DualPipe and DualPipeV).
 //!
 //! Source: DeepSeek's `dualpipe.py` / `dualpipev.py` (`step()`), phases as in
-//! [`crate::schedules::dualpipe`].
+//! [`crate::schedules::dualpipe`]; below DeepSeek's sizes, counter-flow 1F1B
+//! ([`crate::schedules::counterflow`]).
 //!
 //! - On a one-chunk 1F1B plan: **DualPipe**. Every stage `i` gets a mirrored replica, stage
 //!   `P + i`, on rank `P - 1 - i`, holding the same weights (tied stages). Microbatches `0..M/2`
-//!   flow from rank 0 down through stages `0..P`; microbatches `M/2..M` flow from rank `P - 1` up
-//!   through the replicas. A replica costs and holds what its original does.
+//!   (rounded down) flow from rank 0 down through stages `0..P` (route A); microbatches `M/2..M`
+//!   flow from rank `P - 1` up through the replicas (route B). A replica costs and holds what its
+//!   original does. With an odd `P` the middle rank holds a stage and its own mirror: both routes
+//!   pass it there, and the two tied copies share one set of weights on one rank.
 //! - On a two-chunk plan (`vpp(.., chunks=2)`, either layout): **DualPipeV**. The model's `2P`
 //!   chunks are placed in a V, rank `r` holding stages `r` and `2P - 1 - r`; all microbatches enter
 //!   and leave at rank 0. Chunk `c` of rank `r` keeps the costs and memory chunk `c` had.
 //!
-//! One forward of one direction is paired with one full backward of the other into an overlapped
-//! F&B task (its own cost, `FB`). Without `zero_bubble` every backward is a full B; DeepSeek's
-//! split of the last backwards into I and queued W comes with `zero_bubble` (its default policy on
-//! dual plans).
+//! The order, by size:
+//! - DeepSeek's sizes, `M >= 2P` (DualPipe: `P` and `M` even too): DeepSeek's order, op for op.
+//!   One forward of one direction is paired with one full backward of the other into an
+//!   overlapped F&B task (its own cost, `FB`). Without `zero_bubble` every backward is a full B;
+//!   DeepSeek's split of the last backwards into I and queued W comes with `zero_bubble` (its
+//!   default policy on dual plans).
+//! - DualPipeV below them: 1F1B on the same V placement (the ZB-V order with whole backwards).
+//! - DualPipe below them (`2 <= M < 2P`, an odd `M`, or an odd `P`): **counter-flow 1F1B**. Each
+//!   route runs its own 1F1B; on every rank a list scheduler interleaves the two routes, which
+//!   flow in opposite directions, so each fills the other's bubbles. Several variants (warm-up
+//!   depth, strict or relaxed alternation, tie preference, DeepSeek's F&B pairing) are simulated
+//!   and improved by critical-path swaps; the best whose makespan is at most the input 1F1B plan's
+//!   and whose peak fits the memory budget wins. The budget is the plan's declared limit, else
+//!   DeepSeek's peak `P + 1` (units of a rank's share), so `dual` holds no more below DeepSeek's
+//!   sizes than at them (the simulator reports each rank's actual peak; with unit costs it is
+//!   `min(M, P + 1)`). `zero_bubble` on such a plan runs the same search with split backwards
+//!   (queued Ws filling waits), its input order among the candidates.
+//! - `M = 1`, or (uneven stage costs, a tight limit) no counter-flow order that qualifies: the plan
+//!   stays the input 1F1B plan on its linear layout. One microbatch cannot fill two routes (a
+//!   route carries at least one microbatch); 1F1B is what one route would be.
+//!
+//! Below DeepSeek's sizes, then, DualPipe is never slower than the 1F1B plan it starts from. With
+//! F = 1, B = 2 and no latency, P = 4, M = 2..7: 12, 15, 17, 19, 21, 25 against 1F1B's 15, 18,
+//! 21, 24, 27, 30.
 //!
 //! Requires: one-forward-one-backward pacing (`f1b`, or `vpp` after `f1b`) on the linear or an
-//! interleaved layout, whole backwards. Preconditions: DualPipe needs an even rank count and an
-//! even microbatch count `M >= 2P`; more than two chunks per rank are rejected. DualPipeV takes
-//! every `M`: below DeepSeek's `M >= 2P` its order is 1F1B on the same V placement (the ZB-V order
-//! with whole backwards), never slower than 1F1B.
+//! interleaved layout, whole backwards. Preconditions: more than two chunks per rank are
+//! rejected; every rank and microbatch count is accepted.
 //! May change: placement (stages, routes, tied stages), per-stage costs and memory, the layout (to
 //! DualPipe or DualPipeV), orders; the pacing stays.
 //!
@@ -30,13 +51,22 @@
 //! rank  0 | F0 F1 .  .  B0 ~  F2 B1 ~  F3 B2 ~  .  B3 ~        rank  0 | F0 f2 F1 b2 ~  x3 ~  ~  b3 ~  B1 ~
 //! rank  1 | .  F0 B0 ~  F1 B1 ~  F2 B2 ~  F3 B3 ~  .  .         rank  1 | f2 F0 f3 B0 ~  X1 ~  ~  B1 ~  b3 ~
 //! ```
+//! Counter-flow below DeepSeek's sizes, 4 ranks, 3 microbatches, unit costs (makespan 15, 1F1B's
+//! 18; microbatch 0 on route A, 1 and 2 on route B):
+//! ```text
+//! rank  0 | F0 F1 F2 .  .  .  .  .  .  .  B0 ~  .  B1 ~  .  B2 ~        rank  0 | F0 .  .  f1 b1 ~  f2 b2 ~  .  .  .  .  B0 ~
+//! rank  1 | .  F0 F1 F2 .  .  .  .  B0 ~  .  B1 ~  .  B2 ~  .  .         rank  1 | .  F0 f1 .  f2 .  b1 ~  .  b2 ~  B0 ~  .  .
+//! rank  2 | .  .  F0 F1 .  .  B0 ~  F2 B1 ~  .  B2 ~  .  .  .  .         rank  2 | .  f1 F0 f2 .  .  B0 ~  b1 ~  .  b2 ~  .  .
+//! rank  3 | .  .  .  F0 B0 ~  F1 B1 ~  F2 B2 ~  .  .  .  .  .  .         rank  3 | f1 f2 .  F0 B0 ~  .  .  .  .  b1 ~  .  b2 ~
+//! ```
 
 use crate::error::TransformError;
 use crate::pass::{Changes, Contract, Pass, Requires};
+use crate::schedules::counterflow;
 use crate::schedules::dualpipe::DualShape;
 use pipeweave_core::{
-    CostModel, DualKind, Facts, Layout, LayoutKind, MemoryModel, Pacing, Plan, Problem,
-    ProblemSpec, StageCosts, StageMemory,
+    simulate, CostModel, DualKind, Facts, Layout, LayoutKind, MemoryModel, Pacing, Plan, Problem,
+    ProblemSpec, StageCosts, StageMemory, Task,
 };
 
 /// The bidirectional pass.
@@ -48,27 +78,11 @@ fn shape_of(plan: &Plan) -> Result<DualShape, TransformError> {
     let problem = plan.problem();
     let (p, m) = (problem.ranks(), problem.microbatches());
     match plan.facts().layout {
-        Layout::Linear => {
-            if p % 2 != 0 {
-                return Err(TransformError::precondition(
-                    "dual",
-                    "DualPipe needs an even number of ranks",
-                    format!("ranks = {p}"),
-                ));
-            }
-            if m % 2 != 0 || m < 2 * p {
-                return Err(TransformError::precondition(
-                    "dual",
-                    "DualPipe needs an even number of microbatches >= 2 x ranks",
-                    format!("microbatches = {m}, ranks = {p}"),
-                ));
-            }
-            Ok(DualShape {
-                ranks: p,
-                microbatches: m,
-                v: false,
-            })
-        }
+        Layout::Linear => Ok(DualShape {
+            ranks: p,
+            microbatches: m,
+            v: false,
+        }),
         Layout::Interleaved { chunks: 2, .. } => Ok(DualShape {
             ranks: p,
             microbatches: m,
@@ -134,8 +148,50 @@ fn reshape(
     Ok((problem, costs, MemoryModel::per_stage(memory)))
 }
 
+/// What [`Dual::prepare`] decided.
+pub enum Prepared {
+    /// The plan stays as it is: one microbatch cannot fill two routes, or no counter-flow order
+    /// is both as fast as the input's 1F1B and within the memory budget (uneven stage costs, a
+    /// tight declared limit).
+    Keep,
+    /// The plan moves to the bidirectional layout with these orders.
+    Bidirectional {
+        /// DualPipe or DualPipeV.
+        kind: DualKind,
+        /// The new problem and models.
+        layout: (Problem, CostModel, MemoryModel),
+        /// Every rank's order.
+        orders: Vec<Vec<Task>>,
+    },
+}
+
+/// The input plan moved to the bidirectional layout, with empty orders (what the order
+/// generators read: routes, placement, costs, memory limit).
+fn bidirectional(
+    plan: &Plan,
+    kind: DualKind,
+    layout: (Problem, CostModel, MemoryModel),
+) -> Result<Plan, TransformError> {
+    let ranks = layout.0.ranks() as usize;
+    let facts = Facts {
+        layout: Layout::Dual(kind),
+        ..plan.facts()
+    };
+    plan.clone()
+        .reshaped(Some(layout), vec![Vec::new(); ranks], facts)
+        .map_err(|e| TransformError::core("dual: building the layout", e))
+}
+
+/// The counter-flow orders of `dual` (DualPipe's layout below DeepSeek's sizes) if one is no
+/// slower than `input`, the 1F1B plan `dual` started from, and fits the memory budget.
+fn counter_flow(input: &Plan, dual: &Plan, shape: DualShape) -> Option<Vec<Vec<Task>>> {
+    // The driver verified the input, so it simulates; should it not, nothing is promised.
+    let bound = simulate(input).ok()?.makespan();
+    counterflow::best(dual, false, Some(bound), Some(shape.memory_budget(dual)))
+}
+
 impl Pass for Dual {
-    type Prepared = (DualShape, (Problem, CostModel, MemoryModel));
+    type Prepared = Prepared;
 
     fn name(&self) -> &str {
         "dual"
@@ -156,17 +212,41 @@ impl Pass for Dual {
         }
     }
 
-    fn prepare(&self, plan: &Plan) -> Result<Self::Prepared, TransformError> {
+    fn prepare(&self, plan: &Plan) -> Result<Prepared, TransformError> {
         let shape = shape_of(plan)?;
-        Ok((shape, reshape(plan, shape)?))
-    }
-
-    fn apply(&self, plan: Plan, (shape, layout): Self::Prepared) -> Result<Plan, TransformError> {
-        let orders = shape.orders(false);
+        if !shape.v && shape.microbatches < 2 {
+            return Ok(Prepared::Keep);
+        }
         let kind = if shape.v {
             DualKind::DualPipeV
         } else {
             DualKind::DualPipe
+        };
+        let layout = reshape(plan, shape)?;
+        let dual = bidirectional(plan, kind, layout.clone())?;
+        let orders = if shape.v || shape.deepseek_applies() {
+            shape.orders(&dual, false)
+        } else {
+            match counter_flow(plan, &dual, shape) {
+                Some(orders) => orders,
+                None => return Ok(Prepared::Keep),
+            }
+        };
+        Ok(Prepared::Bidirectional {
+            kind,
+            layout,
+            orders,
+        })
+    }
+
+    fn apply(&self, plan: Plan, prepared: Prepared) -> Result<Plan, TransformError> {
+        let Prepared::Bidirectional {
+            kind,
+            layout,
+            orders,
+        } = prepared
+        else {
+            return Ok(plan);
         };
         let facts = Facts {
             layout: Layout::Dual(kind),
@@ -174,5 +254,52 @@ impl Pass for Dual {
         };
         plan.reshaped(Some(layout), orders, facts)
             .map_err(|e| TransformError::core("dual", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::compile_expression;
+    use pipeweave_core::{
+        simulate, CostModel, DualKind, Layout, MemoryModel, Plan, ProblemSpec, StageCosts,
+    };
+
+    /// `expr` at P x M with unit costs (F = I = W = 1, so B = 2) and no latency.
+    fn plan(expr: &str, p: u32, m: u32) -> Plan {
+        let problem = ProblemSpec::builder()
+            .ranks(p)
+            .microbatches(m)
+            .build()
+            .validate()
+            .unwrap();
+        let costs = CostModel::uniform(p, StageCosts::default(), 0.0).unwrap();
+        let plan = Plan::unscheduled(problem, costs, MemoryModel::uniform(p, Default::default()));
+        compile_expression(expr)
+            .unwrap()
+            .run(plan.unwrap())
+            .unwrap()
+    }
+
+    /// `dual(f1b(gpipe))` at P x M has `layout` and `makespan`, no more than 1F1B's.
+    fn check(p: u32, m: u32, layout: Layout, makespan: f64) {
+        let dual = plan("dual(f1b(gpipe))", p, m);
+        let f1b = simulate(&plan("f1b(gpipe)", p, m)).unwrap().makespan();
+        assert_eq!(dual.facts().layout, layout, "P={p} M={m}");
+        assert_eq!(simulate(&dual).unwrap().makespan(), makespan, "P={p} M={m}");
+        assert!(makespan <= f1b, "P={p} M={m}: {makespan} > 1F1B's {f1b}");
+    }
+
+    #[test]
+    fn every_size_is_accepted_and_never_slower_than_1f1b() {
+        let dualpipe = Layout::Dual(DualKind::DualPipe);
+        // One microbatch: 1F1B on the linear layout.
+        check(4, 1, Layout::Linear, 12.0);
+        // Counter-flow below DeepSeek's sizes (1F1B: 15, 30, 18, 9).
+        check(4, 2, dualpipe, 12.0);
+        check(4, 7, dualpipe, 25.0);
+        check(3, 4, dualpipe, 15.0);
+        check(1, 3, dualpipe, 9.0);
+        // DeepSeek's own order (1F1B: 33).
+        check(4, 8, dualpipe, 28.0);
     }
 }

@@ -49,7 +49,7 @@
 //! ```
 
 use crate::error::TransformError;
-use crate::order::warmup_merge;
+use crate::order::warmup_merge_with;
 use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::zbv::v_one_f_one_b;
 use pipeweave_core::ir::problem::{MAX_STAGES, MAX_STAGE_MICROBATCH_PAIRS};
@@ -314,25 +314,21 @@ impl Interleave {
         let table = self.table(microbatches, group);
         (0..ranks)
             .map(|rank| {
-                let forwards: Vec<Task> = table
-                    .iter()
-                    .map(|&(mb, chunk)| {
-                        Task::Forward(Work::new(self.stage(ranks, rank, chunk), mb))
-                    })
-                    .collect();
-                let backwards: Vec<Task> = table
-                    .iter()
-                    .map(|&(mb, chunk)| {
-                        let chunk = self.chunks - 1 - chunk;
-                        Task::Backward(Work::new(self.stage(ranks, rank, chunk), mb))
-                    })
-                    .collect();
+                let forward = |i: usize| {
+                    let (mb, chunk) = table[i];
+                    Task::Forward(Work::new(self.stage(ranks, rank, chunk), mb))
+                };
+                let backward = |i: usize| {
+                    let (mb, chunk) = table[i];
+                    let chunk = self.chunks - 1 - chunk;
+                    Task::Backward(Work::new(self.stage(ranks, rank, chunk), mb))
+                };
                 let warmup = if one_f_one_b {
                     self.warmup(ranks, rank, group)
                 } else {
-                    forwards.len()
+                    table.len()
                 };
-                warmup_merge(&forwards, &backwards, warmup)
+                warmup_merge_with((table.len(), forward), (table.len(), backward), warmup)
             })
             .collect()
     }

@@ -7,15 +7,15 @@
 //! - `h1`: ZB-H1, memory as the input schedule (see [`crate::schedules::lagged`]);
 //! - `h2`: ZB-H2, about twice 1F1B's activations, near zero bubble;
 //! - `auto` (with `memory=N`, or `auto(N)`): cost-model driven. Candidates are the input order,
-//!   `h1`, `h2` (non-dual plans), the handcrafted ZB-V (V placement,
-//!   [`crate::schedules::zbv`]), DeepSeek's order (dual plans) and the list scheduler of
-//!   [`crate::schedules::greedy`] in several variants; each is verified and simulated, those within
-//!   the memory limit compete and the shortest longest per-rank span wins (then the makespan, then
-//!   the earlier candidate); the winner is then improved by critical-path swaps
-//!   ([`crate::schedules::refine`]), which only accept improvements. So `auto` is deterministic and
-//!   never worse than any candidate that fits, `h1` and DeepSeek's order included. The limit
-//!   defaults to the plan's declared limit, else the input plan's peak (on a dual plan, the larger
-//!   of that and DeepSeek's peak).
+//!   `h1`, `h2` (non-dual plans), the handcrafted ZB-V and sail-sg's ZB-V search (V placement,
+//!   [`crate::schedules::zbv`], [`crate::schedules::zbv_auto`]), DeepSeek's order (dual plans)
+//!   and the list scheduler of [`crate::schedules::greedy`] in several variants; each is verified
+//!   and simulated, those within the memory limit compete and the shortest longest per-rank span
+//!   wins (then the makespan, then the earlier candidate); the winner is then improved by
+//!   critical-path swaps ([`crate::schedules::refine`]), which only accept improvements. So `auto`
+//!   is deterministic and never worse than any candidate that fits, `h1`, DeepSeek's order and
+//!   the ZB-V search's runs included. The limit defaults to the plan's declared limit, else the
+//!   input plan's peak (on a dual plan, the larger of that and DeepSeek's peak).
 //! - `deepseek` (dual plans only): DeepSeek's DualPipe/DualPipeV order with its split backwards and
 //!   W queue.
 //! - default: `deepseek` on dual plans, `auto` elsewhere.
@@ -49,6 +49,7 @@ use crate::schedules::lagged::{lagged_orders, Hand};
 use crate::schedules::refine::refine;
 use crate::schedules::score::Score;
 use crate::schedules::zbv::{zbv_orders, Cooldown};
+use crate::schedules::zbv_auto::zbv_auto_orders;
 use pipeweave_core::{max_peak, simulate, Backwards, Facts, LayoutKind, Pacing, Plan, Task};
 
 /// How `zero_bubble` places weight gradients.
@@ -112,7 +113,7 @@ fn default_limit(plan: &Plan) -> f64 {
             };
             plan.clone()
                 .with_facts(split)
-                .and_then(|p| p.with_orders(shape.orders(true)))
+                .and_then(|p| p.with_orders(shape.orders(plan, true)))
                 .map_or(input, |deepseek| input.max(max_peak(&deepseek)))
         }
         None => input,
@@ -208,11 +209,11 @@ fn best_greedy(plan: &Plan, limit: f64, dual: bool, bound: f64) -> Option<Vec<Ve
 }
 
 /// The handcrafted candidates of `auto`: the input order and DeepSeek's (dual plans), or `h1`,
-/// `h2` and, on the V placement, ZB-V (other plans).
-fn handcrafted(plan: &Plan, dual: Option<DualShape>) -> Vec<Vec<Vec<Task>>> {
+/// `h2` and, on the V placement, ZB-V and sail-sg's ZB-V search within `limit` (other plans).
+fn handcrafted(plan: &Plan, dual: Option<DualShape>, limit: f64) -> Vec<Vec<Vec<Task>>> {
     let mut candidates: Vec<Vec<Vec<Task>>> = vec![plan.orders().to_vec()];
     match dual {
-        Some(shape) => candidates.push(shape.orders(true)),
+        Some(shape) => candidates.push(shape.orders(plan, true)),
         None => {
             for hand in [Hand::H1, Hand::H2] {
                 if let Ok(orders) = lagged_orders(plan, hand) {
@@ -224,6 +225,7 @@ fn handcrafted(plan: &Plan, dual: Option<DualShape>) -> Vec<Vec<Vec<Task>>> {
                 for cooldown in [Cooldown::Eager, Cooldown::Deferred] {
                     candidates.push(zbv_orders(p, m, cooldown));
                 }
+                candidates.extend(zbv_auto_orders(plan, limit));
             }
         }
     }
@@ -242,7 +244,7 @@ fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError
             *best = Some(scored);
         }
     };
-    for orders in handcrafted(plan, dual) {
+    for orders in handcrafted(plan, dual, limit) {
         consider(&mut best, orders);
     }
     // The list scheduler only has to beat the handcrafted candidates.
@@ -357,7 +359,7 @@ impl Pass for ZeroBubble {
                 })?
             }
             (Policy::DeepSeek, _) => match DualShape::of_plan(&plan) {
-                Some(shape) => shape.orders(true),
+                Some(shape) => shape.orders(&plan, true),
                 None => {
                     return Err(TransformError::precondition(
                         "zero_bubble",

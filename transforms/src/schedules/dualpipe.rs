@@ -17,9 +17,14 @@
 //!
 //! The weight gradients of input-gradient-only backwards wait in a FIFO; each W runs the oldest.
 //! Without zero bubble every backward is a full B and phases 7 and 8 hold only backwards.
+//!
+//! The phases need `M >= 2P` (DualPipe: `P` and `M` even too). Below that, [`DualShape::orders`]
+//! gives the ZB-V order on the V placement and counter-flow 1F1B
+//! ([`crate::schedules::counterflow`]) on DualPipe's layout.
 
+use crate::schedules::counterflow;
 use crate::schedules::zbv::{v_one_f_one_b, zbv_orders, Cooldown};
-use pipeweave_core::{ChunkPlacement, DualKind, Layout, Plan, Task, Work};
+use pipeweave_core::{simulate, ChunkPlacement, DualKind, Layout, Plan, Task, Work};
 use std::collections::VecDeque;
 
 /// The shape of a bidirectional pipeline.
@@ -95,30 +100,46 @@ impl DualShape {
         (self.ranks / 2, half, h, directions)
     }
 
-    /// Whether DeepSeek's phases apply: `M >= 2P` (DualPipe also needs `M` even, which the `dual`
-    /// pass requires).
+    /// Whether DeepSeek's phases apply: `M >= 2P`; DualPipe also needs `P` and `M` even.
     pub fn deepseek_applies(&self) -> bool {
         self.microbatches >= 2 * self.ranks
+            && (self.v || (self.ranks % 2 == 0 && self.microbatches % 2 == 0))
     }
 
-    /// Every rank's order: DeepSeek's phases where they apply (with `zero_bubble`, its split
-    /// backwards and queued Ws); below them, on the V placement, the ZB-V order (whole backwards
-    /// without `zero_bubble`).
-    pub fn orders(&self, zero_bubble: bool) -> Vec<Vec<Task>> {
-        if self.v && !self.deepseek_applies() {
+    /// Every rank's order on `plan` (a plan on this shape's layout): DeepSeek's phases where they
+    /// apply (with `zero_bubble`, its split backwards and queued Ws). Below them, on the V
+    /// placement, the ZB-V order (whole backwards without `zero_bubble`); on DualPipe's layout the
+    /// best counter-flow order ([`counterflow`]) no slower than `plan`'s own orders, or those
+    /// orders when none is (they are the `dual` pass's counter-flow order, itself a candidate).
+    pub fn orders(&self, plan: &Plan, zero_bubble: bool) -> Vec<Vec<Task>> {
+        if self.deepseek_applies() {
+            return (0..self.ranks)
+                .map(|r| self.order(r, zero_bubble))
+                .collect();
+        }
+        if self.v {
             return if zero_bubble {
                 zbv_orders(self.ranks, self.microbatches, Cooldown::Eager)
             } else {
                 v_one_f_one_b(self.ranks, self.microbatches)
             };
         }
-        (0..self.ranks)
-            .map(|r| self.order(r, zero_bubble))
-            .collect()
+        let current = plan.orders();
+        let bound = simulate(plan).ok().map(|s| s.makespan());
+        counterflow::best(plan, zero_bubble, bound, Some(self.memory_budget(plan)))
+            .unwrap_or_else(|| current.to_vec())
+    }
+
+    /// The activations per rank a counter-flow order may hold on `plan`: its declared limit, else
+    /// DeepSeek's DualPipe peak, `P + 1` (in units of a rank's share), so that `dual` never holds
+    /// more below DeepSeek's sizes than at them unless the user allows it.
+    pub fn memory_budget(&self, plan: &Plan) -> f64 {
+        plan.memory_limit()
+            .unwrap_or_else(|| f64::from(self.ranks + 1))
     }
 
     /// The order of `rank`; with `zero_bubble`, DeepSeek's split backwards and queued Ws.
-    pub fn order(&self, rank: u32, zero_bubble: bool) -> Vec<Task> {
+    fn order(&self, rank: u32, zero_bubble: bool) -> Vec<Task> {
         let (n, m, h, directions) = self.parameters(rank);
         let mut builder = Builder {
             directions,

@@ -2,9 +2,11 @@
 //! weight gradients, the handcrafted ZB-V order, the cost-model-driven list scheduler behind
 //! `zero_bubble(policy=auto)`, the critical-path local search, and the score they compete on.
 
+pub mod counterflow;
 pub mod dualpipe;
 pub mod greedy;
 pub mod lagged;
 pub mod refine;
 pub mod score;
 pub mod zbv;
+pub mod zbv_auto;
