@@ -5,7 +5,7 @@
 use pipeweave::backends::numeric::{total_gradients, AffineModel, AffineStage};
 use pipeweave::backends::{run_threads, BackendError, StageCompute, ThreadOptions};
 use pipeweave::core_ir::{project, ProjectionOptions, RecvPolicy};
-use pipeweave::{build_plan, OpKind, PipelineConfig, StageCostsSpec, Task, Work};
+use pipeweave::{build_plan, PipelineConfig, StageCostsSpec, Task, Work};
 use std::time::{Duration, Instant};
 
 const EXPRESSIONS: &[&str] = &[
