@@ -3,8 +3,8 @@
 //! - **Training throughput**: the model of `benches/train.rs` (4 blocks, width 192, 4 heads,
 //!   64-byte sequences, 16 microbatches of 2 sequences) trained on one rank with one compute
 //!   thread, against pp2 (`f1b(gpipe)`) as two MPI processes with one compute thread each
-//!   (`mpirun -np 2` of this binary, which then acts as a rank). Target: throughput ratio >= 1.7
-//!   (the 1F1B bubble at P=2, M=16 makes 1.88 the ceiling).
+//!   (`mpirun -np 2` of this binary, which then acts as a rank), beside pp2 on two threads. Target:
+//!   throughput ratio >= 1.7 (the 1F1B bubble at P=2, M=16 makes 1.88 the ceiling).
 //! - **Sleep kernels**: `pipeweave run f1b(gpipe) -p 8 -m 32 --costs F=1,B=1 --time-scale 1`
 //!   (every op sleeps 1 ms) on threads and under `mpirun -np 8`: the measured makespan over the
 //!   simulated one. Target: <= 1.05 on both.
@@ -164,6 +164,9 @@ fn main() {
     let one_plan = plan("gpipe", 1);
     let mut one = Trainer::new(&one_plan, &corpus, settings()).expect("trainer");
     let single = seconds_per_step(&mut one);
+    let two_plan = plan("f1b(gpipe)", 2);
+    let mut two = Trainer::new(&two_plan, &corpus, settings()).expect("trainer");
+    let threads_pp2 = seconds_per_step(&mut two);
     let mut job = mpirun(2);
     job.args(["-x", RANK_ROLE, "-x", "RAYON_NUM_THREADS"])
         .env(RANK_ROLE, "1")
@@ -176,10 +179,15 @@ fn main() {
         "model: 4 blocks, width 192, 16 microbatches of 2 x 64 bytes; one compute thread per rank"
     );
     println!("one rank (threads backend): {single:.3} s/step");
+    println!("pp2 (1F1B) as two threads: {threads_pp2:.3} s/step");
     println!("pp2 (1F1B) as two MPI processes: {pp2:.3} s/step");
     println!(
         "throughput ratio pp2 over MPI / one rank: {:.2} (target >= 1.7, ceiling 1.88)",
         single / pp2
+    );
+    println!(
+        "throughput ratio pp2 on threads / one rank: {:.2} (the same schedule in one process)",
+        single / threads_pp2
     );
     let threads = sleep_ratio(false);
     let mpi = sleep_ratio(true);
