@@ -11,16 +11,16 @@
 #[path = "common/mpi_jobs.rs"]
 mod mpi_jobs;
 
-use mpi_jobs::kill_a_rank_and_expect_the_job_to_end;
+use mpi_jobs::{kill_a_rank_and_expect_the_job_to_end, mpirun_command};
 use pipeweave::backends::mpi::rsmpi;
 use pipeweave::backends::mpi::wire::{WireDType, WirePayload};
 use pipeweave::backends::mpi::{run_mpi, MpiOptions, MpiTransport};
 use pipeweave::backends::numeric::{AffineModel, AffineStage};
 use pipeweave::backends::{Incoming, Outgoing, StageCompute, Transport};
 use pipeweave::core_ir::{project, Message, ProjectionOptions};
-use pipeweave::{build_plan, MicrobatchId, OpKind, PipelineConfig, RankId, StageId, Task, Work};
+use pipeweave::{build_plan, MicrobatchId, PipelineConfig, RankId, StageId, Task, Work};
 use rsmpi::topology::Communicator;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -30,23 +30,13 @@ static MPIRUN: Mutex<()> = Mutex::new(());
 /// Runs `program args` on `np` processes under `mpirun` (killed after two minutes).
 fn mpirun(np: usize, program: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let _one = MPIRUN.lock().unwrap_or_else(|e| e.into_inner());
-    let mut command = Command::new("timeout");
-    command.args([
-        "120",
-        "mpirun",
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-np",
-    ]);
-    command.arg(np.to_string());
+    let mut command = mpirun_command(np);
     for (key, value) in env {
         command.arg("-x").arg(format!("{key}={value}"));
         command.env(key, value);
     }
     command.arg(program).args(args);
     command
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .output()
         .expect("mpirun runs (install Open MPI: .ci/mpi)")
 }
@@ -399,15 +389,7 @@ fn mpi_child() {
 fn a_rank_killed_from_outside_ends_the_job_within_ten_seconds() {
     let _one = MPIRUN.lock().unwrap_or_else(|e| e.into_inner());
     // A run that would take about 13 s: 33 units of 0.4 s at 4 ranks and 8 microbatches.
-    let mut job = Command::new("timeout")
-        .args([
-            "120",
-            "mpirun",
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            "4",
-        ])
+    let mut job = mpirun_command(4)
         .arg(env!("CARGO_BIN_EXE_pipeweave"))
         .args([
             "run",
@@ -421,8 +403,6 @@ fn a_rank_killed_from_outside_ends_the_job_within_ten_seconds() {
             "--time-scale",
             "400",
         ])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

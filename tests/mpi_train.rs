@@ -9,7 +9,7 @@
 #[path = "common/mpi_jobs.rs"]
 mod mpi_jobs;
 
-use mpi_jobs::kill_a_rank_and_expect_the_job_to_end;
+use mpi_jobs::{kill_a_rank_and_expect_the_job_to_end, mpirun_command};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
@@ -57,22 +57,6 @@ const MODEL: [&str; 16] = [
     "--seed",
     "7",
 ];
-
-fn mpirun_command(np: usize) -> Command {
-    let mut command = Command::new("timeout");
-    command.args([
-        "120",
-        "mpirun",
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-np",
-    ]);
-    command
-        .arg(np.to_string())
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    command
-}
 
 /// Runs the trainer (under `mpirun -np np` when `np` is given) and returns its output.
 fn train(np: Option<usize>, args: &[&str]) -> Output {

@@ -1,8 +1,27 @@
-//! What the MPI tests share: killing one rank of a running `mpirun` job and timing how long the
-//! job survives it. Included by `tests/mpi.rs` and `tests/mpi_train.rs` with `#[path]`.
+//! What the MPI tests share: the `mpirun` command line, and killing one rank of a running job and
+//! timing how long the job survives it. Included by `tests/mpi.rs` and `tests/mpi_train.rs` with
+//! `#[path]`.
 
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+/// `mpirun -np np` (as root if need be, oversubscribing the cores), killed after two minutes;
+/// the program and its arguments follow.
+pub fn mpirun_command(np: usize) -> Command {
+    let mut command = Command::new("timeout");
+    command.args([
+        "120",
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+    ]);
+    command
+        .arg(np.to_string())
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    command
+}
 
 /// Waits until a process whose command line matches `pattern` (a rank: its command line starts
 /// with the binary, mpirun's does not) has run for `after`, kills it with SIGKILL, and asserts
