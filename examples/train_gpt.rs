@@ -357,10 +357,11 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
     let mean_tail = tail.iter().sum::<f64>() / tail.len().max(1) as f64;
     let summary = match (first, eval_curve.last()) {
         (Some(first), Some((_, eval))) => format!(
-            "{} steps of {} on {} ranks ({} bytes of {}): loss {:.4} -> {:.4} (mean of the last {}), held-out {:.4}",
+            "{} steps of {} on {} ranks{} ({} bytes of {}): loss {:.4} -> {:.4} (mean of the last {}), held-out {:.4}",
             end,
             args.schedule,
             args.ranks,
+            if args.dp > 1 { format!(" x {} replicas", args.dp) } else { String::new() },
             corpus.bytes().len(),
             corpus.origin().display(),
             first.loss,
