@@ -22,7 +22,9 @@ pub mod reference;
 pub mod report;
 pub mod tune;
 
-pub use config::{build_plan, build_plan_observed, build_plan_with, PipelineConfig};
+pub use config::{
+    build_and_simulate, build_plan, build_plan_observed, build_plan_with, PipelineConfig,
+};
 pub use error::Error;
 pub use pipeweave_backends as backends;
 pub use pipeweave_core as core_ir;

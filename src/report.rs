@@ -1,8 +1,8 @@
 //! The figures of a verified, simulated plan, as one serialisable report (the JSON of
 //! `pipeweave plan --format json`) and as human-readable text.
 
-use pipeweave_core::{render_grid, CheckReport, Plan, ProgramSet, Semantics, Simulation};
-use serde::Serialize;
+use pipeweave_core::{render_grid, CheckReport, Plan, ProgramSet, Semantics, Simulation, Task};
+use serde::{Serialize, Serializer};
 use std::fmt::Write;
 
 /// Everything `pipeweave plan` reports. Field names are the CLI contract (../shared/CLI.md).
@@ -24,8 +24,9 @@ pub struct PlanReport {
     pub routes: Vec<(u32, u32, Vec<u32>)>,
     /// Groups of stages sharing weights.
     pub tied_stages: Vec<Vec<u32>>,
-    /// Per rank, the actions in PyTorch's notation.
-    pub order: Vec<Vec<String>>,
+    /// Per rank, the tasks in order (in PyTorch's notation in the JSON, e.g. `"2F0"`).
+    #[serde(serialize_with = "in_notation")]
+    pub order: Vec<Vec<Task>>,
     /// When the last op ends.
     pub makespan: f64,
     /// Longest per-rank span (first start to last end).
@@ -50,6 +51,18 @@ pub struct PlanReport {
     pub communication_checked: Vec<String>,
     /// Per rank, the most received tensors waiting for their compute at once.
     pub receive_buffers_per_rank: Vec<usize>,
+}
+
+/// Writes each rank's tasks as their notation: the strings exist only while the JSON is written.
+fn in_notation<S: Serializer>(orders: &[Vec<Task>], serializer: S) -> Result<S::Ok, S::Error> {
+    /// One rank's tasks, serialised as a list of notations.
+    struct Notations<'a>(&'a [Task]);
+    impl Serialize for Notations<'_> {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_seq(self.0.iter().map(Task::notation))
+        }
+    }
+    serializer.collect_seq(orders.iter().map(|order| Notations(order)))
 }
 
 /// Rounds away floating-point noise (1e-9) so reports are stable; figures too large to scale
@@ -84,7 +97,7 @@ impl PlanReport {
                 .iter()
                 .map(|g| g.iter().map(|s| s.get()).collect())
                 .collect(),
-            order: plan.orders_notation(),
+            order: plan.orders().to_vec(),
             makespan: tidy(simulation.makespan()),
             max_span: tidy(simulation.max_span()),
             bubble_rate: tidy(simulation.bubble_rate()),

@@ -20,6 +20,7 @@ mod options;
 mod outputs;
 pub mod plan_command;
 mod run_command;
+mod staged;
 mod tune_command;
 
 use clap::{Parser, Subcommand};

@@ -1,10 +1,12 @@
 //! What `plan` and `check` share: checking a plan end to end (verify, simulate, project, check the
 //! communication) and writing the report and the files a plan can be written to.
 //!
-//! A large plan keeps a second core busy: the communication check runs beside the rendering of the
-//! files, and the files are written while the text report is formatted. Nothing is written before
-//! every check has passed, and files are written in the order they always were.
+//! A large plan keeps a second core busy: the communication check runs beside the rendering and
+//! staging of the files ([`crate::cli::staged`]: written under temporary names, put in place only
+//! once every check has passed, in the order they always were), and the JSON report is written
+//! while the text report is formatted.
 
+use crate::cli::staged::Staged;
 use crate::error::Error;
 use crate::report::PlanReport;
 use clap::{Args, ValueEnum};
@@ -77,9 +79,10 @@ pub struct Checked {
 
 /// Where a plan to check comes from, which says what is left to check of it.
 pub enum Source {
-    /// Built by the pass driver ([`crate::build_plan`]), which verified it after its last pass,
-    /// memory bound included: verifying it again would find what the driver found.
-    Built(Plan),
+    /// Built by the pass driver with its simulation ([`crate::build_and_simulate`]); the driver
+    /// verified it after its last pass, memory bound included: verifying it again would find what
+    /// the driver found.
+    Built(Plan, Simulation),
     /// Read from a file, with the programs of a lowered file: verified here first.
     Imported(Plan, Option<ProgramSet>),
 }
@@ -91,19 +94,19 @@ struct Projected {
     simulation: Simulation,
 }
 
-/// Verifies an imported plan, simulates the plan and projects it along the simulated timeline
+/// Verifies and simulates an imported plan and projects the plan along its simulated timeline
 /// (unless programs came with it).
 fn project_source(source: Source, recv: RecvArg) -> Result<Projected, Error> {
-    let (plan, programs) = match source {
-        Source::Built(plan) => (plan, None),
+    let (plan, programs, simulation) = match source {
+        Source::Built(plan, simulation) => (plan, None, simulation),
         Source::Imported(plan, programs) => {
             verify(&plan)?;
-            (plan, programs)
+            // A verified plan runs to its end: the simulation cannot fail here, and its timeline
+            // is the one the projection would replay.
+            let simulation = simulate(&plan)?;
+            (plan, programs, simulation)
         }
     };
-    // A verified plan runs to its end: the simulation cannot fail here, and its timeline is the
-    // one the projection would replay.
-    let simulation = simulate(&plan)?;
     let programs = match programs {
         Some(p) => p,
         None => {
@@ -146,7 +149,7 @@ impl Projected {
     }
 }
 
-/// Verifies an imported plan, simulates the plan, projects it along the simulated timeline
+/// Verifies and simulates an imported plan, projects the plan along its simulated timeline
 /// (unless programs came with it) and checks the programs.
 pub fn check_plan(source: Source, recv: RecvArg) -> Result<Checked, Error> {
     let projected = project_source(source, recv)?;
@@ -154,8 +157,8 @@ pub fn check_plan(source: Source, recv: RecvArg) -> Result<Checked, Error> {
     projected.checked(counts)
 }
 
-/// [`check_plan`], then [`emit`]: the communication check runs on a thread of its own while the
-/// files are rendered (nothing is written before every check has passed).
+/// [`check_plan`], then the report and the files: the communication check runs on a thread of its
+/// own while the files are rendered and staged (none is put in place before every check passed).
 pub fn check_and_emit(
     title: &str,
     source: Source,
@@ -197,14 +200,14 @@ fn write_file(path: &str, contents: &str) -> Result<(), Error> {
     })
 }
 
-/// What the output options ask for, rendered before the programs' check ends: everything but
-/// what needs its counts (the report's text and JSON).
+/// What the output options ask for, rendered and staged ([`Staged`]) while the programs' check
+/// runs: everything but what needs its counts (the report's text and JSON).
 struct Files {
     report: PlanReport,
-    svg: Option<String>,
-    trace: Option<String>,
-    csv: Option<String>,
-    programs: Option<String>,
+    svg: Option<Staged>,
+    trace: Option<Staged>,
+    csv: Option<Staged>,
+    programs: Option<Staged>,
 }
 
 impl Files {
@@ -215,32 +218,34 @@ impl Files {
         simulation: &Simulation,
         args: &OutputArgs,
     ) -> Files {
-        let trace = |_: &String| {
+        let svg = |path: &String| Staged::new(path, svg::timeline_svg(plan, simulation, title));
+        let trace = |path: &String| {
             let value = trace::chrome_trace(plan, simulation, title);
-            serde_json::to_string(&value).expect("a trace always serialises")
+            let text = serde_json::to_string(&value).expect("a trace always serialises");
+            Staged::new(path, text)
         };
-        let csv = |_: &String| {
-            if args.lowered {
+        let csv = |path: &String| {
+            let text = if args.lowered {
                 csv::lowered_csv(programs)
             } else {
                 csv::compute_csv(plan)
-            }
+            };
+            Staged::new(path, text)
         };
-        let programs_json =
-            |_: &String| serde_json::to_string_pretty(programs).expect("programs always serialise");
+        let programs_json = |path: &String| {
+            let text = serde_json::to_string_pretty(programs).expect("programs always serialise");
+            Staged::new(path, text)
+        };
         Files {
             report: PlanReport::new(title, plan, simulation),
-            svg: args
-                .svg
-                .as_ref()
-                .map(|_| svg::timeline_svg(plan, simulation, title)),
+            svg: args.svg.as_ref().map(svg),
             trace: args.trace.as_ref().map(trace),
             csv: args.csv.as_ref().map(csv),
             programs: args.programs.as_ref().map(programs_json),
         }
     }
 
-    /// Writes the requested files and the report on stdout.
+    /// Writes the JSON report, puts the staged files in place and writes the report on stdout.
     fn write(
         self,
         checked: &Checked,
@@ -252,22 +257,14 @@ impl Files {
             .with_programs(&checked.programs, &checked.counts);
         let json = (args.json.is_some() || args.format == Format::Json)
             .then(|| serde_json::to_string_pretty(&report).expect("a report always serialises"));
-        let files = [
-            (&args.json, json.as_ref()),
-            (&args.svg, self.svg.as_ref()),
-            (&args.trace, self.trace.as_ref()),
-            (&args.csv, self.csv.as_ref()),
-            (&args.programs, self.programs.as_ref()),
-        ];
-        // The files are written, in order, while the text report is formatted.
+        let staged = [self.svg, self.trace, self.csv, self.programs];
+        // The files are written and put in place, in order, while the text report is formatted.
         let (written, text) = std::thread::scope(|scope| {
             let writer = scope.spawn(|| {
-                files
-                    .iter()
-                    .try_for_each(|(path, contents)| match (path, contents) {
-                        (Some(path), Some(contents)) => write_file(path, contents),
-                        _ => Ok(()),
-                    })
+                if let (Some(path), Some(json)) = (&args.json, &json) {
+                    write_file(path, json)?;
+                }
+                staged.into_iter().flatten().try_for_each(Staged::commit)
             });
             let text = (args.format == Format::Text)
                 .then(|| report.to_text(&checked.plan, &checked.simulation));
@@ -287,7 +284,7 @@ impl Files {
                 path: "<stdout>".to_string(),
                 source,
             })?;
-        leave_to_exit((report, self.csv, self.programs));
+        leave_to_exit(report);
         Ok(())
     }
 }

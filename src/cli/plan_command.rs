@@ -3,7 +3,7 @@
 
 use crate::cli::options::{parse_activation_memory, parse_costs, read_stage_costs};
 use crate::cli::outputs::{check_and_emit, OutputArgs, Source};
-use crate::config::{build_plan, PipelineConfig};
+use crate::config::{build_and_simulate, PipelineConfig};
 use crate::error::Error;
 use clap::Args;
 use std::io::Write;
@@ -75,10 +75,10 @@ pub fn run(args: &PlanArgs, stdout: &mut dyn Write) -> Result<(), Error> {
     if let Some(path) = &args.stage_costs {
         config = config.with_rank_costs(read_stage_costs(path)?)?;
     }
-    let plan = build_plan(&args.schedule.expression, &config)?;
+    let (plan, simulation) = build_and_simulate(&args.schedule.expression, &config)?;
     check_and_emit(
         &args.schedule.expression,
-        Source::Built(plan),
+        Source::Built(plan, simulation),
         &args.outputs,
         stdout,
     )

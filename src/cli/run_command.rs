@@ -10,7 +10,7 @@
 
 use crate::cli::outputs::{check_plan, RecvArg, Source};
 use crate::cli::plan_command::ScheduleArgs;
-use crate::config::build_plan;
+use crate::config::build_and_simulate;
 use crate::error::Error;
 use clap::{Args, ValueEnum};
 use pipeweave_backends::numeric::{total_gradients, AffineModel, AffineStage, Gradients};
@@ -96,8 +96,9 @@ struct Prepared {
 
 impl Prepared {
     fn new(args: &RunArgs) -> Result<Prepared, Error> {
-        let plan = build_plan(&args.schedule.expression, &args.schedule.config()?)?;
-        let checked = check_plan(Source::Built(plan), args.recv)?;
+        let (plan, simulation) =
+            build_and_simulate(&args.schedule.expression, &args.schedule.config()?)?;
+        let checked = check_plan(Source::Built(plan, simulation), args.recv)?;
         let problem = checked.plan.problem().clone();
         let model = AffineModel::new(&problem);
         let reference = model.sequential_gradients(&problem);

@@ -14,6 +14,12 @@
 //!    memory come last). A plan that breaks only the memory bound is the user's limit being too
 //!    tight ([`TransformError::MemoryLimit`]); any other violation is a bug in the pass
 //!    ([`TransformError::PassBroke`]).
+//!
+//! [`PassList::run_beside`] gives the same result and the same first error, with the verifications
+//! on a second thread: each intermediate plan's (on a copy) while the next passes run, then the
+//! final plan's, while the caller's own work on the final plan (the simulation, say) runs. Its
+//! result is returned only once every verification passed; the earliest failure in pass order is
+//! the error, as if the steps had run one after the other.
 
 use crate::error::TransformError;
 use crate::pass::{Changes, Requires, Transform, Unmet};
@@ -107,21 +113,90 @@ impl PassList {
         observer: &mut dyn FnMut(&str, &Plan),
     ) -> Result<Plan, TransformError> {
         for (index, pass) in self.passes.iter().enumerate() {
-            let earlier = &self.passes[..index];
-            check_requirements(pass.as_ref(), earlier, &plan)?;
-            let before = Before::of(&plan);
-            plan = pass.rewrite(plan)?.record_pass(pass.name());
-            if let Some(what) = before.undeclared(&plan, pass.contract().changes) {
-                return Err(TransformError::UndeclaredChange {
-                    pass: pass.name().to_string(),
-                    what,
-                });
-            }
+            plan = self.rewrite_one(index, plan)?;
             verify_after(pass.name(), &plan, index + 1 == self.passes.len())?;
             observer(pass.name(), &plan);
         }
         Ok(plan)
     }
+
+    /// [`PassList::run`] with the verifications on a second thread, and `beside` run on the final
+    /// plan while the verifications still run (see the module doc). `beside` must take any plan
+    /// without harm (a simulation reports a plan that cannot run as an error); its result is
+    /// returned only when every verification passed.
+    pub fn run_beside<T>(
+        &self,
+        plan: Plan,
+        beside: impl FnOnce(&Plan) -> T,
+    ) -> Result<(Plan, T), TransformError> {
+        let Some((last, earlier)) = self.passes.split_last() else {
+            let result = beside(&plan);
+            return Ok((plan, result));
+        };
+        std::thread::scope(|scope| {
+            let (sender, receiver) = std::sync::mpsc::channel::<(&str, Plan)>();
+            let intermediate = scope.spawn(move || {
+                receiver
+                    .iter()
+                    .try_for_each(|(pass, plan)| verify_after(pass, &plan, false))
+            });
+            let rewrite_all = || {
+                let mut plan = plan;
+                for (index, pass) in earlier.iter().enumerate() {
+                    plan = self.rewrite_one(index, plan)?;
+                    // The verifier stops early only on a failure, which is reported first.
+                    let _ = sender.send((pass.name(), plan.clone()));
+                }
+                self.rewrite_one(earlier.len(), plan)
+            };
+            let rewritten = std::panic::catch_unwind(std::panic::AssertUnwindSafe(rewrite_all));
+            drop(sender);
+            let plan = match rewritten {
+                Ok(Ok(plan)) => plan,
+                // A pass that failed or panicked on a plan an earlier pass broke: the earlier pass
+                // is to blame, as when each plan is verified before the next pass sees it.
+                Ok(Err(failed)) => {
+                    joined(intermediate)?;
+                    return Err(failed);
+                }
+                Err(panic) => {
+                    joined(intermediate)?;
+                    std::panic::resume_unwind(panic)
+                }
+            };
+            let result = std::thread::scope(|inner| {
+                let verified = inner.spawn(|| {
+                    joined(intermediate)?;
+                    verify_after(last.name(), &plan, true)
+                });
+                let result = beside(&plan);
+                joined(verified).map(|()| result)
+            })?;
+            Ok((plan, result))
+        })
+    }
+
+    /// Steps 1 to 3 of the module doc for the pass at `index`.
+    fn rewrite_one(&self, index: usize, plan: Plan) -> Result<Plan, TransformError> {
+        let pass = &self.passes[index];
+        check_requirements(pass.as_ref(), &self.passes[..index], &plan)?;
+        let before = Before::of(&plan);
+        let plan = pass.rewrite(plan)?.record_pass(pass.name());
+        if let Some(what) = before.undeclared(&plan, pass.contract().changes) {
+            return Err(TransformError::UndeclaredChange {
+                pass: pass.name().to_string(),
+                what,
+            });
+        }
+        Ok(plan)
+    }
+}
+
+/// The result of a scoped thread; its panic goes on in the caller.
+fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    handle
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 /// Step 1 of the module doc.
@@ -273,27 +348,7 @@ mod tests {
 
     #[test]
     fn undeclared_changes_are_blamed_on_the_pass() {
-        let schedule = |plan: Plan| {
-            let orders = (0..2)
-                .map(|r| {
-                    [
-                        format!("{r}F0"),
-                        format!("{r}F1"),
-                        format!("{r}B0"),
-                        format!("{r}B1"),
-                    ]
-                    .iter()
-                    .map(|t| t.parse().unwrap())
-                    .collect()
-                })
-                .collect();
-            let facts = Facts {
-                pacing: Pacing::Custom,
-                ..plan.facts()
-            };
-            plan.reshaped(None, orders, facts).unwrap()
-        };
-        let err = PassList::new(vec![probe(Requires::ANY, Changes::default(), schedule)])
+        let err = PassList::new(vec![probe(Requires::ANY, Changes::default(), complete)])
             .run(unscheduled())
             .unwrap_err();
         assert_eq!(
@@ -308,7 +363,7 @@ mod tests {
             pacing: true,
             ..Changes::default()
         };
-        let plan = PassList::new(vec![probe(Requires::ANY, declared, schedule)])
+        let plan = PassList::new(vec![probe(Requires::ANY, declared, complete)])
             .run(unscheduled())
             .unwrap();
         assert_eq!(plan.passes(), ["probe"]);
@@ -320,17 +375,98 @@ mod tests {
             pacing: true,
             ..Changes::default()
         };
-        let half = |plan: Plan| {
-            let orders = vec![vec!["0F0".parse().unwrap()], vec![]];
-            let facts = Facts {
-                pacing: Pacing::Custom,
-                ..plan.facts()
-            };
-            plan.reshaped(None, orders, facts).unwrap()
-        };
         let err = PassList::new(vec![probe(Requires::ANY, declared, half)])
             .run(unscheduled())
             .unwrap_err();
         assert!(matches!(err, TransformError::PassBroke { .. }), "{err}");
+    }
+
+    /// Both ranks' four tasks: a complete plan.
+    fn complete(plan: Plan) -> Plan {
+        let orders = (0..2)
+            .map(|r| {
+                ["F0", "F1", "B0", "B1"]
+                    .iter()
+                    .map(|t| format!("{r}{t}").parse().unwrap())
+                    .collect()
+            })
+            .collect();
+        let facts = Facts {
+            pacing: Pacing::Custom,
+            ..plan.facts()
+        };
+        plan.reshaped(None, orders, facts).unwrap()
+    }
+
+    /// Rank 1's order left empty: a plan that fails verification.
+    fn half(plan: Plan) -> Plan {
+        let orders = vec![vec!["0F0".parse().unwrap()], vec![]];
+        let facts = Facts {
+            pacing: Pacing::Custom,
+            ..plan.facts()
+        };
+        plan.reshaped(None, orders, facts).unwrap()
+    }
+
+    /// A pass that rewrites the pacing, declaring it.
+    fn pacing(rewrite: fn(Plan) -> Plan) -> Box<dyn Transform> {
+        let declared = Changes {
+            pacing: true,
+            ..Changes::default()
+        };
+        probe(Requires::ANY, declared, rewrite)
+    }
+
+    #[test]
+    fn verifying_beside_gives_the_same_plan_and_the_same_first_error() {
+        let identity = || probe(Requires::ANY, Changes::default(), |p| p);
+        let (plan, tasks) = PassList::new(vec![pacing(complete), identity(), identity()])
+            .run_beside(unscheduled(), |plan| plan.orders()[1].len())
+            .unwrap();
+        assert_eq!(plan.passes(), ["probe", "probe", "probe"]);
+        assert_eq!(tasks, 4, "beside sees the final plan");
+        let (_, ran) = PassList::new(vec![])
+            .run_beside(unscheduled(), |_| true)
+            .unwrap();
+        assert!(ran);
+
+        // An earlier pass broke the plan and a later one failed on it: the earlier one is blamed,
+        // as in the sequential driver.
+        let needs_dual = Requires {
+            pacing: Requires::ANY.pacing,
+            layout: &[LayoutKind::Dual],
+            whole_backwards: false,
+        };
+        let list = PassList::new(vec![
+            pacing(half),
+            probe(needs_dual, Changes::default(), |p| p),
+            identity(),
+        ]);
+        let sequential = list.run(unscheduled()).unwrap_err();
+        let beside = list.run_beside(unscheduled(), |_| ()).unwrap_err();
+        assert!(
+            matches!(beside, TransformError::PassBroke { .. }),
+            "{beside}"
+        );
+        assert_eq!(beside, sequential);
+
+        // The last pass broke it: beside ran, but its result is not returned.
+        let list = PassList::new(vec![pacing(complete), pacing(half)]);
+        let beside = list.run_beside(unscheduled(), |_| ()).unwrap_err();
+        assert_eq!(beside, list.run(unscheduled()).unwrap_err());
+    }
+
+    #[test]
+    fn a_pass_that_panics_on_a_broken_plan_blames_the_pass_that_broke_it() {
+        let panicking = probe(Requires::ANY, Changes::default(), |_| {
+            panic!("a pass that trusted its input")
+        });
+        let list = PassList::new(vec![
+            pacing(half),
+            panicking,
+            probe(Requires::ANY, Changes::default(), |p| p),
+        ]);
+        let error = list.run_beside(unscheduled(), |_| ()).unwrap_err();
+        assert!(matches!(error, TransformError::PassBroke { .. }), "{error}");
     }
 }
