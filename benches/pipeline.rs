@@ -5,7 +5,8 @@
 //!    programs, write the lowered CSV and the report), the median of several runs of the process,
 //!    set against the 46 s PyTorch (`torch.distributed.pipelining`) takes to generate and lower
 //!    the same schedule (`Interleaved1F1B`, 32 ranks, 1024 microbatches, 2 chunks).
-//! 2. Its steps in process, at 1024 microbatches (best of 5).
+//! 2. Its steps in process, at 1024 microbatches (best of 5), and the build with its simulation
+//!    as the command runs them (`build_and_simulate`: the verifications on a second thread).
 //! 3. Build + passes + verification + simulation at 256, 1024 and 4096 microbatches, so the growth
 //!    can be read as a ratio within one run (these machines are noisy; compare ratios).
 //!
@@ -15,7 +16,7 @@
 use pipeweave::core_ir::formats::csv::lowered_csv;
 use pipeweave::core_ir::spmd::project::project_simulated;
 use pipeweave::core_ir::{check_programs, ProjectionOptions};
-use pipeweave::{build_plan, simulate, PipelineConfig};
+use pipeweave::{build_and_simulate, build_plan, simulate, PipelineConfig};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -72,9 +73,9 @@ fn whole_command() {
 /// Part 2: each step of the command in process, best of 5.
 fn steps() {
     let config = PipelineConfig::new(RANKS, 1024).expect("benchmark sizes are valid");
-    let mut best = [Duration::MAX; 5];
+    let mut best = [Duration::MAX; 6];
     for _ in 0..5 {
-        let mut laps = [Duration::ZERO; 5];
+        let mut laps = [Duration::ZERO; 6];
         let mut lap = |k: usize, start: Instant| laps[k] = start.elapsed();
         let start = Instant::now();
         let plan = build_plan(EXPRESSION, &config).expect("the pipeline verifies");
@@ -92,6 +93,11 @@ fn steps() {
         let start = Instant::now();
         std::hint::black_box(lowered_csv(&programs));
         lap(4, start);
+        let start = Instant::now();
+        std::hint::black_box(
+            build_and_simulate(EXPRESSION, &config).expect("the pipeline verifies"),
+        );
+        lap(5, start);
         for (b, l) in best.iter_mut().zip(laps) {
             *b = (*b).min(l);
         }
@@ -102,6 +108,7 @@ fn steps() {
         "project",
         "check the programs",
         "lowered CSV",
+        "build + simulate, verifying beside",
     ];
     println!("its steps in process, 1024 microbatches (best of 5)");
     for (name, time) in names.iter().zip(best) {

@@ -121,7 +121,7 @@ proptest! {
             })
         }).collect();
         let (r, i, k) = receives[pick.index(receives.len())];
-        if let Instr::Comm(g) = &mut dropped.programs[r].instrs[i] { g.ops.remove(k); }
+        if let Instr::Comm(g) = &mut dropped.programs[r].instrs[i] { let mut ops = g.ops.to_vec(); ops.remove(k); g.ops = ops.into(); }
         let err = check_programs(plan.problem(), &dropped).unwrap_err();
         prop_assert!(matches!(err, CommError::NotReceived { .. }), "{}", err);
         // Swap two sends from rank 0 to rank 1: the pair's k-th send no longer matches.
@@ -158,12 +158,17 @@ fn a_swap_of_sends_that_keeps_dataflow_is_a_mismatch() {
                     .filter(|op| matches!(op, CommOp::Send { .. }))
                     .copied(),
             );
-            g.ops.retain(|op| !matches!(op, CommOp::Send { .. }));
+            g.ops = g
+                .ops
+                .iter()
+                .filter(|op| !matches!(op, CommOp::Send { .. }))
+                .copied()
+                .collect();
         }
     }
     sends.reverse();
     if let Instr::Comm(g) = &mut program.instrs[last_group] {
-        g.ops.extend(sends);
+        g.ops = g.ops.iter().copied().chain(sends).collect();
     }
     program
         .instrs
@@ -187,7 +192,11 @@ fn a_two_rank_exchange_needs_batching_or_early_receives() {
     use pipeweave::{MicrobatchId, RankId, StageId};
     let a = Message::activation(StageId::new(0), StageId::new(1), MicrobatchId::new(0));
     let b = Message::activation(StageId::new(2), StageId::new(3), MicrobatchId::new(0));
-    let group = |op| Instr::Comm(CommGroup { ops: vec![op] });
+    let group = |op| {
+        Instr::Comm(CommGroup {
+            ops: vec![op].into(),
+        })
+    };
     let set = ProgramSet {
         programs: vec![
             RankProgram {

@@ -418,18 +418,24 @@ fn mutate(set: &mut ProgramSet, bytes: &mut Bytes<'_>, stages: u32, microbatches
             let Instr::Comm(group) = &mut set.programs[r].instrs[i] else {
                 unreachable!("comm_positions lists comm instructions")
             };
-            let moved = group.ops.remove(k);
+            let mut ops = group.ops.to_vec();
+            let moved = ops.remove(k);
+            group.ops = ops.into();
             let target = bytes.index(set.programs.len());
             let program = &mut set.programs[target];
             let at = bytes.index(program.instrs.len() + 1);
             match program.instrs.get_mut(at) {
                 Some(Instr::Comm(group)) => {
                     let place = bytes.index(group.ops.len() + 1);
-                    group.ops.insert(place, moved);
+                    let mut ops = group.ops.to_vec();
+                    ops.insert(place, moved);
+                    group.ops = ops.into();
                 }
                 _ => program.instrs.insert(
                     at,
-                    Instr::Comm(pipeweave::core_ir::CommGroup { ops: vec![moved] }),
+                    Instr::Comm(pipeweave::core_ir::CommGroup {
+                        ops: vec![moved].into(),
+                    }),
                 ),
             }
         }

@@ -330,20 +330,27 @@ fn lower_rows(problem: &Problem, rows: &[Vec<Action>]) -> Result<ProgramSet, Cor
 /// A send not yet waited for: (direction, stage, microbatch, column of the send, the send).
 type Unwaited = (Direction, StageId, MicrobatchId, usize, CommOp);
 
+/// The operations gathered so far, as one communication group (`ops` left empty).
+fn comm_group(ops: &mut Vec<CommOp>) -> Instr {
+    Instr::Comm(CommGroup {
+        ops: std::mem::take(ops).into(),
+    })
+}
+
 /// The program of one rank's row: computes (with the loss after a last stage's forward),
 /// consecutive sends and receives as one group, and every send waited for later on the row.
 fn lower_row(problem: &Problem, rank: RankId, row: &[Action]) -> Result<RankProgram, CoreError> {
     let line = rank.index() + 1;
     let mut instrs = Vec::new();
-    let mut group = CommGroup::default();
+    let mut group: Vec<CommOp> = Vec::new();
     let mut unwaited: Vec<Unwaited> = Vec::new();
     for (c, action) in row.iter().enumerate() {
         let column = c + 1;
         match *action {
             Action::Marker => {}
             Action::Compute(task) => {
-                if !group.ops.is_empty() {
-                    instrs.push(Instr::Comm(std::mem::take(&mut group)));
+                if !group.is_empty() {
+                    instrs.push(comm_group(&mut group));
                 }
                 push_compute(problem, task, &mut instrs);
             }
@@ -359,8 +366,8 @@ fn lower_row(problem: &Problem, rank: RankId, row: &[Action]) -> Result<RankProg
                     Some(i) => {
                         let (.., send) = unwaited.remove(i);
                         if let CommOp::Send { to, message } = send {
-                            if !group.ops.is_empty() {
-                                instrs.push(Instr::Comm(std::mem::take(&mut group)));
+                            if !group.is_empty() {
+                                instrs.push(comm_group(&mut group));
                             }
                             instrs.push(Instr::WaitSend { to, message });
                         }
@@ -386,7 +393,7 @@ fn lower_row(problem: &Problem, rank: RankId, row: &[Action]) -> Result<RankProg
                 if let CommOp::Send { message, .. } = op {
                     unwaited.push((message.direction, stage, microbatch, column, op));
                 }
-                group.ops.push(op);
+                group.push(op);
             }
         }
     }
@@ -398,8 +405,8 @@ fn lower_row(problem: &Problem, rank: RankId, row: &[Action]) -> Result<RankProg
             format!("{s}{name}{m} has no later WAIT_SEND on its rank"),
         ));
     }
-    if !group.ops.is_empty() {
-        instrs.push(Instr::Comm(group));
+    if !group.is_empty() {
+        instrs.push(comm_group(&mut group));
     }
     instrs.push(Instr::FlushWeightGrads);
     Ok(RankProgram { rank, instrs })

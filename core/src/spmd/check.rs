@@ -905,7 +905,10 @@ mod tests {
         for instr in &mut set.programs[rank].instrs {
             if let Instr::Comm(group) = instr {
                 if let Some(i) = group.ops.iter().position(&pick) {
-                    return group.ops.remove(i);
+                    let mut ops = group.ops.to_vec();
+                    let op = ops.remove(i);
+                    group.ops = ops.into();
+                    return op;
                 }
             }
         }
@@ -988,13 +991,15 @@ mod tests {
                     ops: vec![CommOp::Send {
                         to: RankId::new(peer),
                         message: message(rank, peer),
-                    }],
+                    }]
+                    .into(),
                 }),
                 Instr::Comm(CommGroup {
                     ops: vec![CommOp::Recv {
                         from: RankId::new(peer),
                         message: message(peer, rank),
-                    }],
+                    }]
+                    .into(),
                 }),
             ],
         };

@@ -219,8 +219,9 @@ impl fmt::Display for CommOp {
 /// Sends and receives posted together and waited for together.
 #[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 pub struct CommGroup {
-    /// The operations, in posting order.
-    pub ops: Vec<CommOp>,
+    /// The operations, in posting order (a boxed slice: exactly sized, and an [`Instr`] of 24
+    /// bytes instead of 32; build one from a `Vec` with `.into()`).
+    pub ops: Box<[CommOp]>,
 }
 
 /// One instruction of a rank program.

@@ -595,7 +595,7 @@ impl Layout {
     /// Closes the open group, then its frees.
     fn flush(&mut self) {
         if !self.group.is_empty() {
-            let ops = self.group.as_slice().to_vec();
+            let ops = Box::from(self.group.as_slice());
             self.group.clear();
             self.instrs.push(Instr::Comm(CommGroup { ops }));
         }
