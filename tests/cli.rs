@@ -302,6 +302,8 @@ fn run_executes_on_threads_and_compares_gradients() {
         "4",
         "-m",
         "8",
+        "--time-scale",
+        "0.2",
         "--json",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -309,6 +311,13 @@ fn run_executes_on_threads_and_compares_gradients() {
     assert_eq!(report["gradients_equal"], true);
     assert_eq!(report["backend"], "threads");
     assert_eq!(report["simulated_makespan"], 26.0);
+    // The run itself is a schedule with the tasks' measured times: replaying the plan with those
+    // times as early as dependencies allow cannot take longer.
+    let measured = report["measured_seconds"].as_f64().unwrap();
+    let replayed = report["replayed_seconds"].as_f64().unwrap();
+    assert!(replayed > 0.0 && replayed <= measured + 1e-9, "{report}");
+    let overhead = report["overhead"].as_f64().unwrap();
+    assert!((overhead - measured / replayed).abs() < 1e-12, "{report}");
     let bad = pipeweave(&["run", "f1b(gpipe)", "--time-scale", "-1"]);
     assert_eq!(bad.status.code(), Some(2));
 }

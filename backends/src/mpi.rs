@@ -40,8 +40,8 @@
 //! times out) prints the error with the instruction it stopped at on stderr and calls `MPI_Abort`
 //! on its communicator (Open MPI ends the whole job), so no other rank waits forever; `mpirun`
 //! exits with status [`FAILURE_STATUS`]. Receives never
-//! block in MPI: the transport polls (`MPI_Improbe`, `MPI_Test`), yielding and then sleeping
-//! briefly between polls; when none of a group's receives has progressed for longer than
+//! block in MPI: the transport polls (`MPI_Improbe`, `MPI_Test`), back to back at first, then
+//! yielding the processor, and after 10 ms of waiting sleeping briefly between polls; when none of a group's receives has progressed for longer than
 //! [`MpiOptions::receive_timeout`], the group fails with [`TransportFailure::Timeout`] for its
 //! first receive still missing: before it fails, the rank asks every other rank where it stands
 //! ([`report`]: each waiting rank answers with its instruction and the message it waits for; a

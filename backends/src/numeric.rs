@@ -101,7 +101,7 @@ impl AffineModel {
             grads: vec![(0.0, 0.0); self.scale.len()],
             delay: Box::new(delay),
             fused: false,
-            busy: None,
+            spent: Vec::new(),
         }
     }
 
@@ -134,8 +134,26 @@ pub struct AffineStage {
     delay: Box<dyn Fn(&Task) -> Duration + Send>,
     /// Inside a fused task: its parts spend nothing, the task spends its own time.
     fused: bool,
-    /// The first task's start and the last task's end.
-    busy: Option<(Instant, Instant)>,
+    /// Every task this rank ran, in the order it ran them.
+    spent: Vec<SpentTask>,
+}
+
+/// One task as a rank ran it: when its time started and ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpentTask {
+    /// The task (a fused task once, not its parts).
+    pub task: Task,
+    /// When the task began spending its time.
+    pub start: Instant,
+    /// When it ended.
+    pub end: Instant,
+}
+
+impl SpentTask {
+    /// How long the task took.
+    pub fn duration(&self) -> Duration {
+        self.end.duration_since(self.start)
+    }
 }
 
 impl AffineStage {
@@ -154,16 +172,18 @@ impl AffineStage {
             sleep_until(start + d);
         }
         let end = Instant::now();
-        self.busy = Some(match self.busy {
-            None => (start, end),
-            Some((first, _)) => (first, end),
-        });
+        self.spent.push(SpentTask { task, start, end });
     }
 
     /// When this rank's first task started and its last task ended (None before any task): the
     /// schedule's measured makespan is the latest end less the earliest start over the ranks.
     pub fn busy(&self) -> Option<(Instant, Instant)> {
-        self.busy
+        Some((self.spent.first()?.start, self.spent.last()?.end))
+    }
+
+    /// Every task this rank ran, with its times, in the order it ran them (a fused task once).
+    pub fn spent(&self) -> &[SpentTask] {
+        &self.spent
     }
 
     /// Runs `parts` as one task: the parts spend nothing, then the task spends its time (unless

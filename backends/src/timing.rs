@@ -4,13 +4,16 @@
 
 use std::time::{Duration, Instant};
 
-/// The last stretch of a delay, spent yielding rather than sleeping (a sleep may overshoot).
-const FINAL_STRETCH: Duration = Duration::from_micros(40);
+/// The last stretch of a delay, spent spinning rather than sleeping: a sleep may end tens of
+/// microseconds late (measured on a 2-core VM: 1 ms sleeps ended 33-45 us late on average, a few
+/// in a hundred over 100 us, even with a 1 ns timer slack), and a thread that yields in its last
+/// stretch may get the processor back late when other ranks are runnable.
+const FINAL_STRETCH: Duration = Duration::from_micros(150);
 
 /// Spends the time until `deadline` as an emulated kernel would: close to exactly. The thread's
 /// timer slack is set to its minimum first (Linux lets a sleep end up to 50 us late by default,
-/// 5% of a 1 ms op), then it sleeps until just before the deadline and yields the processor for
-/// the last few microseconds.
+/// 5% of a 1 ms op), then it sleeps until just before the deadline and spins for the last few
+/// microseconds (like a kernel, it holds its processor while it runs).
 pub fn sleep_until(deadline: Instant) {
     precise_timers();
     loop {
@@ -21,7 +24,7 @@ pub fn sleep_until(deadline: Instant) {
         if left > FINAL_STRETCH {
             std::thread::sleep(left - FINAL_STRETCH);
         } else {
-            std::thread::yield_now();
+            std::hint::spin_loop();
         }
     }
 }

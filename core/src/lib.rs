@@ -28,7 +28,7 @@ mod testing;
 
 pub use analysis::peak::{max_peak, peak_per_rank, RankPeak};
 pub use analysis::replay::{Blocked, ReplayError};
-pub use analysis::simulate::{simulate, Simulation};
+pub use analysis::simulate::{simulate, simulate_with, Simulation};
 pub use analysis::verify::{verify, verify_schedule, Violation, Violations};
 pub use error::CoreError;
 pub use formats::grid::render_grid;

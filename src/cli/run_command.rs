@@ -15,8 +15,9 @@ use crate::error::Error;
 use clap::{Args, ValueEnum};
 use pipeweave_backends::numeric::{total_gradients, AffineModel, AffineStage, Gradients};
 use pipeweave_backends::{run_threads, ThreadOptions};
-use pipeweave_core::{CostModel, Problem, ProgramSet, Task};
+use pipeweave_core::{simulate_with, CostModel, Plan, Problem, ProgramSet, Task};
 use serde::Serialize;
+use std::collections::HashMap;
 use std::io::Write;
 use std::time::Duration;
 
@@ -78,6 +79,13 @@ pub struct RunReport {
     /// rank (the checks, the ranks' start and, under MPI, the programs' agreement excluded; MPI
     /// ranks' clocks are aligned by a barrier).
     pub measured_seconds: f64,
+    /// The plan replayed with the durations its tasks took in this run and no communication
+    /// latency: the makespan had nothing but the tasks taken time (None when a task's duration
+    /// is missing). `measured_seconds` over this is the cost of the interpreter and the
+    /// transport, free of how far the kernels' own times strayed from the cost model.
+    pub replayed_seconds: Option<f64>,
+    /// `measured_seconds / replayed_seconds`.
+    pub overhead: Option<f64>,
     /// Largest relative difference between the pipelined and the single-device gradients.
     pub max_relative_gradient_error: f64,
     /// Whether the gradients are equal within the tolerance.
@@ -86,6 +94,7 @@ pub struct RunReport {
 
 /// A plan built, projected, checked and simulated, with the numeric model to run it on.
 struct Prepared {
+    plan: Plan,
     problem: Problem,
     programs: ProgramSet,
     makespan: f64,
@@ -106,6 +115,7 @@ impl Prepared {
             makespan: checked.simulation.makespan(),
             costs: checked.plan.costs().clone(),
             programs: checked.programs,
+            plan: checked.plan,
             problem,
             model,
             reference,
@@ -120,15 +130,48 @@ impl Prepared {
         })
     }
 
-    /// The report of a run that measured `measured` seconds and computed `gradients`.
-    fn report(&self, args: &RunArgs, measured: f64, gradients: &Gradients) -> RunReport {
+    /// The makespan in seconds of the plan replayed with `durations` (seconds per task) and no
+    /// communication latency; None when a task of the plan has no duration.
+    fn replayed(&self, durations: &HashMap<Task, f64>) -> Option<f64> {
+        let tasks: usize = self.plan.orders().iter().map(Vec::len).sum();
+        let complete = self
+            .plan
+            .orders()
+            .iter()
+            .flatten()
+            .all(|task| durations.get(task).is_some_and(|d| d.is_finite()));
+        if !complete || durations.len() != tasks {
+            return None;
+        }
+        // Every task has a duration: the lookup's default is never used.
+        simulate_with(
+            &self.plan,
+            |task| durations.get(task).copied().unwrap_or(0.0),
+            0.0,
+        )
+        .ok()
+        .map(|simulation| simulation.makespan())
+    }
+
+    /// The report of a run that measured `measured` seconds, whose tasks took `durations`, and
+    /// that computed `gradients`.
+    fn report(
+        &self,
+        args: &RunArgs,
+        measured: f64,
+        durations: &HashMap<Task, f64>,
+        gradients: &Gradients,
+    ) -> RunReport {
         let error = AffineModel::max_relative_error(gradients, &self.reference);
+        let replayed = self.replayed(durations);
         RunReport {
             expression: args.schedule.expression.clone(),
             backend: args.backend.name().to_string(),
             simulated_makespan: self.makespan,
             simulated_seconds: self.makespan * args.time_scale / 1000.0,
             measured_seconds: measured,
+            replayed_seconds: replayed,
+            overhead: replayed.filter(|r| *r > 0.0).map(|r| measured / r),
             max_relative_gradient_error: error,
             gradients_equal: error <= GRADIENT_TOLERANCE,
         }
@@ -174,7 +217,12 @@ fn run_on_threads(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error>
         (Some(first), Some(last)) => last.duration_since(first).as_secs_f64(),
         _ => 0.0,
     };
-    let report = prepared.report(args, measured, &total_gradients(&stages));
+    let durations: HashMap<Task, f64> = stages
+        .iter()
+        .flat_map(AffineStage::spent)
+        .map(|spent| (spent.task, spent.duration().as_secs_f64()))
+        .collect();
+    let report = prepared.report(args, measured, &durations, &total_gradients(&stages));
     write_report(args, &prepared.problem, &report, stdout)?;
     Ok(report.gradients_equal)
 }
@@ -266,7 +314,8 @@ fn mpi_rank(
         },
     )?;
     // Every rank: its gradients (one pair per weight set, as many on every rank), then its first
-    // task's start and last task's end since the epoch.
+    // task's start and last task's end since the epoch, then the seconds each task of its order
+    // took (NaN for one it did not run), padded with NaN to the longest order.
     let (first, last) = stage.busy().map_or((f64::INFINITY, 0.0), |(first, last)| {
         (
             first.duration_since(epoch).as_secs_f64(),
@@ -278,25 +327,37 @@ fn mpi_rank(
         .iter()
         .flat_map(|&(a, b)| [a, b])
         .chain([first, last])
+        .chain(order_durations(&prepared.plan, &stage, world.rank()))
         .collect();
     let root = world.process_at_rank(0);
     let mut equal = false;
     if world.rank() == 0 {
-        let mut all = vec![0.0; mine.len() * processes as usize];
+        let mut all = vec![0.0f64; mine.len() * processes as usize];
         root.gather_into_root(&mine[..], &mut all[..]);
         let mut gradients: Gradients = vec![(0.0, 0.0); stage.gradients().len()];
         let (mut first, mut last) = (f64::INFINITY, 0.0f64);
-        let pairs = mine.len() - 2;
-        for rank in all.chunks_exact(mine.len()) {
-            for (total, pair) in gradients.iter_mut().zip(rank[..pairs].chunks_exact(2)) {
+        let pairs = stage.gradients().len() * 2;
+        let mut durations = HashMap::new();
+        for (rank, values) in all.chunks_exact(mine.len()).enumerate() {
+            let order = prepared
+                .plan
+                .orders()
+                .get(rank)
+                .map_or(&[][..], Vec::as_slice);
+            for (task, &seconds) in order.iter().zip(&values[pairs + 2..]) {
+                if seconds.is_finite() {
+                    durations.insert(*task, seconds);
+                }
+            }
+            for (total, pair) in gradients.iter_mut().zip(values[..pairs].chunks_exact(2)) {
                 total.0 += pair[0];
                 total.1 += pair[1];
             }
-            first = first.min(rank[pairs]);
-            last = last.max(rank[pairs + 1]);
+            first = first.min(values[pairs]);
+            last = last.max(values[pairs + 1]);
         }
         let measured = if first.is_finite() { last - first } else { 0.0 };
-        let report = prepared.report(args, measured, &gradients);
+        let report = prepared.report(args, measured, &durations, &gradients);
         equal = report.gradients_equal;
         root.broadcast_into(&mut equal);
         write_report(args, &prepared.problem, &report, stdout)?;
@@ -305,6 +366,28 @@ fn mpi_rank(
         root.broadcast_into(&mut equal);
     }
     Ok(equal)
+}
+
+/// The seconds each task of rank `rank`'s order took on `stage` (NaN for one it did not run),
+/// padded with NaN to the plan's longest order so that every rank sends as many.
+#[cfg(feature = "mpi")]
+fn order_durations(plan: &Plan, stage: &AffineStage, rank: i32) -> Vec<f64> {
+    let longest = plan.orders().iter().map(Vec::len).max().unwrap_or(0);
+    let took: HashMap<Task, f64> = stage
+        .spent()
+        .iter()
+        .map(|spent| (spent.task, spent.duration().as_secs_f64()))
+        .collect();
+    let order = usize::try_from(rank)
+        .ok()
+        .and_then(|r| plan.orders().get(r))
+        .map_or(&[][..], Vec::as_slice);
+    let mut seconds: Vec<f64> = order
+        .iter()
+        .map(|task| took.get(task).copied().unwrap_or(f64::NAN))
+        .collect();
+    seconds.resize(longest, f64::NAN);
+    seconds
 }
 
 /// Writes the report as text or JSON.
@@ -318,7 +401,7 @@ fn write_report(
         serde_json::to_string_pretty(report).expect("a run report always serialises") + "\n"
     } else {
         format!(
-            "{}  ({} ranks, {} microbatches) on {}\nsimulated   {:.3} units = {:.4} s at {} ms per unit\nmeasured    {:.4} s\ngradients   {} the single-device computation (max relative error {:.2e}, tolerance {:.0e})\n",
+            "{}  ({} ranks, {} microbatches) on {}\nsimulated   {:.3} units = {:.4} s at {} ms per unit\nmeasured    {:.4} s\n{}gradients   {} the single-device computation (max relative error {:.2e}, tolerance {:.0e})\n",
             report.expression,
             problem.ranks(),
             problem.microbatches(),
@@ -327,6 +410,12 @@ fn write_report(
             report.simulated_seconds,
             args.time_scale,
             report.measured_seconds,
+            match (report.replayed_seconds, report.overhead) {
+                (Some(replayed), Some(overhead)) => format!(
+                    "replayed    {replayed:.4} s with the tasks' measured times: measured / replayed = {overhead:.3}\n"
+                ),
+                _ => String::new(),
+            },
             if report.gradients_equal { "equal" } else { "DIFFER from" },
             report.max_relative_gradient_error,
             GRADIENT_TOLERANCE

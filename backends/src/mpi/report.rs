@@ -21,12 +21,18 @@ const REQUEST: Tag = 1;
 /// A status line.
 const ANSWER: Tag = 2;
 
+/// How often a waiting rank looks for status requests (they are rare and may wait this long;
+/// looking at every poll would add an MPI call, and a yield of the processor, to each).
+const LOOK_INTERVAL: Duration = Duration::from_millis(1);
+
 /// The status side channel of one rank.
 pub(crate) struct Reporter {
     comm: SimpleCommunicator,
     rank: RankId,
     /// Requests and answers sent and not yet known to be delivered.
     sends: Vec<InFlight>,
+    /// When requests were last looked for (None: never).
+    last_look: Option<Instant>,
 }
 
 impl Reporter {
@@ -39,11 +45,20 @@ impl Reporter {
             comm,
             rank,
             sends: Vec::new(),
+            last_look: None,
         }
     }
 
-    /// Answers every request that has arrived with `status`.
+    /// Answers every request that has arrived with `status` (looking at most once per
+    /// [`LOOK_INTERVAL`]).
     pub(crate) fn answer(&mut self, status: &dyn Fn() -> String) {
+        if self
+            .last_look
+            .is_some_and(|last| last.elapsed() < LOOK_INTERVAL)
+        {
+            return;
+        }
+        self.last_look = Some(Instant::now());
         self.sends.retain_mut(|send| !send.test());
         while let Some((matched, probe)) = self
             .comm

@@ -12,6 +12,7 @@
 
 use crate::analysis::peak::peak_per_rank;
 use crate::analysis::replay::{replay, ReplayError, TimedTask};
+use crate::ir::op::Task;
 use crate::ir::plan::Plan;
 
 /// Figures of one rank.
@@ -65,7 +66,18 @@ impl Simulation {
 /// verifier reports the same plan's faults in full).
 pub fn simulate(plan: &Plan) -> Result<Simulation, ReplayError> {
     let costs = plan.costs();
-    let outcome = replay(plan, |t| costs.task_duration(t), costs.comm(), true)?;
+    simulate_with(plan, |t| costs.task_duration(t), costs.comm())
+}
+
+/// Simulates `plan` with `duration` giving each task's length and `comm` the cross-rank latency
+/// instead of the plan's cost model: e.g. the durations its tasks took on a backend, which gives
+/// the makespan the run would have had if nothing but its tasks took time.
+pub fn simulate_with(
+    plan: &Plan,
+    duration: impl Fn(&Task) -> f64,
+    comm: f64,
+) -> Result<Simulation, ReplayError> {
+    let outcome = replay(plan, duration, comm, true)?;
     Ok(Simulation::from_timeline(plan, outcome.timeline))
 }
 
@@ -167,6 +179,28 @@ mod tests {
         // span 33, work 24 on every rank: the bubble is 9 / 33.
         assert!((sim.bubble_rate() - 9.0 / 33.0).abs() < 1e-12);
         assert_eq!(sim.timeline()[1][0].start, 1.0);
+    }
+
+    #[test]
+    fn other_durations_and_latency_replace_the_cost_model() {
+        let plan = gpipe(2, 2, 1.0, 2.0);
+        // One slow forward of microbatch 0 on rank 0 delays everything after it.
+        let sim = simulate_with(
+            &plan,
+            |t| match t {
+                Task::Forward(w) if w.microbatch.get() == 0 && w.stage.get() == 0 => 5.0,
+                Task::Forward(_) => 1.0,
+                _ => 2.0,
+            },
+            0.5,
+        )
+        .unwrap();
+        // Rank 0: F0 [0,5], F1 [5,6]; rank 1: F0 [5.5,6.5], F1 [6.5,7.5], B0 [7.5,9.5],
+        // B1 [9.5,11.5]; rank 0: B0 waits for 9.5 + 0.5, B1 follows: ends at 14.
+        assert_eq!(sim.makespan(), 14.0);
+        assert_eq!(sim.timeline()[1][0].start, 5.5);
+        // The plan's own model gives the closed form (no latency).
+        assert_eq!(simulate(&plan).unwrap().makespan(), (2.0 + 1.0) * 3.0);
     }
 
     #[test]
