@@ -5,8 +5,9 @@
 //!   thread (`f1b(gpipe)` at P=1: one microbatch's activations at a time, as each pp2 rank holds
 //!   few), against pp2 (`f1b(gpipe)`) as two MPI processes with one compute thread each
 //!   (`mpirun -np 2` of this binary, which then acts as a rank), beside pp2 on two threads. Target:
-//!   throughput ratio >= 1.7 (the 1F1B bubble at P=2, M=16 makes 2M/(M+P-1) = 1.88 the ceiling
-//!   when every op costs the same on both sides).
+//!   throughput ratio >= 1.7 (the 1F1B bubble at P=2, M=16 bounds it by 2M/(M+P-1) = 1.88 when
+//!   an op runs as fast in a rank holding half the model as in one holding all of it; measured
+//!   here, the halves run faster and the ratio can pass 1.88).
 //! - **Sleep kernels**: `pipeweave run f1b(gpipe) -p 8 -m 32 --costs F=1,B=1 --time-scale 1`
 //!   (every op sleeps 1 ms) on threads and under `mpirun -np 8`, [`SLEEP_RUNS`] runs each: the
 //!   measured makespan over the simulated one (target <= 1.05 on both), and the measured makespan
@@ -216,7 +217,8 @@ fn main() {
     println!("pp2 (1F1B) as two threads: {threads_pp2:.3} s/step");
     println!("pp2 (1F1B) as two MPI processes: {pp2:.3} s/step");
     println!(
-        "throughput ratio pp2 over MPI / one rank: {:.2} (target >= 1.7, ceiling 1.88)",
+        "throughput ratio pp2 over MPI / one rank: {:.2} (target >= 1.7; the bubble alone allows \
+         1.88 at equal per-op speed)",
         single / pp2
     );
     println!(
