@@ -186,6 +186,13 @@ impl AffineStage {
         &self.spent
     }
 
+    /// The seconds each task this rank ran took (a fused task once).
+    pub fn task_seconds(&self) -> impl Iterator<Item = (Task, f64)> + '_ {
+        self.spent
+            .iter()
+            .map(|spent| (spent.task, spent.duration().as_secs_f64()))
+    }
+
     /// Runs `parts` as one task: the parts spend nothing, then the task spends its time (unless
     /// it is itself part of an enclosing fused task).
     fn fused<R>(&mut self, task: Task, parts: impl FnOnce(&mut Self) -> R) -> R {

@@ -153,6 +153,18 @@ impl MpiTransport {
         }
     }
 
+    /// This rank's status line while, at the end of its program, it waits for `to` to receive
+    /// `message` (formatted only when asked for, like [`Self::waiting_line`]).
+    fn finishing_line(&self, to: RankId, message: Message) -> impl Fn() -> String {
+        let (rank, instruction) = (self.rank, self.instruction);
+        move || {
+            format!(
+                "rank {rank} is at the end of its program (instruction {instruction}), waiting \
+                 for rank {to} to receive {message}"
+            )
+        }
+    }
+
     /// This process's rank.
     pub fn rank(&self) -> RankId {
         self.rank
@@ -328,14 +340,7 @@ impl<T: WirePayload> Transport<T> for MpiTransport {
             let Some(first) = self.sends.first() else {
                 return Ok(());
             };
-            let (rank, instruction, to, message) =
-                (self.rank, self.instruction, first.to, first.message);
-            let line = move || {
-                format!(
-                    "rank {rank} is at the end of its program (instruction {instruction}), \
-                     waiting for rank {to} to receive {message}"
-                )
-            };
+            let line = self.finishing_line(first.to, first.message);
             if start.elapsed() > self.timeout {
                 return Err(self.stalled(&line));
             }
