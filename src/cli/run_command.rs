@@ -84,7 +84,8 @@ pub struct RunReport {
     /// is missing). `measured_seconds` over this is the cost of the interpreter and the
     /// transport, free of how far the kernels' own times strayed from the cost model.
     pub replayed_seconds: Option<f64>,
-    /// `measured_seconds / replayed_seconds`.
+    /// `measured_seconds / replayed_seconds` (meaningful with a time scale above 0; the text
+    /// report shows it only then).
     pub overhead: Option<f64>,
     /// Largest relative difference between the pipelined and the single-device gradients.
     pub max_relative_gradient_error: f64,
@@ -401,8 +402,9 @@ fn write_report(
             report.simulated_seconds,
             args.time_scale,
             report.measured_seconds,
+            // Without a time scale the tasks take no time of their own: the ratio would be noise.
             match (report.replayed_seconds, report.overhead) {
-                (Some(replayed), Some(overhead)) => format!(
+                (Some(replayed), Some(overhead)) if args.time_scale > 0.0 => format!(
                     "replayed    {replayed:.4} s with the tasks' measured times: measured / replayed = {overhead:.3}\n"
                 ),
                 _ => String::new(),
