@@ -107,8 +107,9 @@ fn a_rank_that_never_receives_is_named() {
     let err = check_programs(imported.plan.problem(), &imported.programs.unwrap())
         .unwrap_err()
         .to_string();
-    // The imported program keeps the file's WAIT_SEND cells as instructions (index 6 counts one).
-    assert_eq!(err, "rank 1, instruction 6 (1F1): needs act(stage 0 -> 1, mb 1) from rank 0, which it never received before");
+    // The imported program keeps the file's WAIT_SEND and UNSHARD cells as instructions (index 7
+    // counts one of each).
+    assert_eq!(err, "rank 1, instruction 7 (1F1): needs act(stage 0 -> 1, mb 1) from rank 0, which it never received before");
 }
 
 #[test]
@@ -116,8 +117,11 @@ fn malformed_files_name_line_and_column() {
     let cases = [
         ("", "line 1, column 1: the file has no rows"),
         ("0F0,0B0\n\n1F0,1B0\n", "line 2, column 1: empty line"),
-        ("0F0,0X0\n", "line 1, column 2: `0X0`: unknown action kind `X`"),
-        ("0F0,hello\n", "line 1, column 2: `hello`: the stage must be a decimal number"),
+        ("0F0,0X0\n", "line 1, column 2: `0X0`: unknown action `X`; PyTorch's actions are F, I, W, B, OVERLAP_F_B, WAIT_SEND_F"),
+        ("0F0,0f0\n", "line 1, column 2: `0f0`: no action name after the stage number"),
+        ("0F0,1WAIT_REDUCE\n", "line 1, column 2: `1WAIT_REDUCE`: unknown action `WAIT_REDUCE`"),
+        ("0F0,(0F1;1I0)OVERLAP_F_B\n", "line 1, column 2: `(0F1;1I0)OVERLAP_F_B`: an overlap pairs one forward (F) with one full backward (B)"),
+        ("0F0,hello\n", "line 1, column 2: `hello`: an action starts with its stage number, e.g. 2F0"),
         ("0F0,0B99999999999\n", "line 1, column 2: `0B99999999999`: the microbatch 99999999999 is too large"),
         ("0F0,0SEND_Fx\n", "line 1, column 2: the microbatch must be a decimal number"),
         ("0F0,0B0\n1F0,0F1\n", "imported schedule: stage 0 appears on rank 0 (line 1) and on rank 1 (line 2)"),

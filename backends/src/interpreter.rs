@@ -185,6 +185,9 @@ where
             // Sends complete by `finish` at the latest; waiting for one earlier is never needed
             // for progress (the checker certified the stricter order).
             Instr::WaitSend { .. } => Ok(()),
+            // PyTorch's parameter actions: every stage of ours keeps its whole parameters, and
+            // its gradients are reduced at `GradSync` and `FlushWeightGrads`, which ours call.
+            Instr::Params { .. } => Ok(()),
         }
     }
 

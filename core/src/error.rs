@@ -73,6 +73,14 @@ pub enum CoreError {
         /// What is wrong.
         reason: String,
     },
+    /// A plan that a file format cannot express.
+    #[error("{format} cannot express this plan: {reason}")]
+    NotExpressible {
+        /// The format, e.g. `PyTorch's schedule CSV`.
+        format: &'static str,
+        /// Why, and what to use instead.
+        reason: String,
+    },
     /// An imported schedule is consistent as text but not as a pipeline.
     #[error("imported schedule: {0}")]
     Import(String),

@@ -2,6 +2,7 @@
 
 use crate::ir::cost::{CostModel, StageCosts};
 use crate::ir::memory::MemoryModel;
+use crate::ir::op::Task;
 use crate::ir::plan::Plan;
 use crate::ir::problem::ProblemSpec;
 
@@ -15,14 +16,7 @@ pub fn plan(microbatches: u32, orders: &[&str]) -> Plan {
         .build()
         .validate()
         .expect("fixture sizes are valid");
-    let orders = orders
-        .iter()
-        .map(|o| {
-            o.split_whitespace()
-                .map(|t| t.parse().expect("fixture actions parse"))
-                .collect()
-        })
-        .collect();
+    let orders = orders.iter().map(|o| tasks(o)).collect();
     Plan::new(
         problem,
         CostModel::uniform(ranks, StageCosts::default(), 0.0).expect("unit costs are valid"),
@@ -30,4 +24,11 @@ pub fn plan(microbatches: u32, orders: &[&str]) -> Plan {
         orders,
     )
     .expect("fixture plans are consistent")
+}
+
+/// Tasks written in action notation, separated by spaces.
+pub fn tasks(text: &str) -> Vec<Task> {
+    text.split_whitespace()
+        .map(|t| t.parse().expect("fixture actions parse"))
+        .collect()
 }

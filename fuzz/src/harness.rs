@@ -461,7 +461,7 @@ fn mutate(set: &mut ProgramSet, bytes: &mut Bytes<'_>, stages: u32, microbatches
                         w.stage = StageId::new(stage);
                         w.microbatch = MicrobatchId::new(microbatch);
                     }
-                    Instr::GradSync(s) => *s = StageId::new(stage),
+                    Instr::GradSync(s) | Instr::Params { stage: s, .. } => *s = StageId::new(stage),
                     Instr::Comm(_) | Instr::FlushWeightGrads | Instr::WaitSend { .. } => {}
                 }
             }

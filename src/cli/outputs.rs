@@ -87,6 +87,14 @@ pub enum Source {
     Imported(Plan, Option<ProgramSet>),
 }
 
+impl Source {
+    fn plan(&self) -> &Plan {
+        match self {
+            Source::Built(plan, _) | Source::Imported(plan, _) => plan,
+        }
+    }
+}
+
 /// A verified plan, simulated, with the programs that are still to be checked.
 struct Projected {
     plan: Plan,
@@ -165,6 +173,10 @@ pub fn check_and_emit(
     args: &OutputArgs,
     stdout: &mut dyn Write,
 ) -> Result<(), Error> {
+    if args.csv.is_some() {
+        // Refused before anything is rendered: no file is left.
+        csv::pytorch_expressible(source.plan().problem())?;
+    }
     let projected = project_source(source, args.recv)?;
     let (counts, files) = std::thread::scope(|scope| {
         let check = scope.spawn(|| check_programs(projected.plan.problem(), &projected.programs));

@@ -5,8 +5,23 @@
 //! communication too: `<s>SEND_F<m>` (stage `s` sends microbatch `m`'s activation to the next
 //! stage), `<s>RECV_F<m>` (stage `s` receives it), `<s>SEND_B<m>` / `<s>RECV_B<m>` (gradients to
 //! the previous stage), and `<s>WAIT_SEND_F<m>` / `<s>WAIT_SEND_B<m>`: every send needs a later
-//! wait on the same rank. Our markers (loss, free, gradient sync) have no PyTorch action and are
-//! not written; the importer adds the loss and the final flush back.
+//! wait on the same rank; and PyTorch's parameter actions `<s>UNSHARD`, `<s>RESHARD`,
+//! `<s>REDUCE_GRAD`, `<s>WAIT_REDUCE_GRAD` ([`ParamAction`], placed by PyTorch's own rules by the
+//! projection): a lowered file is the whole program PyTorch's runtime runs, the scaling of the
+//! gradients by 1/M (at `REDUCE_GRAD`) included. Our markers (loss, free, gradient sync) have no
+//! PyTorch action and are not written; the importer adds the loss and the final flush back.
+//!
+//! PyTorch's format has one route, through stages 0, 1, 2, ... in order, and no weights shared
+//! between stages: [`pytorch_expressible`] says whether a plan fits it. The writers write any
+//! plan (pipeweave's `check` reads several routes back); PyTorch loads what they write for plans
+//! it accepts.
+//!
+//! Every action PyTorch 2.15 writes is read: `<stage><NAME>[<microbatch>]` with the names of its
+//! `_ComputationType` (compute `F`, `I`, `W`, `B`, `(<F>;<B>)OVERLAP_F_B`; communication; the
+//! parameter actions, whose microbatch is optional). A file is lowered when it holds a send, a
+//! receive or a wait on a send; then its parameter actions become instructions, whose order the
+//! checker holds to PyTorch's runtime's rules. In a compute-only file they are read and left out
+//! (PyTorch's lowering adds its own).
 //!
 //! Import takes the stage placement from the row a stage's actions appear in, the microbatch count
 //! from the largest microbatch, and each microbatch's route from the stages its actions touch (in
@@ -20,7 +35,9 @@ use crate::ir::op::{OpKind, Task, Work};
 use crate::ir::plan::Plan;
 use crate::ir::problem::{Problem, ProblemSpec, RouteSpec};
 use crate::spmd::program::Semantics;
-use crate::spmd::program::{CommGroup, CommOp, Direction, Instr, Message, ProgramSet, RankProgram};
+use crate::spmd::program::{
+    CommGroup, CommOp, Direction, Instr, Message, ParamAction, ProgramSet, RankProgram,
+};
 use std::collections::BTreeMap;
 
 /// A communication action of a lowered file.
@@ -39,9 +56,13 @@ pub enum CommAction {
 pub enum Action {
     /// A compute action.
     Compute(Task),
-    /// A PyTorch action that schedules no compute or message of ours (FSDP's `UNSHARD`,
-    /// `RESHARD`, `REDUCE_GRAD`): imported as a marker and ignored.
-    Marker,
+    /// A parameter action (`UNSHARD`, `RESHARD`, `REDUCE_GRAD`, `WAIT_REDUCE_GRAD`) on a stage.
+    Param {
+        /// What.
+        action: ParamAction,
+        /// The stage named in the action.
+        stage: StageId,
+    },
     /// A communication action on `stage` for `microbatch`.
     Comm {
         /// What.
@@ -90,40 +111,115 @@ fn parse_number(text: &str, what: &str, line: usize, column: usize) -> Result<u3
         .map_err(|_| csv_error(line, column, format!("the {what} {text} is too large")))
 }
 
-/// PyTorch's actions without a compute or message of ours: `<stage>NAME[<microbatch>]`.
-const MARKER_NAMES: [&str; 3] = ["UNSHARD", "RESHARD", "REDUCE_GRAD"];
+/// PyTorch's compute names that follow a stage number (`OVERLAP_F_B` wraps its sub-actions).
+const COMPUTE_NAMES: [&str; 4] = ["F", "I", "W", "B"];
+
+/// What a name after the stage number stands for.
+#[derive(Clone, Copy)]
+enum Named {
+    Compute,
+    Comm(CommAction),
+    Param(ParamAction),
+}
+
+/// The action a name of PyTorch's `_ComputationType` stands for.
+fn named(name: &str) -> Option<Named> {
+    if COMPUTE_NAMES.contains(&name) {
+        return Some(Named::Compute);
+    }
+    COMM_NAMES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|&(_, a)| Named::Comm(a))
+        .or_else(|| {
+            ParamAction::ALL
+                .into_iter()
+                .find(|a| a.pytorch_name() == name)
+                .map(Named::Param)
+        })
+}
+
+/// The names PyTorch's cells may hold, for the error on one that is none of them.
+fn known_names() -> String {
+    let mut names: Vec<&str> = COMPUTE_NAMES.to_vec();
+    names.push("OVERLAP_F_B");
+    names.extend(COMM_NAMES.iter().map(|(n, _)| *n));
+    names.extend(ParamAction::ALL.iter().map(|a| a.pytorch_name()));
+    names.join(", ")
+}
 
 /// Parses one cell.
 pub fn parse_action(cell: &str, line: usize, column: usize) -> Result<Action, CoreError> {
-    for name in MARKER_NAMES {
-        if let Some(at) = cell.find(name) {
-            parse_number(&cell[..at], "stage", line, column)?;
-            let rest = &cell[at + name.len()..];
-            if !rest.is_empty() {
-                parse_number(rest, "microbatch", line, column)?;
-            }
-            return Ok(Action::Marker);
-        }
+    let compute = |text: &str| {
+        text.parse::<Task>()
+            .map(Action::Compute)
+            .map_err(|e| match e {
+                CoreError::Notation { reason, .. } => {
+                    csv_error(line, column, format!("`{cell}`: {reason}"))
+                }
+                other => other,
+            })
+    };
+    if cell.starts_with('(') {
+        return compute(cell);
     }
-    for (name, action) in COMM_NAMES {
-        if let Some(at) = cell.find(name) {
-            let stage = parse_number(&cell[..at], "stage", line, column)?;
-            let microbatch = parse_number(&cell[at + name.len()..], "microbatch", line, column)?;
-            return Ok(Action::Comm {
+    let digits = cell.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return Err(csv_error(
+            line,
+            column,
+            format!("`{cell}`: an action starts with its stage number, e.g. 2F0 or 1UNSHARD"),
+        ));
+    }
+    let rest = &cell[digits..];
+    let length = rest
+        .bytes()
+        .take_while(|b| b.is_ascii_uppercase() || *b == b'_')
+        .count();
+    let name = &rest[..length];
+    let Some(what) = named(name) else {
+        if name.is_empty() {
+            return Err(csv_error(
+                line,
+                column,
+                format!(
+                    "`{cell}`: no action name after the stage number; PyTorch's actions are {}",
+                    known_names()
+                ),
+            ));
+        }
+        return Err(csv_error(
+            line,
+            column,
+            format!(
+                "`{cell}`: unknown action `{name}`; PyTorch's actions are {}",
+                known_names()
+            ),
+        ));
+    };
+    let stage = parse_number(&cell[..digits], "stage", line, column)?;
+    let microbatch = &rest[length..];
+    match what {
+        Named::Compute => compute(cell),
+        Named::Param(action) => {
+            // PyTorch writes none; it reads and ignores one.
+            if !microbatch.is_empty() {
+                parse_number(microbatch, "microbatch", line, column)?;
+            }
+            Ok(Action::Param {
+                action,
+                stage: StageId::new(stage),
+            })
+        }
+        Named::Comm(action) => {
+            let microbatch = parse_number(microbatch, "microbatch", line, column)?;
+            Ok(Action::Comm {
                 action,
                 stage: StageId::new(stage),
                 microbatch: MicrobatchId::new(microbatch),
-            });
+            })
         }
     }
-    cell.parse::<Task>()
-        .map(Action::Compute)
-        .map_err(|e| match e {
-            CoreError::Notation { reason, .. } => {
-                csv_error(line, column, format!("`{cell}`: {reason}"))
-            }
-            other => other,
-        })
 }
 
 /// Parses a whole file into one row of actions per rank (empty cells dropped).
@@ -150,10 +246,7 @@ pub fn parse_rows(text: &str) -> Result<Vec<Vec<Action>>, CoreError> {
             if cell.is_empty() {
                 continue;
             }
-            match parse_action(cell, line, c + 1)? {
-                Action::Marker => {}
-                action => row.push(action),
-            }
+            row.push(parse_action(cell, line, c + 1)?);
         }
         rows.push(row);
     }
@@ -294,7 +387,7 @@ pub fn import_csv(text: &str, share_costs: StageCosts, comm: f64) -> Result<Impo
             row.iter()
                 .filter_map(|a| match a {
                     Action::Compute(t) => Some(*t),
-                    Action::Comm { .. } | Action::Marker => None,
+                    Action::Comm { .. } | Action::Param { .. } => None,
                 })
                 .collect()
         })
@@ -347,7 +440,12 @@ fn lower_row(problem: &Problem, rank: RankId, row: &[Action]) -> Result<RankProg
     for (c, action) in row.iter().enumerate() {
         let column = c + 1;
         match *action {
-            Action::Marker => {}
+            Action::Param { action, stage } => {
+                if !group.is_empty() {
+                    instrs.push(comm_group(&mut group));
+                }
+                instrs.push(Instr::Params { action, stage });
+            }
             Action::Compute(task) => {
                 if !group.is_empty() {
                     instrs.push(comm_group(&mut group));
@@ -498,6 +596,47 @@ fn comm_op(
     })
 }
 
+/// Whether PyTorch's schedule format can express `problem`'s plans: one route, through stages
+/// 0, 1, 2, ... in order, and no weights tied between stages. Else the reason, naming what to
+/// use instead.
+pub fn pytorch_expressible(problem: &Problem) -> Result<(), CoreError> {
+    let refuse = |reason: String| {
+        Err(CoreError::NotExpressible {
+            format: "PyTorch's schedule CSV",
+            reason,
+        })
+    };
+    let routes = problem.routes();
+    if routes.len() > 1 {
+        return refuse(format!(
+            "the plan has {} routes (DualPipe's two directions) and PyTorch's format has one, \
+             through stages 0, 1, 2, ... in order; dual(vpp(f1b(gpipe), chunks=2)) (DualPipeV) \
+             expresses the same idea on one route, and --json or --programs write this plan",
+            routes.len()
+        ));
+    }
+    let in_order = routes
+        .iter()
+        .all(|r| r.stages().iter().enumerate().all(|(i, s)| s.index() == i));
+    if !in_order
+        || routes.iter().map(|r| r.stages().len()).sum::<usize>() != problem.stages() as usize
+    {
+        return refuse(
+            "its route does not pass through stages 0, 1, 2, ... in order, which PyTorch's \
+             runtime assumes (stage s feeds stage s + 1)"
+                .to_string(),
+        );
+    }
+    if let Some(tied) = problem.tied_stages().first() {
+        let tied: Vec<String> = tied.iter().map(StageId::to_string).collect();
+        return refuse(format!(
+            "stages {} share their weights, which PyTorch's runtime cannot express",
+            tied.join(" and ")
+        ));
+    }
+    Ok(())
+}
+
 /// The compute-only CSV of a plan.
 pub fn compute_csv(plan: &Plan) -> String {
     let mut text = CsvText::with_capacity(plan.task_count() * 8 + plan.orders().len());
@@ -623,6 +762,11 @@ pub fn lowered_csv(set: &ProgramSet) -> String {
                     message.microbatch,
                 )
                 .push(&mut text),
+                Instr::Params { action, stage } => {
+                    let out = text.cell();
+                    push_decimal(out, stage.get());
+                    out.extend_from_slice(action.pytorch_name().as_bytes());
+                }
                 _ => {}
             }
         }

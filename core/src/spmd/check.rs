@@ -16,6 +16,8 @@
 //! 5. **Rendezvous** (for program sets that claim it: imported lowered files). Sends post without
 //!    blocking, receives block until their send is posted, and every `WaitSend` blocks until its
 //!    send's receive is posted, as a large NCCL send does; every rank runs to its end.
+//! 6. **Parameter actions** (PyTorch's `UNSHARD`, `RESHARD`, `REDUCE_GRAD`, `WAIT_REDUCE_GRAD`):
+//!    their order in each program, by the rules of [`crate::spmd::params`].
 //!
 //! A set that completes under blocking semantics completes batched too: batching posts every
 //! operation no later and waits on no more (the first operation a batched run never posted would
@@ -31,6 +33,7 @@ use crate::ir::op::Task;
 use crate::ir::problem::Problem;
 use crate::ir::slots::OpSlots;
 use crate::spmd::messages::remote_inputs;
+use crate::spmd::params::{check_params, ParamFault, ParamUse};
 use crate::spmd::program::{CommOp, Direction, Instr, Message, ProgramSet, RankProgram, Semantics};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -162,6 +165,16 @@ pub enum CommError {
         /// The first operation without a partner.
         first: Message,
     },
+    /// A parameter action is out of order (`instr` None: at the end of the program).
+    #[error("rank {rank}, {}: {fault}", .instr.map_or_else(|| "end of program".to_string(), |i| format!("instruction {i}")))]
+    Params {
+        /// The rank.
+        rank: RankId,
+        /// The instruction, or None for the end of the program.
+        instr: Option<usize>,
+        /// What is wrong.
+        fault: ParamFault,
+    },
     /// The programs cannot finish under the given semantics.
     #[error("deadlock under {semantics} semantics: {}", describe(.cycle))]
     Deadlock {
@@ -187,6 +200,8 @@ pub struct CheckReport {
     pub messages: usize,
     /// Communication groups.
     pub groups: usize,
+    /// The kinds of parameter action the programs hold (their order checked).
+    pub params: ParamUse,
 }
 
 /// Runs every check of the module doc.
@@ -213,9 +228,15 @@ pub fn check_programs(problem: &Problem, set: &ProgramSet) -> Result<CheckReport
     if set.semantics != Semantics::Blocking {
         replay.run(Semantics::Batched)?;
     }
+    let params = check_params(problem, set).map_err(|(rank, instr, fault)| CommError::Params {
+        rank,
+        instr,
+        fault,
+    })?;
     Ok(CheckReport {
         messages,
         groups: traffic.groups,
+        params,
     })
 }
 

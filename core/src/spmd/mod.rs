@@ -1,7 +1,9 @@
 //! SPMD: the per-rank programs a plan is projected into, what travels between ranks, the
-//! projection itself and the independent checker of any program set (projected or imported).
+//! projection itself, PyTorch's parameter actions (where they go, the order they keep) and the
+//! independent checker of any program set (projected or imported).
 
 pub mod check;
 pub mod messages;
+pub mod params;
 pub mod program;
 pub mod project;

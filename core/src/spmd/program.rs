@@ -4,6 +4,10 @@
 //! route, groups of sends and receives posted together ([`CommGroup`], like PyTorch's
 //! `batch_isend_irecv`), and markers for the executor: free an output once it is sent, fire the
 //! data-parallel gradient sync of a stage, flush the remaining weight gradients at the end.
+//! [`Instr::Params`] are PyTorch's per-stage parameter actions, which its runtime acts on and
+//! ours pass by: FSDP's unshard before a stage's computes and reshard after them, and the
+//! reduction of a stage's gradients (scaled by 1/M, reduced over data parallelism) after its last
+//! weight gradient, with the wait on it.
 //! A [`Message`] names what travels: an activation or a gradient of one microbatch across one stage
 //! boundary, with the tensor-shape slot of that boundary.
 
@@ -224,6 +228,42 @@ pub struct CommGroup {
     pub ops: Box<[CommOp]>,
 }
 
+/// PyTorch's per-stage parameter and gradient actions (`UNSHARD`, `RESHARD`, `REDUCE_GRAD`,
+/// `WAIT_REDUCE_GRAD` of its lowered schedules).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub enum ParamAction {
+    /// Gather the stage's sharded parameters (FSDP): required before any compute on the stage.
+    Unshard,
+    /// Release the gathered parameters again: no compute on the stage until the next unshard.
+    Reshard,
+    /// Start the reduction of the stage's accumulated gradients: PyTorch's runtime scales them by
+    /// 1/M here (and FSDP reduces them over data parallelism); after the stage's last weight
+    /// gradient on the rank, once per step.
+    ReduceGrad,
+    /// Wait for the pending reduction of the stage (at most one is pending per rank).
+    WaitReduceGrad,
+}
+
+impl ParamAction {
+    /// Every action, in the order PyTorch lists them.
+    pub const ALL: [ParamAction; 4] = [
+        ParamAction::Unshard,
+        ParamAction::Reshard,
+        ParamAction::ReduceGrad,
+        ParamAction::WaitReduceGrad,
+    ];
+
+    /// PyTorch's name of the action.
+    pub fn pytorch_name(self) -> &'static str {
+        match self {
+            ParamAction::Unshard => "UNSHARD",
+            ParamAction::Reshard => "RESHARD",
+            ParamAction::ReduceGrad => "REDUCE_GRAD",
+            ParamAction::WaitReduceGrad => "WAIT_REDUCE_GRAD",
+        }
+    }
+}
+
 /// One instruction of a rank program.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub enum Instr {
@@ -250,6 +290,13 @@ pub enum Instr {
         /// The message sent.
         message: Message,
     },
+    /// A parameter action of PyTorch's runtime on one stage of the rank (see the module doc).
+    Params {
+        /// What.
+        action: ParamAction,
+        /// The stage.
+        stage: StageId,
+    },
 }
 
 impl fmt::Display for Instr {
@@ -273,6 +320,15 @@ impl fmt::Display for Instr {
             Instr::GradSync(s) => write!(f, "grad-sync(stage {s})"),
             Instr::FlushWeightGrads => write!(f, "flush-weight-grads"),
             Instr::WaitSend { to, message } => write!(f, "wait-send({message} to rank {to})"),
+            Instr::Params { action, stage } => {
+                let name = match action {
+                    ParamAction::Unshard => "unshard",
+                    ParamAction::Reshard => "reshard",
+                    ParamAction::ReduceGrad => "reduce-grad",
+                    ParamAction::WaitReduceGrad => "wait-reduce-grad",
+                };
+                write!(f, "{name}(stage {stage})")
+            }
         }
     }
 }

@@ -21,7 +21,11 @@
 //!
 //! Markers: `Loss` after the forward of a route's last stage; `FreeOutput` after an activation is
 //! sent; `GradSync(stage)` before the last task producing weight gradients of that stage on the
-//! rank; `FlushWeightGrads` at the end. `forward_only` projects the forwards and losses alone.
+//! rank; `FlushWeightGrads` at the end. PyTorch's parameter actions ([`Instr::Params`]) where its
+//! own lowering puts them ([`crate::spmd::params::place`]): unshards and reshards right before a
+//! compute, a stage's gradient reduction and its wait right after the compute of its last weight
+//! gradient and that compute's sends, the last reshards at the end. `forward_only` projects the
+//! forwards and losses alone (and the residency actions, no reductions).
 //!
 //! The steps: [`timed_source`] replays the plan (forward part only, for evaluation), unless the
 //! caller hands in its simulation ([`project_simulated`]). Then each rank on its own (ranks are
@@ -44,8 +48,9 @@ use crate::ir::plan::Plan;
 use crate::ir::problem::Problem;
 use crate::ir::slots::OpSlots;
 use crate::spmd::messages::{remote_output, remote_outputs};
+use crate::spmd::params::{self, Placed, Slot};
 use crate::spmd::program::{
-    CommGroup, CommOp, Direction, Instr, Message, ProgramSet, RankProgram, Semantics,
+    CommGroup, CommOp, Direction, Instr, Message, ParamAction, ProgramSet, RankProgram, Semantics,
 };
 use std::borrow::Cow;
 use std::ops::ControlFlow;
@@ -77,19 +82,23 @@ enum Event {
     Comm(CommOp),
     FreeOutput(Work),
     GradSync(StageId),
+    Params(ParamAction, StageId),
 }
 
-/// What an event is, in the order events at the same moment come: a just-in-time receive before
-/// the compute it feeds, a gradient-sync marker right before its compute, the compute, the loss
-/// after its forward, sends (and early receives) at a task's end, frees after their sends.
+/// What an event is, in the order events at the same moment come: unshards and reshards before
+/// a compute, a just-in-time receive before the compute it feeds, a gradient-sync marker right
+/// before its compute, the compute, the loss after its forward, sends (and early receives) at a
+/// task's end, frees after their sends, then the gradient reductions (and the last reshards).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum EventClass {
+    Residency,
     JustInTimeReceive,
     GradSync,
     Compute,
     Loss,
     Communication,
     FreeOutput,
+    Reduction,
 }
 
 /// A point on the one global time line: (simulated time, position in the topological order,
@@ -261,6 +270,7 @@ fn project_rank(
     let rank = RankId::new(r as u32);
     let tasks = &receives.timeline[r];
     receives.collect(rank, buffer);
+    let order: Vec<Task> = tasks.iter().map(|t| t.task).collect();
     let mut projection = RankProjection {
         links,
         rank,
@@ -268,7 +278,7 @@ fn project_rank(
         next_receive: 0,
         layout: Layout::with_capacity(tasks.len() * 3),
     };
-    projection.emit_tasks(tasks);
+    projection.emit_tasks(tasks, &params::place(&order, options.forward_only));
     let (instrs, used) = projection.finish(options.forward_only);
     *buffer = used;
     RankProgram { rank, instrs }
@@ -445,14 +455,27 @@ impl RankProjection<'_> {
         self.layout.push(event);
     }
 
-    /// The events of the rank's own tasks, in key order: per task, the gradient-sync marker, the
-    /// compute and the loss at its start, the sends and then the frees at its end.
-    fn emit_tasks(&mut self, tasks: &[TimedTask]) {
+    /// The events of the rank's own tasks, in key order: per task, its parameter actions, the
+    /// gradient-sync marker, the compute and the loss at its start, the sends, the frees and the
+    /// reductions at its end; the parameter actions of the end after the last task.
+    fn emit_tasks(&mut self, tasks: &[TimedTask], placed: &[Placed]) {
         let last_weight = last_weight_tasks(tasks);
-        for t in tasks {
+        let mut placed = placed.iter().peekable();
+        let (mut end, mut k) = ((0, 0), 0);
+        for (i, t) in tasks.iter().enumerate() {
             let q = t.sequence as u64;
             let start = (time_bits(t.start), 2 * q);
-            let end = (time_bits(t.end), 2 * q + 1);
+            end = (time_bits(t.end), 2 * q + 1);
+            k = 0;
+            while let Some(&(_, _, action, stage)) =
+                placed.next_if(|p| p.0 == i && p.1 == Slot::Before)
+            {
+                self.emit(
+                    EventKey::new(start, EventClass::Residency, k),
+                    Event::Params(action, stage),
+                );
+                k += 1;
+            }
             let _ = t.task.try_for_each_op(|op| {
                 let last = last_weight.get(op.stage.index()) == Some(&t.sequence);
                 if op.kind == OpKind::WeightGrad && last {
@@ -477,6 +500,21 @@ impl RankProjection<'_> {
                 ControlFlow::<()>::Continue(())
             });
             self.emit_sends(&t.task, end);
+            while let Some(&(_, _, action, stage)) = placed.next_if(|p| p.0 == i) {
+                self.emit(
+                    EventKey::new(end, EventClass::Reduction, k),
+                    Event::Params(action, stage),
+                );
+                k += 1;
+            }
+        }
+        // The end's reshards, after the last task's reductions.
+        for &(_, _, action, stage) in placed {
+            k += 1;
+            self.emit(
+                EventKey::new(end, EventClass::Reduction, k),
+                Event::Params(action, stage),
+            );
         }
     }
 
@@ -587,6 +625,7 @@ impl Layout {
             Event::Compute(t) => Instr::Compute(t),
             Event::Loss(w) => Instr::Loss(w),
             Event::GradSync(s) => Instr::GradSync(s),
+            Event::Params(action, stage) => Instr::Params { action, stage },
         };
         self.flush();
         self.instrs.push(instr);
@@ -633,6 +672,7 @@ mod tests {
             text(&set.programs[1]),
             [
                 "[recv-act(stage 1, mb 0) from rank 0]",
+                "unshard(stage 1)",
                 "1F0",
                 "loss(stage 1, mb 0)",
                 "[recv-act(stage 1, mb 1) from rank 0]",
@@ -643,6 +683,9 @@ mod tests {
                 "grad-sync(stage 1)",
                 "1B1",
                 "[send-grad(stage 1, mb 1) to rank 0]",
+                "reduce-grad(stage 1)",
+                "wait-reduce-grad(stage 1)",
+                "reshard(stage 1)",
                 "flush-weight-grads",
             ]
         );
