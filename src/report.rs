@@ -51,6 +51,9 @@ pub struct PlanReport {
     pub communication_checked: Vec<String>,
     /// Per rank, the most received tensors waiting for their compute at once.
     pub receive_buffers_per_rank: Vec<usize>,
+    /// PyTorch's parameter actions the programs hold, their order checked: `unshard/reshard`
+    /// (FSDP residency) and `gradient reduction` (where PyTorch scales the gradients by 1/M).
+    pub parameter_actions: Vec<String>,
 }
 
 /// Writes each rank's tasks as their notation: the strings exist only while the JSON is written.
@@ -114,6 +117,7 @@ impl PlanReport {
             communication_groups: 0,
             communication_checked: Vec::new(),
             receive_buffers_per_rank: Vec::new(),
+            parameter_actions: Vec::new(),
         }
     }
 
@@ -127,6 +131,15 @@ impl PlanReport {
             Semantics::Batched => vec!["batched".to_string()],
             Semantics::Rendezvous => vec![Semantics::Rendezvous.to_string(), "batched".to_string()],
         };
+        let kinds = [
+            (counts.params.residency, "unshard/reshard"),
+            (counts.params.reductions, "gradient reduction"),
+        ];
+        self.parameter_actions = kinds
+            .iter()
+            .filter(|(held, _)| *held)
+            .map(|(_, kind)| kind.to_string())
+            .collect();
         self
     }
 
@@ -184,6 +197,15 @@ impl PlanReport {
                     .map(|b| b.to_string())
                     .collect::<Vec<_>>()
                     .join(" ")
+            );
+            let _ = writeln!(
+                out,
+                "parameters   {}",
+                if self.parameter_actions.is_empty() {
+                    "no UNSHARD/RESHARD or REDUCE_GRAD (PyTorch would neither scale nor reduce the gradients)".to_string()
+                } else {
+                    format!("{} in order", self.parameter_actions.join(" and "))
+                }
             );
         }
         out

@@ -261,6 +261,93 @@ fn plan_writes_svg_trace_csv_and_programs() {
 }
 
 #[test]
+fn csv_refuses_a_plan_with_two_routes_with_one_line_and_leaves_no_file() {
+    let dir = std::env::temp_dir().join(format!("pipeweave-cli-routes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let csv = dir.join("F.csv");
+    let svg = dir.join("t.svg");
+    for lowered in [false, true] {
+        let mut args = vec![
+            "plan",
+            "zero_bubble(dual(f1b(gpipe)))",
+            "-p",
+            "4",
+            "-m",
+            "8",
+            "--csv",
+            csv.to_str().unwrap(),
+            "--svg",
+            svg.to_str().unwrap(),
+        ];
+        if lowered {
+            args.push("--lowered");
+        }
+        let out = pipeweave(&args);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with(
+                "error: PyTorch's schedule CSV cannot express this plan: the plan has 2 routes"
+            ) && err.contains("dual(vpp(f1b(gpipe), chunks=2)) (DualPipeV)"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "no file is left, not even the other outputs"
+        );
+    }
+    // The report and the programs stay available for such plans.
+    let programs = dir.join("p.json");
+    let out = pipeweave(&[
+        "plan",
+        "zero_bubble(dual(f1b(gpipe)))",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--format",
+        "json",
+        "--programs",
+        programs.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(programs.is_file());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn lowered_csv_holds_pytorchs_parameter_actions() {
+    let out = pipeweave(&[
+        "plan",
+        "f1b(gpipe)",
+        "-p",
+        "2",
+        "-m",
+        "3",
+        "--csv",
+        "/dev/stdout",
+        "--lowered",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let rows: Vec<&str> = text.lines().take(2).collect();
+    assert!(rows[0].starts_with("0UNSHARD,0F0,"), "{}", rows[0]);
+    assert!(
+        rows[0].ends_with(",0B2,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,0RESHARD"),
+        "{}",
+        rows[0]
+    );
+    assert!(
+        rows[1].contains(",1SEND_B2,1WAIT_SEND_B2,1REDUCE_GRAD,1WAIT_REDUCE_GRAD,1RESHARD"),
+        "{}",
+        rows[1]
+    );
+    assert!(text.contains("parameters   unshard/reshard and gradient reduction in order"));
+}
+
+#[test]
 fn check_reports_a_deadlock_with_its_cycle_and_exit_2() {
     let dir = std::env::temp_dir().join(format!("pipeweave-cli-check-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -555,7 +555,9 @@ mod tests {
         })
         .unwrap_err();
         assert!(
-            err.contains("1F1 computes on stage 1 after its gradients were reduced at instruction 6"),
+            err.contains(
+                "1F1 computes on stage 1 after its gradients were reduced at instruction 6"
+            ),
             "{err}"
         );
     }
