@@ -24,6 +24,7 @@
 //!   stage after it, it happens once per stage, only one is pending at a time (PyTorch's runtime
 //!   refuses a second), and each is waited for, by a wait naming its stage;
 //! - where any program of the set reduces, every stage with weight gradients is reduced.
+//!
 //! A set without any of these actions is valid (PyTorch then neither scales nor reduces the
 //! gradients): [`ParamUse`] says which kinds a set holds.
 
