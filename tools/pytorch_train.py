@@ -23,7 +23,7 @@ exactly where PyTorch's own lowering of our compute-only file puts them.
 deadlock) must fail, each within a time bound, with the reason (PyTorch's error, or for a stall the
 action every rank is blocked at), and leave no process behind.
 
-Exit status 0 when every case holds, 1 otherwise. Needs torch (the CI step makes a venv).
+Exit status 0 when every case holds, 1 otherwise. Needs torch and numpy (.ci/pytorch makes the venv).
 """
 
 import argparse
