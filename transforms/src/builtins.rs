@@ -8,6 +8,7 @@ use crate::expr::Node;
 use crate::pass::Transform;
 use crate::passes::{Dual, GPipe, Interleave, OneForwardOneBackward, Policy, ZeroBubble};
 use crate::registry::{Arguments, Arity, Factory, Registry};
+use crate::schedules::controllable::Controllable;
 use pipeweave_core::ChunkPlacement;
 
 impl Registry {
@@ -86,11 +87,11 @@ fn vpp(args: &Arguments) -> Result<Box<dyn Transform>, TransformError> {
     Ok(Box::new(pass))
 }
 
-/// `zero_bubble(schedule, policy=h1|h2|auto|auto(N)|deepseek, memory=N)`.
+/// `zero_bubble(schedule, policy=h1|h2|auto|auto(N)|deepseek|v_half|v_min, memory=N)`.
 fn zero_bubble(args: &Arguments) -> Result<Box<dyn Transform>, TransformError> {
     args.allow_only(&["policy", "memory"])?;
     let memory = args.number("memory")?;
-    let expected = "expected h1, h2, auto, auto(N) or deepseek";
+    let expected = "expected h1, h2, auto, auto(N), deepseek, v_half or v_min";
     let policy = match args.value("policy") {
         None if memory.is_some() => Policy::Auto { memory },
         None => Policy::Default,
@@ -98,6 +99,8 @@ fn zero_bubble(args: &Arguments) -> Result<Box<dyn Transform>, TransformError> {
             ("h1", []) => Policy::H1,
             ("h2", []) => Policy::H2,
             ("deepseek", []) => Policy::DeepSeek,
+            ("v_half", []) => Policy::Controllable(Controllable::Half),
+            ("v_min", []) => Policy::Controllable(Controllable::Min),
             ("auto", []) => Policy::Auto { memory },
             ("auto", [Node::Number { value, .. }]) if memory.is_none() => Policy::Auto {
                 memory: Some(*value),

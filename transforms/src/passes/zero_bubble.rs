@@ -18,12 +18,15 @@
 //!   input plan's peak (on a dual plan, the larger of that and DeepSeek's peak).
 //! - `deepseek` (dual plans only): DeepSeek's DualPipe/DualPipeV order with its split backwards and
 //!   W queue.
+//! - `v_half` / `v_min` (the V placement only): sail-sg's controllable-memory V schedules, about
+//!   half and a third of 1F1B's activations, op for op as their generator orders them
+//!   ([`crate::schedules::controllable`]). `auto` tries both among its candidates.
 //! - default: `deepseek` on dual plans, `auto` elsewhere.
 //!
 //! Requires: one-forward-one-backward pacing (`f1b`, `vpp` after `f1b`, or `dual`) with whole
 //! backwards, any layout. Preconditions: `h1` and `h2` need a plan of plain forwards and full
-//! backwards (not a dual plan); `deepseek` needs a dual plan; `auto` must find a schedule within
-//! the limit.
+//! backwards (not a dual plan); `deepseek` needs a dual plan; `v_half` and `v_min` the V
+//! placement; `auto` must find a schedule within the limit.
 //! May change: the orders, the backwards (to split) and, with `auto`, the declared memory limit
 //! (placement, costs and memory stay).
 //!
@@ -43,6 +46,7 @@
 
 use crate::error::TransformError;
 use crate::pass::{Changes, Contract, Pass, Requires};
+use crate::schedules::controllable::{controllable_orders, Controllable};
 use crate::schedules::dualpipe::DualShape;
 use crate::schedules::greedy::{self, FillWaits, InFlight, Variant};
 use crate::schedules::lagged::{lagged_orders, Hand};
@@ -68,6 +72,8 @@ pub enum Policy {
     },
     /// DeepSeek's DualPipe/DualPipeV order.
     DeepSeek,
+    /// sail-sg's V-Half or V-Min (V placement).
+    Controllable(Controllable),
 }
 
 /// The zero-bubble pass.
@@ -225,6 +231,9 @@ fn handcrafted(plan: &Plan, dual: Option<DualShape>, limit: f64) -> Vec<Vec<Vec<
                 for cooldown in [Cooldown::Eager, Cooldown::Deferred] {
                     candidates.push(zbv_orders(p, m, cooldown));
                 }
+                for kind in [Controllable::Half, Controllable::Min] {
+                    candidates.extend(controllable_orders(kind, p, m));
+                }
                 candidates.extend(zbv_auto_orders(plan, limit));
             }
         }
@@ -303,6 +312,8 @@ impl Pass for ZeroBubble {
             Policy::DeepSeek => "zero_bubble(policy=deepseek)".to_string(),
             Policy::Auto { memory: Some(m) } => format!("zero_bubble(policy=auto, memory={m})"),
             Policy::Auto { memory: None } => "zero_bubble(policy=auto)".to_string(),
+            Policy::Controllable(Controllable::Half) => "zero_bubble(policy=v_half)".to_string(),
+            Policy::Controllable(Controllable::Min) => "zero_bubble(policy=v_min)".to_string(),
         }
     }
 
@@ -320,6 +331,30 @@ impl Pass for ZeroBubble {
                 "policy deepseek needs a dual plan",
                 format!("the plan has the {} layout", plan.facts().layout),
             )),
+            Policy::Controllable(kind) => {
+                let p = plan.problem().ranks();
+                if dual || !plan.facts().layout.is_v_shaped(p) {
+                    return Err(TransformError::precondition(
+                        "zero_bubble",
+                        "policies v_half and v_min need the V placement (vpp(..., chunks=2, layout=v))",
+                        format!("the plan has the {} layout", plan.facts().layout),
+                    ));
+                }
+                if controllable_orders(kind, p, plan.problem().microbatches()).is_none() {
+                    return Err(TransformError::precondition(
+                        "zero_bubble",
+                        "sail-sg's V-Half/V-Min generator runs at these sizes",
+                        format!(
+                            "it does not at {p} ranks and {} microbatches; use policy=auto with a memory limit",
+                            plan.problem().microbatches()
+                        ),
+                    ));
+                }
+                Ok(Prepared {
+                    policy,
+                    limit: None,
+                })
+            }
             Policy::Auto { memory } => Ok(Prepared {
                 policy,
                 limit: Some(
@@ -357,6 +392,18 @@ impl Pass for ZeroBubble {
                         format!("rank {} runs {}", e.rank, e.task),
                     )
                 })?
+            }
+            (Policy::Controllable(kind), _) => {
+                let problem = plan.problem();
+                controllable_orders(kind, problem.ranks(), problem.microbatches()).ok_or_else(
+                    || {
+                        TransformError::precondition(
+                            "zero_bubble",
+                            "sail-sg's V-Half/V-Min generator runs at these sizes",
+                            "checked by prepare".to_string(),
+                        )
+                    },
+                )?
             }
             (Policy::DeepSeek, _) => match DualShape::of_plan(&plan) {
                 Some(shape) => shape.orders(&plan, true),

@@ -1,7 +1,8 @@
 //! Order generators and rewriters that passes share: DualPipe's phases, Zero Bubble's lagged
-//! weight gradients, the handcrafted ZB-V order, the cost-model-driven list scheduler behind
+//! weight gradients, the handcrafted ZB-V order, V-Half and V-Min, the cost-model-driven list scheduler behind
 //! `zero_bubble(policy=auto)`, the critical-path local search, and the score they compete on.
 
+pub mod controllable;
 pub mod counterflow;
 pub mod dualpipe;
 pub mod greedy;
