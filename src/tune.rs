@@ -9,7 +9,8 @@
 //!
 //! The candidates: `gpipe`; `f1b(gpipe)`; `vpp(f1b(gpipe), chunks=C)` for C = 2..4 and the V
 //! layout; `zero_bubble` with `h1`, `h2` and `auto` on 1F1B, on interleaving (2 and 3 chunks, the
-//! V layout) and, with `auto` at twice the 1F1B memory when the limit allows, on 1F1B; `dual` and
+//! V layout) and, with `auto` at twice the 1F1B memory when the limit allows, on 1F1B; V-Half and
+//! V-Min (`policy=v_half`, `policy=v_min`) on the V layout; `dual` and
 //! `zero_bubble(dual(..))` on 1F1B and 2-chunk interleaving.
 
 use crate::config::{build_plan, PipelineConfig};
@@ -67,6 +68,11 @@ pub fn candidate_expressions(ranks: u32, memory_limit: Option<f64>) -> Vec<Strin
         "vpp(f1b(gpipe), chunks=2, layout=v)",
     ] {
         out.push(format!("zero_bubble({inner})"));
+    }
+    for policy in ["v_half", "v_min"] {
+        out.push(format!(
+            "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v), policy={policy})"
+        ));
     }
     for inner in ["f1b(gpipe)", "vpp(f1b(gpipe), chunks=2)"] {
         out.push(format!("dual({inner})"));

@@ -4,8 +4,8 @@
 //! 16, M from P to 8P, even and odd), with their peak and span; and `auto` at their peaks no
 //! slower than them.
 
-use pipeweave::transforms::schedules::controllable::{controllable_types, Controllable};
 use pipeweave::core_ir::max_peak;
+use pipeweave::transforms::schedules::controllable::{controllable_types, Controllable};
 use pipeweave::{build_plan, simulate, PipelineConfig, StageCostsSpec};
 use serde_json::Value;
 use std::path::PathBuf;

@@ -75,8 +75,16 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
             serde_json::to_string_pretty(&report).expect("a tune report always serialises") + "\n"
         }
         Format::Text => {
+            // The expression column is as wide as the longest expression shown (52 at least).
+            let width = report
+                .candidates
+                .iter()
+                .map(|c| c.expression.len())
+                .max()
+                .unwrap_or(0)
+                .max(52);
             let mut out = format!(
-                "best of {} schedules for {} ranks, {} microbatches{}:\n\n{:>4}  {:<52} {:>10} {:>8} {:>6}\n",
+                "best of {} schedules for {} ranks, {} microbatches{}:\n\n{:>4}  {:<width$} {:>10} {:>8} {:>6}\n",
                 report.evaluated,
                 args.ranks,
                 args.microbatches,
@@ -90,7 +98,7 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
             );
             for (i, c) in report.candidates.iter().enumerate() {
                 out.push_str(&format!(
-                    "{:>4}  {:<52} {:>10.3} {:>8.4} {:>6.2}\n",
+                    "{:>4}  {:<width$} {:>10.3} {:>8.4} {:>6.2}\n",
                     i + 1,
                     c.expression,
                     c.makespan,
