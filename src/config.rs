@@ -70,6 +70,16 @@ impl PipelineConfig {
         self
     }
 
+    /// The activation memory of one microbatch on a rank's share.
+    pub fn memory(&self) -> StageMemory {
+        self.memory
+    }
+
+    /// The declared per-rank memory limit, if any.
+    pub fn memory_limit(&self) -> Option<f64> {
+        self.memory_limit
+    }
+
     /// Number of ranks.
     pub fn ranks(&self) -> u32 {
         self.ranks

@@ -17,6 +17,7 @@
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod frontier;
 pub mod paper_table;
 pub mod reference;
 pub mod report;

@@ -541,3 +541,74 @@ fn dualpipe_overlap_with_uneven_stage_costs_costs_its_two_parts() {
     );
     assert_eq!(report["makespan"], 32.9);
 }
+
+#[test]
+fn tune_frontier_is_monotone_each_point_reproduces_and_a_limit_picks_from_it() {
+    let dir = std::env::temp_dir().join(format!("pipeweave-cli-frontier-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("f.svg");
+    let out = pipeweave(&[
+        "tune",
+        "-p",
+        "4",
+        "-m",
+        "12",
+        "--costs",
+        "F=1,I=1,W=1,comm=0.1",
+        "--frontier",
+        "--format",
+        "json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let points = report["frontier"].as_array().unwrap();
+    assert!(points.len() >= 4, "{points:?}");
+    let mut last: Option<(f64, f64)> = None;
+    for p in points {
+        let (limit, makespan) = (
+            p["memory_limit"].as_f64().unwrap(),
+            p["makespan"].as_f64().unwrap(),
+        );
+        assert!(p["peak_activations"].as_f64().unwrap() <= limit + 1e-9);
+        if let Some((l, m)) = last {
+            assert!(limit > l && makespan < m, "not monotone: {points:?}");
+        }
+        last = Some((limit, makespan));
+        let plan = pipeweave(&[
+            "plan",
+            p["expression"].as_str().unwrap(),
+            "-p",
+            "4",
+            "-m",
+            "12",
+            "--costs",
+            "F=1,I=1,W=1,comm=0.1",
+            "--format",
+            "json",
+        ]);
+        let plan: serde_json::Value = serde_json::from_str(&stdout(&plan)).unwrap();
+        assert_eq!(plan["makespan"], p["makespan"], "{}", p["expression"]);
+    }
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    // `tune --memory-limit` ranks the same search: its best is the frontier's point there.
+    let middle = &points[points.len() / 2];
+    let limit = middle["memory_limit"].as_f64().unwrap().to_string();
+    let tuned = pipeweave(&[
+        "tune",
+        "-p",
+        "4",
+        "-m",
+        "12",
+        "--costs",
+        "F=1,I=1,W=1,comm=0.1",
+        "--memory-limit",
+        &limit,
+        "--format",
+        "json",
+    ]);
+    let tuned: serde_json::Value = serde_json::from_str(&stdout(&tuned)).unwrap();
+    assert_eq!(tuned["candidates"][0]["makespan"], middle["makespan"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

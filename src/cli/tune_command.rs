@@ -5,6 +5,7 @@ use crate::cli::options::{parse_activation_memory, parse_costs};
 use crate::cli::outputs::Format;
 use crate::config::PipelineConfig;
 use crate::error::Error;
+use crate::frontier::{frontier, frontier_expressions, frontier_svg};
 use crate::tune::{candidate_expressions, tune};
 use clap::Args;
 use std::io::{IsTerminal, Write};
@@ -33,6 +34,12 @@ pub struct TuneArgs {
     /// Output format on stdout.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
+    /// Print the memory/time frontier: for each memory limit, the fastest schedule found.
+    #[arg(long)]
+    frontier: bool,
+    /// With --frontier: draw it (makespan against memory) as an SVG picture to FILE.
+    #[arg(long, value_name = "FILE", requires = "frontier")]
+    svg: Option<String>,
 }
 
 /// Runs `pipeweave tune`.
@@ -50,7 +57,17 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
         .with_costs(costs, comm)?
         .with_memory(parse_activation_memory(&args.activation_memory)?)
         .with_memory_limit(args.memory_limit);
-    let expressions = candidate_expressions(args.ranks, args.memory_limit);
+    if args.frontier {
+        return run_frontier(args, &config, stdout);
+    }
+    // With a limit, the frontier's search: `auto` at every rung of its ladder up to the limit.
+    let expressions: Vec<String> = match args.memory_limit {
+        Some(_) => frontier_expressions(&config)
+            .into_iter()
+            .map(|(e, _)| e)
+            .collect(),
+        None => candidate_expressions(args.ranks, None),
+    };
     let bar = if std::io::stderr().is_terminal() {
         indicatif::ProgressBar::new(expressions.len() as u64)
     } else {
@@ -115,4 +132,79 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
             path: "<stdout>".to_string(),
             source,
         })
+}
+
+fn progress_bar(len: usize) -> indicatif::ProgressBar {
+    if std::io::stderr().is_terminal() {
+        indicatif::ProgressBar::new(len as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    }
+}
+
+fn write_out(stdout: &mut dyn Write, text: &str) -> Result<(), Error> {
+    stdout
+        .write_all(text.as_bytes())
+        .map_err(|source| Error::Io {
+            path: "<stdout>".to_string(),
+            source,
+        })
+}
+
+/// `tune --frontier`.
+fn run_frontier(
+    args: &TuneArgs,
+    config: &PipelineConfig,
+    stdout: &mut dyn Write,
+) -> Result<(), Error> {
+    let bar = progress_bar(frontier_expressions(config).len());
+    bar.set_message("frontier");
+    let found = frontier(config, &|done| bar.set_position(done as u64));
+    bar.finish_and_clear();
+    if found.frontier.is_empty() {
+        return Err(Error::Option {
+            option: "--memory-limit",
+            message: format!(
+                "no schedule fits in {} activations per rank ({} tried)",
+                args.memory_limit.unwrap_or(f64::INFINITY),
+                found.expressions
+            ),
+        });
+    }
+    let title = format!(
+        "memory/time frontier, {} ranks, {} microbatches ({} schedules)",
+        args.ranks, args.microbatches, found.expressions
+    );
+    if let Some(path) = &args.svg {
+        std::fs::write(path, frontier_svg(&found, &title)).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    let text = match args.format {
+        Format::Json => {
+            serde_json::to_string_pretty(&found).expect("a frontier always serialises") + "\n"
+        }
+        Format::Text => {
+            let width = found
+                .frontier
+                .iter()
+                .map(|p| p.expression.len())
+                .max()
+                .unwrap_or(0)
+                .max(10);
+            let mut out = format!(
+                "{title}:\n\n{:>12}  {:<width$} {:>12}\n",
+                "memory limit", "expression", "makespan"
+            );
+            for p in &found.frontier {
+                out.push_str(&format!(
+                    "{:>12.3}  {:<width$} {:>12.3}\n",
+                    p.memory_limit, p.expression, p.makespan
+                ));
+            }
+            out
+        }
+    };
+    write_out(stdout, &text)
 }
