@@ -51,10 +51,10 @@ use crate::schedules::dualpipe::DualShape;
 use crate::schedules::greedy::{self, FillWaits, InFlight, Variant};
 use crate::schedules::lagged::{lagged_orders, Hand};
 use crate::schedules::refine::refine;
-use crate::schedules::score::Score;
+use crate::schedules::score::{refine_budget, Scored};
 use crate::schedules::zbv::{zbv_orders, Cooldown};
 use crate::schedules::zbv_auto::zbv_auto_orders;
-use pipeweave_core::{max_peak, simulate, Backwards, Facts, LayoutKind, Pacing, Plan, Task};
+use pipeweave_core::{max_peak, Backwards, Facts, LayoutKind, Pacing, Plan, Task};
 
 /// How `zero_bubble` places weight gradients.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -125,37 +125,6 @@ fn default_limit(plan: &Plan) -> f64 {
         None => input,
     }
 }
-
-/// A candidate order set with its score.
-struct Scored {
-    orders: Vec<Vec<Task>>,
-    score: Score,
-}
-
-/// Simulates a candidate. Candidates come from this crate's generators; a cheap check that every
-/// op is there (the op count, with the simulator rejecting repeats and deadlocks) stands in for
-/// full verification, which the driver runs on the winner.
-fn score(plan: &Plan, orders: Vec<Vec<Task>>, limit: f64) -> Option<Scored> {
-    let candidate = plan.clone().with_orders(orders).ok()?;
-    let ops: usize = candidate
-        .orders()
-        .iter()
-        .flatten()
-        .map(|t| t.ops().len())
-        .sum();
-    if ops != plan.problem().work_count() * 3 || max_peak(&candidate) > limit + 1e-9 {
-        return None;
-    }
-    let sim = simulate(&candidate).ok()?;
-    Some(Scored {
-        score: Score::of(&sim),
-        orders: candidate.orders().to_vec(),
-    })
-}
-
-/// Simulated ops the local search may spend in total (its number of candidate evaluations is this
-/// divided by the plan's op count, between 8 and 400).
-const REFINE_OP_BUDGET: usize = 200_000;
 
 /// The warm-up rules the search tries, the usual winners first (so the bound prunes more).
 const IN_FLIGHT: [InFlight; 4] = [
@@ -246,7 +215,7 @@ fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError
     let dual = DualShape::of_plan(plan);
     let mut best: Option<Scored> = None;
     let consider = |best: &mut Option<Scored>, orders: Vec<Vec<Task>>| {
-        let Some(scored) = score(plan, orders, limit) else {
+        let Some(scored) = Scored::evaluate(plan, orders, Some(limit), None) else {
             return;
         };
         if best.as_ref().is_none_or(|b| scored.score.beats(b.score)) {
@@ -261,8 +230,7 @@ fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError
     if let Some(orders) = best_greedy(plan, limit, dual.is_some(), bound) {
         consider(&mut best, orders);
     }
-    let ops = plan.problem().work_count() * 3;
-    let budget = (REFINE_OP_BUDGET / ops.max(1)).clamp(8, 400);
+    let budget = refine_budget(plan);
     best.map(|b| refine(plan, b.orders, limit, budget))
         .ok_or_else(|| {
             TransformError::precondition(

@@ -31,12 +31,11 @@
 
 use crate::schedules::greedy::FillWaits;
 use crate::schedules::refine::refine;
-use crate::schedules::score::Score;
+use crate::schedules::score::{refine_budget, Scored};
 use pipeweave_core::ir::problem::Route;
-use pipeweave_core::{
-    max_peak, simulate, Backwards, Facts, MicrobatchId, Op, OpKind, Plan, StageId, Task, Work,
-};
-use std::collections::VecDeque;
+use pipeweave_core::{Backwards, Facts, MicrobatchId, Op, OpKind, Plan, StageId, Task, Work};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 
 /// Differences below this are floating-point noise.
 const EPSILON: f64 = 1e-9;
@@ -255,6 +254,38 @@ fn overlapped_pair(now: &[Candidate]) -> Option<Choice> {
                 .find(|b| matches!(b.step, Step::Backward(_)) && b.lane != forward.lane)
                 .map(|&backward| Choice::Pair { forward, backward })
         })
+}
+
+/// A rank's next choice in the scheduler's heap: ordered by start, then rank (as the linear scan
+/// it replaces), `version` telling a current entry from a stale one.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    start: f64,
+    rank: usize,
+    version: u64,
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, other: &Pending) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for Pending {}
+
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, other: &Pending) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Pending {
+    fn cmp(&self, other: &Pending) -> std::cmp::Ordering {
+        self.start
+            .total_cmp(&other.start)
+            .then(self.rank.cmp(&other.rank))
+            .then(self.version.cmp(&other.version))
+    }
 }
 
 /// The state of one run of the scheduler.
@@ -512,21 +543,48 @@ impl<'a> Scheduler<'a> {
 
     /// Schedules everything; None if some rank is left with work it can never start (memory
     /// too tight for the variant's pacing). Each rank's next choice is kept until a task on it or
-    /// on a rank that feeds it runs.
+    /// on a rank that feeds it runs; the earliest (then the lowest rank) runs next, found in a
+    /// heap whose stale entries (a rank's choice recomputed since) are skipped, so a run takes
+    /// O(tasks log ranks).
     fn run(mut self) -> Option<Vec<Vec<Task>>> {
+        let ranks = self.ranks.len();
         let mut next: Vec<Option<(f64, Choice)>> =
-            (0..self.ranks.len()).map(|r| self.next_choice(r)).collect();
-        loop {
-            let earliest = next
-                .iter()
-                .enumerate()
-                .filter_map(|(r, c)| c.map(|(t, choice)| (t, r, choice)))
-                .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            let Some((start, r, choice)) = earliest else {
-                break;
+            (0..ranks).map(|r| self.next_choice(r)).collect();
+        let mut version = vec![0u64; ranks];
+        let mut heap: BinaryHeap<Reverse<Pending>> = next
+            .iter()
+            .enumerate()
+            .filter_map(|(r, c)| {
+                c.map(|(start, _)| {
+                    Reverse(Pending {
+                        start,
+                        rank: r,
+                        version: 0,
+                    })
+                })
+            })
+            .collect();
+        while let Some(Reverse(pending)) = heap.pop() {
+            let r = pending.rank;
+            if pending.version != version[r] {
+                continue;
+            }
+            let Some((start, choice)) = next[r] else {
+                continue;
             };
-            for touched in self.execute(r, start, choice) {
-                next[touched] = self.next_choice(touched);
+            let mut touched = self.execute(r, start, choice);
+            touched.sort_unstable();
+            touched.dedup();
+            for t in touched {
+                version[t] += 1;
+                next[t] = self.next_choice(t);
+                if let Some((start, _)) = next[t] {
+                    heap.push(Reverse(Pending {
+                        start,
+                        rank: t,
+                        version: version[t],
+                    }));
+                }
             }
         }
         let unfinished = self
@@ -546,48 +604,6 @@ pub fn schedule(plan: &Plan, variant: Variant, budget: f64) -> Option<Vec<Vec<Ta
     Scheduler::new(plan, variant, budget).run()
 }
 
-/// A simulated candidate.
-struct Scored {
-    orders: Vec<Vec<Task>>,
-    score: Score,
-    peak: f64,
-}
-
-impl Scored {
-    /// Whether this candidate beats `other`: a better score, or an equal one and a lower peak.
-    fn beats(&self, other: &Scored) -> bool {
-        self.score.beats(other.score)
-            || (!other.score.beats(self.score) && self.peak < other.peak - EPSILON)
-    }
-}
-
-/// Simulates `orders` on `plan`; None when they do not run or break the bound or the limit.
-fn evaluate(
-    plan: &Plan,
-    orders: Vec<Vec<Task>>,
-    bound: Option<f64>,
-    limit: Option<f64>,
-) -> Option<Scored> {
-    let candidate = plan.clone().with_orders(orders).ok()?;
-    let simulation = simulate(&candidate).ok()?;
-    if bound.is_some_and(|b| simulation.makespan() > b + EPSILON) {
-        return None;
-    }
-    let peak = max_peak(&candidate);
-    if limit.is_some_and(|l| peak > l + EPSILON) {
-        return None;
-    }
-    Some(Scored {
-        score: Score::of(&simulation),
-        peak,
-        orders: candidate.orders().to_vec(),
-    })
-}
-
-/// Simulated ops the local search may spend on the winner (its number of candidate evaluations
-/// is this divided by the plan's op count, between 8 and 400), as `zero_bubble(policy=auto)`.
-const REFINE_OP_BUDGET: usize = 200_000;
-
 /// How many of the best variants the local search improves (the best before it is not always the
 /// best after it).
 const REFINED: usize = 4;
@@ -597,7 +613,7 @@ const REFINED: usize = 4;
 fn candidates(plan: &Plan, split: bool, bound: Option<f64>, limit: Option<f64>) -> Vec<Scored> {
     let mut scored: Vec<Scored> = Vec::new();
     if plan.orders().iter().any(|o| !o.is_empty()) {
-        scored.extend(evaluate(plan, plan.orders().to_vec(), bound, limit));
+        scored.extend(Scored::evaluate(plan, plan.orders().to_vec(), limit, bound));
     }
     for variant in variants(split) {
         let Some(orders) = schedule(plan, variant, limit.unwrap_or(f64::INFINITY)) else {
@@ -606,7 +622,7 @@ fn candidates(plan: &Plan, split: bool, bound: Option<f64>, limit: Option<f64>) 
         if scored.iter().any(|s| s.orders == orders) {
             continue;
         }
-        scored.extend(evaluate(plan, orders, bound, limit));
+        scored.extend(Scored::evaluate(plan, orders, limit, bound));
     }
     scored
 }
@@ -646,12 +662,12 @@ pub fn best(
     } else {
         plan.clone()
     };
-    let ops = plan.problem().work_count() * 3;
-    let budget = (REFINE_OP_BUDGET / ops.max(1)).clamp(8, 400);
+    let budget = refine_budget(&plan);
     let mut winner: Option<Scored> = None;
     for candidate in best_few(candidates(&plan, split, bound, limit), REFINED) {
         let refined = refine(&plan, candidate.orders.clone(), candidate.peak, budget);
-        let refined = evaluate(&plan, refined, bound, limit).filter(|r| r.beats(&candidate));
+        let refined =
+            Scored::evaluate(&plan, refined, limit, bound).filter(|r| r.beats(&candidate));
         let candidate = refined.unwrap_or(candidate);
         if winner.as_ref().is_none_or(|w| candidate.beats(w)) {
             winner = Some(candidate);
@@ -664,7 +680,8 @@ pub fn best(
 mod tests {
     use super::*;
     use pipeweave_core::{
-        verify, CostModel, DualKind, Layout, MemoryModel, Pacing, ProblemSpec, StageCostsSpec,
+        simulate, verify, CostModel, DualKind, Layout, MemoryModel, Pacing, ProblemSpec,
+        StageCostsSpec,
     };
 
     fn dual_plan(ranks: u32, microbatches: u32, f: f64, b: f64) -> Plan {

@@ -1,7 +1,8 @@
 //! The one score by which schedules compete: the longest per-rank span (first start to last end,
-//! what the Zero Bubble paper's bubble rate is measured on), then the makespan.
+//! what the Zero Bubble paper's bubble rate is measured on), then the makespan; a simulated
+//! candidate ([`Scored`]) with the constraints searches hold it to, and the local search's budget.
 
-use pipeweave_core::Simulation;
+use pipeweave_core::{max_peak, simulate, Plan, Simulation, Task};
 
 /// Differences below this are floating-point noise.
 const EPSILON: f64 = 1e-9;
@@ -31,6 +32,67 @@ impl Score {
             || (self.max_span < other.max_span + EPSILON
                 && self.makespan < other.makespan - EPSILON)
     }
+}
+
+/// A candidate order set, simulated, with its score and peak.
+pub struct Scored {
+    /// The orders.
+    pub orders: Vec<Vec<Task>>,
+    /// Its score.
+    pub score: Score,
+    /// Its largest per-rank peak activations.
+    pub peak: f64,
+}
+
+impl Scored {
+    /// `orders` on `plan`, simulated: None when they do not hold every op of the plan or do not
+    /// run, when their peak is above `limit` or their makespan above `bound`. Candidates come
+    /// from this crate's generators: the op count (with the simulator rejecting repeats and
+    /// deadlocks) stands in for full verification, which the driver runs on the winner.
+    pub fn evaluate(
+        plan: &Plan,
+        orders: Vec<Vec<Task>>,
+        limit: Option<f64>,
+        bound: Option<f64>,
+    ) -> Option<Scored> {
+        let candidate = plan.clone().with_orders(orders).ok()?;
+        let ops: usize = candidate
+            .orders()
+            .iter()
+            .flatten()
+            .map(|t| t.op_array().1)
+            .sum();
+        if ops != plan.problem().work_count() * 3 {
+            return None;
+        }
+        let peak = max_peak(&candidate);
+        if limit.is_some_and(|l| peak > l + EPSILON) {
+            return None;
+        }
+        let simulation = simulate(&candidate).ok()?;
+        if bound.is_some_and(|b| simulation.makespan() > b + EPSILON) {
+            return None;
+        }
+        Some(Scored {
+            score: Score::of(&simulation),
+            peak,
+            orders: candidate.orders().to_vec(),
+        })
+    }
+
+    /// A better score, or an equal one and a lower peak.
+    pub fn beats(&self, other: &Scored) -> bool {
+        self.score.beats(other.score)
+            || (!other.score.beats(self.score) && self.peak < other.peak - EPSILON)
+    }
+}
+
+/// Simulated ops a local search ([`crate::schedules::refine`]) may spend on `plan`: its number of
+/// candidate evaluations is 200,000 divided by the plan's op count, between 8 and 400.
+pub fn refine_budget(plan: &Plan) -> usize {
+    const OPS: usize = 200_000;
+    let ops = plan.problem().work_count() * 3;
+    (OPS / ops.max(1)).clamp(8, 400)
 }
 
 #[cfg(test)]
