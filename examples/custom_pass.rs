@@ -13,12 +13,8 @@
 //!
 //! Run: `cargo run --release --example custom_pass`.
 
-use pipeweave::core_ir::ir::memory::StageMemory;
-use pipeweave::{
-    build_plan_with, simulate, Arguments, Arity, Backwards, Changes, Contract, Facts, LayoutKind,
-    Pacing, Pass, PipelineConfig, Plan, Registry, Requires, StageCostsSpec, StageMemorySpec, Task,
-    Transform, TransformError, Work,
-};
+use pipeweave::prelude::*;
+use pipeweave::{StageCostsSpec, StageMemory, StageMemorySpec};
 use std::collections::VecDeque;
 use std::process::ExitCode;
 
@@ -27,46 +23,38 @@ struct LazyWeights {
     memory: Option<f64>,
 }
 
-impl Pass for LazyWeights {
-    /// The bound this plan gets: the argument, else the plan's declared limit, else unbounded.
-    type Prepared = f64;
+impl LazyWeights {
+    const NAME: &'static str = "lazy_w";
+}
 
+impl Pass for LazyWeights {
     fn name(&self) -> &str {
-        "lazy_w"
+        Self::NAME
     }
 
     fn contract(&self) -> Contract {
-        Contract {
-            requires: Requires {
-                pacing: &[Pacing::OneForwardOneBackward],
-                layout: LayoutKind::ALL,
-                whole_backwards: true,
-            },
-            changes: Changes {
-                backwards: true,
-                ..Changes::default()
-            },
-        }
+        let requires = Requires {
+            pacing: &[Pacing::OneForwardOneBackward],
+            layout: LayoutKind::ALL,
+            whole_backwards: true,
+        };
+        let changes = Changes {
+            backwards: true,
+            ..Changes::default()
+        };
+        Contract::new(requires, changes)
     }
 
-    fn prepare(&self, plan: &Plan) -> Result<f64, TransformError> {
-        let bound = self.memory.or(plan.memory_limit()).unwrap_or(f64::INFINITY);
-        if plan
-            .orders()
-            .iter()
-            .flatten()
-            .any(|t| matches!(t, Task::Overlapped { .. }))
-        {
-            return Err(TransformError::precondition(
-                "lazy_w",
+    fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
+        let overlapped = |t: &Task| matches!(t, Task::Overlapped { .. });
+        if plan.orders().iter().flatten().any(overlapped) {
+            return Err(TransformError::unmet(
                 "no overlapped F&B tasks",
                 "the plan overlaps forwards with backwards (a dual plan)",
             ));
         }
-        Ok(bound)
-    }
-
-    fn apply(&self, plan: Plan, bound: f64) -> Result<Plan, TransformError> {
+        // The argument, else the plan's declared limit, else unbounded.
+        let bound = self.memory.or(plan.memory_limit()).unwrap_or(f64::INFINITY);
         let memory = plan.memory().stages().to_vec();
         let orders = plan
             .orders()
@@ -78,7 +66,7 @@ impl Pass for LazyWeights {
             ..plan.facts()
         };
         plan.reshaped(None, orders, facts)
-            .map_err(|e| TransformError::core("lazy_w", e))
+            .map_err(|e| TransformError::core(Self::NAME, e))
     }
 }
 
@@ -117,7 +105,7 @@ fn lazy_order(order: &[Task], memory: &[StageMemory], bound: f64) -> Vec<Task> {
 fn registry() -> Result<Registry, TransformError> {
     let mut registry = Registry::builtin();
     registry.register(
-        "lazy_w",
+        LazyWeights::NAME,
         Arity::Rewrite,
         Box::new(|args: &Arguments| {
             args.allow_only(&["memory"])?;
@@ -126,7 +114,7 @@ fn registry() -> Result<Registry, TransformError> {
                 let column = args.value("memory").map_or(args.column(), |(c, _)| c);
                 return Err(args.bad("memory", column, &format!("{m} must be > 0")));
             }
-            Ok(Box::new(LazyWeights { memory }) as Box<dyn Transform>)
+            Ok(Box::new(LazyWeights { memory }) as Box<dyn Pass>)
         }),
     )?;
     Ok(registry)

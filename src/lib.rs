@@ -38,5 +38,19 @@ pub use pipeweave_core::{
 pub use pipeweave_transforms as transforms;
 pub use pipeweave_transforms::{
     compile_expression, Arguments, Arity, Changes, Contract, Pass, PassList, Registry, Requires,
-    Transform, TransformError,
+    TransformError,
 };
+
+/// What a pass of one's own needs, in one import: `use pipeweave::prelude::*;`.
+///
+/// The pass side ([`Pass`], its [`Contract`] of [`Requires`] and [`Changes`], the facts
+/// [`Facts`], [`Pacing`], [`LayoutKind`], [`Backwards`], the plan's [`Plan`], [`Task`] and
+/// [`Work`], [`TransformError`]) and the use side ([`Registry`] with its [`Arity`] and
+/// [`Arguments`], [`PipelineConfig`], [`build_plan_with`], [`simulate`]).
+pub mod prelude {
+    pub use crate::config::{build_plan_with, PipelineConfig};
+    pub use pipeweave_core::{simulate, Backwards, Facts, LayoutKind, Pacing, Plan, Task, Work};
+    pub use pipeweave_transforms::{
+        Arguments, Arity, Changes, Contract, Pass, Registry, Requires, TransformError,
+    };
+}

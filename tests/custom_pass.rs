@@ -3,7 +3,7 @@
 
 use pipeweave::{
     build_plan_with, Arguments, Arity, Backwards, Changes, Contract, Facts, LayoutKind, Pacing,
-    Pass, PipelineConfig, Plan, Registry, Requires, Task, Transform, TransformError,
+    Pass, PipelineConfig, Plan, Registry, Requires, Task, TransformError,
 };
 
 /// Splits every full backward into I then W, right after each other.
@@ -15,7 +15,6 @@ struct SplitAll {
 }
 
 impl Pass for SplitAll {
-    type Prepared = ();
     fn name(&self) -> &str {
         "split_all"
     }
@@ -30,12 +29,10 @@ impl Pass for SplitAll {
                 backwards: self.declare,
                 ..Changes::default()
             },
+            establishes: None,
         }
     }
-    fn prepare(&self, _: &Plan) -> Result<(), TransformError> {
-        Ok(())
-    }
-    fn apply(&self, plan: Plan, (): ()) -> Result<Plan, TransformError> {
+    fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
         let mut orders: Vec<Vec<Task>> = plan
             .orders()
             .iter()
@@ -72,7 +69,7 @@ fn registry() -> Registry {
                 Ok(Box::new(SplitAll {
                     declare: args.integer("declare")?.is_none_or(|v| v != 0),
                     drop_last: flag("drop_last")?,
-                }) as Box<dyn Transform>)
+                }) as Box<dyn Pass>)
             }),
         )
         .unwrap();

@@ -2,7 +2,7 @@
 
 use pipeweave::core_ir::{ChunkPlacement, LayoutKind, Pacing};
 use pipeweave::transforms::passes::{GPipe, Interleave, OneForwardOneBackward};
-use pipeweave::transforms::{Changes, Contract, Pass, Requires, Transform};
+use pipeweave::transforms::{Changes, Contract, Pass, Requires};
 use pipeweave::{
     CostModel, MemoryModel, PassList, PipelineConfig, Plan, ProblemSpec, StageCosts, TransformError,
 };
@@ -11,7 +11,6 @@ use pipeweave::{
 struct DropLast;
 
 impl Pass for DropLast {
-    type Prepared = ();
     fn name(&self) -> &str {
         "drop_last"
     }
@@ -23,12 +22,10 @@ impl Pass for DropLast {
                 whole_backwards: false,
             },
             changes: Changes::default(),
+            establishes: None,
         }
     }
-    fn prepare(&self, _: &Plan) -> Result<(), TransformError> {
-        Ok(())
-    }
-    fn apply(&self, plan: Plan, (): ()) -> Result<Plan, TransformError> {
+    fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
         let mut orders = plan.orders().to_vec();
         orders[0].pop();
         plan.with_orders(orders)
@@ -43,7 +40,7 @@ fn start(ranks: u32, microbatches: u32) -> Plan {
         .unwrap()
 }
 
-fn vpp2() -> Box<dyn Transform> {
+fn vpp2() -> Box<dyn Pass> {
     Box::new(Interleave::new(2, None, ChunkPlacement::Standard).unwrap())
 }
 
@@ -189,4 +186,66 @@ fn preconditions_name_the_constraint_and_values() {
         .run(start(2, 2))
         .unwrap_err();
     assert!(matches!(err, TransformError::OutOfOrder { .. }), "{err}");
+}
+
+#[test]
+fn a_builtin_that_leaves_the_plan_unchanged_still_counts_as_applied() {
+    // At one microbatch `dual` keeps the 1F1B plan on its linear layout; `vpp` after it is still
+    // out of order, as at every other size.
+    for m in [1, 8] {
+        let err = pipeweave::build_plan(
+            "vpp(dual(f1b(gpipe)), chunks=2)",
+            &PipelineConfig::new(4, m).unwrap(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("pass `vpp` cannot run after `dual`: it needs plain layout"),
+            "M={m}: {err}"
+        );
+    }
+    let plan =
+        pipeweave::build_plan("dual(f1b(gpipe))", &PipelineConfig::new(4, 1).unwrap()).unwrap();
+    assert_eq!(plan.passes(), ["gpipe", "f1b", "dual"]);
+}
+
+/// A pass whose precondition error does not name it: the driver does.
+struct Fussy;
+
+impl Pass for Fussy {
+    fn name(&self) -> &str {
+        "fussy"
+    }
+    fn contract(&self) -> Contract {
+        Contract::new(pipeweave::transforms::Requires::ANY, Changes::default())
+    }
+    fn rewrite(&self, _: Plan) -> Result<Plan, TransformError> {
+        Err(TransformError::unmet("never", "it never runs"))
+    }
+}
+
+#[test]
+fn the_driver_names_the_pass_on_its_errors_and_the_registry_checks_names() {
+    let passes = PassList::new(vec![Box::new(GPipe), Box::new(Fussy)]);
+    let err = passes.run(start(2, 2)).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "pass `fussy` precondition `never` violated: it never runs"
+    );
+    let mut registry = pipeweave::Registry::builtin();
+    registry
+        .register(
+            "picky",
+            pipeweave::Arity::Rewrite,
+            Box::new(|_: &pipeweave::Arguments| Ok(Box::new(Fussy) as Box<dyn Pass>)),
+        )
+        .unwrap();
+    let err = registry
+        .compile_expression("picky(gpipe)")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("the pass registered as `picky` names itself `fussy`"),
+        "{err}"
+    );
 }

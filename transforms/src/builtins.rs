@@ -5,7 +5,7 @@
 use crate::driver::PassList;
 use crate::error::TransformError;
 use crate::expr::Node;
-use crate::pass::Transform;
+use crate::pass::Pass;
 use crate::passes::{Dual, GPipe, Interleave, OneForwardOneBackward, Policy, ZeroBubble};
 use crate::registry::{Arguments, Arity, Factory, Registry};
 use crate::schedules::controllable::Controllable;
@@ -29,22 +29,22 @@ pub fn compile_expression(text: &str) -> Result<PassList, TransformError> {
 pub fn register_builtins(registry: &mut Registry) {
     let entries: [(&str, Arity, Factory); 5] = [
         (
-            "gpipe",
+            GPipe::NAME,
             Arity::Baseline,
             Box::new(no_arguments(|| Box::new(GPipe))),
         ),
         (
-            "f1b",
+            OneForwardOneBackward::NAME,
             Arity::Rewrite,
             Box::new(no_arguments(|| Box::new(OneForwardOneBackward))),
         ),
-        ("vpp", Arity::Rewrite, Box::new(vpp)),
+        (Interleave::NAME, Arity::Rewrite, Box::new(vpp)),
         (
-            "dual",
+            Dual::NAME,
             Arity::Rewrite,
             Box::new(no_arguments(|| Box::new(Dual))),
         ),
-        ("zero_bubble", Arity::Rewrite, Box::new(zero_bubble)),
+        (ZeroBubble::NAME, Arity::Rewrite, Box::new(zero_bubble)),
     ];
     for (name, arity, factory) in entries {
         registry
@@ -55,8 +55,8 @@ pub fn register_builtins(registry: &mut Registry) {
 
 /// A factory for a pass without keyword arguments.
 fn no_arguments(
-    make: fn() -> Box<dyn Transform>,
-) -> impl Fn(&Arguments) -> Result<Box<dyn Transform>, TransformError> {
+    make: fn() -> Box<dyn Pass>,
+) -> impl Fn(&Arguments) -> Result<Box<dyn Pass>, TransformError> {
     move |args: &Arguments| {
         args.allow_only(&[])?;
         Ok(make())
@@ -64,7 +64,7 @@ fn no_arguments(
 }
 
 /// `vpp(schedule, chunks=2, group=G, layout=standard|v)`.
-fn vpp(args: &Arguments) -> Result<Box<dyn Transform>, TransformError> {
+fn vpp(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
     args.allow_only(&["chunks", "group", "layout"])?;
     let chunks = args.integer("chunks")?.unwrap_or(2);
     let group = args.integer("group")?;
@@ -88,7 +88,7 @@ fn vpp(args: &Arguments) -> Result<Box<dyn Transform>, TransformError> {
 }
 
 /// `zero_bubble(schedule, policy=h1|h2|auto|auto(N)|deepseek|v_half|v_min, memory=N)`.
-fn zero_bubble(args: &Arguments) -> Result<Box<dyn Transform>, TransformError> {
+fn zero_bubble(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
     args.allow_only(&["policy", "memory"])?;
     let memory = args.number("memory")?;
     let expected = "expected h1, h2, auto, auto(N), deepseek, v_half or v_min";

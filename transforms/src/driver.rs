@@ -22,12 +22,12 @@
 //! the error, as if the steps had run one after the other.
 
 use crate::error::TransformError;
-use crate::pass::{Changes, Requires, Transform, Unmet};
+use crate::pass::{Changes, Pass, Requires, Unmet};
 use pipeweave_core::{verify, verify_schedule, CostModel, Facts, MemoryModel, Plan, Problem};
 
 /// An ordered list of passes.
 pub struct PassList {
-    passes: Vec<Box<dyn Transform>>,
+    passes: Vec<Box<dyn Pass>>,
 }
 
 impl std::fmt::Debug for PassList {
@@ -86,7 +86,7 @@ impl Before {
 
 impl PassList {
     /// The passes, in the order they run.
-    pub fn new(passes: Vec<Box<dyn Transform>>) -> PassList {
+    pub fn new(passes: Vec<Box<dyn Pass>>) -> PassList {
         PassList { passes }
     }
 
@@ -96,7 +96,7 @@ impl PassList {
     }
 
     /// The passes themselves.
-    pub fn passes(&self) -> &[Box<dyn Transform>] {
+    pub fn passes(&self) -> &[Box<dyn Pass>] {
         &self.passes
     }
 
@@ -181,7 +181,10 @@ impl PassList {
         let pass = &self.passes[index];
         check_requirements(pass.as_ref(), &self.passes[..index], &plan)?;
         let before = Before::of(&plan);
-        let plan = pass.rewrite(plan)?.record_pass(pass.name());
+        let plan = pass
+            .rewrite(plan)
+            .map_err(|e| e.of_pass(pass.name()))?
+            .record_pass(pass.name());
         if let Some(what) = before.undeclared(&plan, pass.contract().changes) {
             return Err(TransformError::UndeclaredChange {
                 pass: pass.name().to_string(),
@@ -201,13 +204,30 @@ fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
 
 /// Step 1 of the module doc.
 fn check_requirements(
-    pass: &dyn Transform,
-    earlier: &[Box<dyn Transform>],
+    pass: &dyn Pass,
+    earlier: &[Box<dyn Pass>],
     plan: &Plan,
 ) -> Result<(), TransformError> {
     let requires: Requires = pass.contract().requires;
-    let Some(unmet) = requires.unmet(&plan.facts()) else {
-        return Ok(());
+    // A layout an earlier pass establishes holds even where that pass left the plan unchanged.
+    let established = earlier.iter().rev().find_map(|p| {
+        p.contract()
+            .establishes
+            .filter(|kind| !requires.layout.contains(kind))
+            .map(|kind| (p.name(), kind))
+    });
+    let unmet = match (requires.unmet(&plan.facts()), established) {
+        (Some(unmet), _) => unmet,
+        (None, Some((by, kind))) => Unmet::Layout {
+            needs: requires
+                .layout
+                .iter()
+                .map(|k| k.describe())
+                .collect::<Vec<_>>()
+                .join(" or "),
+            found: format!("{} (which `{by}` establishes)", kind.describe()),
+        },
+        (None, None) => return Ok(()),
     };
     let after = earlier.last().map_or_else(
         || "nothing (the innermost schedule must be gpipe)".to_string(),
@@ -279,17 +299,13 @@ mod tests {
     }
 
     impl Pass for Probe {
-        type Prepared = ();
         fn name(&self) -> &str {
             self.name
         }
         fn contract(&self) -> Contract {
             self.contract
         }
-        fn prepare(&self, _: &Plan) -> Result<(), TransformError> {
-            Ok(())
-        }
-        fn apply(&self, plan: Plan, (): ()) -> Result<Plan, TransformError> {
+        fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
             Ok((self.rewrite)(plan))
         }
     }
@@ -309,14 +325,10 @@ mod tests {
         .unwrap()
     }
 
-    fn probe(
-        requires: Requires,
-        changes: Changes,
-        rewrite: fn(Plan) -> Plan,
-    ) -> Box<dyn Transform> {
+    fn probe(requires: Requires, changes: Changes, rewrite: fn(Plan) -> Plan) -> Box<dyn Pass> {
         Box::new(Probe {
             name: "probe",
-            contract: Contract { requires, changes },
+            contract: Contract::new(requires, changes),
             rewrite,
         })
     }
@@ -409,7 +421,7 @@ mod tests {
     }
 
     /// A pass that rewrites the pacing, declaring it.
-    fn pacing(rewrite: fn(Plan) -> Plan) -> Box<dyn Transform> {
+    fn pacing(rewrite: fn(Plan) -> Plan) -> Box<dyn Pass> {
         let declared = Changes {
             pacing: true,
             ..Changes::default()

@@ -71,6 +71,14 @@ pub enum TransformError {
         /// What changed.
         what: &'static str,
     },
+    /// A factory registered under one name built a pass that names itself otherwise.
+    #[error("the pass registered as `{registered}` names itself `{named}`: a pass has one name (its `Pass::name`), register it under that")]
+    MisnamedPass {
+        /// The name it was registered under.
+        registered: String,
+        /// The name the pass gives.
+        named: String,
+    },
     /// A pass name registered twice.
     #[error("a pass named `{name}` is already registered")]
     DuplicatePass {
@@ -116,6 +124,34 @@ pub enum TransformError {
 }
 
 impl TransformError {
+    /// A precondition error of the pass that returns it: the driver puts the pass's name on it.
+    pub fn unmet(constraint: &str, details: impl Into<String>) -> Self {
+        TransformError::precondition("", constraint, details)
+    }
+
+    /// The error with `pass` named where a pass's rewrite returned it without its name (or a
+    /// precondition error with another name): the driver calls this on every error of a rewrite.
+    pub fn of_pass(self, pass: &str) -> Self {
+        match self {
+            TransformError::Precondition {
+                constraint,
+                details,
+                ..
+            } => TransformError::Precondition {
+                pass: pass.to_string(),
+                constraint,
+                details,
+            },
+            TransformError::Core { context, source } if context.is_empty() => {
+                TransformError::Core {
+                    context: pass.to_string(),
+                    source,
+                }
+            }
+            other => other,
+        }
+    }
+
     /// A precondition error.
     pub fn precondition(pass: &str, constraint: &str, details: impl Into<String>) -> Self {
         TransformError::Precondition {

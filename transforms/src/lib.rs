@@ -1,6 +1,6 @@
 //! `pipeweave-transforms`: schedule passes over the global plan and the driver that runs them.
 //!
-//! - [`pass`]: the `Pass` trait (name, contract, prepare, apply) and its object-safe `Transform`;
+//! - [`pass`]: the `Pass` trait (name, contract, rewrite) and the contracts;
 //! - [`driver`]: runs a pass list, checking each contract, verifying after every pass and blaming
 //!   a broken pass by name;
 //! - [`passes`]: the built-ins, one file per pass (`gpipe`, `f1b`, `vpp`, `dual`, `zero_bubble`);
@@ -28,5 +28,5 @@ pub mod schedules;
 pub use builtins::compile_expression;
 pub use driver::PassList;
 pub use error::TransformError;
-pub use pass::{Changes, Contract, Pass, Requires, Transform};
+pub use pass::{Changes, Contract, Pass, Requires};
 pub use registry::{Arguments, Arity, Factory, Registry};

@@ -1,16 +1,25 @@
-//! What a pass is: a value with a name, a [`Contract`] (the facts it needs, what it may change),
-//! and a rewrite in two steps: [`Pass::prepare`] checks the plan and computes what the rewrite
-//! needs, [`Pass::apply`] consumes that and the plan.
+//! What a pass is: a value with a name, a [`Contract`] (the facts it needs, what it may change,
+//! the layout it establishes) and one rewrite, [`Pass::rewrite`], `Plan -> Plan`.
 //!
-//! Users' passes implement [`Pass`] exactly as the built-ins do. The driver works on the
-//! object-safe [`Transform`], which every `Pass` is.
+//! Users' passes implement [`Pass`] exactly as the built-ins do, and the driver runs them as
+//! `dyn Pass`. A pass's name is [`Pass::name`] alone: the registry checks that a pass built for a
+//! name gives that name, and the driver puts the name on the errors a rewrite returns (a pass
+//! writes [`TransformError::unmet`] without it).
+//!
+//! The rewrite is one call. An earlier version had two, a `prepare` that checked the plan and an
+//! `apply` that used what it computed. The driver always called them back to back, and no
+//! caller ever needed one without the other, so a pass now splits its work however it likes
+//! inside `rewrite` (the built-ins keep private `prepare` and `apply` methods).
 //!
 //! The built-ins keep the client's order `zero_bubble(dual(vpp(f1b(gpipe))))` through their
 //! contracts alone: `gpipe` needs an unscheduled plan and leaves fill-drain pacing; `f1b` needs
-//! fill-drain on the linear layout and leaves 1F1B pacing; `vpp` needs the linear layout and leaves
-//! an interleaved one; `dual` needs 1F1B pacing on a linear or interleaved layout and leaves a dual
-//! one; `zero_bubble` needs 1F1B pacing with whole backwards and leaves them split. So each runs at
-//! most once and never out of order, and a user's pass slots in wherever its contract fits.
+//! fill-drain on the linear layout and leaves 1F1B pacing; `vpp` needs the linear layout and
+//! establishes an interleaved one; `dual` needs 1F1B pacing on a linear or interleaved layout and
+//! establishes a dual one; `zero_bubble` needs 1F1B pacing with whole backwards and leaves them
+//! split. A layout a pass establishes ([`Contract::establishes`]) counts even where the pass
+//! leaves the plan unchanged (`dual` at one microbatch stays 1F1B on the linear layout): later
+//! passes are held to it as to the plan's own facts. So each built-in runs at most once and never
+//! out of order, at every size. A user's pass slots in wherever its contract fits.
 
 use crate::error::TransformError;
 use pipeweave_core::{Facts, LayoutKind, Pacing, Plan};
@@ -120,17 +129,36 @@ pub struct Contract {
     pub requires: Requires,
     /// What it may change.
     pub changes: Changes,
+    /// The layout kind the pass establishes, whether or not it changes the plan at a given size:
+    /// later passes' requirements are checked against it as well as against the plan's facts.
+    pub establishes: Option<LayoutKind>,
+}
+
+impl Contract {
+    /// A contract that establishes no layout.
+    pub fn new(requires: Requires, changes: Changes) -> Contract {
+        Contract {
+            requires,
+            changes,
+            establishes: None,
+        }
+    }
+
+    /// The same contract, establishing `layout`.
+    pub fn establishing(self, layout: LayoutKind) -> Contract {
+        Contract {
+            establishes: Some(layout),
+            ..self
+        }
+    }
 }
 
 /// A schedule pass, as built-ins and users write it.
 pub trait Pass: Send + Sync {
-    /// What [`Pass::prepare`] hands to [`Pass::apply`].
-    type Prepared;
-
-    /// The pass's name, as written in expressions and blamed in errors.
+    /// The pass's name, as written in expressions and blamed in errors: its one home.
     fn name(&self) -> &str;
 
-    /// The facts it needs and what it may change.
+    /// The facts it needs, what it may change, the layout it establishes.
     fn contract(&self) -> Contract;
 
     /// A one-line description with the pass's arguments, e.g. `vpp(chunks=2, layout=standard)`.
@@ -139,39 +167,8 @@ pub trait Pass: Send + Sync {
     }
 
     /// Checks the preconditions the pass states in its doc (beyond its contract, which the driver
-    /// checks first) and computes what the rewrite needs.
-    fn prepare(&self, plan: &Plan) -> Result<Self::Prepared, TransformError>;
-
-    /// Rewrites the plan with what [`Pass::prepare`] computed for it.
-    fn apply(&self, plan: Plan, prepared: Self::Prepared) -> Result<Plan, TransformError>;
-}
-
-/// A pass with its prepared value erased: what the driver runs.
-pub trait Transform: Send + Sync {
-    /// See [`Pass::name`].
-    fn name(&self) -> &str;
-    /// See [`Pass::contract`].
-    fn contract(&self) -> Contract;
-    /// See [`Pass::describe`].
-    fn describe(&self) -> String;
-    /// Prepares and applies.
+    /// checks first) and rewrites the plan.
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError>;
-}
-
-impl<P: Pass> Transform for P {
-    fn name(&self) -> &str {
-        Pass::name(self)
-    }
-    fn contract(&self) -> Contract {
-        Pass::contract(self)
-    }
-    fn describe(&self) -> String {
-        Pass::describe(self)
-    }
-    fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
-        let prepared = self.prepare(&plan)?;
-        self.apply(plan, prepared)
-    }
 }
 
 #[cfg(test)]

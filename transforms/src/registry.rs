@@ -10,7 +10,7 @@
 use crate::driver::PassList;
 use crate::error::TransformError;
 use crate::expr::{parse, Call, Node};
-use crate::pass::Transform;
+use crate::pass::Pass;
 use std::collections::BTreeMap;
 
 /// Whether a pass builds a schedule from nothing or rewrites the one it is given.
@@ -23,8 +23,7 @@ pub enum Arity {
 }
 
 /// Builds a pass from its arguments.
-pub type Factory =
-    Box<dyn Fn(&Arguments) -> Result<Box<dyn Transform>, TransformError> + Send + Sync>;
+pub type Factory = Box<dyn Fn(&Arguments) -> Result<Box<dyn Pass>, TransformError> + Send + Sync>;
 
 struct Entry {
     arity: Arity,
@@ -99,7 +98,7 @@ impl Registry {
         Ok(PassList::new(passes))
     }
 
-    fn pass_for(&self, call: &Call) -> Result<Box<dyn Transform>, TransformError> {
+    fn pass_for(&self, call: &Call) -> Result<Box<dyn Pass>, TransformError> {
         let entry = self
             .entries
             .get(&call.name)
@@ -123,7 +122,17 @@ impl Registry {
                 inner.column(),
                 &format!("{} is a baseline and rewrites no schedule", call.name),
             )),
-            _ => (entry.factory)(&args),
+            _ => {
+                let pass = (entry.factory)(&args)?;
+                // The registry's name and the pass's own must be one.
+                if pass.name() != call.name {
+                    return Err(TransformError::MisnamedPass {
+                        registered: call.name.clone(),
+                        named: pass.name().to_string(),
+                    });
+                }
+                Ok(pass)
+            }
         }
     }
 }
@@ -343,14 +352,19 @@ mod tests {
     fn users_register_passes_under_new_names_once() {
         let mut registry = Registry::builtin();
         let factory = || -> Factory {
-            Box::new(|_: &Arguments| Ok(Box::new(passes::GPipe) as Box<dyn Transform>))
+            Box::new(|_: &Arguments| Ok(Box::new(passes::GPipe) as Box<dyn Pass>))
         };
         registry
             .register("my_base", Arity::Baseline, factory())
             .unwrap();
-        assert_eq!(
-            registry.compile_expression("f1b(my_base)").unwrap().names(),
-            ["gpipe", "f1b"]
+        // A pass has one name: registered under another, it is refused when built.
+        let err = registry
+            .compile_expression("f1b(my_base)")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("the pass registered as `my_base` names itself `gpipe`"),
+            "{err}"
         );
         let err = registry
             .register("f1b", Arity::Rewrite, factory())

@@ -88,8 +88,7 @@ fn shape_of(plan: &Plan) -> Result<DualShape, TransformError> {
             microbatches: m,
             v: true,
         }),
-        other => Err(TransformError::precondition(
-            "dual",
+        other => Err(TransformError::unmet(
             "one chunk per rank (DualPipe) or two (DualPipeV)",
             match other.chunks() {
                 Some(c) => format!("the plan has {c} chunks per rank"),
@@ -190,11 +189,14 @@ fn counter_flow(input: &Plan, dual: &Plan, shape: DualShape) -> Option<Vec<Vec<T
     counterflow::best(dual, false, Some(bound), Some(shape.memory_budget(dual)))
 }
 
-impl Pass for Dual {
-    type Prepared = Prepared;
+impl Dual {
+    /// The pass's name: in expressions, the registry and errors.
+    pub const NAME: &'static str = "dual";
+}
 
+impl Pass for Dual {
     fn name(&self) -> &str {
-        "dual"
+        Self::NAME
     }
 
     fn contract(&self) -> Contract {
@@ -209,9 +211,18 @@ impl Pass for Dual {
                 layout: true,
                 ..Changes::default()
             },
+            establishes: Some(LayoutKind::Dual),
         }
     }
 
+    fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
+        let prepared = self.prepare(&plan)?;
+        self.apply(plan, prepared)
+    }
+}
+
+/// The two steps of [`Dual`]'s rewrite: the checks and what the rewrite needs, then the rewrite.
+impl Dual {
     fn prepare(&self, plan: &Plan) -> Result<Prepared, TransformError> {
         let shape = shape_of(plan)?;
         if !shape.v && shape.microbatches < 2 {
@@ -253,7 +264,7 @@ impl Pass for Dual {
             ..plan.facts()
         };
         plan.reshaped(Some(layout), orders, facts)
-            .map_err(|e| TransformError::core("dual", e))
+            .map_err(|e| TransformError::core(Self::NAME, e))
     }
 }
 

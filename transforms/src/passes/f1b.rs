@@ -25,11 +25,14 @@ use pipeweave_core::{Facts, LayoutKind, Pacing, Plan, Task};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OneForwardOneBackward;
 
-impl Pass for OneForwardOneBackward {
-    type Prepared = ();
+impl OneForwardOneBackward {
+    /// The pass's name: in expressions, the registry and errors.
+    pub const NAME: &'static str = "f1b";
+}
 
+impl Pass for OneForwardOneBackward {
     fn name(&self) -> &str {
-        "f1b"
+        Self::NAME
     }
 
     fn contract(&self) -> Contract {
@@ -43,14 +46,11 @@ impl Pass for OneForwardOneBackward {
                 pacing: true,
                 ..Changes::default()
             },
+            establishes: None,
         }
     }
 
-    fn prepare(&self, _: &Plan) -> Result<(), TransformError> {
-        Ok(())
-    }
-
-    fn apply(&self, plan: Plan, (): ()) -> Result<Plan, TransformError> {
+    fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
         let ranks = plan.problem().ranks() as usize;
         let orders = plan
             .orders()
@@ -67,6 +67,6 @@ impl Pass for OneForwardOneBackward {
             ..plan.facts()
         };
         plan.reshaped(None, orders, facts)
-            .map_err(|e| TransformError::core("f1b", e))
+            .map_err(|e| TransformError::core(Self::NAME, e))
     }
 }

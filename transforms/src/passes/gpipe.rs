@@ -22,11 +22,14 @@ use pipeweave_core::{Facts, LayoutKind, Pacing, Plan};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GPipe;
 
-impl Pass for GPipe {
-    type Prepared = ();
+impl GPipe {
+    /// The pass's name: in expressions, the registry and errors.
+    pub const NAME: &'static str = "gpipe";
+}
 
+impl Pass for GPipe {
     fn name(&self) -> &str {
-        "gpipe"
+        Self::NAME
     }
 
     fn contract(&self) -> Contract {
@@ -40,20 +43,17 @@ impl Pass for GPipe {
                 pacing: true,
                 ..Changes::default()
             },
+            establishes: None,
         }
     }
 
-    fn prepare(&self, _: &Plan) -> Result<(), TransformError> {
-        Ok(())
-    }
-
-    fn apply(&self, plan: Plan, (): ()) -> Result<Plan, TransformError> {
+    fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
         let orders = fill_drain(plan.problem());
         let facts = Facts {
             pacing: Pacing::FillDrain,
             ..plan.facts()
         };
         plan.reshaped(None, orders, facts)
-            .map_err(|e| TransformError::core("gpipe", e))
+            .map_err(|e| TransformError::core(Self::NAME, e))
     }
 }

@@ -87,21 +87,21 @@ impl Interleave {
     ) -> Result<Interleave, TransformError> {
         if chunks == 0 || chunks > MAX_CHUNKS {
             return Err(TransformError::precondition(
-                "vpp",
+                Self::NAME,
                 &format!("1 <= chunks <= {MAX_CHUNKS}"),
                 format!("chunks = {chunks}"),
             ));
         }
         if placement == ChunkPlacement::V && chunks != 2 {
             return Err(TransformError::precondition(
-                "vpp",
+                Self::NAME,
                 "layout = v needs chunks = 2",
                 format!("chunks = {chunks}"),
             ));
         }
         if group == Some(0) {
             return Err(TransformError::precondition(
-                "vpp",
+                Self::NAME,
                 "group >= 1",
                 "group = 0",
             ));
@@ -262,8 +262,7 @@ impl Interleave {
         if stages * u64::from(problem.microbatches()) > MAX_STAGE_MICROBATCH_PAIRS
             || stages > u64::from(MAX_STAGES)
         {
-            return Err(TransformError::precondition(
-                "vpp",
+            return Err(TransformError::unmet(
                 "stages x microbatches within the plan size limit",
                 format!(
                     "{} ranks x {} chunks x {} microbatches is too large",
@@ -283,16 +282,14 @@ impl Interleave {
             return Ok(());
         }
         if !(p <= g && g <= m) {
-            return Err(TransformError::precondition(
-                "vpp",
+            return Err(TransformError::unmet(
                 "ranks <= group <= microbatches",
                 format!("ranks = {p}, group = {g}, microbatches = {m}"),
             ));
         }
         let rest = m % g;
         if rest != 0 && rest < p {
-            return Err(TransformError::precondition(
-                "vpp",
+            return Err(TransformError::unmet(
                 "microbatches mod group is 0 or >= ranks",
                 format!(
                     "microbatches = {m}, group = {g}: the last group has {rest} < {p} microbatches"
@@ -339,11 +336,14 @@ fn megatron_accepts(p: u32, m: u32, group: u32) -> bool {
     p <= group && group <= m && (m % group == 0 || m % group >= p)
 }
 
-impl Pass for Interleave {
-    type Prepared = Option<Interleaving>;
+impl Interleave {
+    /// The pass's name: in expressions, the registry and errors.
+    pub const NAME: &'static str = "vpp";
+}
 
+impl Pass for Interleave {
     fn name(&self) -> &str {
-        "vpp"
+        Self::NAME
     }
 
     fn contract(&self) -> Contract {
@@ -358,6 +358,7 @@ impl Pass for Interleave {
                 layout: true,
                 ..Changes::default()
             },
+            establishes: Some(LayoutKind::Interleaved),
         }
     }
 
@@ -369,6 +370,14 @@ impl Pass for Interleave {
         }
     }
 
+    fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
+        let prepared = self.prepare(&plan)?;
+        self.apply(plan, prepared)
+    }
+}
+
+/// The two steps of [`Interleave`]'s rewrite: the checks and what the rewrite needs, then the rewrite.
+impl Interleave {
     /// None when `chunks = 1` (nothing to do).
     fn prepare(&self, plan: &Plan) -> Result<Option<Interleaving>, TransformError> {
         self.check_size(plan.problem())?;
@@ -377,8 +386,7 @@ impl Pass for Interleave {
                 self.check_megatron_group(plan.problem(), group)?;
             } else if group > plan.problem().microbatches() {
                 // Breadth-first orders only need the group to exist.
-                return Err(TransformError::precondition(
-                    "vpp",
+                return Err(TransformError::unmet(
                     "group <= microbatches",
                     format!(
                         "group = {group}, microbatches = {}",
@@ -407,6 +415,6 @@ impl Pass for Interleave {
             ..plan.facts()
         };
         plan.reshaped(Some(prepared.shape), prepared.orders, facts)
-            .map_err(|e| TransformError::core("vpp", e))
+            .map_err(|e| TransformError::core(Self::NAME, e))
     }
 }

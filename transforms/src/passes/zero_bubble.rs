@@ -88,7 +88,7 @@ impl ZeroBubble {
         if let Policy::Auto { memory: Some(m) } = policy {
             if !(m.is_finite() && m > 0.0) {
                 return Err(TransformError::precondition(
-                    "zero_bubble",
+                    Self::NAME,
                     "memory > 0",
                     format!("memory = {m}"),
                 ));
@@ -233,8 +233,7 @@ fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError
     let budget = refine_budget(plan);
     best.map(|b| refine(plan, b.orders, limit, budget))
         .ok_or_else(|| {
-            TransformError::precondition(
-                "zero_bubble",
+            TransformError::unmet(
                 "auto finds a schedule within the memory limit",
                 format!(
                     "no candidate fits in {limit} activations per rank (the input needs {})",
@@ -250,11 +249,14 @@ pub struct Prepared {
     limit: Option<f64>,
 }
 
-impl Pass for ZeroBubble {
-    type Prepared = Prepared;
+impl ZeroBubble {
+    /// The pass's name: in expressions, the registry and errors.
+    pub const NAME: &'static str = "zero_bubble";
+}
 
+impl Pass for ZeroBubble {
     fn name(&self) -> &str {
-        "zero_bubble"
+        Self::NAME
     }
 
     fn contract(&self) -> Contract {
@@ -269,6 +271,7 @@ impl Pass for ZeroBubble {
                 memory_limit: true,
                 ..Changes::default()
             },
+            establishes: None,
         }
     }
 
@@ -285,33 +288,37 @@ impl Pass for ZeroBubble {
         }
     }
 
+    fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
+        let prepared = self.prepare(&plan)?;
+        self.apply(plan, prepared)
+    }
+}
+
+/// The two steps of [`ZeroBubble`]'s rewrite: the checks and what the rewrite needs, then the rewrite.
+impl ZeroBubble {
     fn prepare(&self, plan: &Plan) -> Result<Prepared, TransformError> {
         let dual = DualShape::of_plan(plan).is_some();
         let policy = self.resolved(plan);
         match policy {
-            Policy::H1 | Policy::H2 if dual => Err(TransformError::precondition(
-                "zero_bubble",
+            Policy::H1 | Policy::H2 if dual => Err(TransformError::unmet(
                 "policies h1 and h2 need plain forwards and full backwards (not a dual plan)",
                 "the input is a dual plan; use the default (deepseek) or auto".to_string(),
             )),
-            Policy::DeepSeek if !dual => Err(TransformError::precondition(
-                "zero_bubble",
+            Policy::DeepSeek if !dual => Err(TransformError::unmet(
                 "policy deepseek needs a dual plan",
                 format!("the plan has the {} layout", plan.facts().layout),
             )),
             Policy::Controllable(kind) => {
                 let p = plan.problem().ranks();
                 if dual || !plan.facts().layout.is_v_shaped(p) {
-                    return Err(TransformError::precondition(
-                        "zero_bubble",
-                        "policies v_half and v_min need the V placement (vpp(..., chunks=2, layout=v))",
+                    return Err(TransformError::unmet(
+"policies v_half and v_min need the V placement (vpp(..., chunks=2, layout=v))",
                         format!("the plan has the {} layout", plan.facts().layout),
                     ));
                 }
                 if controllable_orders(kind, p, plan.problem().microbatches()).is_none() {
-                    return Err(TransformError::precondition(
-                        "zero_bubble",
-                        "sail-sg's V-Half/V-Min generator runs at these sizes",
+                    return Err(TransformError::unmet(
+"sail-sg's V-Half/V-Min generator runs at these sizes",
                         format!(
                             "it does not at {p} ranks and {} microbatches; use policy=auto with a memory limit",
                             plan.problem().microbatches()
@@ -345,7 +352,7 @@ impl Pass for ZeroBubble {
         };
         let plan = plan
             .with_facts(split)
-            .map_err(|e| TransformError::core("zero_bubble", e))?;
+            .map_err(|e| TransformError::core(Self::NAME, e))?;
         let orders = match (prepared.policy, prepared.limit) {
             (Policy::H1 | Policy::H2, _) => {
                 let hand = if prepared.policy == Policy::H1 {
@@ -354,8 +361,7 @@ impl Pass for ZeroBubble {
                     Hand::H2
                 };
                 lagged_orders(&plan, hand).map_err(|e| {
-                    TransformError::precondition(
-                        "zero_bubble",
+                    TransformError::unmet(
                         "plain forwards and full backwards",
                         format!("rank {} runs {}", e.rank, e.task),
                     )
@@ -365,8 +371,7 @@ impl Pass for ZeroBubble {
                 let problem = plan.problem();
                 controllable_orders(kind, problem.ranks(), problem.microbatches()).ok_or_else(
                     || {
-                        TransformError::precondition(
-                            "zero_bubble",
+                        TransformError::unmet(
                             "sail-sg's V-Half/V-Min generator runs at these sizes",
                             "checked by prepare".to_string(),
                         )
@@ -376,8 +381,7 @@ impl Pass for ZeroBubble {
             (Policy::DeepSeek, _) => match DualShape::of_plan(&plan) {
                 Some(shape) => shape.orders(&plan, true),
                 None => {
-                    return Err(TransformError::precondition(
-                        "zero_bubble",
+                    return Err(TransformError::unmet(
                         "policy deepseek needs a dual plan",
                         format!("the plan has the {} layout", plan.facts().layout),
                     ))
@@ -391,10 +395,10 @@ impl Pass for ZeroBubble {
                 return plan
                     .with_orders(orders)
                     .and_then(|p| p.with_memory_limit(Some(declared)))
-                    .map_err(|e| TransformError::core("zero_bubble", e));
+                    .map_err(|e| TransformError::core(Self::NAME, e));
             }
         };
         plan.with_orders(orders)
-            .map_err(|e| TransformError::core("zero_bubble", e))
+            .map_err(|e| TransformError::core(Self::NAME, e))
     }
 }
