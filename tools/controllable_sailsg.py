@@ -21,26 +21,14 @@ generator raises is recorded with the error. Standard library only.
 """
 
 import json
+import os
 import sys
-import types
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sailsg import load  # noqa: E402
 
 FULL = [(2, 4), (3, 6), (4, 8), (4, 12), (5, 10), (8, 32)]
 SWEEP = [(p, m) for p in (2, 3, 4, 5, 6, 7, 8, 16) for m in range(p, 8 * p + 1)]
-
-
-def load(path):
-    """sail-sg's PipelineGraph class from `path` (its one non-standard import is stubbed)."""
-    graph = types.ModuleType("graph")
-    graph.ScheduledNode = object
-    graph.F, graph.B, graph.W, graph.FuncType = "F", "B", "W", object
-    parts = "megatron.core.pipeline_parallel.zerobubble.scheduler.graph".split(".")
-    for k in range(1, len(parts)):
-        sys.modules.setdefault(".".join(parts[:k]), types.ModuleType(parts[k - 1]))
-    sys.modules[".".join(parts)] = graph
-    scope = {"__name__": "sailsg_zbv_greedy"}
-    with open(path) as f:
-        exec(compile(f.read(), path, "exec"), scope)
-    return scope["PipelineGraph"]
 
 
 def fnv1a(text):

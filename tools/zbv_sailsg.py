@@ -28,8 +28,11 @@ part `w_fraction`). sail-sg's memory limit is their default, 2P chunk activation
 """
 
 import json
+import os
 import sys
-import types
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sailsg import load  # noqa: E402
 from collections import deque
 
 # The paper's memory model for the 6.2B row (h=4096, a=32, s=1024): M_B = 34h + 5as, M_W = 32h.
@@ -51,21 +54,6 @@ ARXIV_ROWS = (
     (32, 128, 9469, 9744, 7306, 892),
     (32, 256, 9447, 9644, 7193, 887),
 )
-
-
-def load(path):
-    """sail-sg's PipelineGraph class from `path` (its one non-standard import is stubbed)."""
-    graph = types.ModuleType("graph")
-    graph.ScheduledNode = object
-    graph.F, graph.B, graph.W, graph.FuncType = "F", "B", "W", object
-    parts = "megatron.core.pipeline_parallel.zerobubble.scheduler.graph".split(".")
-    for k in range(1, len(parts)):
-        sys.modules.setdefault(".".join(parts[:k]), types.ModuleType(parts[k - 1]))
-    sys.modules[".".join(parts)] = graph
-    scope = {"__name__": "sailsg_v_schedule"}
-    with open(path) as f:
-        exec(compile(f.read(), path, "exec"), scope)
-    return scope["PipelineGraph"]
 
 
 def their_orders(graph_class, p, m, chunk_costs, comm):

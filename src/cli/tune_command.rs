@@ -68,11 +68,7 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
             .collect(),
         None => candidate_expressions(args.ranks, None),
     };
-    let bar = if std::io::stderr().is_terminal() {
-        indicatif::ProgressBar::new(expressions.len() as u64)
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let bar = progress_bar(expressions.len());
     bar.set_message("schedules");
     let mut report = tune(&config, &expressions, &|done| bar.set_position(done as u64));
     bar.finish_and_clear();
@@ -126,12 +122,7 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
             out
         }
     };
-    stdout
-        .write_all(text.as_bytes())
-        .map_err(|source| Error::Io {
-            path: "<stdout>".to_string(),
-            source,
-        })
+    write_out(stdout, &text)
 }
 
 fn progress_bar(len: usize) -> indicatif::ProgressBar {
