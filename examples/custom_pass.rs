@@ -37,6 +37,7 @@ impl Pass for LazyWeights {
             pacing: &[Pacing::OneForwardOneBackward],
             layout: LayoutKind::ALL,
             whole_backwards: true,
+            residency: Requires::KEPT,
         };
         let changes = Changes {
             backwards: true,

@@ -24,6 +24,7 @@ impl Pass for SplitAll {
                 pacing: &[Pacing::OneForwardOneBackward],
                 layout: LayoutKind::ALL,
                 whole_backwards: true,
+                residency: Requires::KEPT,
             },
             changes: Changes {
                 backwards: self.declare,

@@ -20,6 +20,7 @@ impl Pass for DropLast {
                 pacing: &[Pacing::OneForwardOneBackward],
                 layout: LayoutKind::ALL,
                 whole_backwards: false,
+                residency: Requires::KEPT,
             },
             changes: Changes::default(),
             establishes: None,

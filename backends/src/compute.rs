@@ -60,6 +60,31 @@ pub trait StageCompute {
     /// The forward output of `work` was sent; its data may be released.
     fn free_output(&mut self, _work: Work) {}
 
+    /// The forward of `work` just ran and the plan recomputes it before its backward: release
+    /// what the forward saved except what [`StageCompute::recompute`] needs (the stage input).
+    /// The default keeps everything: results stay right, and no memory is saved.
+    fn drop_activations(&mut self, _work: Work) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Rebuilds what the forward of `work` saved from what [`StageCompute::drop_activations`]
+    /// kept (runs the forward again). The default has nothing to rebuild (its drop kept all).
+    fn recompute(&mut self, _work: Work) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Moves what the forward of `work` saved to the rank's host memory. The default keeps it
+    /// where it is.
+    fn offload(&mut self, _work: Work) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Moves what [`StageCompute::offload`] moved back for the backward of `work`. The default
+    /// has nothing to move.
+    fn reload(&mut self, _work: Work) -> Result<(), String> {
+        Ok(())
+    }
+
     /// The next compute finishes the weight gradients of `stage` on this rank: start its
     /// data-parallel gradient sync after it.
     fn grad_sync(&mut self, _stage: StageId) -> Result<(), String> {

@@ -188,6 +188,9 @@ where
             // PyTorch's parameter actions: every stage of ours keeps its whole parameters, and
             // its gradients are reduced at `GradSync` and `FlushWeightGrads`, which ours call.
             Instr::Params { .. } => Ok(()),
+            Instr::Drop(work) => self.compute.drop_activations(*work).map_err(Fault::Stage),
+            Instr::Offload(work) => self.compute.offload(*work).map_err(Fault::Stage),
+            Instr::Reload(work) => self.compute.reload(*work).map_err(Fault::Stage),
         }
     }
 
@@ -263,6 +266,11 @@ where
                 self.place_output(forward, output);
                 self.place_grad_input(backward, grad_input);
             }
+            Task::Recompute(w) => self.compute.recompute(w).map_err(Fault::Stage)?,
+            // Transfers are instructions of their own in programs (`Instr::Offload`,
+            // `Instr::Reload`); a compute naming one is run as that instruction.
+            Task::Offload(w) => self.compute.offload(w).map_err(Fault::Stage)?,
+            Task::Reload(w) => self.compute.reload(w).map_err(Fault::Stage)?,
         }
         Ok(())
     }

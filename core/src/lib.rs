@@ -26,14 +26,16 @@ pub mod spmd;
 #[cfg(test)]
 mod testing;
 
-pub use analysis::peak::{max_peak, peak_per_rank, RankPeak};
+pub use analysis::peak::{held_per_task, max_peak, peak_per_rank, RankPeak};
 pub use analysis::replay::{Blocked, ReplayError};
 pub use analysis::simulate::{simulate, simulate_with, Simulation};
 pub use analysis::verify::{verify, verify_schedule, Violation, Violations};
 pub use error::CoreError;
 pub use formats::grid::render_grid;
 pub use ir::cost::{CostModel, StageCosts, StageCostsSpec};
-pub use ir::facts::{Backwards, ChunkPlacement, DualKind, Facts, Layout, LayoutKind, Pacing};
+pub use ir::facts::{
+    Backwards, ChunkPlacement, DualKind, Facts, Layout, LayoutKind, Pacing, Residency,
+};
 pub use ir::ids::{MicrobatchId, RankId, StageId};
 pub use ir::memory::{MemoryModel, StageMemory, StageMemorySpec};
 pub use ir::op::{Op, OpKind, Task, TaskKind, Work};

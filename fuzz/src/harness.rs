@@ -326,7 +326,13 @@ fn message_mut(op: &mut CommOp) -> &mut Message {
 
 fn work_mut(task: &mut Task) -> &mut Work {
     match task {
-        Task::Forward(w) | Task::InputGrad(w) | Task::WeightGrad(w) | Task::Backward(w) => w,
+        Task::Forward(w)
+        | Task::InputGrad(w)
+        | Task::WeightGrad(w)
+        | Task::Backward(w)
+        | Task::Recompute(w)
+        | Task::Offload(w)
+        | Task::Reload(w) => w,
         Task::Overlapped { forward, .. } => forward,
     }
 }
@@ -457,7 +463,11 @@ fn mutate(set: &mut ProgramSet, bytes: &mut Bytes<'_>, stages: u32, microbatches
                             w.microbatch = MicrobatchId::new(microbatch);
                         }
                     }
-                    Instr::Loss(w) | Instr::FreeOutput(w) => {
+                    Instr::Loss(w)
+                    | Instr::FreeOutput(w)
+                    | Instr::Drop(w)
+                    | Instr::Offload(w)
+                    | Instr::Reload(w) => {
                         w.stage = StageId::new(stage);
                         w.microbatch = MicrobatchId::new(microbatch);
                     }

@@ -80,6 +80,9 @@ impl Before {
         if !changes.memory_limit && self.memory_limit != after.memory_limit() {
             return Some("the declared memory limit");
         }
+        if !changes.residency && self.facts.residency != facts.residency {
+            return Some("the residency fact (recomputes or transfers)");
+        }
         None
     }
 }
@@ -339,6 +342,7 @@ mod tests {
             pacing: &[Pacing::FillDrain],
             layout: LayoutKind::ALL,
             whole_backwards: false,
+            residency: Requires::KEPT,
         };
         let err = PassList::new(vec![probe(needs_fill_drain, Changes::default(), |p| p)])
             .run(unscheduled())
@@ -351,6 +355,7 @@ mod tests {
             pacing: Requires::ANY.pacing,
             layout: &[LayoutKind::Dual],
             whole_backwards: false,
+            residency: Requires::KEPT,
         };
         let err = PassList::new(vec![probe(needs_dual, Changes::default(), |p| p)])
             .run(unscheduled())
@@ -448,6 +453,7 @@ mod tests {
             pacing: Requires::ANY.pacing,
             layout: &[LayoutKind::Dual],
             whole_backwards: false,
+            residency: Requires::KEPT,
         };
         let list = PassList::new(vec![
             pacing(half),

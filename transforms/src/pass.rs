@@ -22,7 +22,7 @@
 //! out of order, at every size. A user's pass slots in wherever its contract fits.
 
 use crate::error::TransformError;
-use pipeweave_core::{Facts, LayoutKind, Pacing, Plan};
+use pipeweave_core::{Facts, LayoutKind, Pacing, Plan, Residency};
 use std::fmt::Write;
 
 /// The facts a pass needs of its input.
@@ -34,9 +34,33 @@ pub struct Requires {
     pub layout: &'static [LayoutKind],
     /// Whether every backward must be whole.
     pub whole_backwards: bool,
+    /// Accepted activation residencies: a pass that reorders computes takes plans whose
+    /// activations are all kept ([`Requires::KEPT`]), since it would move a recompute or a
+    /// transfer away from the ops it serves.
+    pub residency: &'static [Residency],
 }
 
 impl Requires {
+    /// Only plans that keep every activation on the device.
+    pub const KEPT: &'static [Residency] = &[Residency::KEPT];
+
+    /// Any residency.
+    pub const ANY_RESIDENCY: &'static [Residency] = &[
+        Residency::KEPT,
+        Residency {
+            recomputed: true,
+            offloaded: false,
+        },
+        Residency {
+            recomputed: false,
+            offloaded: true,
+        },
+        Residency {
+            recomputed: true,
+            offloaded: true,
+        },
+    ];
+
     /// Any plan.
     pub const ANY: Requires = Requires {
         pacing: &[
@@ -47,10 +71,11 @@ impl Requires {
         ],
         layout: LayoutKind::ALL,
         whole_backwards: false,
+        residency: Requires::ANY_RESIDENCY,
     };
 
     /// The first requirement `facts` break, as (what is needed, what the plan has), checking the
-    /// pacing, then the backwards, then the layout.
+    /// pacing, then the backwards, then the residency, then the layout.
     pub fn unmet(&self, facts: &Facts) -> Option<Unmet> {
         if !self.pacing.contains(&facts.pacing) {
             let needed = self
@@ -68,6 +93,18 @@ impl Requires {
             return Some(Unmet::Pacing {
                 needs: "whole backwards".to_string(),
                 found: facts.backwards.to_string(),
+            });
+        }
+        if !self.residency.contains(&facts.residency) {
+            let needed = self
+                .residency
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(" or ");
+            return Some(Unmet::Pacing {
+                needs: needed,
+                found: facts.residency.to_string(),
             });
         }
         if !self.layout.contains(&facts.layout.kind()) {
@@ -120,6 +157,8 @@ pub struct Changes {
     pub backwards: bool,
     /// The declared memory limit.
     pub memory_limit: bool,
+    /// The residency fact (the pass adds recomputes or transfers).
+    pub residency: bool,
 }
 
 /// A pass's declarations.
@@ -182,11 +221,13 @@ mod tests {
             pacing: &[Pacing::FillDrain],
             layout: &[LayoutKind::Linear],
             whole_backwards: true,
+            residency: Requires::KEPT,
         };
         let facts = |pacing, layout, backwards| Facts {
             layout,
             pacing,
             backwards,
+            residency: Residency::KEPT,
         };
         assert_eq!(
             requires.unmet(&facts(Pacing::FillDrain, Layout::Linear, Backwards::Whole)),

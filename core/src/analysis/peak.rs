@@ -1,57 +1,139 @@
-//! The per-rank activation-memory replay: how much each rank holds at its peak.
+//! The per-rank activation-memory replay: how much each rank holds at its peak, on the device and,
+//! where the plan offloads, in host memory.
 //!
-//! Independent of timing: memory depends only on the order of a rank's own ops (F adds `total`,
-//! I frees `total - weight_grad`, W frees `weight_grad`; see [`crate::ir::memory`]).
+//! Independent of timing: memory depends only on the order of a rank's own tasks (see
+//! [`crate::ir::memory`]):
+//! - F adds `total`; I frees `total - weight_grad`; W frees `weight_grad` (B both);
+//! - the forward of a recomputed pair (one with an `R` task) frees `total - checkpoint` right after
+//!   it (the peak counts the forward's activations while it runs); its `R` holds them again;
+//! - `OFFLOAD` moves the pair's `total` from the device to the host, `RELOAD` moves it back.
+//!
+//! The order is exact about time as well, by the rule the replay engine keeps
+//! ([`crate::analysis::replay`]): a task that allocates on the device (a forward, a recompute, a
+//! reload) never starts before every offload earlier in its rank's order has finished, so the
+//! memory an offload frees at its place in the order is free by the time anything after it needs it.
 
-use crate::ir::ids::RankId;
-use crate::ir::op::Op;
+use crate::ir::ids::{MicrobatchId, RankId, StageId};
+use crate::ir::op::{OpKind, Task};
 use crate::ir::plan::Plan;
 use std::ops::ControlFlow;
 
-/// Peak held activation memory of one rank and the op at which it is first reached.
+/// Peak held activation memory of one rank and the task at which it is first reached.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RankPeak {
     /// The rank.
     pub rank: RankId,
-    /// Peak memory, in units of one microbatch of the rank's share.
+    /// Peak device memory, in units of one microbatch of the rank's share.
     pub peak: f64,
-    /// The op after which the peak is first reached (None for a rank that runs nothing).
-    pub at: Option<Op>,
+    /// The task after which (or, for a task that allocates and frees, while which) the peak is
+    /// first reached (None for a rank that holds nothing).
+    pub at: Option<Task>,
+    /// Peak host memory the rank's offloads hold (0 without offload).
+    pub host_peak: f64,
 }
 
-/// Replays each rank's order and returns its activation-memory peak. Independent of timing: memory
-/// only depends on the order of a rank's own ops. Ops whose stage is out of range are skipped (the
-/// verifier reports them).
-pub fn peak_per_rank(plan: &Plan) -> Vec<RankPeak> {
+/// Walks one rank's order, calling `visit(position, task, held)` with the most device memory held
+/// while the task runs (a forward's activations included before a drop), and returns the host
+/// memory's peak. Tasks whose stage is out of range hold nothing (the verifier reports them).
+fn walk(
+    plan: &Plan,
+    order: &[Task],
+    is_dropped: &impl Fn(StageId, MicrobatchId) -> bool,
+    mut visit: impl FnMut(usize, &Task, f64),
+) -> f64 {
     let figures = plan.memory().stages();
+    let (mut held, mut host, mut host_peak) = (0.0f64, 0.0f64, 0.0f64);
+    for (position, task) in order.iter().enumerate() {
+        let Some(m) = figures.get(task.work().stage.index()) else {
+            visit(position, task, held);
+            continue;
+        };
+        let mut during = held;
+        match *task {
+            Task::Recompute(_) => {
+                held += m.dropped();
+                during = held;
+            }
+            Task::Offload(_) => {
+                held -= m.total();
+                host += m.total();
+                host_peak = host_peak.max(host);
+            }
+            Task::Reload(_) => {
+                held += m.total();
+                host -= m.total();
+                during = held;
+            }
+            _ => {
+                let _ = task.try_for_each_op(|op| {
+                    let Some(m) = figures.get(op.stage.index()) else {
+                        return ControlFlow::<()>::Continue(());
+                    };
+                    held += m.delta(op.kind);
+                    during = during.max(held);
+                    if op.kind == OpKind::Forward && is_dropped(op.stage, op.microbatch) {
+                        held -= m.dropped();
+                    }
+                    ControlFlow::Continue(())
+                });
+            }
+        }
+        visit(position, task, during);
+    }
+    host_peak
+}
+
+/// Per rank, per task of its order, the most device memory held while the task runs: where a
+/// memory bound breaks, for passes that place recomputes and transfers.
+pub fn held_per_task(plan: &Plan) -> Vec<Vec<f64>> {
+    let dropped = plan.recomputed_pairs();
+    let slots = plan.slots();
+    let is_dropped = |stage, microbatch| {
+        slots
+            .pair(stage, microbatch)
+            .is_some_and(|p| dropped.get(p) == Some(&true))
+    };
+    plan.orders()
+        .iter()
+        .map(|order| {
+            let mut held = Vec::with_capacity(order.len());
+            walk(plan, order, &is_dropped, |_, _, during| held.push(during));
+            held
+        })
+        .collect()
+}
+
+/// Replays each rank's order and returns its memory peaks.
+pub fn peak_per_rank(plan: &Plan) -> Vec<RankPeak> {
+    let dropped = plan.recomputed_pairs();
+    let slots = plan.slots();
+    let is_dropped = |stage, microbatch| {
+        slots
+            .pair(stage, microbatch)
+            .is_some_and(|p| dropped.get(p) == Some(&true))
+    };
     plan.orders()
         .iter()
         .enumerate()
         .map(|(r, order)| {
-            let mut held = 0.0f64;
             let mut best = RankPeak {
                 rank: RankId::new(r as u32),
                 peak: 0.0,
                 at: None,
+                host_peak: 0.0,
             };
-            for task in order {
-                let _ = task.try_for_each_op(|op| {
-                    if let Some(m) = figures.get(op.stage.index()) {
-                        held += m.delta(op.kind);
-                    }
-                    if held > best.peak + 1e-12 {
-                        best.peak = held;
-                        best.at = Some(op);
-                    }
-                    ControlFlow::<()>::Continue(())
-                });
-            }
+            best.host_peak = walk(plan, order, &is_dropped, |_, task, during| {
+                if during > best.peak + 1e-12 {
+                    best.peak = during;
+                    best.at = Some(*task);
+                }
+            });
             best
         })
         .collect()
 }
 
-/// The largest peak over all ranks.
+/// The largest device peak over all ranks.
 pub fn max_peak(plan: &Plan) -> f64 {
     peak_per_rank(plan)
         .iter()
@@ -64,37 +146,94 @@ mod tests {
     use super::*;
     use crate::ir::cost::{CostModel, StageCosts};
     use crate::ir::memory::{MemoryModel, StageMemorySpec};
-    use crate::ir::op::Task;
     use crate::ir::problem::ProblemSpec;
 
-    #[test]
-    fn peaks_follow_each_ranks_order() {
+    fn one_rank(cells: &[&str], weight_grad: f64, checkpoint: f64) -> Plan {
         let problem = ProblemSpec::builder()
             .ranks(1)
-            .microbatches(2)
+            .microbatches(3)
             .build()
             .validate()
             .unwrap();
         let memory = StageMemorySpec::builder()
             .total(1.0)
-            .weight_grad(0.25)
+            .weight_grad(weight_grad)
+            .checkpoint(checkpoint)
             .build()
             .validate()
             .unwrap();
-        let order: Vec<Task> = ["0F0", "0F1", "0I0", "0W0", "0I1", "0W1"]
-            .iter()
-            .map(|t| t.parse().unwrap())
-            .collect();
-        let plan = Plan::new(
+        let order: Vec<Task> = cells.iter().map(|t| t.parse().unwrap()).collect();
+        Plan::new(
             problem,
             CostModel::uniform(1, StageCosts::default(), 0.0).unwrap(),
             MemoryModel::uniform(1, memory),
             vec![order],
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn peaks_follow_each_ranks_order() {
+        let plan = one_rank(&["0F0", "0F1", "0I0", "0W0", "0I1", "0W1"], 0.25, 0.0);
         let peaks = peak_per_rank(&plan);
         assert_eq!(peaks[0].peak, 2.0);
         assert_eq!(peaks[0].at.unwrap().to_string(), "0F1");
+        assert_eq!(peaks[0].host_peak, 0.0);
         assert_eq!(max_peak(&plan), 2.0);
+    }
+
+    #[test]
+    fn held_per_task_is_the_most_held_while_each_task_runs() {
+        let plan = one_rank(&["0F0", "0F1", "0R0", "0B0", "0B1"], 1.0, 0.0);
+        // 0F0 peaks at 1 and is dropped; 0F1 holds 1; 0R0 brings 0F0 back: 2, which 0B0
+        // holds when it starts.
+        assert_eq!(held_per_task(&plan), vec![vec![1.0, 1.0, 2.0, 2.0, 1.0]]);
+    }
+
+    #[test]
+    fn a_recomputed_forward_keeps_its_checkpoint_until_its_recompute() {
+        // 0F0 and 0F1 dropped (each keeps 0.125); the peak is 0F2 over two checkpoints, then
+        // the recomputes of 0 and 1 each hold 0.875 again while 0F2 is held.
+        let cells = ["0F0", "0F1", "0F2", "0B2", "0R1", "0B1", "0R0", "0B0"];
+        let plan = one_rank(&cells, 1.0, 0.125);
+        let peaks = peak_per_rank(&plan);
+        assert_eq!(peaks[0].peak, 1.25);
+        assert_eq!(peaks[0].at.unwrap().to_string(), "0F2");
+        // Without a checkpoint a lone forward is the peak.
+        assert_eq!(max_peak(&one_rank(&cells, 1.0, 0.0)), 1.0);
+    }
+
+    #[test]
+    fn offloads_move_activations_to_the_host_and_back() {
+        let cells = [
+            "0F0",
+            "0OFFLOAD0",
+            "0F1",
+            "0OFFLOAD1",
+            "0F2",
+            "0B2",
+            "0RELOAD1",
+            "0B1",
+            "0RELOAD0",
+            "0B0",
+        ];
+        let plan = one_rank(&cells, 1.0, 0.0);
+        let peaks = peak_per_rank(&plan);
+        assert_eq!(peaks[0].peak, 1.0);
+        assert_eq!(peaks[0].host_peak, 2.0);
+        // A reload while another pair is held is the peak.
+        let cells = [
+            "0F0",
+            "0F1",
+            "0OFFLOAD0",
+            "0F2",
+            "0B2",
+            "0RELOAD0",
+            "0B1",
+            "0B0",
+        ];
+        let peaks = peak_per_rank(&one_rank(&cells, 1.0, 0.0));
+        assert_eq!((peaks[0].peak, peaks[0].host_peak), (2.0, 1.0));
+        assert_eq!(peaks[0].at.unwrap().to_string(), "0F1");
     }
 }

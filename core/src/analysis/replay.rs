@@ -6,12 +6,24 @@
 //! the op finishes, so a replay costs time linear in the number of ops. When no rank can move and
 //! some have tasks left, the plan cannot finish; the engine returns what each blocked rank waits for.
 //!
+//! The residency tasks ([`Task::is_residency`]) have their own rules. A recompute runs on the rank
+//! like any compute. The transfers (offload, reload) run on the rank's host link, one at a time in
+//! their order: a transfer is issued when the compute before it in the order has ended and starts
+//! once the link is free; the computes go on beside it. A backward (the I of an offloaded pair)
+//! starts only after its reload has ended, and a task that allocates device memory (a forward, a
+//! recompute; a reload by the link's own order) only after every offload earlier in the rank's order
+//! has ended, so the memory freed at an offload's place in the order is free by then (what
+//! [`crate::analysis::peak`] counts on). The timeline keeps every task at its place in the rank's
+//! order, transfers with their times on the link.
+//!
 //! The engine assumes every op of every task is in range (the verifier checks that first); an op out
 //! of range, an op run twice, and a deadlock are reported as a [`ReplayError`] rather than a panic.
+//! It assumes residency tasks come in their verified order (a reload before its backward); a
+//! backward whose reload comes later in the order runs as though its pair had not been offloaded.
 
 use crate::ir::deps::Links;
 use crate::ir::ids::RankId;
-use crate::ir::op::{Op, Task};
+use crate::ir::op::{Op, OpKind, Task};
 use crate::ir::plan::Plan;
 use std::collections::VecDeque;
 use std::fmt;
@@ -134,13 +146,57 @@ pub fn replay_linked(
     let mut waiting_for: Vec<Option<Op>> = vec![None; ranks];
     let mut ready: VecDeque<usize> = (0..ranks).collect();
     let mut completed = 0usize;
+    // The host links: when each is free, and when the last offload issued on it ends.
+    let mut link_free = vec![0.0f64; ranks];
+    let mut fence = vec![0.0f64; ranks];
+    // Per pair, when its reload ends (NaN: not reloaded, or not yet); empty without offload.
+    let offloads = plan.facts().residency.offloaded;
+    let mut reloaded = vec![f64::NAN; if offloads { slots.pairs() } else { 0 }];
 
     while let Some(r) = ready.pop_front() {
         let order = &plan.orders()[r];
         while position[r] < order.len() {
             let task = order[position[r]];
             let at = |op| (RankId::new(r as u32), position[r], op);
+            if task.is_residency() {
+                let w = task.work();
+                if !links.has_work(w.stage, w.microbatch) {
+                    let (rank, position, op) = at(w.op(OpKind::Forward));
+                    return Err(ReplayError::OutOfRange(rank, position, op));
+                }
+                let (start, end) = match task {
+                    Task::Recompute(_) => {
+                        let start = clock[r].max(fence[r]);
+                        clock[r] = start + duration(&task);
+                        (start, clock[r])
+                    }
+                    _ => {
+                        let start = clock[r].max(link_free[r]);
+                        let end = start + duration(&task);
+                        link_free[r] = end;
+                        match (task, slots.pair(w.stage, w.microbatch)) {
+                            (Task::Reload(_), Some(pair)) if offloads => reloaded[pair] = end,
+                            _ => fence[r] = fence[r].max(end),
+                        }
+                        (start, end)
+                    }
+                };
+                if record {
+                    timeline[r].push(TimedTask {
+                        task,
+                        start,
+                        end,
+                        sequence: completed,
+                    });
+                }
+                completed += 1;
+                position[r] += 1;
+                continue;
+            }
             let mut start = clock[r];
+            if task.allocates() {
+                start = start.max(fence[r]);
+            }
             let mut own = [0usize; 3];
             let mut count = 0;
             let ready_or_not = task.try_for_each_op(|op| {
@@ -160,6 +216,14 @@ pub fn replay_linked(
                 let Some((slot, flow)) = located else {
                     return ControlFlow::Break(Stop::OutOfRange(op));
                 };
+                if offloads && op.kind == OpKind::InputGrad {
+                    if let Some(pair) = slots.pair(op.stage, op.microbatch) {
+                        let ends = reloaded[pair];
+                        if !ends.is_nan() {
+                            start = start.max(ends);
+                        }
+                    }
+                }
                 own[count] = slot;
                 count += 1;
                 flow
@@ -296,6 +360,50 @@ mod tests {
             }
             other => panic!("expected a deadlock, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn transfers_run_on_the_link_beside_the_computes() {
+        // One rank, two microbatches. The offload of 0F0 takes [1, 3]; 0F1 allocates, so it
+        // waits for it: [3, 4]. 0B1 [4, 6]; the reload is issued after 0B1 ([6, 8]) and 0B0
+        // waits for it.
+        let plan = crate::testing::plan(2, &["0F0 0OFFLOAD0 0F1 0B1 0RELOAD0 0B0"]);
+        let duration = |t: &Task| match t {
+            Task::Offload(_) | Task::Reload(_) => 2.0,
+            Task::Backward(_) => 2.0,
+            _ => 1.0,
+        };
+        let replayed = replay(&plan, duration, 0.0, true).unwrap();
+        let times: Vec<(String, f64, f64)> = replayed.timeline[0]
+            .iter()
+            .map(|t| (t.task.to_string(), t.start, t.end))
+            .collect();
+        let expected = [
+            ("0F0", 0.0, 1.0),
+            ("0OFFLOAD0", 1.0, 3.0),
+            ("0F1", 3.0, 4.0),
+            ("0B1", 4.0, 6.0),
+            ("0RELOAD0", 6.0, 8.0),
+            ("0B0", 8.0, 10.0),
+        ];
+        let expected: Vec<(String, f64, f64)> = expected
+            .iter()
+            .map(|&(t, a, b)| (t.to_string(), a, b))
+            .collect();
+        assert_eq!(times, expected);
+    }
+
+    #[test]
+    fn a_reload_placed_early_hides_behind_the_computes() {
+        let plan = crate::testing::plan(2, &["0F0 0OFFLOAD0 0F1 0RELOAD0 0B1 0B0"]);
+        let replayed = replay(&plan, |_| 1.0, 0.0, true).unwrap();
+        let ends: Vec<f64> = replayed.timeline[0].iter().map(|t| t.end).collect();
+        // F0 [0,1], offload [1,2], F1 [2,3], reload [3,4] beside B1 [3,4], B0 [4,5].
+        assert_eq!(ends, [1.0, 2.0, 3.0, 4.0, 4.0, 5.0]);
+        // A recompute runs on the compute side.
+        let plan = crate::testing::plan(2, &["0F0 0F1 0B1 0R0 0B0"]);
+        let replayed = replay(&plan, |_| 1.0, 0.0, true).unwrap();
+        assert_eq!(replayed.timeline[0][4].end, 5.0);
     }
 
     #[test]

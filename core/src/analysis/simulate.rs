@@ -2,12 +2,14 @@
 //!
 //! Every rank runs its order as early as dependencies allow (see [`crate::analysis::replay`]). Reported:
 //! - `makespan`: when the last task ends;
-//! - per rank: `busy` (time running tasks), `idle` (= makespan - busy), and `span` (first task's
-//!   start to last task's end);
+//! - per rank: `busy` (time running computes, recomputes included), `idle` (= makespan - busy),
+//!   `span` (first compute's start to last compute's end) and `link_busy` (time its host link
+//!   spends on transfers, which run beside the computes);
 //! - `bubble_rate` as the Zero Bubble paper defines it: `(span - work) / span` with `span` the
 //!   longest per-rank span and `work` the largest per-rank sum of unfused op costs (F + I + W of
 //!   every op the rank runs; for uniform costs `m (T_F + T_B + T_W)`);
-//! - peak activation memory per rank (units of one microbatch of a rank's share);
+//! - peak activation memory per rank (units of one microbatch of a rank's share), on the device
+//!   and in host memory (offloaded activations);
 //! - the timeline of every task.
 
 use crate::analysis::peak::peak_per_rank;
@@ -26,8 +28,12 @@ pub struct RankFigures {
     pub span: f64,
     /// Sum of unfused op costs (F, I, W) of the rank's ops.
     pub work: f64,
-    /// Peak activation memory.
+    /// Peak activation memory on the device.
     pub peak_activations: f64,
+    /// Peak activation memory offloaded to the host (0 without offload).
+    pub host_peak_activations: f64,
+    /// Time the rank's host link spends on transfers.
+    pub link_busy: f64,
 }
 
 /// The result of simulating a plan.
@@ -88,19 +94,21 @@ impl Simulation {
     pub fn from_timeline(plan: &Plan, timeline: Vec<Vec<TimedTask>>) -> Simulation {
         let costs = plan.costs();
         let peaks = peak_per_rank(plan);
-        let makespan = timeline
-            .iter()
-            .filter_map(|t| t.last().map(|x| x.end))
-            .fold(0.0, f64::max);
+        let makespan = timeline.iter().flatten().map(|t| t.end).fold(0.0, f64::max);
         let ranks: Vec<RankFigures> = timeline
             .iter()
             .enumerate()
             .map(|(r, tasks)| {
-                let busy: f64 = tasks.iter().map(|t| t.end - t.start).sum();
+                let length = |t: &TimedTask| t.end - t.start;
+                let busy: f64 = tasks.iter().filter(|t| !t.task.on_link()).map(length).sum();
+                let link_busy: f64 = tasks.iter().filter(|t| t.task.on_link()).map(length).sum();
+                let mut computes = tasks.iter().filter(|t| !t.task.on_link());
+                let first = computes.next();
+                let last = computes.next_back().or(first);
                 RankFigures {
                     busy,
                     idle: makespan - busy,
-                    span: match (tasks.first(), tasks.last()) {
+                    span: match (first, last) {
                         (Some(a), Some(b)) => b.end - a.start,
                         _ => 0.0,
                     },
@@ -113,6 +121,8 @@ impl Simulation {
                         .map(|op| costs.op_cost(op))
                         .sum(),
                     peak_activations: peaks.get(r).map_or(0.0, |p| p.peak),
+                    host_peak_activations: peaks.get(r).map_or(0.0, |p| p.host_peak),
+                    link_busy,
                 }
             })
             .collect();

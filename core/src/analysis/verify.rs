@@ -14,9 +14,16 @@
 //! 5. **Acyclic.** The per-rank orders together with the dependencies admit an execution: replaying
 //!    them as early as possible finishes every rank. Otherwise the cycle of waiting ranks is reported.
 //! 6. **Memory bound.** When the plan declares a per-rank activation-memory limit, no rank's held
-//!    activations (F adds `total`, I frees `total - weight_grad`, W frees `weight_grad`) exceed it.
+//!    activations on the device ([`crate::analysis::peak`]: F adds `total`, I frees
+//!    `total - weight_grad`, W frees `weight_grad`, with the residency tasks' moves) exceed it.
+//! 7. **Residency.** Every recompute and transfer names an existing (stage, microbatch) pair and
+//!    runs on the rank of its stage; a pair is recomputed at most once, offloaded and reloaded at
+//!    most once each, never both recomputed and offloaded, and an offload has its reload; on the
+//!    rank, the pair's F comes before its R, and the R before the task running its I; F before
+//!    OFFLOAD, OFFLOAD before RELOAD, RELOAD before the I.
 //!
-//! Checks 4 to 6 run only when 1 to 3 hold, because they are meaningless on an incomplete plan.
+//! Check 7 runs right after 1 to 3 (the replay of check 5 relies on it); checks 4 to 7 run only
+//! when 1 to 3 hold, because they are meaningless on an incomplete plan.
 //!
 //! Shortcuts keep a sound plan cheap and leave every report as it is. Check 3 counts the ops it
 //! sees and looks for missing ones only when the count falls short. The replay of check 5 runs
@@ -111,8 +118,19 @@ pub enum Violation {
         peak: f64,
         /// The bound.
         limit: f64,
-        /// The op after which the peak is first reached.
-        at: Op,
+        /// The task at which the peak is first reached.
+        at: Task,
+    },
+    /// A recompute or transfer is misplaced (invariant 7).
+    Residency {
+        /// The rank whose order holds it.
+        rank: RankId,
+        /// Index in that order.
+        position: usize,
+        /// The task.
+        task: Task,
+        /// What is wrong.
+        reason: String,
     },
 }
 
@@ -164,7 +182,11 @@ impl fmt::Display for Violation {
             Violation::MemoryBound { rank, peak, limit, at } => write!(
                 f,
                 "rank {rank} holds {peak:.4} activations after {at} (stage {}), above the limit {limit}",
-                at.stage
+                at.work().stage
+            ),
+            Violation::Residency { rank, position, task, reason } => write!(
+                f,
+                "task {task} at position {position} on rank {rank}: {reason}"
             ),
         }
     }
@@ -248,6 +270,12 @@ fn collect(plan: &Plan, with_memory: bool) -> Vec<Violation> {
     let seen = check_structure(plan, &links, &mut out);
     if !out.is_empty() {
         return out.finish();
+    }
+    if plan.manages_residency() {
+        check_residency(plan, &links, &mut out);
+        if !out.is_empty() {
+            return out.finish();
+        }
     }
     // Check 5's replay before check 4's pass (see the module doc).
     if let Err(stuck) = replay_linked(plan, &links, |_: &Task| 1.0, 0.0, false) {
@@ -474,6 +502,130 @@ impl From<ReplayError> for Violation {
     }
 }
 
+/// Where a pair's residency tasks sit in its rank's order (`NONE` for none).
+#[derive(Clone, Copy)]
+struct PairTasks {
+    recompute: u32,
+    offload: u32,
+    reload: u32,
+}
+
+const NONE: u32 = u32::MAX;
+
+/// Invariant 7 (on a plan whose every op appears once on its stage's rank).
+fn check_residency(plan: &Plan, links: &Links, out: &mut Report) {
+    let slots = links.slots();
+    let position = positions(plan, links);
+    let at_op = |w: Work, kind: OpKind| {
+        let slot = slots
+            .op(w.op(kind))
+            .expect("pairs are checked in range first");
+        position[slot]
+    };
+    let mut pairs = vec![
+        PairTasks {
+            recompute: NONE,
+            offload: NONE,
+            reload: NONE,
+        };
+        slots.pairs()
+    ];
+    for (r, order) in plan.orders().iter().enumerate() {
+        let rank = RankId::new(r as u32);
+        for (at, task) in order.iter().enumerate() {
+            if !task.is_residency() {
+                continue;
+            }
+            let fault = |reason: String| Violation::Residency {
+                rank,
+                position: at,
+                task: *task,
+                reason,
+            };
+            let w = task.work();
+            if !links.has_work(w.stage, w.microbatch) {
+                let why = out_of_range(plan.problem(), rank, at, w.op(OpKind::Forward));
+                if let Violation::OutOfRange { reason, .. } = why {
+                    out.push(fault(reason));
+                }
+                continue;
+            }
+            let owner = links.owner(w.stage).expect("the pair exists");
+            if owner != rank {
+                out.push(fault(format!(
+                    "stage {} is placed on rank {owner}",
+                    w.stage
+                )));
+                continue;
+            }
+            let pair = slots.pair(w.stage, w.microbatch).expect("the pair exists");
+            let entry = &mut pairs[pair];
+            let (slot, what) = match task {
+                Task::Recompute(_) => (&mut entry.recompute, "recomputed"),
+                Task::Offload(_) => (&mut entry.offload, "offloaded"),
+                _ => (&mut entry.reload, "reloaded"),
+            };
+            if *slot != NONE {
+                out.push(fault(format!("the pair is {what} a second time")));
+                continue;
+            }
+            *slot = at as u32;
+            let forward = at_op(w, OpKind::Forward);
+            let backward = at_op(w, OpKind::InputGrad);
+            if forward >= at as u32 {
+                out.push(fault(format!(
+                    "it comes before {}, the forward it follows",
+                    w.op(OpKind::Forward)
+                )));
+            }
+            if backward <= at as u32 {
+                out.push(fault(format!(
+                    "it comes after {}, the backward it must precede",
+                    w.op(OpKind::InputGrad)
+                )));
+            }
+        }
+    }
+    for (r, order) in plan.orders().iter().enumerate() {
+        for (at, task) in order.iter().enumerate() {
+            let w = task.work();
+            let Some(pair) = slots.pair(w.stage, w.microbatch) else {
+                continue;
+            };
+            let entry = pairs[pair];
+            let reason = match task {
+                Task::Recompute(_) if entry.offload != NONE => {
+                    "the pair is both recomputed and offloaded"
+                }
+                Task::Offload(_) if entry.reload == NONE => "the pair is never reloaded",
+                Task::Reload(_) if entry.offload == NONE => "the pair was never offloaded",
+                Task::Reload(_) if entry.offload > at as u32 => {
+                    "it comes before the pair's offload"
+                }
+                _ => continue,
+            };
+            if entry_at(task, entry) != at as u32 {
+                continue; // a repeat, reported above
+            }
+            out.push(Violation::Residency {
+                rank: RankId::new(r as u32),
+                position: at,
+                task: *task,
+                reason: reason.to_string(),
+            });
+        }
+    }
+}
+
+/// Where `pairs` recorded the first of `task`'s kind.
+fn entry_at(task: &Task, entry: PairTasks) -> u32 {
+    match task {
+        Task::Recompute(_) => entry.recompute,
+        Task::Offload(_) => entry.offload,
+        _ => entry.reload,
+    }
+}
+
 fn check_memory(plan: &Plan, out: &mut Report) {
     let Some(limit) = plan.memory_limit() else {
         return;
@@ -484,7 +636,7 @@ fn check_memory(plan: &Plan, out: &mut Report) {
                 rank: peak.rank,
                 peak: peak.peak,
                 limit,
-                at: peak.at.expect("a positive peak is reached at some op"),
+                at: peak.at.expect("a positive peak is reached at some task"),
             });
         }
     }
@@ -569,6 +721,42 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "1 violation(s)\n  - rank 0 holds 2.0000 activations after 0F1 (stage 0), above the limit 1.5"
+        );
+    }
+
+    #[test]
+    fn misplaced_recomputes_and_transfers_are_named() {
+        let sound = ["0F0 0OFFLOAD0 0F1 0RELOAD0 0B0 0B1", "1F0 1B0 1F1 1R1 1B1"];
+        check(sound, &[]);
+        check(
+            ["0F0 0OFFLOAD0 0F1 0B0 0RELOAD0 0B1", "1F0 1B0 1F1 1B1"],
+            &["task 0RELOAD0 at position 4 on rank 0: it comes after 0I0, the backward it must precede"],
+        );
+        check(
+            ["0R0 0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"],
+            &["task 0R0 at position 0 on rank 0: it comes before 0F0, the forward it follows"],
+        );
+        check(
+            ["0F0 0OFFLOAD0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1 1R5 0R0"],
+            &[
+                "task 1R5 at position 4 on rank 1: microbatch 5 is out of range (the plan has 2 microbatches)",
+                "task 0R0 at position 5 on rank 1: stage 0 is placed on rank 0",
+                "task 0OFFLOAD0 at position 1 on rank 0: the pair is never reloaded",
+            ],
+        );
+        check(
+            [
+                "0F0 0R0 0OFFLOAD0 0RELOAD0 0R0 0B0 0F1 0B1",
+                "1F0 1B0 1F1 1B1",
+            ],
+            &[
+                "task 0R0 at position 4 on rank 0: the pair is recomputed a second time",
+                "task 0R0 at position 1 on rank 0: the pair is both recomputed and offloaded",
+            ],
+        );
+        check(
+            ["0F0 0RELOAD0 0OFFLOAD0 0B0 0F1 0B1", "1F0 1B0 1F1 1B1"],
+            &["task 0RELOAD0 at position 1 on rank 0: it comes before the pair's offload"],
         );
     }
 

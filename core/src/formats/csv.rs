@@ -637,16 +637,40 @@ pub fn pytorch_expressible(problem: &Problem) -> Result<(), CoreError> {
     Ok(())
 }
 
-/// The compute-only CSV of a plan.
+/// The compute-only CSV of a plan. PyTorch's format has no recompute or transfer actions: the
+/// file keeps the model's computes in the plan's order and leaves the residency tasks out
+/// ([`residency_left_out`] says what), so PyTorch runs the same compute order with every
+/// activation kept on the device.
 pub fn compute_csv(plan: &Plan) -> String {
     let mut text = CsvText::with_capacity(plan.task_count() * 8 + plan.orders().len());
     for order in plan.orders() {
-        for task in order {
+        for task in order.iter().filter(|t| !t.is_residency()) {
             task.push_notation(text.cell());
         }
         text.end_row();
     }
     text.finish()
+}
+
+/// What a schedule file of `plan` leaves out, in a sentence (None when nothing): the recomputes
+/// and transfers PyTorch's format cannot express.
+pub fn residency_left_out(plan: &Plan) -> Option<String> {
+    let (mut recomputes, mut transfers) = (0usize, 0usize);
+    for task in plan.orders().iter().flatten() {
+        match task {
+            Task::Recompute(_) => recomputes += 1,
+            Task::Offload(_) | Task::Reload(_) => transfers += 1,
+            _ => {}
+        }
+    }
+    if recomputes + transfers == 0 {
+        return None;
+    }
+    Some(format!(
+        "the CSV leaves out {recomputes} recompute(s) and {transfers} offload/reload transfer(s): \
+         PyTorch's schedule format has no such actions, so PyTorch runs the same compute order \
+         with every activation kept on the device (more memory than the plan's peak)"
+    ))
 }
 
 /// CSV text being written, as bytes: cells separated by commas, rows ended by newlines.
@@ -741,7 +765,7 @@ pub fn lowered_csv(set: &ProgramSet) -> String {
         deferred.clear();
         for instr in &program.instrs {
             match instr {
-                Instr::Compute(t) => t.push_notation(text.cell()),
+                Instr::Compute(t) if !t.is_residency() => t.push_notation(text.cell()),
                 Instr::Comm(group) => {
                     waits.clear();
                     for op in &group.ops {

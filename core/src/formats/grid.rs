@@ -1,8 +1,9 @@
 //! A text grid of a simulated plan: one row per rank, one column per time quantum.
 //!
-//! Each task shows its kind and microbatch in the cell where it starts (`F3`, `I3`, `W3`, `B3`, and
-//! `X3` for an overlapped forward+backward, labelled by its forward's microbatch); the cells it
-//! continues over show `~`, idle cells `.`. A rank's first local stage is written in capitals, its
+//! Each task shows its kind and microbatch in the cell where it starts (`F3`, `I3`, `W3`, `B3`,
+//! `X3` for an overlapped forward+backward, labelled by its forward's microbatch, `R3` for a
+//! recompute); the cells it continues over show `~`, idle cells `.`. A rank whose plan offloads gets
+//! a second row, `link`, with its transfers (`O3` offload, `L3` reload). A rank's first local stage is written in capitals, its
 //! other stages (model chunks) in lower case, so interleaved schedules read like the papers' figures.
 //! The quantum is the shortest task duration, widened so the grid has at most [`MAX_COLUMNS`] columns.
 
@@ -24,6 +25,9 @@ fn label(first_local: Option<usize>, task: &Task) -> String {
         TaskKind::WeightGrad => 'W',
         TaskKind::Backward => 'B',
         TaskKind::Overlapped => 'X',
+        TaskKind::Recompute => 'R',
+        TaskKind::Offload => 'O',
+        TaskKind::Reload => 'L',
     };
     let letter = if first_local == Some(work.stage.index()) {
         letter
@@ -79,39 +83,52 @@ pub fn render_grid(plan: &Plan, simulation: &Simulation) -> String {
         .unwrap_or(1);
     let mut out = String::new();
     let mut row = vec![Cell::Idle; columns];
+    let offloads = plan.facts().residency.offloaded;
     for (r, tasks) in timeline.iter().enumerate() {
-        row.fill(Cell::Idle);
-        for (i, t) in tasks.iter().enumerate() {
-            let first = ((t.start / quantum) + 1e-9).floor() as usize;
-            let last = (((t.end / quantum) - 1e-9).ceil() as usize).max(first + 1);
-            for (c, cell) in row
-                .iter_mut()
-                .enumerate()
-                .take(last.min(columns))
-                .skip(first)
-            {
-                *cell = if c == first {
-                    Cell::Starts(i)
-                } else {
-                    Cell::Continues
-                };
-            }
-        }
         let first_local = plan
             .problem()
             .stage_to_rank()
             .iter()
             .position(|rank| rank.index() == r);
-        let _ = write!(out, "rank {r:>2} |");
-        for cell in &row {
-            let text = match *cell {
-                Cell::Idle => ".".to_string(),
-                Cell::Starts(i) => label(first_local, &tasks[i].task),
-                Cell::Continues => "~".to_string(),
-            };
-            let _ = write!(out, " {text:<width$}");
+        for link in [false, true] {
+            if link && !offloads {
+                continue;
+            }
+            row.fill(Cell::Idle);
+            for (i, t) in tasks.iter().enumerate() {
+                if t.task.on_link() != link {
+                    continue;
+                }
+                let first = ((t.start / quantum) + 1e-9).floor() as usize;
+                let last = (((t.end / quantum) - 1e-9).ceil() as usize).max(first + 1);
+                for (c, cell) in row
+                    .iter_mut()
+                    .enumerate()
+                    .take(last.min(columns))
+                    .skip(first)
+                {
+                    *cell = if c == first {
+                        Cell::Starts(i)
+                    } else {
+                        Cell::Continues
+                    };
+                }
+            }
+            if link {
+                let _ = write!(out, "   link |");
+            } else {
+                let _ = write!(out, "rank {r:>2} |");
+            }
+            for cell in &row {
+                let text = match *cell {
+                    Cell::Idle => ".".to_string(),
+                    Cell::Starts(i) => label(first_local, &tasks[i].task),
+                    Cell::Continues => "~".to_string(),
+                };
+                let _ = write!(out, " {text:<width$}");
+            }
+            out.push('\n');
         }
-        out.push('\n');
     }
     out
 }

@@ -1,6 +1,7 @@
 //! An SVG timeline like the papers' figures: ranks as rows, time as columns, one box per task
-//! coloured by kind (F, B, I, W, overlapped F&B) with its microbatch number, later model chunks
-//! hatched, a legend, and the makespan and bubble rate in the title.
+//! coloured by kind (F, B, I, W, overlapped F&B, R recompute) with its microbatch number, later
+//! model chunks hatched, a legend, and the makespan and bubble rate in the title. A plan that
+//! offloads draws each rank's host-link transfers (offload, reload) in a thin lane under its row.
 
 use crate::analysis::replay::TimedTask;
 use crate::analysis::simulate::Simulation;
@@ -21,6 +22,9 @@ fn colour(kind: TaskKind) -> &'static str {
         TaskKind::InputGrad => "#8cd17d",
         TaskKind::WeightGrad => "#f1ce63",
         TaskKind::Overlapped => "#b07aa1",
+        TaskKind::Recompute => "#9c755f",
+        TaskKind::Offload => "#e15759",
+        TaskKind::Reload => "#76b7b2",
     }
 }
 
@@ -31,8 +35,14 @@ fn label(kind: TaskKind) -> &'static str {
         TaskKind::InputGrad => "I input-gradient backward",
         TaskKind::WeightGrad => "W weight-gradient backward",
         TaskKind::Overlapped => "F&B overlapped forward and backward",
+        TaskKind::Recompute => "R recompute",
+        TaskKind::Offload => "offload to host",
+        TaskKind::Reload => "reload from host",
     }
 }
+
+/// Height of the lane of a rank's host-link transfers (when the plan offloads).
+const LINK_LANE: f64 = 7.0;
 
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
@@ -54,7 +64,7 @@ pub fn timeline_svg(plan: &Plan, simulation: &Simulation, title: &str) -> String
         rank_row(&mut out, &frame, r, tasks, first_local);
     }
     time_axis(&mut out, &frame);
-    legend(&mut out, &frame);
+    legend(&mut out, &frame, plan);
     out.push_str("</svg>\n");
     out
 }
@@ -67,10 +77,17 @@ struct Frame {
     width: f64,
     legend_top: f64,
     height: f64,
+    /// Height of a compute box (less than a row's when the row holds a link lane).
+    box_height: f64,
 }
 
 impl Frame {
     fn of(simulation: &Simulation) -> Frame {
+        let transfers = simulation
+            .timeline()
+            .iter()
+            .flatten()
+            .any(|t| t.task.on_link());
         let makespan = simulation.makespan().max(1e-9);
         let shortest = simulation
             .timeline()
@@ -93,6 +110,7 @@ impl Frame {
             width: LEFT + makespan * scale + 20.0,
             legend_top,
             height: legend_top + 40.0,
+            box_height: ROW_HEIGHT - 4.0 - if transfers { LINK_LANE + 1.0 } else { 0.0 },
         }
     }
 }
@@ -155,10 +173,22 @@ fn task_box(out: &mut String, frame: &Frame, y: f64, t: &TimedTask, later_chunk:
     let x = LEFT + t.start * frame.scale;
     let w = ((t.end - t.start) * frame.scale).max(0.5);
     let kind = t.task.kind();
+    if t.task.on_link() {
+        let _ = writeln!(
+            out,
+            r#"<rect x="{x:.1}" y="{:.1}" width="{w:.1}" height="{LINK_LANE:.1}" fill="{}" stroke="white" stroke-width="0.5"><title>{} [{:.3}, {:.3}]</title></rect>"#,
+            y + frame.box_height + 1.0,
+            colour(kind),
+            escape(&t.task.to_string()),
+            t.start,
+            t.end
+        );
+        return;
+    }
     let _ = writeln!(
         out,
         r#"<rect x="{x:.1}" y="{y:.1}" width="{w:.1}" height="{:.1}" fill="{}" stroke="white" stroke-width="1"><title>{} [{:.3}, {:.3}]</title></rect>"#,
-        ROW_HEIGHT - 4.0,
+        frame.box_height,
         colour(kind),
         escape(&t.task.to_string()),
         t.start,
@@ -168,7 +198,7 @@ fn task_box(out: &mut String, frame: &Frame, y: f64, t: &TimedTask, later_chunk:
         let _ = writeln!(
             out,
             r#"<rect x="{x:.1}" y="{y:.1}" width="{w:.1}" height="{:.1}" fill="url(#later-chunk)" stroke="white" stroke-width="1"/>"#,
-            ROW_HEIGHT - 4.0
+            frame.box_height
         );
     }
     if w >= 12.0 {
@@ -181,7 +211,7 @@ fn task_box(out: &mut String, frame: &Frame, y: f64, t: &TimedTask, later_chunk:
             out,
             r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle" fill="{ink}">{}</text>"#,
             x + w / 2.0,
-            y + ROW_HEIGHT / 2.0 + 2.0,
+            y + frame.box_height / 2.0 + 4.0,
             t.task.work().microbatch
         );
     }
@@ -209,16 +239,24 @@ fn time_axis(out: &mut String, frame: &Frame) {
     }
 }
 
-/// The colour of every kind of task, and what hatching and numbers mean.
-fn legend(out: &mut String, frame: &Frame) {
+/// The colour of every kind of task (the residency kinds where the plan has them), and what
+/// hatching and numbers mean.
+fn legend(out: &mut String, frame: &Frame, plan: &Plan) {
     let legend_top = frame.legend_top;
-    let kinds = [
+    let residency = plan.facts().residency;
+    let mut kinds = vec![
         TaskKind::Forward,
         TaskKind::Backward,
         TaskKind::InputGrad,
         TaskKind::WeightGrad,
         TaskKind::Overlapped,
     ];
+    if residency.recomputed {
+        kinds.push(TaskKind::Recompute);
+    }
+    if residency.offloaded {
+        kinds.extend([TaskKind::Offload, TaskKind::Reload]);
+    }
     let mut x = LEFT;
     for kind in kinds {
         let _ = writeln!(

@@ -1,5 +1,6 @@
 //! Chrome/Perfetto trace JSON of a simulated plan: one track per rank, every task a complete event
-//! named and coloured by kind, and a flow arrow for every message between ranks.
+//! named and coloured by kind, and a flow arrow for every message between ranks. A plan that
+//! offloads gets a second track per rank, `rank r link`, with its transfers.
 //!
 //! Times are the simulator's units written as milliseconds (`ts` and `dur` are in microseconds,
 //! so one unit of time is 1000 µs). Open the file in `chrome://tracing` or <https://ui.perfetto.dev>.
@@ -19,7 +20,15 @@ fn kind_name(kind: TaskKind) -> (&'static str, &'static str) {
         TaskKind::WeightGrad => ("W", "yellow"),
         TaskKind::Backward => ("B", "rail_response"),
         TaskKind::Overlapped => ("F&B", "terrible"),
+        TaskKind::Recompute => ("R", "olive"),
+        TaskKind::Offload => ("OFFLOAD", "cq_build_attempt_failed"),
+        TaskKind::Reload => ("RELOAD", "cq_build_attempt_passed"),
     }
+}
+
+/// The track of rank `r`'s host link (after every rank's own track).
+fn link_track(plan: &Plan, r: usize) -> usize {
+    plan.orders().len() + r
 }
 
 /// The trace of `simulation` (a simulation of `plan`) as a JSON value.
@@ -33,17 +42,31 @@ pub fn chrome_trace(plan: &Plan, simulation: &Simulation, title: &str) -> Value 
             "name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": { "name": format!("rank {r}") }
         }));
         events.push(json!({
-            "name": "thread_sort_index", "ph": "M", "pid": 0, "tid": r, "args": { "sort_index": r }
+            "name": "thread_sort_index", "ph": "M", "pid": 0, "tid": r, "args": { "sort_index": 2 * r }
         }));
+        if plan.facts().residency.offloaded {
+            let link = link_track(plan, r);
+            events.push(json!({
+                "name": "thread_name", "ph": "M", "pid": 0, "tid": link, "args": { "name": format!("rank {r} link") }
+            }));
+            events.push(json!({
+                "name": "thread_sort_index", "ph": "M", "pid": 0, "tid": link, "args": { "sort_index": 2 * r + 1 }
+            }));
+        }
         for t in tasks {
             let (kind, colour) = kind_name(t.task.kind());
             let work = t.task.work();
+            let track = if t.task.on_link() {
+                link_track(plan, r)
+            } else {
+                r
+            };
             events.push(json!({
                 "name": t.task.to_string(),
                 "cat": kind,
                 "ph": "X",
                 "pid": 0,
-                "tid": r,
+                "tid": track,
                 "ts": t.start * MICROS_PER_UNIT,
                 "dur": (t.end - t.start) * MICROS_PER_UNIT,
                 "cname": colour,

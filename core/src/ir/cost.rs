@@ -2,8 +2,11 @@
 //!
 //! Per stage: `F` (forward), `I` (backward for the input gradient), `W` (backward for the weight
 //! gradient), `B` (the fused full backward; defaults to I + W) and `FB` (one forward overlapped with
-//! one full backward in a single op; defaults to F + I + W). `comm` is added to every dependency
-//! edge whose two ops run on different ranks. Every figure is finite and non-negative.
+//! one full backward in a single op; defaults to F + I + W), `R` (a recompute forward, which
+//! rebuilds dropped activations; defaults to F) and `offload` (moving one microbatch's
+//! activations of the stage between device and host, one way, over the rank's host link;
+//! defaults to F). `comm` is added to every dependency edge whose two ops run on different
+//! ranks. Every figure is finite and non-negative.
 
 use crate::error::CoreError;
 use crate::ir::ids::StageId;
@@ -28,6 +31,12 @@ pub struct StageCostsSpec {
     /// Forward overlapped with a full backward; default `forward + full_backward`.
     #[builder(default, setter(strip_option))]
     overlapped: Option<f64>,
+    /// A recompute forward; default `forward`.
+    #[builder(default, setter(strip_option))]
+    recompute: Option<f64>,
+    /// One transfer of a microbatch's activations between device and host; default `forward`.
+    #[builder(default, setter(strip_option))]
+    offload: Option<f64>,
 }
 
 /// Validated durations of one stage's ops.
@@ -40,6 +49,8 @@ pub struct StageCosts {
     overlapped: f64,
     /// Whether `overlapped` was given (else it is the sum of the parts).
     overlapped_given: bool,
+    recompute: f64,
+    offload: f64,
 }
 
 fn check_duration(stage: &str, name: &str, value: f64) -> Result<f64, CoreError> {
@@ -75,6 +86,8 @@ impl StageCostsSpec {
             self.overlapped.unwrap_or(forward + full_backward),
         )?;
         let overlapped_given = self.overlapped.is_some();
+        let recompute = check_duration(stage, "R", self.recompute.unwrap_or(forward))?;
+        let offload = check_duration(stage, "offload", self.offload.unwrap_or(forward))?;
         Ok(StageCosts {
             forward,
             input_grad,
@@ -82,6 +95,8 @@ impl StageCostsSpec {
             full_backward,
             overlapped,
             overlapped_given,
+            recompute,
+            offload,
         })
     }
 }
@@ -107,6 +122,14 @@ impl StageCosts {
     pub fn overlapped(&self) -> f64 {
         self.overlapped
     }
+    /// Recompute forward duration.
+    pub fn recompute(&self) -> f64 {
+        self.recompute
+    }
+    /// Duration of one device-host transfer of a microbatch's activations.
+    pub fn offload(&self) -> f64 {
+        self.offload
+    }
     /// Duration of one atomic op of `kind` (the unfused figures: F, I or W).
     pub fn of(&self, kind: OpKind) -> f64 {
         match kind {
@@ -125,6 +148,8 @@ impl StageCosts {
             full_backward: self.full_backward / k,
             overlapped: self.overlapped / k,
             overlapped_given: self.overlapped_given,
+            recompute: self.recompute / k,
+            offload: self.offload / k,
         }
     }
 }
@@ -202,6 +227,8 @@ impl CostModel {
                     f.forward() + b.full_backward()
                 }
             }
+            Task::Recompute(w) => cost(w).recompute(),
+            Task::Offload(w) | Task::Reload(w) => cost(w).offload(),
         }
     }
 
@@ -226,7 +253,23 @@ mod tests {
             .unwrap();
         assert_eq!(c.full_backward(), 2.5);
         assert_eq!(c.overlapped(), 3.5);
+        assert_eq!(c.recompute(), 1.0);
+        assert_eq!(c.offload(), 1.0);
         assert_eq!(c.split(2).forward(), 0.5);
+        let r = StageCostsSpec::builder()
+            .forward(2.0)
+            .recompute(1.5)
+            .offload(0.25)
+            .build()
+            .validate()
+            .unwrap();
+        assert_eq!((r.recompute(), r.split(2).offload()), (1.5, 0.125));
+        let err = StageCostsSpec::builder()
+            .offload(-1.0)
+            .build()
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("offload = -1"), "{err}");
     }
 
     #[test]

@@ -8,10 +8,13 @@
 //!   backwards, as GPipe), one-forward-one-backward (1F1B and its refinements), or custom.
 //! - [`Backwards`]: whether every backward is whole (`B`, or inside an overlapped F&B) or some are
 //!   split into input- and weight-gradient halves (`I`, `W`).
+//! - [`Residency`]: whether every forward's activations stay on the device until its backward, or
+//!   some are dropped and recomputed, or offloaded to host memory and reloaded.
 //!
 //! A [`Layout`] is checked against the problem it describes ([`Layout::check`]): a plan cannot
 //! claim the V placement while its stages sit elsewhere. [`Backwards::Whole`] is checked against
-//! the orders by [`crate::Plan`]'s constructors. The pacing is a declaration of the pass that
+//! the orders by [`crate::Plan`]'s constructors, and so is [`Residency`], which must say exactly
+//! what the orders hold. The pacing is a declaration of the pass that
 //! wrote the orders; the verifier checks the orders themselves.
 //!
 //! This module is also the one home of the chunk placements' arithmetic
@@ -306,6 +309,52 @@ impl fmt::Display for Backwards {
     }
 }
 
+/// Where a plan keeps the forwards' activations until their backwards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Residency {
+    /// Some forwards' activations are dropped after the forward and recomputed (`R` tasks).
+    pub recomputed: bool,
+    /// Some forwards' activations are moved to host memory and back (`OFFLOAD`, `RELOAD`).
+    pub offloaded: bool,
+}
+
+impl Residency {
+    /// Every activation stays on the device from its forward to its backward.
+    pub const KEPT: Residency = Residency {
+        recomputed: false,
+        offloaded: false,
+    };
+
+    /// What the orders hold.
+    pub fn of_orders(orders: &[Vec<Task>]) -> Residency {
+        let mut found = Residency::KEPT;
+        for task in orders.iter().flatten() {
+            match task {
+                Task::Recompute(_) => found.recomputed = true,
+                Task::Offload(_) | Task::Reload(_) => found.offloaded = true,
+                _ => {}
+            }
+        }
+        found
+    }
+
+    /// Whether every activation stays on the device.
+    pub fn is_kept(self) -> bool {
+        self == Residency::KEPT
+    }
+}
+
+impl fmt::Display for Residency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match (self.recomputed, self.offloaded) {
+            (false, false) => "activations kept",
+            (true, false) => "recomputed activations",
+            (false, true) => "offloaded activations",
+            (true, true) => "recomputed and offloaded activations",
+        })
+    }
+}
+
 /// Everything a plan says about itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Facts {
@@ -315,6 +364,8 @@ pub struct Facts {
     pub pacing: Pacing,
     /// Whole or split backwards.
     pub backwards: Backwards,
+    /// Where activations live between forward and backward.
+    pub residency: Residency,
 }
 
 impl fmt::Display for Facts {
@@ -323,7 +374,11 @@ impl fmt::Display for Facts {
             f,
             "{} layout, {} pacing, {}",
             self.layout, self.pacing, self.backwards
-        )
+        )?;
+        if !self.residency.is_kept() {
+            write!(f, ", {}", self.residency)?;
+        }
+        Ok(())
     }
 }
 
@@ -391,5 +446,22 @@ mod tests {
         let split: Vec<Vec<Task>> = vec![vec!["0I0".parse().unwrap()]];
         assert_eq!(Backwards::of_orders(&whole), Backwards::Whole);
         assert_eq!(Backwards::of_orders(&split), Backwards::Split);
+    }
+
+    #[test]
+    fn residency_comes_from_the_orders() {
+        let orders = |cells: &[&str]| -> Vec<Vec<Task>> {
+            vec![cells.iter().map(|c| c.parse().unwrap()).collect()]
+        };
+        assert!(Residency::of_orders(&orders(&["0F0", "0B0"])).is_kept());
+        let both = Residency::of_orders(&orders(&["0F0", "0R0", "0F1", "0OFFLOAD1"]));
+        assert_eq!(
+            both,
+            Residency {
+                recomputed: true,
+                offloaded: true
+            }
+        );
+        assert_eq!(both.to_string(), "recomputed and offloaded activations");
     }
 }

@@ -5,7 +5,9 @@
 //! backward (B) releases all of it. Figures are in units of one microbatch's activations of a rank's
 //! whole share of the model, so a pass that splits a rank's share into chunks divides them. The
 //! default keeps everything until W (`weight_grad = total`), which is how the reference schedules
-//! count activations.
+//! count activations. `checkpoint` is what a forward whose activations are dropped for a later
+//! recompute keeps (its stage input; default 0, the usual approximation: a stage's input is small
+//! beside the activations inside it).
 
 use crate::error::CoreError;
 use crate::ir::op::OpKind;
@@ -20,13 +22,18 @@ pub struct StageMemorySpec {
     /// Part of `total` held until W; default all of it.
     #[builder(default, setter(strip_option))]
     weight_grad: Option<f64>,
+    /// Part of `total` a recomputed forward keeps until its recompute; default none.
+    #[builder(default = 0.0)]
+    checkpoint: f64,
 }
 
-/// Validated activation figures of one stage (`0 <= weight_grad <= total`, finite).
+/// Validated activation figures of one stage (`0 <= weight_grad <= total`,
+/// `0 <= checkpoint <= total`, finite).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StageMemory {
     total: f64,
     weight_grad: f64,
+    checkpoint: f64,
 }
 
 impl StageMemorySpec {
@@ -42,7 +49,17 @@ impl StageMemorySpec {
                 "weight_grad = {weight_grad} must lie between 0 and total = {total}"
             )));
         }
-        Ok(StageMemory { total, weight_grad })
+        let checkpoint = self.checkpoint;
+        if !(checkpoint.is_finite() && (0.0..=total).contains(&checkpoint)) {
+            return Err(invalid(format!(
+                "checkpoint = {checkpoint} must lie between 0 and total = {total}"
+            )));
+        }
+        Ok(StageMemory {
+            total,
+            weight_grad,
+            checkpoint,
+        })
     }
 }
 
@@ -63,12 +80,22 @@ impl StageMemory {
     pub fn weight_grad(&self) -> f64 {
         self.weight_grad
     }
-    /// Both figures divided by `parts`.
+    /// Part a recomputed forward keeps until its recompute.
+    pub fn checkpoint(&self) -> f64 {
+        self.checkpoint
+    }
+    /// What dropping a forward's activations for a recompute frees (and the recompute holds
+    /// again): `total - checkpoint`.
+    pub fn dropped(&self) -> f64 {
+        self.total - self.checkpoint
+    }
+    /// Every figure divided by `parts`.
     pub fn split(&self, parts: u32) -> StageMemory {
         let k = f64::from(parts.max(1));
         StageMemory {
             total: self.total / k,
             weight_grad: self.weight_grad / k,
+            checkpoint: self.checkpoint / k,
         }
     }
     /// Change of held memory when `kind` runs.
@@ -138,5 +165,22 @@ mod tests {
             .unwrap();
         assert_eq!(m.delta(OpKind::InputGrad), -0.75);
         assert_eq!(m.split(2).total(), 0.5);
+        assert_eq!((m.checkpoint(), m.dropped()), (0.0, 1.0));
+        let kept = StageMemorySpec::builder()
+            .total(1.0)
+            .checkpoint(0.125)
+            .build()
+            .validate()
+            .unwrap();
+        assert_eq!(
+            (kept.dropped(), kept.split(2).checkpoint()),
+            (0.875, 0.0625)
+        );
+        let err = StageMemorySpec::builder()
+            .checkpoint(2.0)
+            .build()
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("checkpoint = 2 must lie"), "{err}");
     }
 }

@@ -5,7 +5,15 @@
 //! step: a single op, a fused full backward (I directly followed by its W, notation `B`), or one
 //! forward overlapped with one full backward (`(<s>F<m>;<s>B<m>)OVERLAP_F_B`).
 //!
-//! Notation: `<stage><kind><microbatch>`, kinds `F`, `I`, `W`, `B`; e.g. `4B12`.
+//! Three tasks manage where a forward's activations live between the forward and the backward
+//! (the residency tasks, added by the `recompute` and `offload` passes; they run no op of their
+//! own): a recompute forward (`R`: the forward's activations were dropped after it, this task
+//! runs the forward again before the backward), and the two transfers over the rank's host link,
+//! `OFFLOAD` (device to host, after the forward) and `RELOAD` (host to device, before the
+//! backward). Transfers run on the link, beside the rank's computes ([`Task::on_link`]).
+//!
+//! Notation: `<stage><kind><microbatch>`, kinds `F`, `I`, `W`, `B`, `R`, `OFFLOAD`, `RELOAD`;
+//! e.g. `4B12`, `2OFFLOAD5`.
 
 use crate::error::CoreError;
 use crate::ir::ids::{push_decimal, MicrobatchId, StageId};
@@ -114,6 +122,13 @@ pub enum Task {
         /// The full backward.
         backward: Work,
     },
+    /// R: the forward of a pair whose activations were dropped after its F, run again before
+    /// its backward to rebuild them.
+    Recompute(Work),
+    /// The pair's activations move from device to host over the rank's link (after its F).
+    Offload(Work),
+    /// The pair's activations move back from host to device (before its backward).
+    Reload(Work),
 }
 
 /// The kinds of task, for costs and drawing.
@@ -129,6 +144,12 @@ pub enum TaskKind {
     Backward,
     /// F&B.
     Overlapped,
+    /// R.
+    Recompute,
+    /// OFFLOAD.
+    Offload,
+    /// RELOAD.
+    Reload,
 }
 
 impl Task {
@@ -144,6 +165,7 @@ impl Task {
                 backward.op(OpKind::InputGrad),
                 backward.op(OpKind::WeightGrad)
             ],
+            Task::Recompute(_) | Task::Offload(_) | Task::Reload(_) => SmallVec::new(),
         }
     }
 
@@ -167,6 +189,7 @@ impl Task {
                 visit(backward.op(OpKind::InputGrad))?;
                 visit(backward.op(OpKind::WeightGrad))
             }
+            Task::Recompute(_) | Task::Offload(_) | Task::Reload(_) => ControlFlow::Continue(()),
         }
     }
 
@@ -207,6 +230,9 @@ impl Task {
                 ],
                 3,
             ),
+            Task::Recompute(w) | Task::Offload(w) | Task::Reload(w) => {
+                ([w.op(OpKind::Forward); 3], 0)
+            }
         }
     }
 
@@ -218,13 +244,22 @@ impl Task {
             Task::WeightGrad(_) => TaskKind::WeightGrad,
             Task::Backward(_) => TaskKind::Backward,
             Task::Overlapped { .. } => TaskKind::Overlapped,
+            Task::Recompute(_) => TaskKind::Recompute,
+            Task::Offload(_) => TaskKind::Offload,
+            Task::Reload(_) => TaskKind::Reload,
         }
     }
 
     /// The main (stage, microbatch) of the task; for an overlapped task, its forward.
     pub fn work(&self) -> Work {
         match *self {
-            Task::Forward(w) | Task::InputGrad(w) | Task::WeightGrad(w) | Task::Backward(w) => w,
+            Task::Forward(w)
+            | Task::InputGrad(w)
+            | Task::WeightGrad(w)
+            | Task::Backward(w)
+            | Task::Recompute(w)
+            | Task::Offload(w)
+            | Task::Reload(w) => w,
             Task::Overlapped { forward, .. } => forward,
         }
     }
@@ -232,6 +267,30 @@ impl Task {
     /// Whether this task runs a forward.
     pub fn is_forward(&self) -> bool {
         matches!(self, Task::Forward(_))
+    }
+
+    /// Whether the task is a transfer on the rank's host link (offload or reload), which runs
+    /// beside the rank's computes instead of between them.
+    pub fn on_link(&self) -> bool {
+        matches!(self, Task::Offload(_) | Task::Reload(_))
+    }
+
+    /// Whether the task manages where activations live (recompute, offload, reload) rather
+    /// than running an op of the model's schedule: what PyTorch's schedule files cannot say.
+    pub fn is_residency(&self) -> bool {
+        matches!(
+            self,
+            Task::Recompute(_) | Task::Offload(_) | Task::Reload(_)
+        )
+    }
+
+    /// Whether the task allocates activation memory on the device when it starts: a forward
+    /// (alone or overlapped), a recompute, a reload.
+    pub fn allocates(&self) -> bool {
+        matches!(
+            self,
+            Task::Forward(_) | Task::Overlapped { .. } | Task::Recompute(_) | Task::Reload(_)
+        )
     }
 }
 
@@ -247,6 +306,9 @@ impl fmt::Display for Task {
                 "({}F{};{}B{})OVERLAP_F_B",
                 forward.stage, forward.microbatch, backward.stage, backward.microbatch
             ),
+            Task::Recompute(w) => write!(f, "{}R{}", w.stage, w.microbatch),
+            Task::Offload(w) => write!(f, "{}OFFLOAD{}", w.stage, w.microbatch),
+            Task::Reload(w) => write!(f, "{}RELOAD{}", w.stage, w.microbatch),
         }
     }
 }
@@ -254,8 +316,13 @@ impl fmt::Display for Task {
 impl Work {
     /// Appends `<stage><letter><microbatch>`.
     fn push_action(self, letter: u8, out: &mut Vec<u8>) {
+        self.push_named(&[letter], out);
+    }
+
+    /// Appends `<stage><name><microbatch>`.
+    fn push_named(self, name: &[u8], out: &mut Vec<u8>) {
         push_decimal(out, self.stage.get());
-        out.push(letter);
+        out.extend_from_slice(name);
         push_decimal(out, self.microbatch.get());
     }
 }
@@ -276,6 +343,9 @@ impl Task {
                 backward.push_action(b'B', out);
                 out.extend_from_slice(b")OVERLAP_F_B");
             }
+            Task::Recompute(w) => w.push_action(b'R', out),
+            Task::Offload(w) => w.push_named(b"OFFLOAD", out),
+            Task::Reload(w) => w.push_named(b"RELOAD", out),
         }
     }
 
@@ -306,17 +376,18 @@ fn parse_index(text: &str, digits: &str, what: &str) -> Result<u32, CoreError> {
         .map_err(|_| notation_error(text, format!("the {what} {digits} is too large")))
 }
 
-fn parse_simple(text: &str) -> Result<(char, Work), CoreError> {
-    let letter_at = text
+/// Splits `<stage><name><microbatch>` into its name (a run of letters) and its pair.
+fn parse_simple(text: &str) -> Result<(&str, Work), CoreError> {
+    let name_at = text
         .find(|c: char| c.is_ascii_alphabetic())
         .ok_or_else(|| notation_error(text, "expected <stage><F|I|W|B><microbatch>"))?;
-    let letter = text[letter_at..]
-        .chars()
-        .next()
-        .expect("find returned the position of a character");
-    let stage = parse_index(text, &text[..letter_at], "stage")?;
-    let microbatch = parse_index(text, &text[letter_at + 1..], "microbatch")?;
-    Ok((letter, Work::new(stage, microbatch)))
+    let length = text[name_at..]
+        .find(|c: char| !c.is_ascii_alphabetic())
+        .unwrap_or(text.len() - name_at);
+    let name = &text[name_at..name_at + length];
+    let stage = parse_index(text, &text[..name_at], "stage")?;
+    let microbatch = parse_index(text, &text[name_at + length..], "microbatch")?;
+    Ok((name, Work::new(stage, microbatch)))
 }
 
 impl FromStr for Task {
@@ -333,7 +404,7 @@ impl FromStr for Task {
             })?;
             let (fa, forward) = parse_simple(a)?;
             let (fb, backward) = parse_simple(b)?;
-            if fa != 'F' || fb != 'B' {
+            if fa != "F" || fb != "B" {
                 return Err(notation_error(
                     text,
                     "an overlap pairs one forward (F) with one full backward (B)",
@@ -347,15 +418,18 @@ impl FromStr for Task {
             }
             return Ok(Task::Overlapped { forward, backward });
         }
-        let (letter, work) = parse_simple(text)?;
-        match letter {
-            'F' => Ok(Task::Forward(work)),
-            'I' => Ok(Task::InputGrad(work)),
-            'W' => Ok(Task::WeightGrad(work)),
-            'B' => Ok(Task::Backward(work)),
+        let (name, work) = parse_simple(text)?;
+        match name {
+            "F" => Ok(Task::Forward(work)),
+            "I" => Ok(Task::InputGrad(work)),
+            "W" => Ok(Task::WeightGrad(work)),
+            "B" => Ok(Task::Backward(work)),
+            "R" => Ok(Task::Recompute(work)),
+            "OFFLOAD" => Ok(Task::Offload(work)),
+            "RELOAD" => Ok(Task::Reload(work)),
             other => Err(notation_error(
                 text,
-                format!("unknown action kind `{other}`; expected F, I, W or B"),
+                format!("unknown action kind `{other}`; expected F, I, W, B, R, OFFLOAD or RELOAD"),
             )),
         }
     }
@@ -367,7 +441,16 @@ mod tests {
 
     #[test]
     fn notation_round_trips() {
-        for text in ["0F0", "12B3", "4I7", "4W7", "(0F3;7B9)OVERLAP_F_B"] {
+        for text in [
+            "0F0",
+            "12B3",
+            "4I7",
+            "4W7",
+            "(0F3;7B9)OVERLAP_F_B",
+            "2R5",
+            "2OFFLOAD5",
+            "2RELOAD5",
+        ] {
             let task: Task = text.parse().unwrap();
             assert_eq!(task.to_string(), text);
         }
@@ -380,11 +463,15 @@ mod tests {
             "4W7",
             "(0F3;7B9)OVERLAP_F_B",
             "4095F1048575",
+            "3R1",
+            "3OFFLOAD1",
+            "3RELOAD1",
         ] {
             let task: Task = text.parse().unwrap();
             assert_eq!(task.notation(), text);
             let (ops, len) = task.op_array();
             assert_eq!(&ops[..len], task.ops().as_slice());
+            assert_eq!(task.is_residency(), len == 0);
             let mut visited = Vec::new();
             let _ = task.try_for_each_op(|op| {
                 visited.push(op);
@@ -406,6 +493,7 @@ mod tests {
             ("", "expected <stage>"),
             ("F3", "the stage must be a decimal number"),
             ("3X1", "unknown action kind `X`"),
+            ("3OFFLOADS1", "unknown action kind `OFFLOADS`"),
             ("3F", "the microbatch must be a decimal number"),
             ("3F99999999999", "too large"),
             ("(0F1;1F2)OVERLAP_F_B", "pairs one forward"),

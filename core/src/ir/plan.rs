@@ -10,7 +10,7 @@
 
 use crate::error::CoreError;
 use crate::ir::cost::{CostModel, StageCosts};
-use crate::ir::facts::{Backwards, Facts, Layout, Pacing};
+use crate::ir::facts::{Backwards, Facts, Layout, Pacing, Residency};
 use crate::ir::ids::RankId;
 use crate::ir::memory::{MemoryModel, StageMemory};
 use crate::ir::op::{Op, Task};
@@ -58,6 +58,7 @@ impl Plan {
                 Pacing::Custom
             },
             backwards: Backwards::of_orders(&orders),
+            residency: Residency::of_orders(&orders),
         };
         Plan::assemble(problem, costs, memory, orders, facts)
     }
@@ -240,6 +241,27 @@ impl Plan {
         let first = counts[0];
         counts.iter().all(|&c| c == first).then_some(first)
     }
+    /// Whether any order holds a residency task (recompute, offload, reload).
+    pub fn manages_residency(&self) -> bool {
+        !self.facts.residency.is_kept()
+    }
+    /// Per (stage, microbatch) pair ([`OpSlots::pair`]), whether the plan recomputes it (its
+    /// forward's activations are dropped after the forward): empty when it recomputes nothing.
+    pub fn recomputed_pairs(&self) -> Vec<bool> {
+        if !self.facts.residency.recomputed {
+            return Vec::new();
+        }
+        let slots = self.slots();
+        let mut dropped = vec![false; slots.pairs()];
+        for task in self.orders.iter().flatten() {
+            if let Task::Recompute(w) = task {
+                if let Some(pair) = slots.pair(w.stage, w.microbatch) {
+                    dropped[pair] = true;
+                }
+            }
+        }
+        dropped
+    }
     /// Orders in PyTorch's action notation.
     pub fn orders_notation(&self) -> Vec<Vec<String>> {
         self.orders
@@ -268,6 +290,13 @@ fn check_facts(facts: &Facts, problem: &Problem, orders: &[Vec<Task>]) -> Result
         return Err(CoreError::InvalidProblem(
             "the plan claims whole backwards, but its orders run split I or W tasks".to_string(),
         ));
+    }
+    let residency = Residency::of_orders(orders);
+    if facts.residency != residency {
+        return Err(CoreError::InvalidProblem(format!(
+            "the plan claims {}, but its orders hold {residency}",
+            facts.residency
+        )));
     }
     if facts.pacing == Pacing::Unscheduled && orders.iter().any(|o| !o.is_empty()) {
         return Err(CoreError::InvalidProblem(

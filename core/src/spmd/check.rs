@@ -18,6 +18,8 @@
 //!    send's receive is posted, as a large NCCL send does; every rank runs to its end.
 //! 6. **Parameter actions** (PyTorch's `UNSHARD`, `RESHARD`, `REDUCE_GRAD`, `WAIT_REDUCE_GRAD`):
 //!    their order in each program, by the rules of [`crate::spmd::params`].
+//! 7. **Activation residency** (`Drop`, `R`, `Offload`, `Reload`): their order in each program, by
+//!    the rules of [`crate::spmd::residency`].
 //!
 //! A set that completes under blocking semantics completes batched too: batching posts every
 //! operation no later and waits on no more (the first operation a batched run never posted would
@@ -35,6 +37,7 @@ use crate::ir::slots::OpSlots;
 use crate::spmd::messages::remote_inputs;
 use crate::spmd::params::{check_params, ParamFault, ParamUse};
 use crate::spmd::program::{CommOp, Direction, Instr, Message, ProgramSet, RankProgram, Semantics};
+use crate::spmd::residency::{check_residency, ResidencyFault};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use thiserror::Error;
@@ -175,6 +178,16 @@ pub enum CommError {
         /// What is wrong.
         fault: ParamFault,
     },
+    /// A residency instruction (drop, recompute, offload, reload) is out of order.
+    #[error("rank {rank}, instruction {instr}: {fault}")]
+    Residency {
+        /// The rank.
+        rank: RankId,
+        /// The instruction.
+        instr: usize,
+        /// What is wrong.
+        fault: ResidencyFault,
+    },
     /// The programs cannot finish under the given semantics.
     #[error("deadlock under {semantics} semantics: {}", describe(.cycle))]
     Deadlock {
@@ -229,6 +242,11 @@ pub fn check_programs(problem: &Problem, set: &ProgramSet) -> Result<CheckReport
         replay.run(Semantics::Batched)?;
     }
     let params = check_params(problem, set).map_err(|(rank, instr, fault)| CommError::Params {
+        rank,
+        instr,
+        fault,
+    })?;
+    check_residency(problem, set).map_err(|(rank, instr, fault)| CommError::Residency {
         rank,
         instr,
         fault,

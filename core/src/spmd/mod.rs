@@ -7,3 +7,4 @@ pub mod messages;
 pub mod params;
 pub mod program;
 pub mod project;
+pub mod residency;

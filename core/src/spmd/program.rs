@@ -8,6 +8,10 @@
 //! ours pass by: FSDP's unshard before a stage's computes and reshard after them, and the
 //! reduction of a stage's gradients (scaled by 1/M, reduced over data parallelism) after its last
 //! weight gradient, with the wait on it.
+//! The activation-residency instructions carry out a plan's `recompute` and `offload` decisions:
+//! [`Instr::Drop`] after a forward whose activations are recomputed later (keep the stage input
+//! only; the recompute itself is a compute, `R`), [`Instr::Offload`] and [`Instr::Reload`] moving a
+//! forward's saved activations to host memory and back.
 //! A [`Message`] names what travels: an activation or a gradient of one microbatch across one stage
 //! boundary, with the tensor-shape slot of that boundary.
 
@@ -297,6 +301,13 @@ pub enum Instr {
         /// The stage.
         stage: StageId,
     },
+    /// The forward of this work just ran and its activations are recomputed before its
+    /// backward: keep only what the recompute needs (the stage input).
+    Drop(Work),
+    /// Move the saved activations of this work's forward to host memory (the rank's link).
+    Offload(Work),
+    /// Move the saved activations of this work's forward back from host memory.
+    Reload(Work),
 }
 
 impl fmt::Display for Instr {
@@ -329,6 +340,9 @@ impl fmt::Display for Instr {
                 };
                 write!(f, "{name}(stage {stage})")
             }
+            Instr::Drop(w) => write!(f, "drop(stage {}, mb {})", w.stage, w.microbatch),
+            Instr::Offload(w) => write!(f, "offload(stage {}, mb {})", w.stage, w.microbatch),
+            Instr::Reload(w) => write!(f, "reload(stage {}, mb {})", w.stage, w.microbatch),
         }
     }
 }

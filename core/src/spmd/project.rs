@@ -21,7 +21,10 @@
 //!
 //! Markers: `Loss` after the forward of a route's last stage; `FreeOutput` after an activation is
 //! sent; `GradSync(stage)` before the last task producing weight gradients of that stage on the
-//! rank; `FlushWeightGrads` at the end. PyTorch's parameter actions ([`Instr::Params`]) where its
+//! rank; `FlushWeightGrads` at the end. The residency tasks: a recompute is a compute like any
+//! other, `Drop` follows (with its sends) the forward of every pair the plan recomputes, and a
+//! transfer (`Offload`, `Reload`) sits where the plan's order puts it, right after the compute
+//! before it (which is when it is issued on the link). PyTorch's parameter actions ([`Instr::Params`]) where its
 //! own lowering puts them ([`crate::spmd::params::place`]): unshards and reshards right before a
 //! compute, a stage's gradient reduction and its wait right after the compute of its last weight
 //! gradient and that compute's sends, the last reshards at the end. `forward_only` projects the
@@ -83,12 +86,17 @@ enum Event {
     FreeOutput(Work),
     GradSync(StageId),
     Params(ParamAction, StageId),
+    /// Keep only the stage input of this forward (its pair is recomputed).
+    Drop(Work),
+    /// An offload or a reload, issued after the compute before it.
+    Transfer(Task),
 }
 
 /// What an event is, in the order events at the same moment come: unshards and reshards before
 /// a compute, a just-in-time receive before the compute it feeds, a gradient-sync marker right
 /// before its compute, the compute, the loss after its forward, sends (and early receives) at a
-/// task's end, frees after their sends, then the gradient reductions (and the last reshards).
+/// task's end, frees after their sends (a recomputed forward's drop after them), then the gradient
+/// reductions (and the last reshards) and the transfers issued after the task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum EventClass {
     Residency,
@@ -210,6 +218,7 @@ fn programs_of(
 ) -> ProgramSet {
     let links = Links::of(source.problem());
     let senders = senders(source.problem());
+    let dropped = source.recomputed_pairs();
     let starts = (options.recv == RecvPolicy::JustInTime).then(|| Starts::index(&links, timeline));
     let project = |ranks: std::ops::Range<usize>| {
         let mut receives = Receives {
@@ -221,7 +230,7 @@ fn programs_of(
         };
         let mut buffer = Vec::new();
         ranks
-            .map(|r| project_rank(&links, &mut receives, &mut buffer, r, options))
+            .map(|r| project_rank(&links, &dropped, &mut receives, &mut buffer, r, options))
             .collect::<Vec<_>>()
     };
     let tasks: usize = timeline.iter().map(Vec::len).sum();
@@ -262,6 +271,7 @@ fn programs_of(
 /// The program of rank `r`: its receives collected into `buffer`, merged into its tasks' events.
 fn project_rank(
     links: &Links,
+    dropped: &[bool],
     receives: &mut Receives<'_>,
     buffer: &mut Vec<Keyed>,
     r: usize,
@@ -270,9 +280,15 @@ fn project_rank(
     let rank = RankId::new(r as u32);
     let tasks = &receives.timeline[r];
     receives.collect(rank, buffer);
-    let order: Vec<Task> = tasks.iter().map(|t| t.task).collect();
+    // PyTorch's parameter actions go around the model's computes alone.
+    let order: Vec<Task> = tasks
+        .iter()
+        .map(|t| t.task)
+        .filter(|t| !t.is_residency())
+        .collect();
     let mut projection = RankProjection {
         links,
+        dropped,
         rank,
         receives: std::mem::take(buffer),
         next_receive: 0,
@@ -360,10 +376,17 @@ impl Receives<'_> {
 /// order they are generated relies on.
 fn is_sequential(timeline: &[Vec<TimedTask>]) -> bool {
     timeline.iter().all(|tasks| {
+        let mut computes = tasks.iter().filter(|t| !t.task.on_link()).peekable();
         tasks.iter().all(|t| t.start >= 0.0 && t.end >= t.start)
-            && tasks
-                .windows(2)
-                .all(|w| w[1].start >= w[0].end && w[1].sequence > w[0].sequence)
+            && std::iter::from_fn(|| {
+                let t = computes.next()?;
+                Some(
+                    computes
+                        .peek()
+                        .is_none_or(|next| next.start >= t.end && next.sequence > t.sequence),
+                )
+            })
+            .all(|ok| ok)
     })
 }
 
@@ -434,6 +457,9 @@ type LateReceive = (RankId, usize, Moment, Message);
 /// into the events of its own tasks as these are emitted in order.
 struct RankProjection<'a> {
     links: &'a Links,
+    /// Per (stage, microbatch) pair, whether its forward's activations are dropped for a
+    /// recompute (empty when the plan recomputes nothing).
+    dropped: &'a [bool],
     rank: RankId,
     /// The rank's receives, sorted by key.
     receives: Vec<Keyed>,
@@ -462,7 +488,24 @@ impl RankProjection<'_> {
         let last_weight = last_weight_tasks(tasks);
         let mut placed = placed.iter().peekable();
         let (mut end, mut k) = ((0, 0), 0);
-        for (i, t) in tasks.iter().enumerate() {
+        // The index of the next model compute (what `placed` counts; recomputes and transfers
+        // have no parameter actions).
+        let mut next_compute = 0;
+        for t in tasks {
+            if t.task.on_link() {
+                k += 1;
+                self.emit(
+                    EventKey::new(end, EventClass::Reduction, k),
+                    Event::Transfer(t.task),
+                );
+                continue;
+            }
+            let i = if t.task.is_residency() {
+                usize::MAX
+            } else {
+                next_compute += 1;
+                next_compute - 1
+            };
             let q = t.sequence as u64;
             let start = (time_bits(t.start), 2 * q);
             end = (time_bits(t.end), 2 * q + 1);
@@ -500,6 +543,7 @@ impl RankProjection<'_> {
                 ControlFlow::<()>::Continue(())
             });
             self.emit_sends(&t.task, end);
+            self.emit_drop(&t.task, end);
             while let Some(&(_, _, action, stage)) = placed.next_if(|p| p.0 == i) {
                 self.emit(
                     EventKey::new(end, EventClass::Reduction, k),
@@ -543,6 +587,28 @@ impl RankProjection<'_> {
                     let tiebreak = direction_bit(&message);
                     self.emit(EventKey::new(end, EventClass::FreeOutput, tiebreak), free);
                 }
+            }
+            ControlFlow::<()>::Continue(())
+        });
+    }
+
+    /// The drop of a forward whose pair is recomputed, after the forward's sends and frees.
+    fn emit_drop(&mut self, task: &Task, end: Moment) {
+        if self.dropped.is_empty() {
+            return;
+        }
+        let slots = self.links.slots();
+        let _ = task.try_for_each_op(|op| {
+            let pair = slots.pair(op.stage, op.microbatch);
+            if op.kind == OpKind::Forward && pair.is_some_and(|p| self.dropped[p]) {
+                let work = Work {
+                    stage: op.stage,
+                    microbatch: op.microbatch,
+                };
+                self.emit(
+                    EventKey::new(end, EventClass::FreeOutput, 2),
+                    Event::Drop(work),
+                );
             }
             ControlFlow::<()>::Continue(())
         });
@@ -626,6 +692,9 @@ impl Layout {
             Event::Loss(w) => Instr::Loss(w),
             Event::GradSync(s) => Instr::GradSync(s),
             Event::Params(action, stage) => Instr::Params { action, stage },
+            Event::Drop(w) => Instr::Drop(w),
+            Event::Transfer(Task::Offload(w)) => Instr::Offload(w),
+            Event::Transfer(t) => Instr::Reload(t.work()),
         };
         self.flush();
         self.instrs.push(instr);

@@ -205,6 +205,7 @@ impl Pass for Dual {
                 pacing: &[Pacing::OneForwardOneBackward],
                 layout: &[LayoutKind::Linear, LayoutKind::Interleaved],
                 whole_backwards: true,
+                residency: Requires::KEPT,
             },
             changes: Changes {
                 placement: true,

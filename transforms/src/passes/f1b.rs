@@ -41,6 +41,7 @@ impl Pass for OneForwardOneBackward {
                 pacing: &[Pacing::FillDrain],
                 layout: &[LayoutKind::Linear],
                 whole_backwards: true,
+                residency: Requires::KEPT,
             },
             changes: Changes {
                 pacing: true,

@@ -38,6 +38,7 @@ impl Pass for GPipe {
                 pacing: &[Pacing::Unscheduled],
                 layout: LayoutKind::ALL,
                 whole_backwards: false,
+                residency: Requires::KEPT,
             },
             changes: Changes {
                 pacing: true,

@@ -352,6 +352,7 @@ impl Pass for Interleave {
                 pacing: &[Pacing::FillDrain, Pacing::OneForwardOneBackward],
                 layout: &[LayoutKind::Linear],
                 whole_backwards: true,
+                residency: Requires::KEPT,
             },
             changes: Changes {
                 placement: true,

@@ -265,6 +265,7 @@ impl Pass for ZeroBubble {
                 pacing: &[Pacing::OneForwardOneBackward],
                 layout: LayoutKind::ALL,
                 whole_backwards: true,
+                residency: Requires::KEPT,
             },
             changes: Changes {
                 backwards: true,

@@ -706,6 +706,7 @@ mod tests {
             layout: Layout::Dual(DualKind::DualPipe),
             pacing: Pacing::OneForwardOneBackward,
             backwards: Backwards::Whole,
+            residency: pipeweave_core::Residency::KEPT,
         };
         plan.with_facts(facts).unwrap()
     }

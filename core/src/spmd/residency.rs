@@ -1,0 +1,275 @@
+//! The order of the activation-residency instructions in rank programs (part of the
+//! communication checker, [`crate::spmd::check`]): what `recompute` and `offload` plans project
+//! to, checked on the programs themselves, whatever built them.
+//!
+//! Per rank program, per (stage, microbatch) pair, the pair's activations are in one state:
+//! none yet; on the device after its forward; dropped (`Drop`, keeping the stage input) until its
+//! recompute (`R`) puts them back; on the host after an `Offload` until its `Reload`. So:
+//! - a `Drop` or an `Offload` follows the pair's forward on this rank, with the activations on
+//!   the device and not reloaded or recomputed already (each happens once);
+//! - an `R` finds the pair dropped, a `Reload` finds it offloaded;
+//! - the pair's input-gradient backward (an I, a B, or an overlapped F&B's backward) finds its
+//!   activations on the device;
+//! - every residency instruction names a stage of the rank.
+
+use crate::ir::ids::{RankId, StageId};
+use crate::ir::op::{OpKind, Task, Work};
+use crate::ir::problem::Problem;
+use crate::ir::slots::OpSlots;
+use crate::spmd::program::{Instr, ProgramSet};
+use std::fmt;
+
+/// Where a pair's activations are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// No forward ran yet.
+    NotYet,
+    /// On the device, as the forward left them (`moved`: they were recomputed or reloaded).
+    Device { moved: bool },
+    /// Dropped, the stage input kept for the recompute.
+    Dropped,
+    /// On the host.
+    Host,
+}
+
+/// What is wrong with a program's residency instructions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResidencyFault {
+    /// The instruction names a stage another rank holds (or none).
+    NotOnRank {
+        /// The instruction, as written.
+        instr: String,
+        /// The stage.
+        stage: StageId,
+    },
+    /// A drop, recompute, offload or reload finds the pair's activations elsewhere than it
+    /// needs them.
+    OutOfOrder {
+        /// The instruction, as written.
+        instr: String,
+        /// Where the activations are.
+        found: &'static str,
+    },
+    /// A backward runs while its pair's activations are dropped or on the host.
+    BackwardWithout {
+        /// The backward.
+        task: Task,
+        /// Where the activations are.
+        found: &'static str,
+    },
+}
+
+fn place(held: Held) -> &'static str {
+    match held {
+        Held::NotYet => "not computed yet",
+        Held::Device { moved: false } => "on the device",
+        Held::Device { moved: true } => "on the device again",
+        Held::Dropped => "dropped for a recompute",
+        Held::Host => "on the host",
+    }
+}
+
+impl fmt::Display for ResidencyFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ResidencyFault::NotOnRank { instr, stage } => {
+                write!(
+                    f,
+                    "{instr} names stage {stage}, which this rank does not hold"
+                )
+            }
+            ResidencyFault::OutOfOrder { instr, found } => {
+                write!(f, "{instr} finds the pair's activations {found}")
+            }
+            ResidencyFault::BackwardWithout { task, found } => write!(
+                f,
+                "{task} needs its forward's activations on the device, but they are {found}"
+            ),
+        }
+    }
+}
+
+/// A fault with where it is: (rank, instruction index).
+pub type Located = (RankId, usize, ResidencyFault);
+
+/// Checks the residency instructions of every program (see the module doc). Programs without
+/// any pass at once.
+pub fn check_residency(problem: &Problem, set: &ProgramSet) -> Result<(), Located> {
+    let uses = set.programs.iter().flat_map(|p| &p.instrs).any(|i| {
+        matches!(
+            i,
+            Instr::Drop(_)
+                | Instr::Offload(_)
+                | Instr::Reload(_)
+                | Instr::Compute(Task::Recompute(_))
+        )
+    });
+    if !uses {
+        return Ok(());
+    }
+    let slots = OpSlots::of(problem);
+    let mut held = vec![Held::NotYet; slots.pairs()];
+    for program in &set.programs {
+        let rank = program.rank;
+        for (i, instr) in program.instrs.iter().enumerate() {
+            let fault = |f| (rank, i, f);
+            let (work, to) = match instr {
+                Instr::Drop(w) => (*w, Held::Dropped),
+                Instr::Offload(w) => (*w, Held::Host),
+                Instr::Reload(w) | Instr::Compute(Task::Recompute(w)) => {
+                    (*w, Held::Device { moved: true })
+                }
+                Instr::Compute(task) => {
+                    backward_finds_activations(&slots, &held, task).map_err(fault)?;
+                    forward_leaves_activations(&slots, &mut held, task);
+                    continue;
+                }
+                _ => continue,
+            };
+            let on_rank = problem.rank_of(work.stage) == Some(rank);
+            let pair = slots.pair(work.stage, work.microbatch).filter(|_| on_rank);
+            let Some(pair) = pair else {
+                return Err(fault(ResidencyFault::NotOnRank {
+                    instr: instr.to_string(),
+                    stage: work.stage,
+                }));
+            };
+            let needed = match to {
+                Held::Dropped | Held::Host => Held::Device { moved: false },
+                _ if matches!(instr, Instr::Reload(_)) => Held::Host,
+                _ => Held::Dropped,
+            };
+            if held[pair] != needed {
+                return Err(fault(ResidencyFault::OutOfOrder {
+                    instr: instr.to_string(),
+                    found: place(held[pair]),
+                }));
+            }
+            held[pair] = to;
+        }
+    }
+    Ok(())
+}
+
+/// The pair of `work`'s dense index, when in range.
+fn pair_of(slots: &OpSlots, work: Work) -> Option<usize> {
+    slots.pair(work.stage, work.microbatch)
+}
+
+/// A backward in `task` needs its pair's activations on the device.
+fn backward_finds_activations(
+    slots: &OpSlots,
+    held: &[Held],
+    task: &Task,
+) -> Result<(), ResidencyFault> {
+    for op in task.ops() {
+        if op.kind != OpKind::InputGrad {
+            continue;
+        }
+        let work = Work {
+            stage: op.stage,
+            microbatch: op.microbatch,
+        };
+        if let Some(pair) = pair_of(slots, work) {
+            if matches!(held[pair], Held::Dropped | Held::Host) {
+                return Err(ResidencyFault::BackwardWithout {
+                    task: *task,
+                    found: place(held[pair]),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A forward in `task` leaves its pair's activations on the device.
+fn forward_leaves_activations(slots: &OpSlots, held: &mut [Held], task: &Task) {
+    for op in task.ops() {
+        if op.kind != OpKind::Forward {
+            continue;
+        }
+        let work = Work {
+            stage: op.stage,
+            microbatch: op.microbatch,
+        };
+        if let Some(pair) = pair_of(slots, work) {
+            held[pair] = Held::Device { moved: false };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spmd::project::{project, ProjectionOptions};
+    use crate::testing::plan;
+
+    fn projected(orders: &[&str]) -> (Problem, ProgramSet) {
+        let plan = plan(2, orders);
+        let set = project(&plan, ProjectionOptions::default()).unwrap();
+        (plan.problem().clone(), set)
+    }
+
+    #[test]
+    fn projected_residency_passes_and_broken_orders_are_named() {
+        let (problem, set) =
+            projected(&["0F0 0OFFLOAD0 0F1 0RELOAD0 0B0 0B1", "1F0 1B0 1F1 1R1 1B1"]);
+        check_residency(&problem, &set).unwrap();
+        let text: Vec<String> = set.programs[1]
+            .instrs
+            .iter()
+            .map(Instr::to_string)
+            .collect();
+        let at = |s: &str| text.iter().position(|i| i == s).unwrap();
+        assert_eq!(at("drop(stage 1, mb 1)"), at("1F1") + 2, "{text:?}");
+        assert!(at("1R1") < at("1B1"));
+        let text0: Vec<String> = set.programs[0]
+            .instrs
+            .iter()
+            .map(Instr::to_string)
+            .collect();
+        assert!(
+            text0.contains(&"offload(stage 0, mb 0)".to_string()),
+            "{text0:?}"
+        );
+
+        // The reload moved behind the backward.
+        let mut broken = set.clone();
+        let instrs = &mut broken.programs[0].instrs;
+        let reload = instrs
+            .iter()
+            .position(|i| matches!(i, Instr::Reload(_)))
+            .unwrap();
+        let moved = instrs.remove(reload);
+        instrs.push(moved);
+        let (rank, _, fault) = check_residency(&problem, &broken).unwrap_err();
+        assert_eq!(rank, RankId::new(0));
+        assert_eq!(
+            fault.to_string(),
+            "0B0 needs its forward's activations on the device, but they are on the host"
+        );
+
+        // A recompute without its drop.
+        let mut broken = set.clone();
+        broken.programs[1]
+            .instrs
+            .retain(|i| !matches!(i, Instr::Drop(_)));
+        let (_, _, fault) = check_residency(&problem, &broken).unwrap_err();
+        assert_eq!(
+            fault.to_string(),
+            "1R1 finds the pair's activations on the device"
+        );
+
+        // A drop of a stage of another rank.
+        let mut broken = set;
+        broken.programs[0]
+            .instrs
+            .insert(0, Instr::Drop(Work::new(1, 0)));
+        let (_, at, fault) = check_residency(&problem, &broken).unwrap_err();
+        assert_eq!(at, 0);
+        assert!(
+            fault.to_string().contains("which this rank does not hold"),
+            "{fault}"
+        );
+    }
+}
