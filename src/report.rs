@@ -37,8 +37,27 @@ pub struct PlanReport {
     pub busy_per_rank: Vec<f64>,
     /// Per rank, makespan minus busy time.
     pub idle_per_rank: Vec<f64>,
-    /// Per rank, peak activations in units of one microbatch of a rank's share.
+    /// Per rank, peak activations in units of one microbatch of a rank's share (on the device).
     pub peak_activations_per_rank: Vec<f64>,
+    /// Per rank, the device peak (the same figures; present where the plan recomputes or
+    /// offloads, beside the figures that differ from a plan that keeps everything).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_peak_per_rank: Option<Vec<f64>>,
+    /// Per rank, the peak of activations offloaded to host memory (where the plan offloads).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_peak_per_rank: Option<Vec<f64>>,
+    /// Per rank, the time its host link spends on transfers (where the plan offloads).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_busy_per_rank: Option<Vec<f64>>,
+    /// Per rank, the pairs offloaded (where the plan offloads).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offloads_per_rank: Option<Vec<usize>>,
+    /// Per rank, the recompute forwards (R) it runs (where the plan recomputes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recomputes_per_rank: Option<Vec<usize>>,
+    /// The recompute forwards of the whole plan (where it recomputes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recomputed_ops: Option<usize>,
     /// The declared per-rank memory limit, if any.
     pub memory_limit: Option<f64>,
     /// Whether every invariant held (always true in a report: unverified plans are errors).
@@ -111,6 +130,12 @@ impl PlanReport {
                 .iter()
                 .map(|r| tidy(r.peak_activations))
                 .collect(),
+            device_peak_per_rank: None,
+            host_peak_per_rank: None,
+            link_busy_per_rank: None,
+            offloads_per_rank: None,
+            recomputes_per_rank: None,
+            recomputed_ops: None,
             memory_limit: plan.memory_limit(),
             verified: true,
             messages: 0,
@@ -119,6 +144,38 @@ impl PlanReport {
             receive_buffers_per_rank: Vec::new(),
             parameter_actions: Vec::new(),
         }
+        .with_residency(plan, simulation)
+    }
+
+    /// The figures of a plan's recomputes and transfers, where it has any.
+    fn with_residency(mut self, plan: &Plan, simulation: &Simulation) -> PlanReport {
+        let residency = plan.facts().residency;
+        let count = |kind: fn(&Task) -> bool| -> Vec<usize> {
+            plan.orders()
+                .iter()
+                .map(|o| o.iter().filter(|t| kind(t)).count())
+                .collect()
+        };
+        let ranks = simulation.ranks();
+        if !residency.is_kept() {
+            self.device_peak_per_rank = Some(self.peak_activations_per_rank.clone());
+        }
+        if residency.offloaded {
+            self.host_peak_per_rank = Some(
+                ranks
+                    .iter()
+                    .map(|r| tidy(r.host_peak_activations))
+                    .collect(),
+            );
+            self.link_busy_per_rank = Some(ranks.iter().map(|r| tidy(r.link_busy)).collect());
+            self.offloads_per_rank = Some(count(|t| matches!(t, Task::Offload(_))));
+        }
+        if residency.recomputed {
+            let recomputes = count(|t| matches!(t, Task::Recompute(_)));
+            self.recomputed_ops = Some(recomputes.iter().sum());
+            self.recomputes_per_rank = Some(recomputes);
+        }
+        self
     }
 
     /// Adds the figures of the checked programs and what their check counted.
@@ -158,13 +215,35 @@ impl PlanReport {
         out.push('\n');
         out.push_str(&render_grid(plan, simulation));
         out.push('\n');
-        let _ = writeln!(out, "rank      busy      idle  peak activations");
+        let _ = write!(out, "rank      busy      idle  peak activations");
+        if self.recomputes_per_rank.is_some() {
+            let _ = write!(out, "  recomputes");
+        }
+        if self.host_peak_per_rank.is_some() {
+            let _ = write!(out, "  offloads  host peak  link busy");
+        }
+        out.push('\n');
         for r in 0..self.ranks as usize {
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "{r:>4} {:>9.3} {:>9.3} {:>17.3}",
                 self.busy_per_rank[r], self.idle_per_rank[r], self.peak_activations_per_rank[r]
             );
+            if let Some(recomputes) = &self.recomputes_per_rank {
+                let _ = write!(out, " {:>11}", recomputes[r]);
+            }
+            if let (Some(offloads), Some(host), Some(link)) = (
+                &self.offloads_per_rank,
+                &self.host_peak_per_rank,
+                &self.link_busy_per_rank,
+            ) {
+                let _ = write!(
+                    out,
+                    " {:>9} {:>10.3} {:>10.3}",
+                    offloads[r], host[r], link[r]
+                );
+            }
+            out.push('\n');
         }
         out.push('\n');
         let _ = writeln!(out, "makespan     {:.3}", self.makespan);

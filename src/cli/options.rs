@@ -36,9 +36,15 @@ fn get(pairs: &[(String, f64)], key: &str) -> Option<f64> {
     pairs.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
 }
 
-/// Parses `F=1,I=1,W=1,B=2,FB=3,comm=0` (every key optional; defaults F=I=W=1, comm=0).
+/// The keys of one share's costs (`--costs` adds `comm`, `--stage-costs` takes these).
+const COST_KEYS: [&str; 7] = ["F", "I", "W", "B", "FB", "R", "offload"];
+
+/// Parses `F=1,I=1,W=1,B=2,FB=3,R=1,offload=1,comm=0` (every key optional; defaults F=I=W=1,
+/// B=I+W, FB=F+B, R=F, offload=F, comm=0).
 pub fn parse_costs(text: &str) -> Result<(StageCosts, f64), Error> {
-    let p = pairs("--costs", text, &["F", "I", "W", "B", "FB", "comm"])?;
+    let mut keys = COST_KEYS.to_vec();
+    keys.push("comm");
+    let p = pairs("--costs", text, &keys)?;
     let costs = stage_costs(&p)?;
     let comm = get(&p, "comm").unwrap_or(0.0);
     if !(comm.is_finite() && comm >= 0.0) {
@@ -51,27 +57,30 @@ pub fn parse_costs(text: &str) -> Result<(StageCosts, f64), Error> {
 }
 
 fn stage_costs(p: &[(String, f64)]) -> Result<StageCosts, Error> {
-    let builder = StageCostsSpec::builder()
+    let spec = StageCostsSpec::builder()
         .forward(get(p, "F").unwrap_or(1.0))
         .input_grad(get(p, "I").unwrap_or(1.0))
-        .weight_grad(get(p, "W").unwrap_or(1.0));
-    let spec = match (get(p, "B"), get(p, "FB")) {
-        (Some(b), Some(fb)) => builder.full_backward(b).overlapped(fb).build(),
-        (Some(b), None) => builder.full_backward(b).build(),
-        (None, Some(fb)) => builder.overlapped(fb).build(),
-        (None, None) => builder.build(),
-    };
+        .weight_grad(get(p, "W").unwrap_or(1.0))
+        .full_backward_opt(get(p, "B"))
+        .overlapped_opt(get(p, "FB"))
+        .recompute_opt(get(p, "R"))
+        .offload_opt(get(p, "offload"))
+        .build();
     Ok(spec.validate()?)
 }
 
-/// Parses `total=1,weight_grad=0.43`.
+/// Parses `total=1,weight_grad=0.43,checkpoint=0.05`.
 pub fn parse_activation_memory(text: &str) -> Result<StageMemory, Error> {
-    let p = pairs("--activation-memory", text, &["total", "weight_grad"])?;
-    let builder = StageMemorySpec::builder().total(get(&p, "total").unwrap_or(1.0));
-    let spec = match get(&p, "weight_grad") {
-        Some(w) => builder.weight_grad(w).build(),
-        None => builder.build(),
-    };
+    let p = pairs(
+        "--activation-memory",
+        text,
+        &["total", "weight_grad", "checkpoint"],
+    )?;
+    let spec = StageMemorySpec::builder()
+        .total(get(&p, "total").unwrap_or(1.0))
+        .weight_grad_opt(get(&p, "weight_grad"))
+        .checkpoint(get(&p, "checkpoint").unwrap_or(0.0))
+        .build();
     Ok(spec.validate()?)
 }
 
@@ -100,10 +109,13 @@ pub fn read_stage_costs(path: &str) -> Result<Vec<StageCosts>, Error> {
             })?;
             let mut p = Vec::new();
             for (key, value) in object {
-                if !["F", "I", "W", "B", "FB"].contains(&key.as_str()) {
+                if !COST_KEYS.contains(&key.as_str()) {
                     return Err(Error::Json {
                         path: path.to_string(),
-                        message: format!("entry {i}: unknown key `{key}`; expected F, I, W, B, FB"),
+                        message: format!(
+                            "entry {i}: unknown key `{key}`; expected {}",
+                            COST_KEYS.join(", ")
+                        ),
                     });
                 }
                 let v = value.as_f64().ok_or_else(|| Error::Json {

@@ -1,18 +1,21 @@
 //! The built-in passes' names and arguments in the expression language: `gpipe`, `f1b`,
-//! `vpp(chunks, group, layout)`, `dual`, `zero_bubble(policy, memory)`. [`Registry::builtin`]
-//! holds them; users add their own passes to such a registry.
+//! `vpp(chunks, group, layout)`, `dual`, `zero_bubble(policy, memory)`, `recompute(memory)`,
+//! `offload(memory)`. [`Registry::builtin`] holds them; users add their own passes to such a
+//! registry.
 
 use crate::driver::PassList;
 use crate::error::TransformError;
 use crate::expr::Node;
 use crate::pass::Pass;
-use crate::passes::{Dual, GPipe, Interleave, OneForwardOneBackward, Policy, ZeroBubble};
+use crate::passes::{
+    Dual, GPipe, Interleave, Offload, OneForwardOneBackward, Policy, Recompute, ZeroBubble,
+};
 use crate::registry::{Arguments, Arity, Factory, Registry};
 use crate::schedules::controllable::Controllable;
 use pipeweave_core::ChunkPlacement;
 
 impl Registry {
-    /// The built-in passes: `gpipe`, `f1b`, `vpp`, `dual`, `zero_bubble`.
+    /// The built-in passes: `gpipe`, `f1b`, `vpp`, `dual`, `zero_bubble`, `recompute`, `offload`.
     pub fn builtin() -> Registry {
         let mut registry = Registry::empty();
         register_builtins(&mut registry);
@@ -25,9 +28,9 @@ pub fn compile_expression(text: &str) -> Result<PassList, TransformError> {
     Registry::builtin().compile_expression(text)
 }
 
-/// Adds `gpipe`, `f1b`, `vpp`, `dual` and `zero_bubble` to `registry`.
+/// Adds `gpipe`, `f1b`, `vpp`, `dual`, `zero_bubble`, `recompute` and `offload` to `registry`.
 pub fn register_builtins(registry: &mut Registry) {
-    let entries: [(&str, Arity, Factory); 5] = [
+    let entries: [(&str, Arity, Factory); 7] = [
         (
             GPipe::NAME,
             Arity::Baseline,
@@ -45,6 +48,8 @@ pub fn register_builtins(registry: &mut Registry) {
             Box::new(no_arguments(|| Box::new(Dual))),
         ),
         (ZeroBubble::NAME, Arity::Rewrite, Box::new(zero_bubble)),
+        (Recompute::NAME, Arity::Rewrite, Box::new(recompute)),
+        (Offload::NAME, Arity::Rewrite, Box::new(offload)),
     ];
     for (name, arity, factory) in entries {
         registry
@@ -126,5 +131,23 @@ fn zero_bubble(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
     }
     let pass =
         ZeroBubble::new(policy).map_err(|e| args.bad("memory", args.column(), &e.to_string()))?;
+    Ok(Box::new(pass))
+}
+
+/// `recompute(schedule, memory=N)`.
+fn recompute(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
+    args.allow_only(&["memory"])?;
+    let memory = args.number("memory")?;
+    let column = args.value("memory").map_or(args.column(), |(c, _)| c);
+    let pass = Recompute::new(memory).map_err(|e| args.bad("memory", column, &e.to_string()))?;
+    Ok(Box::new(pass))
+}
+
+/// `offload(schedule, memory=N)`.
+fn offload(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
+    args.allow_only(&["memory"])?;
+    let memory = args.number("memory")?;
+    let column = args.value("memory").map_or(args.column(), |(c, _)| c);
+    let pass = Offload::new(memory).map_err(|e| args.bad("memory", column, &e.to_string()))?;
     Ok(Box::new(pass))
 }

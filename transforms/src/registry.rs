@@ -376,7 +376,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("known passes: dual, f1b, gpipe, my_base, vpp, zero_bubble"),
+            err.contains(
+                "known passes: dual, f1b, gpipe, my_base, offload, recompute, vpp, zero_bubble"
+            ),
             "{err}"
         );
     }

@@ -26,16 +26,16 @@ pub struct StageCostsSpec {
     #[builder(default = 1.0)]
     weight_grad: f64,
     /// Fused full backward; default `input_grad + weight_grad`.
-    #[builder(default, setter(strip_option))]
+    #[builder(default, setter(strip_option(fallback = full_backward_opt)))]
     full_backward: Option<f64>,
     /// Forward overlapped with a full backward; default `forward + full_backward`.
-    #[builder(default, setter(strip_option))]
+    #[builder(default, setter(strip_option(fallback = overlapped_opt)))]
     overlapped: Option<f64>,
     /// A recompute forward; default `forward`.
-    #[builder(default, setter(strip_option))]
+    #[builder(default, setter(strip_option(fallback = recompute_opt)))]
     recompute: Option<f64>,
     /// One transfer of a microbatch's activations between device and host; default `forward`.
-    #[builder(default, setter(strip_option))]
+    #[builder(default, setter(strip_option(fallback = offload_opt)))]
     offload: Option<f64>,
 }
 

@@ -20,7 +20,7 @@ pub struct StageMemorySpec {
     #[builder(default = 1.0)]
     total: f64,
     /// Part of `total` held until W; default all of it.
-    #[builder(default, setter(strip_option))]
+    #[builder(default, setter(strip_option(fallback = weight_grad_opt)))]
     weight_grad: Option<f64>,
     /// Part of `total` a recomputed forward keeps until its recompute; default none.
     #[builder(default = 0.0)]

@@ -1,6 +1,7 @@
 //! Order generators and rewriters that passes share: DualPipe's phases, Zero Bubble's lagged
 //! weight gradients, the handcrafted ZB-V order, V-Half and V-Min, the cost-model-driven list scheduler behind
-//! `zero_bubble(policy=auto)`, the critical-path local search, and the score they compete on.
+//! `zero_bubble(policy=auto)`, the critical-path local search, the score they compete on, and the
+//! memory relief `recompute` and `offload` share.
 
 pub mod controllable;
 pub mod counterflow;
@@ -8,6 +9,7 @@ pub mod dualpipe;
 pub mod greedy;
 pub mod lagged;
 pub mod refine;
+pub mod relief;
 pub mod score;
 pub mod zbv;
 pub mod zbv_auto;

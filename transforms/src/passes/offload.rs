@@ -1,0 +1,349 @@
+//! `offload(schedule, memory=N)`: activation offloading chosen per (stage, microbatch) pair, so
+//! that every rank's device peak fits `N`.
+//!
+//! Source: PipeOffload (Wan et al. 2025), which offloads what the host link can hide behind the
+//! pipeline's computes. An offloaded pair's activations leave the device over the rank's host link
+//! right after its forward (`OFFLOAD`) and come back before its backward (`RELOAD`), each transfer
+//! taking the cost key `offload` (default F). Transfers run on the link one at a time, beside the
+//! computes; a backward waits for its reload, and a task that allocates (a forward, a recompute)
+//! waits for the offloads before it, so the memory they free is free by then (see
+//! `pipeweave_core::analysis::replay`). Host memory holds what is offloaded (reported per rank).
+//!
+//! Which pairs: the relief loop of [`crate::schedules::relief`]. At the first task where a rank
+//! holds more than `N`, every pair held across it is a candidate: offloaded right after its forward
+//! and reloaded right after the last task of its window that breaks the limit (as early as memory
+//! allows, so the transfer has the most time to finish before the backward). Each is estimated by
+//! the stalls its transfers would cause (the next allocation waiting for the offload, the backward
+//! for the reload), the three cheapest are simulated and the fastest is kept; repeated until the
+//! plan fits. While breaks remain, a reload lands late (right after the last break of its
+//! window, often right before its backward); once the plan fits, each reload in turn moves as
+//! early as the limit allows, or to where it is issued just in time for its backward, where a
+//! simulation shows the plan no slower for it.
+//!
+//! Requires: a scheduled plan (any pacing but unscheduled), any layout, split or whole backwards,
+//! no offload yet (recomputed pairs are left as they are). May change: the orders, the residency
+//! fact, the declared memory limit (`N`, or the lower of `N` and `--memory-limit`).
+//! Preconditions: a limit (`memory=N` or a declared one) that offloading can reach: the error
+//! names the least it reaches on the plan.
+//!
+//! 1F1B at 2 ranks and 3 microbatches, `memory=1`, unit costs (transfers too), after; the rows
+//! under each rank are its link (`O` offload, `L` reload). A forward waits for the offload before
+//! it to free its memory; the reloads end before their backwards.
+//! ```text
+//! rank  0 | F0 .  F1 .  .  B0 ~  F2 .  .  B1 ~  .  B2 ~
+//!    link | .  O0 .  O1 L0 .  .  .  O2 L1 .  .  L2 .  .
+//! rank  1 | .  F0 B0 ~  F1 B1 ~  .  F2 B2 ~  .  .  .  .
+//!    link | .  .  .  .  .  .  .  .  .  .  .  .  .  .  .
+//! ```
+
+use crate::error::TransformError;
+use crate::pass::{Changes, Contract, Pass, Requires};
+use crate::schedules::relief::{
+    floor, relieve, reordered, stuck_error, target_limit, Proposal, Step, Window,
+};
+use pipeweave_core::{
+    held_per_task, simulate, LayoutKind, OpKind, Pacing, Plan, Residency, Simulation, Task,
+};
+
+/// Differences below this are floating-point noise.
+const EPSILON: f64 = 1e-9;
+
+/// The offload pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Offload {
+    memory: Option<f64>,
+}
+
+impl Offload {
+    /// The pass's name: in expressions, the registry and errors.
+    pub const NAME: &'static str = "offload";
+
+    /// The pass fitting `memory` activations per rank on the device (None: the plan's declared
+    /// limit).
+    pub fn new(memory: Option<f64>) -> Result<Offload, TransformError> {
+        if let Some(m) = memory {
+            if !(m.is_finite() && m > 0.0) {
+                return Err(TransformError::unmet(
+                    "memory > 0",
+                    format!("memory={m} is not a positive number of activations"),
+                ));
+            }
+        }
+        Ok(Offload { memory })
+    }
+}
+
+/// The offload of `window`'s pair right after its forward and its reload before the task at
+/// `reload_at`.
+fn transfers(window: &Window, reload_at: usize) -> Vec<(usize, Task)> {
+    vec![
+        (window.forward + 1, Task::Offload(window.work)),
+        (reload_at, Task::Reload(window.work)),
+    ]
+}
+
+/// When the task at `position` of `rank` starts.
+fn start_of(simulation: &Simulation, rank: usize, position: usize) -> f64 {
+    simulation.timeline()[rank]
+        .get(position)
+        .map_or(f64::INFINITY, |t| t.start)
+}
+
+/// One proposal per candidate: offloaded after its forward, reloaded after the last break of its
+/// window; estimated by the stalls its transfers would cause on an idle link.
+fn propose(step: &Step<'_>) -> Vec<Proposal> {
+    let costs = step.plan.costs();
+    let timeline = &step.simulation.timeline()[step.at.rank];
+    let order = step.order();
+    step.candidates
+        .iter()
+        .map(|window| {
+            let transfer = costs.task_duration(&Task::Offload(window.work));
+            let reload_at = step.last_break_in(window) + 1;
+            let offloaded = timeline[window.forward].end + transfer;
+            let next_allocation = (window.forward + 1..order.len())
+                .find(|&p| order[p].allocates())
+                .map_or(f64::INFINITY, |p| {
+                    start_of(step.simulation, step.at.rank, p)
+                });
+            let issued = issued_at(step.simulation, step.at.rank, reload_at);
+            let backward = start_of(step.simulation, step.at.rank, window.backward);
+            let estimate =
+                (offloaded - next_allocation).max(0.0) + (issued + transfer - backward).max(0.0);
+            Proposal {
+                estimate,
+                orders: step.orders_with(&transfers(window, reload_at)),
+            }
+        })
+        .collect()
+}
+
+impl Pass for Offload {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn contract(&self) -> Contract {
+        Contract::new(
+            Requires {
+                pacing: &[
+                    Pacing::FillDrain,
+                    Pacing::OneForwardOneBackward,
+                    Pacing::Custom,
+                ],
+                layout: LayoutKind::ALL,
+                whole_backwards: false,
+                residency: &[
+                    Residency::KEPT,
+                    Residency {
+                        recomputed: true,
+                        offloaded: false,
+                    },
+                ],
+            },
+            Changes {
+                residency: true,
+                memory_limit: true,
+                ..Changes::default()
+            },
+        )
+    }
+
+    fn describe(&self) -> String {
+        match self.memory {
+            Some(m) => format!("offload(memory={m})"),
+            None => "offload".to_string(),
+        }
+    }
+
+    fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
+        let limit = target_limit(self.memory, &plan)?;
+        let fitted = relieve(plan.clone(), limit, propose).map_err(|stuck| {
+            let least = floor(&plan, |w| transfers(w, w.backward));
+            stuck_error("offloaded", limit, &stuck, least)
+        })?;
+        hoist_reloads(fitted, limit)
+    }
+}
+
+/// Moves each reload (rank by rank, in order) earlier where the limit allows and a simulation
+/// shows the plan no slower: to the earliest place the memory allows, else to the last place
+/// from which it is issued early enough to end before its backward starts.
+fn hoist_reloads(mut plan: Plan, limit: f64) -> Result<Plan, TransformError> {
+    let Ok(mut current) = simulate(&plan) else {
+        return Ok(plan);
+    };
+    for rank in 0..plan.orders().len() {
+        let mut position = 0;
+        while position < plan.orders()[rank].len() {
+            let order = &plan.orders()[rank];
+            let Task::Reload(work) = order[position] else {
+                position += 1;
+                continue;
+            };
+            let held = &held_per_task(&plan)[rank];
+            let size = plan.memory().stages()[work.stage.index()].total();
+            let offloaded = order[..position]
+                .iter()
+                .rposition(|t| *t == Task::Offload(work))
+                .unwrap_or(0);
+            // The earliest place from which every task up to the reload still fits with the pair
+            // held again.
+            let mut earliest = position;
+            while earliest > offloaded + 1 && held[earliest - 1] + size <= limit + EPSILON {
+                earliest -= 1;
+            }
+            let timeline = &current.timeline()[rank];
+            let transfer = plan.costs().task_duration(&order[position]);
+            let backward = (position..order.len())
+                .find(|&p| {
+                    order[p].ops().iter().any(|op| {
+                        op.kind == OpKind::InputGrad
+                            && op.stage == work.stage
+                            && op.microbatch == work.microbatch
+                    })
+                })
+                .map_or(f64::INFINITY, |p| timeline[p].start);
+            let in_time = (earliest..position)
+                .rev()
+                .find(|&p| issued_at(&current, rank, p) + transfer <= backward + EPSILON)
+                .unwrap_or(earliest);
+            let mut moved = false;
+            for target in [earliest, in_time] {
+                if target >= position {
+                    continue;
+                }
+                let mut orders = plan.orders().to_vec();
+                let task = orders[rank].remove(position);
+                orders[rank].insert(target, task);
+                let Ok(candidate) = reordered(&plan, orders) else {
+                    continue;
+                };
+                let Ok(simulated) = simulate(&candidate) else {
+                    continue;
+                };
+                if simulated.makespan() <= current.makespan() + EPSILON {
+                    plan = candidate;
+                    current = simulated;
+                    moved = true;
+                    break;
+                }
+            }
+            // A moved reload sits earlier; the task now at `position` is the next to look at.
+            position += usize::from(!moved);
+        }
+    }
+    plan.with_memory_limit(Some(limit))
+        .map_err(|e| TransformError::core("", e))
+}
+
+/// When a transfer placed before the task at `position` of `rank` would be issued: when the
+/// compute before that place ends.
+fn issued_at(simulation: &Simulation, rank: usize, position: usize) -> f64 {
+    simulation.timeline()[rank][..position]
+        .iter()
+        .rev()
+        .find(|t| !t.task.on_link())
+        .map_or(0.0, |t| t.end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builtins::compile_expression;
+    use pipeweave_core::{
+        max_peak, peak_per_rank, simulate, CostModel, MemoryModel, ProblemSpec, StageCostsSpec,
+    };
+
+    /// The plan `expression` builds at `ranks` x `microbatches`, unit costs and transfers of
+    /// `transfer`.
+    fn build(
+        expression: &str,
+        ranks: u32,
+        microbatches: u32,
+        transfer: f64,
+    ) -> Result<Plan, TransformError> {
+        let problem = ProblemSpec::builder()
+            .ranks(ranks)
+            .microbatches(microbatches)
+            .build()
+            .validate()
+            .unwrap();
+        let costs = StageCostsSpec::builder()
+            .offload(transfer)
+            .build()
+            .validate()
+            .unwrap();
+        let plan = Plan::unscheduled(
+            problem,
+            CostModel::uniform(ranks, costs, 0.0).unwrap(),
+            MemoryModel::uniform(ranks, Default::default()),
+        )
+        .unwrap();
+        compile_expression(expression)?.run(plan)
+    }
+
+    #[test]
+    fn offload_fits_the_limit_and_hides_its_transfers() {
+        let plan = build("offload(f1b(gpipe), memory=1)", 2, 3, 1.0).unwrap();
+        let sim = simulate(&plan).unwrap();
+        let grid: Vec<String> = pipeweave_core::render_grid(&plan, &sim)
+            .lines()
+            .map(|l| l.trim_end().to_string())
+            .collect();
+        assert_eq!(
+            grid,
+            [
+                "rank  0 | F0 .  F1 .  .  B0 ~  F2 .  .  B1 ~  .  B2 ~",
+                "   link | .  O0 .  O1 L0 .  .  .  O2 L1 .  .  L2 .  .",
+                "rank  1 | .  F0 B0 ~  F1 B1 ~  .  F2 B2 ~  .  .  .  .",
+                "   link | .  .  .  .  .  .  .  .  .  .  .  .  .  .  .",
+            ]
+        );
+        let peaks = peak_per_rank(&plan);
+        assert_eq!((peaks[0].peak, peaks[0].host_peak), (1.0, 2.0));
+        // 1F1B at 8 ranks, 32 microbatches: cheap transfers hide behind the computes.
+        let kept = simulate(&build("f1b(gpipe)", 8, 32, 0.25).unwrap())
+            .unwrap()
+            .makespan();
+        let offloaded = build("offload(f1b(gpipe), memory=2)", 8, 32, 0.25).unwrap();
+        assert!(max_peak(&offloaded) <= 2.0);
+        let makespan = simulate(&offloaded).unwrap().makespan();
+        assert!(makespan <= kept * 1.1, "{makespan} against {kept}");
+    }
+
+    #[test]
+    fn offload_composes_with_recompute_and_refuses_a_second_offload() {
+        let both = build(
+            "offload(recompute(f1b(gpipe), memory=3), memory=2)",
+            4,
+            8,
+            0.5,
+        )
+        .unwrap();
+        let residency = both.facts().residency;
+        assert!(residency.recomputed && residency.offloaded);
+        assert!(max_peak(&both) <= 2.0);
+        let err = build(
+            "offload(offload(f1b(gpipe), memory=3), memory=2)",
+            4,
+            8,
+            0.5,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("cannot run after `offload`"), "{err}");
+        let err = build(
+            "offload(zero_bubble(f1b(gpipe), policy=h1), memory=0.5)",
+            4,
+            8,
+            0.5,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("reachable with pairs offloaded") && err.contains("still needs"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,224 @@
+//! `recompute(schedule, memory=N)`: activation recomputation chosen per (stage, microbatch) pair,
+//! so that every rank's peak fits `N`.
+//!
+//! Source: activation checkpointing (Chen et al. 2016), chosen per stage by AdaPipe and placed into
+//! the pipeline's bubbles by Mario (Liu et al. 2024). A recomputed pair's forward keeps only its
+//! stage input (the memory model's `checkpoint`, default 0); an `R` task (cost key `R`, default F)
+//! runs the forward again right before the pair's backward, so on a rank that waits there for the
+//! gradient the recompute fills that wait instead of delaying the backward.
+//!
+//! Which pairs: the relief loop of [`crate::schedules::relief`]. At the first task where a rank
+//! holds more than `N`, every pair held across it is a candidate; each is estimated by the time its
+//! recompute adds beyond the idle time before its backward (longest-held first on ties), the three
+//! cheapest are simulated and the fastest is kept; repeated until the plan fits. A pair whose
+//! backward is the next task still saves its memory everywhere before it.
+//!
+//! Requires: a scheduled plan (any pacing but unscheduled), any layout, split or whole backwards,
+//! no recompute yet (offloaded pairs are left as they are). May change: the orders, the residency
+//! fact, the declared memory limit (`N`, or the lower of `N` and `--memory-limit`).
+//! Preconditions: a limit (`memory=N` or a declared one) that recomputing can reach: the error names
+//! the least it reaches on the plan (what forwards and weight gradients hold cannot be dropped).
+//!
+//! Before and after, 1F1B at 2 ranks and 3 microbatches, `memory=1`, unit costs: rank 0 holds two
+//! forwards at its peak; every pair of rank 0 is recomputed, microbatch 0 while the rank waits for
+//! its gradient (free), the others on the critical path.
+//! ```text
+//! rank  0 | F0 F1 .  .  B0 ~  F2 B1 ~  .  B2 ~
+//! rank  1 | .  F0 B0 ~  F1 B1 ~  F2 B2 ~  .  .
+//!
+//! rank  0 | F0 F1 R0 .  B0 ~  F2 R1 B1 ~  R2 B2 ~
+//! rank  1 | .  F0 B0 ~  F1 B1 ~  F2 B2 ~  .  .  .
+//! ```
+
+use crate::error::TransformError;
+use crate::pass::{Changes, Contract, Pass, Requires};
+use crate::schedules::relief::{
+    floor, idle_before, relieve, stuck_error, target_limit, Proposal, Step, Window,
+};
+use pipeweave_core::{LayoutKind, Pacing, Plan, Residency, Task};
+
+/// The recompute pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Recompute {
+    memory: Option<f64>,
+}
+
+impl Recompute {
+    /// The pass's name: in expressions, the registry and errors.
+    pub const NAME: &'static str = "recompute";
+
+    /// The pass fitting `memory` activations per rank (None: the plan's declared limit).
+    pub fn new(memory: Option<f64>) -> Result<Recompute, TransformError> {
+        if let Some(m) = memory {
+            if !(m.is_finite() && m > 0.0) {
+                return Err(TransformError::unmet(
+                    "memory > 0",
+                    format!("memory={m} is not a positive number of activations"),
+                ));
+            }
+        }
+        Ok(Recompute { memory })
+    }
+}
+
+/// The recompute of `window`'s pair, right before its backward.
+fn recompute_before_backward(window: &Window) -> Vec<(usize, Task)> {
+    vec![(window.backward, Task::Recompute(window.work))]
+}
+
+/// One proposal per candidate: its recompute before its backward, estimated by the time the
+/// recompute adds beyond the idle time there.
+fn propose(step: &Step<'_>) -> Vec<Proposal> {
+    let costs = step.plan.costs();
+    step.candidates
+        .iter()
+        .map(|window| {
+            let task = Task::Recompute(window.work);
+            let idle = idle_before(step.simulation, step.at.rank, window.backward);
+            Proposal {
+                estimate: (costs.task_duration(&task) - idle).max(0.0),
+                orders: step.orders_with(&recompute_before_backward(window)),
+            }
+        })
+        .collect()
+}
+
+impl Pass for Recompute {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn contract(&self) -> Contract {
+        Contract::new(
+            Requires {
+                pacing: &[
+                    Pacing::FillDrain,
+                    Pacing::OneForwardOneBackward,
+                    Pacing::Custom,
+                ],
+                layout: LayoutKind::ALL,
+                whole_backwards: false,
+                residency: &[
+                    Residency::KEPT,
+                    Residency {
+                        recomputed: false,
+                        offloaded: true,
+                    },
+                ],
+            },
+            Changes {
+                residency: true,
+                memory_limit: true,
+                ..Changes::default()
+            },
+        )
+    }
+
+    fn describe(&self) -> String {
+        match self.memory {
+            Some(m) => format!("recompute(memory={m})"),
+            None => "recompute".to_string(),
+        }
+    }
+
+    fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
+        let limit = target_limit(self.memory, &plan)?;
+        let fitted = relieve(plan.clone(), limit, propose).map_err(|stuck| {
+            let least = floor(&plan, recompute_before_backward);
+            stuck_error("recomputed", limit, &stuck, least)
+        })?;
+        fitted
+            .with_memory_limit(Some(limit))
+            .map_err(|e| TransformError::core("", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builtins::compile_expression;
+    use pipeweave_core::{max_peak, simulate, CostModel, MemoryModel, ProblemSpec, StageCosts};
+
+    /// The plan `expression` builds at `ranks` x `microbatches`, unit costs.
+    fn build(expression: &str, ranks: u32, microbatches: u32) -> Result<Plan, TransformError> {
+        let problem = ProblemSpec::builder()
+            .ranks(ranks)
+            .microbatches(microbatches)
+            .build()
+            .validate()
+            .unwrap();
+        let plan = Plan::unscheduled(
+            problem,
+            CostModel::uniform(ranks, StageCosts::default(), 0.0).unwrap(),
+            MemoryModel::uniform(ranks, Default::default()),
+        )
+        .unwrap();
+        compile_expression(expression)?.run(plan)
+    }
+
+    fn grid(plan: &Plan) -> Vec<String> {
+        let sim = simulate(plan).unwrap();
+        pipeweave_core::render_grid(plan, &sim)
+            .lines()
+            .map(|l| l.trim_end().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn recomputes_fit_the_limit_and_fill_the_wait_for_the_gradient() {
+        let plan = build("recompute(f1b(gpipe), memory=1)", 2, 3).unwrap();
+        assert_eq!(
+            grid(&plan),
+            [
+                "rank  0 | F0 F1 R0 .  B0 ~  F2 R1 B1 ~  R2 B2 ~",
+                "rank  1 | .  F0 B0 ~  F1 B1 ~  F2 B2 ~  .  .  .",
+            ]
+        );
+        assert_eq!(plan.memory_limit(), Some(1.0));
+        assert!(plan.facts().residency.recomputed);
+        let plan = build("recompute(f1b(gpipe), memory=2)", 4, 8).unwrap();
+        assert!(max_peak(&plan) <= 2.0);
+        assert_eq!(plan.passes().last().unwrap(), "recompute");
+    }
+
+    #[test]
+    fn a_plan_that_fits_is_left_as_it_is() {
+        let plain = build("f1b(gpipe)", 4, 8).unwrap();
+        let fitted = build("recompute(f1b(gpipe), memory=4)", 4, 8).unwrap();
+        assert_eq!(fitted.orders(), plain.orders());
+        assert!(!fitted.manages_residency());
+    }
+
+    #[test]
+    fn bad_limits_and_places_are_typed_errors() {
+        let err = build("recompute(f1b(gpipe))", 2, 3)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("give memory=N"), "{err}");
+        let err = build("recompute(f1b(gpipe), memory=0)", 2, 3)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("memory=0 is not a positive number"), "{err}");
+        // Split backwards keep what W needs: ZB-H1 at 4 ranks cannot get to half a microbatch.
+        let err = build(
+            "recompute(zero_bubble(f1b(gpipe), policy=h1), memory=0.5)",
+            4,
+            8,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("precondition `memory=0.5 reachable with pairs recomputed`")
+                && err.contains("this plan still needs 4.0000"),
+            "{err}"
+        );
+        let err = build("zero_bubble(recompute(f1b(gpipe), memory=2))", 4, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs activations kept"), "{err}");
+        let err = build("recompute(recompute(f1b(gpipe), memory=3), memory=2)", 4, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot run after `recompute`"), "{err}");
+    }
+}

@@ -1,0 +1,359 @@
+//! What `recompute` and `offload` share: where a rank's memory bound breaks, which (stage,
+//! microbatch) pairs hold activations there, and the greedy loop that relieves the breaks one pair
+//! at a time.
+//!
+//! The loop: find the first task, in rank order, during which a rank holds more than the limit
+//! (a [`Break`], from [`held_per_task`]); the pairs whose activations are held across it (their
+//! forward before it, their input-gradient backward after it, no residency task yet) are the
+//! candidates ([`Window`]s). The pass proposes one rewrite per candidate with an estimate of the
+//! time it costs; the cheapest few are simulated and the fastest is kept. A relieved pair holds
+//! nothing at the break any more and no task holds more than before, so breaks only disappear:
+//! the loop ends within one step per pair, fitted or stuck at a break no candidate spans.
+//!
+//! Written against the public API of `pipeweave-core` alone, as a researcher's pass would be.
+
+use crate::error::TransformError;
+use pipeweave_core::{
+    held_per_task, max_peak, simulate, Facts, OpKind, Plan, Residency, Simulation, Task, Work,
+};
+use std::collections::{HashMap, HashSet};
+
+/// Differences below this are floating-point noise.
+const EPSILON: f64 = 1e-9;
+
+/// How many proposals, cheapest estimate first, are simulated per step.
+const SIMULATED: usize = 3;
+
+/// The first task during which a rank holds more than the limit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Break {
+    /// The rank.
+    pub rank: usize,
+    /// The task's position in the rank's order.
+    pub position: usize,
+    /// What the rank holds while it runs.
+    pub held: f64,
+}
+
+/// A pair whose activations a rank holds from its forward to its backward.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Window {
+    /// The pair.
+    pub work: Work,
+    /// Position of the task running its forward.
+    pub forward: usize,
+    /// Position of the task running its input-gradient backward.
+    pub backward: usize,
+}
+
+/// A rewrite one candidate proposes: its estimated cost in time and the new orders.
+pub struct Proposal {
+    /// Estimated added time (lower is better; ties keep the first).
+    pub estimate: f64,
+    /// The orders with the pair relieved.
+    pub orders: Vec<Vec<Task>>,
+}
+
+/// The rank and first task at which `held` (per rank, per task) exceeds `limit`; ranks in order.
+pub fn first_break(held: &[Vec<f64>], limit: f64) -> Option<Break> {
+    held.iter().enumerate().find_map(|(rank, tasks)| {
+        let position = tasks.iter().position(|&h| h > limit + EPSILON)?;
+        Some(Break {
+            rank,
+            position,
+            held: tasks[position],
+        })
+    })
+}
+
+/// Every pair on `order` (a rank's order) with its forward's and backward's positions, leaving
+/// out pairs that already have a residency task.
+pub fn windows(order: &[Task]) -> Vec<Window> {
+    let mut forward: HashMap<Work, usize> = HashMap::new();
+    let mut managed: HashSet<Work> = HashSet::new();
+    let mut out = Vec::new();
+    for (position, task) in order.iter().enumerate() {
+        if task.is_residency() {
+            managed.insert(task.work());
+            continue;
+        }
+        for op in task.ops() {
+            let work = Work {
+                stage: op.stage,
+                microbatch: op.microbatch,
+            };
+            match op.kind {
+                OpKind::Forward => {
+                    forward.insert(work, position);
+                }
+                OpKind::InputGrad => {
+                    if let Some(&at) = forward.get(&work) {
+                        out.push(Window {
+                            work,
+                            forward: at,
+                            backward: position,
+                        });
+                    }
+                }
+                OpKind::WeightGrad => {}
+            }
+        }
+    }
+    out.retain(|w| !managed.contains(&w.work));
+    out
+}
+
+/// The windows of `order` held across `position`.
+pub fn spanning(order: &[Task], position: usize) -> Vec<Window> {
+    windows(order)
+        .into_iter()
+        .filter(|w| w.forward < position && position < w.backward)
+        .collect()
+}
+
+/// Where and how the loop got stuck: a break no pair can relieve.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stuck {
+    /// The break.
+    pub at: Break,
+    /// The task there.
+    pub task: Task,
+}
+
+/// One step of [`relieve`]: what a pass proposes its rewrites from.
+pub struct Step<'a> {
+    /// The plan so far.
+    pub plan: &'a Plan,
+    /// Its simulation.
+    pub simulation: &'a Simulation,
+    /// The first break.
+    pub at: Break,
+    /// What the break's rank holds during each of its tasks.
+    pub held: &'a [f64],
+    /// The pairs held across the break, longest-held first.
+    pub candidates: &'a [Window],
+    /// The limit.
+    pub limit: f64,
+}
+
+impl Step<'_> {
+    /// The break's rank's order.
+    pub fn order(&self) -> &[Task] {
+        &self.plan.orders()[self.at.rank]
+    }
+
+    /// The plan's orders with `inserted` put into the break's rank's order
+    /// ([`with_inserted`]).
+    pub fn orders_with(&self, inserted: &[(usize, Task)]) -> Vec<Vec<Task>> {
+        let mut orders = self.plan.orders().to_vec();
+        orders[self.at.rank] = with_inserted(self.order(), inserted);
+        orders
+    }
+
+    /// The last task of `window` (after its forward, before its backward) during which the rank
+    /// holds more than the limit: the break itself at least.
+    pub fn last_break_in(&self, window: &Window) -> usize {
+        (window.forward + 1..window.backward)
+            .rev()
+            .find(|&p| self.held[p] > self.limit + EPSILON)
+            .unwrap_or(self.at.position)
+    }
+}
+
+/// Relieves `plan`'s breaks of `limit` one pair at a time with the proposals of `propose`,
+/// keeping per step the fastest of the [`SIMULATED`] cheapest proposals (ties: the first
+/// proposed). The result fits the limit, or the loop stops at a break no pair spans.
+pub fn relieve(
+    mut plan: Plan,
+    limit: f64,
+    propose: impl Fn(&Step<'_>) -> Vec<Proposal>,
+) -> Result<Plan, Stuck> {
+    let mut simulation = simulate(&plan).ok();
+    loop {
+        let held = held_per_task(&plan);
+        let Some(at) = first_break(&held, limit) else {
+            return Ok(plan);
+        };
+        let order = &plan.orders()[at.rank];
+        let mut candidates = spanning(order, at.position);
+        candidates.sort_by_key(|w| std::cmp::Reverse(w.backward - w.forward));
+        let stuck = || Stuck {
+            at,
+            task: order[at.position],
+        };
+        let Some(current) = simulation.as_ref() else {
+            return Err(stuck());
+        };
+        let step = Step {
+            plan: &plan,
+            simulation: current,
+            at,
+            held: &held[at.rank],
+            candidates: &candidates,
+            limit,
+        };
+        let mut proposals = propose(&step);
+        proposals.sort_by(|a, b| a.estimate.total_cmp(&b.estimate));
+        let mut best: Option<(Plan, Simulation)> = None;
+        for proposal in proposals.into_iter().take(SIMULATED) {
+            let Ok(candidate) = reordered(&plan, proposal.orders) else {
+                continue;
+            };
+            let Ok(simulated) = simulate(&candidate) else {
+                continue;
+            };
+            let faster = best
+                .as_ref()
+                .is_none_or(|(_, b)| simulated.makespan() < b.makespan() - EPSILON);
+            if faster {
+                best = Some((candidate, simulated));
+            }
+        }
+        let Some((next, simulated)) = best else {
+            return Err(stuck());
+        };
+        plan = next;
+        simulation = Some(simulated);
+    }
+}
+
+/// The limit a relief pass fits: its `memory` argument or the plan's declared limit, the lower
+/// of the two; an error when there is neither.
+pub fn target_limit(memory: Option<f64>, plan: &Plan) -> Result<f64, TransformError> {
+    match (memory, plan.memory_limit()) {
+        (Some(m), Some(l)) => Ok(m.min(l)),
+        (Some(limit), None) | (None, Some(limit)) => Ok(limit),
+        (None, None) => Err(TransformError::unmet(
+            "a memory limit",
+            "give memory=N (activations of one microbatch of a rank's share) or --memory-limit",
+        )),
+    }
+}
+
+/// `plan` with new orders and the residency fact they hold.
+pub fn reordered(plan: &Plan, orders: Vec<Vec<Task>>) -> Result<Plan, TransformError> {
+    let facts = Facts {
+        residency: Residency::of_orders(&orders),
+        ..plan.facts()
+    };
+    plan.clone()
+        .reshaped(None, orders, facts)
+        .map_err(|e| TransformError::core("", e))
+}
+
+/// The peak of `plan` with every pair that has no residency task relieved as `relieve_all` says
+/// (the tasks it inserts into the pair's rank's order): the least a relief pass can reach.
+pub fn floor(plan: &Plan, relieve_all: impl Fn(&Window) -> Vec<(usize, Task)>) -> f64 {
+    let orders = plan
+        .orders()
+        .iter()
+        .map(|order| {
+            let inserted: Vec<(usize, Task)> =
+                windows(order).iter().flat_map(&relieve_all).collect();
+            with_inserted(order, &inserted)
+        })
+        .collect();
+    reordered(plan, orders).map_or(f64::INFINITY, |p| max_peak(&p))
+}
+
+/// The error of a relief pass stuck at `stuck`, naming the least it can reach: `how` is what
+/// the pass does to a pair (`recomputed`, `offloaded`).
+pub fn stuck_error(how: &str, limit: f64, stuck: &Stuck, least: f64) -> TransformError {
+    TransformError::unmet(
+        &format!("memory={limit} reachable with pairs {how}"),
+        format!(
+            "rank {} holds {:.4} while it runs {} (task {}), and no pair held across it can be \
+             {how} (what is held there belongs to a running forward, or is kept for a weight \
+             gradient); with every pair it may take {how}, this plan still needs {:.4}",
+            stuck.at.rank, stuck.at.held, stuck.task, stuck.at.position, least
+        ),
+    )
+}
+
+/// `order` with `inserted` tasks put before the tasks at the given positions (a position equal
+/// to the order's length appends); several at one position keep their given order.
+pub fn with_inserted(order: &[Task], inserted: &[(usize, Task)]) -> Vec<Task> {
+    let mut sorted = inserted.to_vec();
+    sorted.sort_by_key(|&(at, _)| at);
+    let mut out = Vec::with_capacity(order.len() + inserted.len());
+    let mut next = sorted.iter().peekable();
+    for (position, &task) in order.iter().enumerate() {
+        while let Some(&(_, extra)) = next.next_if(|(at, _)| *at == position) {
+            out.push(extra);
+        }
+        out.push(task);
+    }
+    out.extend(next.map(|&(_, t)| t));
+    out
+}
+
+/// The idle time right before the task at `position` of `rank`'s timeline: how long the rank
+/// waits between the end of the compute before it and its start (0 for the first task).
+pub fn idle_before(simulation: &Simulation, rank: usize, position: usize) -> f64 {
+    let timeline = &simulation.timeline()[rank];
+    let Some(task) = timeline.get(position) else {
+        return 0.0;
+    };
+    let previous = timeline[..position]
+        .iter()
+        .rev()
+        .find(|t| !t.task.on_link())
+        .map_or(0.0, |t| t.end);
+    (task.start - previous).max(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tasks(text: &str) -> Vec<Task> {
+        text.split_whitespace()
+            .map(|t| t.parse().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn windows_span_from_forward_to_input_gradient() {
+        let order = tasks("0F0 0F1 0I0 0F2 0W0 0B1 0R2 0B2");
+        let found: Vec<(String, usize, usize)> = windows(&order)
+            .iter()
+            .map(|w| {
+                (
+                    w.work.op(OpKind::Forward).to_string(),
+                    w.forward,
+                    w.backward,
+                )
+            })
+            .collect();
+        // Pair 2 has a recompute already.
+        assert_eq!(
+            found,
+            [("0F0".to_string(), 0, 2), ("0F1".to_string(), 1, 5)]
+        );
+        let across: Vec<usize> = spanning(&order, 3).iter().map(|w| w.forward).collect();
+        assert_eq!(across, [1]);
+    }
+
+    #[test]
+    fn breaks_and_insertions() {
+        let held = vec![vec![1.0, 2.0], vec![1.0, 3.0, 3.5]];
+        assert_eq!(
+            first_break(&held, 2.5),
+            Some(Break {
+                rank: 1,
+                position: 1,
+                held: 3.0
+            })
+        );
+        assert_eq!(first_break(&held, 4.0), None);
+        let order = tasks("0F0 0F1 0B0 0B1");
+        let r: Task = "0R1".parse().unwrap();
+        let o: Task = "0OFFLOAD0".parse().unwrap();
+        let out = with_inserted(&order, &[(3, r), (1, o), (4, o)]);
+        let text: Vec<String> = out.iter().map(Task::to_string).collect();
+        assert_eq!(
+            text,
+            ["0F0", "0OFFLOAD0", "0F1", "0B0", "0R1", "0B1", "0OFFLOAD0"]
+        );
+    }
+}
