@@ -385,6 +385,12 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
             trainer.peak_activation_bytes()
         );
     }
+    if trainer.peak_host_bytes().iter().any(|&b| b > 0) {
+        eprintln!(
+            "peak offloaded bytes in host memory per rank (last step, measured): {:?}",
+            trainer.peak_host_bytes()
+        );
+    }
     if let Some(path) = &args.curve {
         let svg = LossCurve::new(
             format!("{} — {}", args.schedule, corpus.origin().display()),

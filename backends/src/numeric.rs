@@ -6,6 +6,14 @@
 //! microbatch after microbatch; [`AffineStage`] is one rank's share for a backend, which
 //! accumulates the same gradients in whatever order the schedule runs. The two must agree to
 //! rounding.
+//!
+//! A stage honours the residency instructions as the simulator models them: a drop keeps the
+//! forward's input only and a recompute (spending its time) restores the activation; an offload
+//! moves the activation to a host store and a reload brings it back, each a transfer on the rank's
+//! host link, which runs beside the computes (one transfer at a time, in the program's order): a
+//! transfer does not hold the rank up, a forward or recompute waits for every offload issued
+//! before it, and a backward for its reload. A backward that finds its activation dropped or on
+//! the host is an error.
 
 use crate::compute::StageCompute;
 use crate::timing::sleep_until;
@@ -97,6 +105,9 @@ impl AffineModel {
         AffineStage {
             model: self.clone(),
             saved_input: HashMap::new(),
+            dropped: HashMap::new(),
+            host: HashMap::new(),
+            link: HostLink::default(),
             saved_grad: HashMap::new(),
             grads: vec![(0.0, 0.0); self.scale.len()],
             delay: Box::new(delay),
@@ -125,10 +136,25 @@ impl AffineModel {
     }
 }
 
+/// The rank's host link: when it is free, when the last offload issued on it ends, and when
+/// each reload ends.
+#[derive(Default)]
+struct HostLink {
+    free: Option<Instant>,
+    fence: Option<Instant>,
+    reloaded: HashMap<Work, Instant>,
+}
+
 /// One rank's share of an [`AffineModel`].
 pub struct AffineStage {
     model: AffineModel,
+    /// The activations a backward needs (the stage input, for this model), by forward.
     saved_input: HashMap<Work, f64>,
+    /// The inputs dropped forwards keep for their recomputes.
+    dropped: HashMap<Work, f64>,
+    /// Activations on the host.
+    host: HashMap<Work, f64>,
+    link: HostLink,
     saved_grad: HashMap<Work, f64>,
     grads: Gradients,
     delay: Box<dyn Fn(&Task) -> Duration + Send>,
@@ -178,7 +204,34 @@ impl AffineStage {
     /// When this rank's first task started and its last task ended (None before any task): the
     /// schedule's measured makespan is the latest end less the earliest start over the ranks.
     pub fn busy(&self) -> Option<(Instant, Instant)> {
-        Some((self.spent.first()?.start, self.spent.last()?.end))
+        let first = self.spent.iter().map(|s| s.start).min()?;
+        let last = self.spent.iter().map(|s| s.end).max()?;
+        Some((first, last))
+    }
+
+    /// A transfer on the host link: it starts when the link is free, takes its time beside the
+    /// computes, and is recorded with its (possibly future) times; returns when it ends.
+    fn transfer(&mut self, task: Task) -> Instant {
+        let now = Instant::now();
+        let start = self.link.free.map_or(now, |free| free.max(now));
+        let end = start + (self.delay)(&task);
+        self.link.free = Some(end);
+        self.spent.push(SpentTask { task, start, end });
+        end
+    }
+
+    /// Waits for every offload issued so far: what an allocation needs.
+    fn wait_for_offloads(&self) {
+        if let Some(fence) = self.link.fence {
+            sleep_until(fence);
+        }
+    }
+
+    fn missing(what: &str, work: Work) -> String {
+        format!(
+            "{what} of stage {} microbatch {}",
+            work.stage, work.microbatch
+        )
     }
 
     /// Every task this rank ran, with its times, in the order it ran them (a fused task once).
@@ -221,6 +274,7 @@ impl StageCompute for AffineStage {
     type Tensor = f64;
 
     fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, String> {
+        self.wait_for_offloads();
         self.spend(Task::Forward(work));
         let x = match input {
             Some(x) => x,
@@ -245,6 +299,22 @@ impl StageCompute for AffineStage {
     }
 
     fn backward_input(&mut self, work: Work, grad_output: f64) -> Result<Option<f64>, String> {
+        if let Some(end) = self.link.reloaded.remove(&work) {
+            sleep_until(end);
+        }
+        if !self.saved_input.contains_key(&work) {
+            let place = if self.dropped.contains_key(&work) {
+                "dropped (no recompute ran)"
+            } else if self.host.contains_key(&work) {
+                "on the host (no reload ran)"
+            } else {
+                "missing"
+            };
+            return Err(format!(
+                "the backward finds the {} {place}",
+                Self::missing("activation", work)
+            ));
+        }
         self.spend(Task::InputGrad(work));
         self.saved_grad.insert(work, grad_output);
         let (a, _) = self.model.params(work.stage);
@@ -291,5 +361,49 @@ impl StageCompute for AffineStage {
             let grad_input = stage.backward(backward, grad_output)?;
             Ok((output, grad_input))
         })
+    }
+
+    fn drop_activations(&mut self, work: Work) -> Result<(), String> {
+        let input = self
+            .saved_input
+            .remove(&work)
+            .ok_or_else(|| format!("nothing to drop: no {}", Self::missing("forward", work)))?;
+        self.dropped.insert(work, input);
+        Ok(())
+    }
+
+    fn recompute(&mut self, work: Work) -> Result<(), String> {
+        let input = self.dropped.remove(&work).ok_or_else(|| {
+            format!(
+                "nothing to recompute from: no {}",
+                Self::missing("dropped forward", work)
+            )
+        })?;
+        self.wait_for_offloads();
+        self.spend(Task::Recompute(work));
+        self.saved_input.insert(work, input);
+        Ok(())
+    }
+
+    fn offload(&mut self, work: Work) -> Result<(), String> {
+        let input = self
+            .saved_input
+            .remove(&work)
+            .ok_or_else(|| format!("nothing to offload: no {}", Self::missing("forward", work)))?;
+        self.host.insert(work, input);
+        let end = self.transfer(Task::Offload(work));
+        self.link.fence = Some(self.link.fence.map_or(end, |f| f.max(end)));
+        Ok(())
+    }
+
+    fn reload(&mut self, work: Work) -> Result<(), String> {
+        let input = self
+            .host
+            .remove(&work)
+            .ok_or_else(|| format!("nothing to reload: no {}", Self::missing("offload", work)))?;
+        self.saved_input.insert(work, input);
+        let end = self.transfer(Task::Reload(work));
+        self.link.reloaded.insert(work, end);
+        Ok(())
     }
 }

@@ -69,4 +69,4 @@ pub use layers::{
     Linear, LossOutput, Mlp,
 };
 pub use primitives::{CpuPrimitives, Primitives};
-pub use stage::{StageLayout, StageModel, StagePendingWeightGrad, StageSaved};
+pub use stage::{HostSaved, StageLayout, StageModel, StagePendingWeightGrad, StageSaved};

@@ -177,6 +177,10 @@ pub fn check_and_emit(
         // Refused before anything is rendered: no file is left.
         csv::pytorch_expressible(source.plan().problem())?;
     }
+    let left_out = args
+        .csv
+        .as_ref()
+        .and_then(|_| csv::residency_left_out(source.plan()));
     let projected = project_source(source, args.recv)?;
     let (counts, files) = std::thread::scope(|scope| {
         let check = scope.spawn(|| check_programs(projected.plan.problem(), &projected.programs));
@@ -194,6 +198,9 @@ pub fn check_and_emit(
     });
     let checked = projected.checked(counts)?;
     files.write(&checked, args, stdout)?;
+    if let Some(note) = left_out {
+        eprintln!("note: {note}");
+    }
     leave_to_exit(checked);
     Ok(())
 }

@@ -27,6 +27,8 @@ pub struct ClusterStep {
     pub measured: Vec<Vec<MeasuredOp>>,
     /// Per world rank, the most activation bytes it held at once.
     pub peak_activation_bytes: Vec<usize>,
+    /// Per world rank, the most bytes of offloaded activations in its host store at once.
+    pub peak_host_bytes: Vec<usize>,
 }
 
 /// Runs steps of a [`GptModel`] on some set of ranks.
@@ -103,6 +105,7 @@ impl Cluster for ThreadsCluster {
             gradients: outcome.gradients.into_iter().map(Some).collect(),
             measured: outcome.measured,
             peak_activation_bytes: outcome.peak_activation_bytes,
+            peak_host_bytes: outcome.peak_host_bytes,
         })
     }
 

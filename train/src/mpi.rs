@@ -385,9 +385,12 @@ impl Cluster for MpiCluster {
             Self::fold_losses(&self.world, &stage, batch.microbatches())? / batch.normalizer();
         let measured = vec![stage.measured().to_vec()];
         let peak = stage.peak_activation_bytes() as u64;
+        let host = stage.peak_host_bytes() as u64;
         drop(stage);
         let mut peaks = vec![0u64; self.world.size() as usize];
         self.world.all_gather_into(&peak, &mut peaks[..]);
+        let mut host_peaks = vec![0u64; self.world.size() as usize];
+        self.world.all_gather_into(&host, &mut host_peaks[..]);
         let reduction = Arc::try_unwrap(reduction)
             .map_err(|_| TrainError::Stage("the stage still holds the reduction".into()))?;
         let totals = reduction
@@ -404,6 +407,7 @@ impl Cluster for MpiCluster {
             gradients,
             measured,
             peak_activation_bytes: peaks.into_iter().map(|p| p as usize).collect(),
+            peak_host_bytes: host_peaks.into_iter().map(|p| p as usize).collect(),
         })
     }
 

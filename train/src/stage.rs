@@ -12,28 +12,34 @@
 //!   [`GradSync::stage_complete`] runs (where a data-parallel all-reduce starts);
 //! - flush: no weight gradient may still be pending;
 //! - free-output: the sent activation's bytes leave the live count;
+//! - drop and recompute (a plan's `recompute` pass): the forward's saved state is cut to its input
+//!   right after the forward, and rebuilt by running the forward again before the backward;
+//! - offload and reload (a plan's `offload` pass): the saved state is copied to this rank's host
+//!   store and its device tensors released, then copied back (real copies, run in the rank's
+//!   thread: this backend has no separate copy engine, so a transfer takes the rank's time);
 //! - forward-only evaluation: forwards and losses without saved state for a backward.
 //!
-//! Every op's measured start and end are recorded for the trace of a step, and the live
+//! Every task's measured start and end are recorded for the trace of a step, and the live
 //! activation bytes (the distinct tensors of the kernels' saved and pending states, and outputs
-//! not yet sent) are counted with their peak.
+//! not yet sent) are counted with their peak, as are the bytes in the host store.
 
 use crate::batch::StepBatch;
 use crate::cut::ModelCut;
 use crate::gradients::GradSync;
 use candle_core::Tensor;
 use pipeweave_backends::StageCompute;
-use pipeweave_core::{OpKind, Problem, RankId, StageId, Work};
-use pipeweave_kernels::{CrossEntropy, StageModel, StagePendingWeightGrad, StageSaved};
+use pipeweave_core::{Problem, RankId, StageId, Task, Work};
+use pipeweave_kernels::{CrossEntropy, HostSaved, StageModel, StagePendingWeightGrad, StageSaved};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// One op as it ran: which, and when (seconds since the step's start).
+/// One task as it ran: which, and when (seconds since the step's start).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MeasuredOp {
-    /// The op's kind (an overlapped F&B is recorded as its parts).
-    pub kind: OpKind,
+    /// The task: a single op (F, I or W; a fused B or an overlapped F&B is recorded as its
+    /// parts), a recompute, an offload or a reload.
+    pub task: Task,
     /// Where and for what.
     pub work: Work,
     /// Start, in seconds since the step began.
@@ -79,6 +85,13 @@ pub struct GptStage {
     saved_bytes: HashMap<Work, usize>,
     pending_bytes: HashMap<Work, usize>,
     output_bytes: HashMap<Work, usize>,
+    /// The last forward's input (until the next forward): what a drop right after it keeps. An
+    /// overlapped F&B runs its backward between its forward and the drop.
+    last_input: Option<(Work, Tensor)>,
+    /// Saved states copied to host memory.
+    host: HashMap<Work, HostSaved>,
+    host_bytes: usize,
+    host_peak_bytes: usize,
     /// Stages whose output leaves the rank (sent, or consumed by the loss): their output stays
     /// live until freed; a hand-over to a local next stage is not counted twice.
     outputs_leave: HashSet<StageId>,
@@ -146,6 +159,10 @@ impl GptStage {
             saved_bytes: HashMap::new(),
             pending_bytes: HashMap::new(),
             output_bytes: HashMap::new(),
+            last_input: None,
+            host: HashMap::new(),
+            host_bytes: 0,
+            host_peak_bytes: 0,
             outputs_leave,
             injection: None,
             offset: 0,
@@ -191,9 +208,14 @@ impl GptStage {
         &self.measured
     }
 
-    /// The most activation bytes held at once.
+    /// The most activation bytes held at once (on the device).
     pub fn peak_activation_bytes(&self) -> usize {
         self.peak_bytes
+    }
+
+    /// The most bytes of saved states held in the host store at once.
+    pub fn peak_host_bytes(&self) -> usize {
+        self.host_peak_bytes
     }
 
     fn stage(&self, stage: StageId) -> Result<&HeldStage, String> {
@@ -202,10 +224,10 @@ impl GptStage {
             .ok_or_else(|| format!("rank {} holds no stage {stage}", self.rank))
     }
 
-    fn record(&mut self, kind: OpKind, work: Work, start: Instant) {
+    fn record(&mut self, task: Task, start: Instant) {
         self.measured.push(MeasuredOp {
-            kind,
-            work,
+            task,
+            work: task.work(),
             start: start.duration_since(self.epoch).as_secs_f64(),
             end: self.epoch.elapsed().as_secs_f64(),
         });
@@ -267,11 +289,12 @@ impl StageCompute for GptStage {
             let kept = saved.held_bytes();
             self.saved.insert(work, saved);
             self.hold(Table::Saved, work, kept);
+            self.last_input = Some((work, input));
         }
         if self.outputs_leave.contains(&work.stage) {
             self.hold(Table::Output, work, bytes(&output));
         }
-        self.record(OpKind::Forward, work, start);
+        self.record(Task::Forward(work), start);
         Ok(output)
     }
 
@@ -312,10 +335,14 @@ impl StageCompute for GptStage {
         grad_output: Tensor,
     ) -> Result<Option<Tensor>, String> {
         let start = Instant::now();
-        let saved = self
-            .saved
-            .remove(&work)
-            .ok_or_else(|| format!("no saved forward state for {}", display(work)))?;
+        let saved = self.saved.remove(&work).ok_or_else(|| {
+            let place = if self.host.contains_key(&work) {
+                " on the device (it is in the host store: no reload ran)"
+            } else {
+                ""
+            };
+            format!("no saved forward state for {}{place}", display(work))
+        })?;
         let held = self.stage(work.stage)?;
         let (grad_input, pending) = held
             .model
@@ -325,7 +352,7 @@ impl StageCompute for GptStage {
         self.pending.insert(work, pending);
         self.release(Table::Saved, work);
         self.hold(Table::Pending, work, kept);
-        self.record(OpKind::InputGrad, work, start);
+        self.record(Task::InputGrad(work), start);
         Ok(grad_input)
     }
 
@@ -347,12 +374,82 @@ impl StageCompute for GptStage {
         if self.last_weight.remove(&work.stage) {
             self.sync.stage_complete(position)?;
         }
-        self.record(OpKind::WeightGrad, work, start);
+        self.record(Task::WeightGrad(work), start);
         Ok(())
     }
 
     fn free_output(&mut self, work: Work) {
         self.release(Table::Output, work);
+    }
+
+    fn drop_activations(&mut self, work: Work) -> Result<(), String> {
+        let input = match self.last_input.take() {
+            Some((last, input)) if last == work => input,
+            _ => {
+                return Err(format!(
+                    "drop of {}: it must follow that forward directly",
+                    display(work)
+                ))
+            }
+        };
+        if self.saved.remove(&work).is_none() {
+            return Err(format!("drop of {}: no saved state", display(work)));
+        }
+        self.release(Table::Saved, work);
+        let checkpoint = self.stage(work.stage)?.model.checkpoint(&input);
+        let kept = checkpoint.held_bytes();
+        self.saved.insert(work, checkpoint);
+        self.hold(Table::Saved, work, kept);
+        Ok(())
+    }
+
+    fn recompute(&mut self, work: Work) -> Result<(), String> {
+        let start = Instant::now();
+        let checkpoint = self
+            .saved
+            .remove(&work)
+            .filter(StageSaved::is_checkpoint)
+            .ok_or_else(|| format!("recompute of {}: it was not dropped", display(work)))?;
+        let model = &self.stage(work.stage)?.model;
+        let rebuilt = model
+            .recompute_state(checkpoint)
+            .map_err(|e| e.to_string())?;
+        self.release(Table::Saved, work);
+        let kept = rebuilt.held_bytes();
+        self.saved.insert(work, rebuilt);
+        self.hold(Table::Saved, work, kept);
+        self.record(Task::Recompute(work), start);
+        Ok(())
+    }
+
+    fn offload(&mut self, work: Work) -> Result<(), String> {
+        let start = Instant::now();
+        let saved = self
+            .saved
+            .remove(&work)
+            .ok_or_else(|| format!("offload of {}: no saved state", display(work)))?;
+        let copied = saved.to_host().map_err(|e| e.to_string())?;
+        self.release(Table::Saved, work);
+        self.host_bytes += copied.bytes();
+        self.host_peak_bytes = self.host_peak_bytes.max(self.host_bytes);
+        self.host.insert(work, copied);
+        self.record(Task::Offload(work), start);
+        Ok(())
+    }
+
+    fn reload(&mut self, work: Work) -> Result<(), String> {
+        let start = Instant::now();
+        let copied = self
+            .host
+            .remove(&work)
+            .ok_or_else(|| format!("reload of {}: nothing in the host store", display(work)))?;
+        self.host_bytes -= copied.bytes();
+        let saved = copied.to_device().map_err(|e| e.to_string())?;
+        let kept = saved.held_bytes();
+        self.saved.insert(work, saved);
+        self.hold(Table::Saved, work, kept);
+        self.record(Task::Reload(work), start);
+        Ok(())
     }
 
     fn grad_sync(&mut self, stage: StageId) -> Result<(), String> {

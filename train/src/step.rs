@@ -78,6 +78,8 @@ pub struct StepOutcome {
     pub measured: Vec<Vec<MeasuredOp>>,
     /// Per rank, the most activation bytes held at once.
     pub peak_activation_bytes: Vec<usize>,
+    /// Per rank, the most bytes of offloaded activations in its host store at once.
+    pub peak_host_bytes: Vec<usize>,
 }
 
 /// A GPT cut into a plan's positions.
@@ -226,6 +228,7 @@ impl GptModel {
         let loss = fold_losses(&stages, batch.microbatches())? / batch.normalizer();
         let measured = stages.iter().map(|s| s.measured().to_vec()).collect();
         let peak_activation_bytes = stages.iter().map(GptStage::peak_activation_bytes).collect();
+        let peak_host_bytes = stages.iter().map(GptStage::peak_host_bytes).collect();
         drop(stages);
         let sync = Arc::try_unwrap(sync)
             .map_err(|_| TrainError::Stage("a rank still holds the gradients".to_string()))?;
@@ -243,6 +246,7 @@ impl GptModel {
             gradients,
             measured,
             peak_activation_bytes,
+            peak_host_bytes,
         })
     }
 }

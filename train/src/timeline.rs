@@ -6,9 +6,7 @@ use crate::error::TrainError;
 use crate::stage::MeasuredOp;
 use pipeweave_core::analysis::replay::TimedTask;
 use pipeweave_core::formats::{svg, trace};
-use pipeweave_core::{
-    simulate, CostModel, OpKind, Plan, Simulation, StageCosts, StageCostsSpec, Task,
-};
+use pipeweave_core::{simulate, CostModel, Plan, Simulation, StageCosts, StageCostsSpec, Task};
 
 /// The measured ops as a timeline of tasks (one task per op), per rank in start order.
 pub fn measured_timeline(measured: &[Vec<MeasuredOp>]) -> Vec<Vec<TimedTask>> {
@@ -21,13 +19,8 @@ pub fn measured_timeline(measured: &[Vec<MeasuredOp>]) -> Vec<Vec<TimedTask>> {
             ops.iter()
                 .map(|op| {
                     sequence += 1;
-                    let task = match op.kind {
-                        OpKind::Forward => Task::Forward(op.work),
-                        OpKind::InputGrad => Task::InputGrad(op.work),
-                        OpKind::WeightGrad => Task::WeightGrad(op.work),
-                    };
                     TimedTask {
-                        task,
+                        task: op.task,
                         start: op.start,
                         end: op.end,
                         sequence: sequence - 1,
@@ -38,35 +31,45 @@ pub fn measured_timeline(measured: &[Vec<MeasuredOp>]) -> Vec<Vec<TimedTask>> {
         .collect()
 }
 
-/// `plan` with every stage's F, I and W costs set to their mean measured durations (seconds; B
-/// and F&B the sums of their parts, no link latency): what the simulator needs to predict the
-/// step from measured op costs.
+/// Which measured mean a task's duration goes to: F, I, W, R, or a transfer.
+fn cost_slot(task: &Task) -> Option<usize> {
+    match task {
+        Task::Forward(_) => Some(0),
+        Task::InputGrad(_) => Some(1),
+        Task::WeightGrad(_) => Some(2),
+        Task::Recompute(_) => Some(3),
+        Task::Offload(_) | Task::Reload(_) => Some(4),
+        Task::Backward(_) | Task::Overlapped { .. } => None,
+    }
+}
+
+/// `plan` with every stage's F, I and W costs (and R and transfers, where measured) set to their
+/// mean measured durations (seconds; B and F&B the sums of their parts, no link latency): what
+/// the simulator needs to predict the step from measured op costs.
 pub fn with_measured_costs(plan: &Plan, measured: &[Vec<MeasuredOp>]) -> Result<Plan, TrainError> {
     let stages = plan.problem().stages() as usize;
-    let mut sums = vec![[0.0f64; 3]; stages];
-    let mut counts = vec![[0usize; 3]; stages];
+    let mut sums = vec![[0.0f64; 5]; stages];
+    let mut counts = vec![[0usize; 5]; stages];
     for op in measured.iter().flatten() {
-        if let (Some(sum), Some(count)) = (
+        if let (Some(sum), Some(count), Some(k)) = (
             sums.get_mut(op.work.stage.index()),
             counts.get_mut(op.work.stage.index()),
+            cost_slot(&op.task),
         ) {
-            sum[op.kind.index()] += op.end - op.start;
-            count[op.kind.index()] += 1;
+            sum[k] += op.end - op.start;
+            count[k] += 1;
         }
     }
-    let mean = |s: usize, k: usize| {
-        if counts[s][k] == 0 {
-            0.0
-        } else {
-            sums[s][k] / counts[s][k] as f64
-        }
-    };
+    let measured_mean = |s: usize, k: usize| (counts[s][k] > 0).then(|| sums[s][k] / counts[s][k] as f64);
+    let mean = |s: usize, k: usize| measured_mean(s, k).unwrap_or(0.0);
     let costs: Vec<StageCosts> = (0..stages)
         .map(|s| {
             StageCostsSpec::builder()
                 .forward(mean(s, 0))
                 .input_grad(mean(s, 1))
                 .weight_grad(mean(s, 2))
+                .recompute_opt(measured_mean(s, 3))
+                .offload_opt(measured_mean(s, 4))
                 .build()
                 .validate()
         })

@@ -91,6 +91,7 @@ pub struct Trainer {
     step: u64,
     measured: Vec<Vec<MeasuredOp>>,
     peak_activation_bytes: Vec<usize>,
+    peak_host_bytes: Vec<usize>,
 }
 
 impl Trainer {
@@ -158,6 +159,7 @@ impl Trainer {
             step: 0,
             measured: Vec::new(),
             peak_activation_bytes: Vec::new(),
+            peak_host_bytes: Vec::new(),
         })
     }
 
@@ -179,6 +181,12 @@ impl Trainer {
     /// Per rank, the most activation bytes held at once in the last step.
     pub fn peak_activation_bytes(&self) -> &[usize] {
         &self.peak_activation_bytes
+    }
+
+    /// Per rank, the most bytes of offloaded activations in its host store at once in the last
+    /// step (zeros without offload).
+    pub fn peak_host_bytes(&self) -> &[usize] {
+        &self.peak_host_bytes
     }
 
     fn step_batch(&self, batch: &GlobalBatch) -> Result<StepBatch, TrainError> {
@@ -237,6 +245,7 @@ impl Trainer {
         self.position = next;
         self.measured = outcome.measured;
         self.peak_activation_bytes = outcome.peak_activation_bytes;
+        self.peak_host_bytes = outcome.peak_host_bytes;
         Ok(StepLog {
             step,
             loss: outcome.loss,

@@ -45,6 +45,7 @@ use crate::analysis::replay::{replay, TimedTask};
 use crate::analysis::simulate::Simulation;
 use crate::analysis::verify::{verify_schedule, Violations};
 use crate::ir::deps::Links;
+use crate::ir::facts::{Facts, Residency};
 use crate::ir::ids::{RankId, StageId};
 use crate::ir::op::{Op, OpKind, Task, Work};
 use crate::ir::plan::Plan;
@@ -401,10 +402,15 @@ fn timed_source(
             .iter()
             .map(|o| o.iter().filter_map(forward_part).collect())
             .collect();
+        // The forward part runs no recompute or transfer: its activations are kept.
+        let facts = Facts {
+            residency: Residency::KEPT,
+            ..plan.facts()
+        };
         Cow::Owned(
             plan.clone()
-                .with_orders(orders)
-                .expect("a plan's forward part keeps its problem, models and facts"),
+                .reshaped(None, orders, facts)
+                .expect("a plan's forward part keeps its problem, models and layout"),
         )
     } else {
         Cow::Borrowed(plan)
@@ -791,6 +797,21 @@ mod tests {
             "{all:?}"
         );
         assert_eq!(all.iter().filter(|i| i.starts_with("loss")).count(), 2);
+    }
+
+    #[test]
+    fn forward_only_programs_of_a_residency_plan_run_no_residency() {
+        let plan = crate::testing::plan(2, &["0F0 0OFFLOAD0 0F1 0RELOAD0 0B0 0B1", "1F0 1R0 1B0 1F1 1B1"]);
+        let options = ProjectionOptions {
+            recv: RecvPolicy::Early,
+            forward_only: true,
+        };
+        let set = project(&plan, options).unwrap();
+        let all: Vec<String> = set.programs.iter().flat_map(text).collect();
+        assert!(
+            all.iter().all(|i| !i.contains("offload") && !i.contains("reload") && !i.contains('R')),
+            "{all:?}"
+        );
     }
 
     #[test]

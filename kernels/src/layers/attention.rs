@@ -199,12 +199,29 @@ impl ParameterSlots for Attention {
     }
 }
 
+impl crate::layers::SavedTensorsMut for CoreSaved {
+    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+        out.push(&mut self.query);
+        out.push(&mut self.key);
+        out.push(&mut self.value);
+        out.push(&mut self.probs);
+    }
+}
+
 impl crate::layers::HeldTensors for CoreSaved {
     fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
         out.push(&self.query);
         out.push(&self.key);
         out.push(&self.value);
         out.push(&self.probs);
+    }
+}
+
+impl crate::layers::SavedTensorsMut for AttentionSaved {
+    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+        self.c_attn.tensors_mut(out);
+        self.core.tensors_mut(out);
+        self.c_proj.tensors_mut(out);
     }
 }
 

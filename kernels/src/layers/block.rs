@@ -178,6 +178,15 @@ impl ParameterSlots for Block {
     }
 }
 
+impl crate::layers::SavedTensorsMut for BlockSaved {
+    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+        self.ln_1.tensors_mut(out);
+        self.attn.tensors_mut(out);
+        self.ln_2.tensors_mut(out);
+        self.mlp.tensors_mut(out);
+    }
+}
+
 impl crate::layers::HeldTensors for BlockSaved {
     fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
         self.ln_1.tensors(out);

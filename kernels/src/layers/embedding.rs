@@ -162,6 +162,13 @@ impl ParameterSlots for Embedding {
     }
 }
 
+impl crate::layers::SavedTensorsMut for EmbeddingSaved {
+    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+        out.push(&mut self.token_ids);
+        out.push(&mut self.position_ids);
+    }
+}
+
 impl crate::layers::HeldTensors for EmbeddingSaved {
     fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
         out.push(&self.token_ids);

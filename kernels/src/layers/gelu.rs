@@ -55,6 +55,12 @@ impl Layer for Gelu {
     }
 }
 
+impl crate::layers::SavedTensorsMut for GeluSaved {
+    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+        out.push(&mut self.input);
+    }
+}
+
 impl crate::layers::HeldTensors for GeluSaved {
     fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
         out.push(&self.input);

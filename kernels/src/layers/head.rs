@@ -129,6 +129,13 @@ impl ParameterSlots for Head {
     }
 }
 
+impl crate::layers::SavedTensorsMut for HeadSaved {
+    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+        out.push(&mut self.normed_rows);
+        self.ln_f.tensors_mut(out);
+    }
+}
+
 impl crate::layers::HeldTensors for HeadSaved {
     fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
         out.push(&self.normed_rows);

@@ -120,6 +120,13 @@ impl ParameterSlots for LayerNorm {
     }
 }
 
+impl crate::layers::SavedTensorsMut for LayerNormSaved {
+    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+        out.push(&mut self.normalized);
+        out.push(&mut self.rstd);
+    }
+}
+
 impl crate::layers::HeldTensors for LayerNormSaved {
     fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
         out.push(&self.normalized);

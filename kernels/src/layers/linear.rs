@@ -142,6 +142,12 @@ impl ParameterSlots for Linear {
     }
 }
 
+impl crate::layers::SavedTensorsMut for LinearSaved {
+    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+        out.push(&mut self.input_rows);
+    }
+}
+
 impl crate::layers::HeldTensors for LinearSaved {
     fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
         out.push(&self.input_rows);

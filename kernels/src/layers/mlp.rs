@@ -111,6 +111,14 @@ impl ParameterSlots for Mlp {
     }
 }
 
+impl crate::layers::SavedTensorsMut for MlpSaved {
+    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+        self.c_fc.tensors_mut(out);
+        self.gelu.tensors_mut(out);
+        self.c_proj.tensors_mut(out);
+    }
+}
+
 impl crate::layers::HeldTensors for MlpSaved {
     fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
         self.c_fc.tensors(out);

@@ -119,6 +119,13 @@ pub(crate) trait HeldTensors {
     fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>);
 }
 
+/// Mutable access to the tensors a forward's saved state keeps, in the order of
+/// [`HeldTensors::tensors`]: what moving the state to host memory and back rewrites.
+pub(crate) trait SavedTensorsMut {
+    /// Pushes every tensor held.
+    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>);
+}
+
 /// Bytes of distinct tensors among `tensors`.
 pub(crate) fn distinct_bytes(tensors: &[&Tensor]) -> usize {
     let mut seen = std::collections::HashSet::new();

@@ -11,7 +11,10 @@
 //!
 //! **Recomputation.** With `recompute` on, the forward keeps only the stage input and the input
 //! backward re-runs the forward to rebuild the saved state first. The forward is deterministic,
-//! so the gradients are bit-identical to those with recomputation off.
+//! so the gradients are bit-identical to those with recomputation off. Per forward, a plan's
+//! `recompute` pass drops a saved state to its input ([`StageModel::checkpoint`]) and rebuilds it
+//! before the backward ([`StageModel::recompute_state`]); its `offload` pass moves a saved state to
+//! host memory and back ([`StageSaved::to_host`], [`HostSaved::to_device`]); see `residency.rs`.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -516,5 +519,8 @@ fn check_dtype(dtype: DType) -> Result<()> {
     })
 }
 
+mod residency;
 #[cfg(test)]
 mod tests;
+
+pub use residency::HostSaved;

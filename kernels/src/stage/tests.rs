@@ -147,6 +147,57 @@ fn recompute_is_bit_identical() {
 }
 
 #[test]
+fn dropped_and_offloaded_states_give_bit_identical_gradients() {
+    for dtype in DTYPES {
+        for (embedding, head) in [(true, false), (false, false), (false, true)] {
+            let layout = StageLayout::new(&config(), embedding, 0..2, head).unwrap();
+            let stage = StageModel::new(config(), layout, 3, dtype).unwrap();
+            let input = if embedding {
+                random_ids(4, &[2, 6], 256)
+            } else {
+                random(5, &[2, 6, 8], 1.0, dtype)
+            };
+            let out_dims = if head { [2, 6, 256] } else { [2, 6, 8] };
+            let grad_output = random(6, &out_dims, 1.0, dtype);
+            let finish = |saved: StageSaved| {
+                let (grad_input, pending) = stage.backward_input(saved, &grad_output).unwrap();
+                (grad_input, stage.backward_weight(pending).unwrap())
+            };
+            let (_, saved) = stage.forward(&input).unwrap();
+            let kept_bytes = saved.held_bytes();
+            let (dx, dw) = finish(saved);
+
+            // Dropped to the input, then recomputed.
+            let checkpoint = stage.checkpoint(&input);
+            assert!(checkpoint.is_checkpoint());
+            assert!(checkpoint.held_bytes() < kept_bytes);
+            let (dx_r, dw_r) = finish(stage.recompute_state(checkpoint).unwrap());
+
+            // Copied to the host and back.
+            let (_, saved) = stage.forward(&input).unwrap();
+            let host = saved.to_host().unwrap();
+            assert!(host.bytes() > 0 && host.bytes() <= kept_bytes * 2);
+            let back = host.to_device().unwrap();
+            assert_eq!(back.held_bytes(), kept_bytes);
+            let (dx_o, dw_o) = finish(back);
+
+            for other in [&dx_r, &dx_o] {
+                match (&dx, other) {
+                    (Some(a), Some(b)) => assert_bit_identical("input gradient", b, a),
+                    (None, None) => {}
+                    _ => panic!("input gradients differ in presence"),
+                }
+            }
+            for other in [&dw_r, &dw_o] {
+                for (a, b) in dw.iter().zip(other) {
+                    assert_bit_identical("weight gradient", b, a);
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn two_stages_equal_one() {
     let (ids, targets) = batch();
     for dtype in DTYPES {
