@@ -612,3 +612,121 @@ fn tune_frontier_is_monotone_each_point_reproduces_and_a_limit_picks_from_it() {
     assert_eq!(tuned["candidates"][0]["makespan"], middle["makespan"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn recompute_and_offload_report_device_and_host_memory_and_their_counts() {
+    let json_of = |expression: &str| -> serde_json::Value {
+        let out = pipeweave(&[
+            "plan",
+            expression,
+            "-p",
+            "4",
+            "-m",
+            "8",
+            "--format",
+            "json",
+            "--costs",
+            "F=1,I=1,W=1,R=1.5,offload=0.5",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        serde_json::from_str(&stdout(&out)).unwrap()
+    };
+    let kept = json_of("f1b(gpipe)");
+    assert!(kept.get("device_peak_per_rank").is_none());
+    assert!(kept.get("host_peak_per_rank").is_none());
+    assert!(kept.get("recomputed_ops").is_none());
+    let offloaded = json_of("offload(f1b(gpipe), memory=2)");
+    assert_eq!(
+        offloaded["device_peak_per_rank"],
+        serde_json::json!([2.0, 2.0, 2.0, 1.0])
+    );
+    assert_eq!(
+        offloaded["host_peak_per_rank"],
+        serde_json::json!([3.0, 2.0, 0.0, 0.0])
+    );
+    assert_eq!(offloaded["offloads_per_rank"][0], 6);
+    assert_eq!(offloaded["memory_limit"], 2.0);
+    let order = offloaded["order"][0].as_array().unwrap();
+    assert!(order.iter().any(|a| a == "0OFFLOAD0") && order.iter().any(|a| a == "0RELOAD0"));
+    let recomputed = json_of("recompute(f1b(gpipe), memory=2)");
+    assert!(recomputed.get("host_peak_per_rank").is_none());
+    let per_rank = recomputed["recomputes_per_rank"].as_array().unwrap();
+    let total: u64 = per_rank.iter().map(|r| r.as_u64().unwrap()).sum();
+    assert_eq!(recomputed["recomputed_ops"], total);
+    assert!(total >= 3, "{recomputed}");
+
+    // Text: the extra columns, and the link rows of the grid.
+    let out = pipeweave(&[
+        "plan",
+        "offload(f1b(gpipe), memory=2)",
+        "-p",
+        "4",
+        "-m",
+        "8",
+    ]);
+    let text = stdout(&out);
+    assert!(text.contains("offloads  host peak  link busy"), "{text}");
+    assert!(text.contains("   link |"), "{text}");
+
+    // A limit no recompute reaches: exit 2, one line naming the constraint.
+    let out = pipeweave(&[
+        "plan",
+        "recompute(zero_bubble(f1b(gpipe), policy=h1), memory=1)",
+        "-p",
+        "4",
+        "-m",
+        "8",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("`memory=1 reachable with pairs recomputed`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn csv_of_a_recompute_plan_keeps_the_compute_order_and_says_what_it_leaves_out() {
+    let dir = std::env::temp_dir().join(format!("pipeweave-residency-csv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plan.csv");
+    let path_text = path.to_str().unwrap();
+    let out = pipeweave(&[
+        "plan",
+        "offload(recompute(f1b(gpipe), memory=2), memory=1)",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--csv",
+        path_text,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let note = stderr(&out);
+    assert!(
+        note.starts_with("note: the CSV leaves out ")
+            && note.contains("PyTorch's schedule format has no such actions"),
+        "{note}"
+    );
+    let csv = std::fs::read_to_string(&path).unwrap();
+    assert!(!csv.contains('R') && !csv.contains('O'), "{csv}");
+    // The compute order is the plain 1F1B's: PyTorch trains it as it would 1F1B.
+    let plain = dir.join("plain.csv");
+    let out = pipeweave(&[
+        "plan",
+        "f1b(gpipe)",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--csv",
+        plain.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(csv, std::fs::read_to_string(&plain).unwrap());
+    // The file checks as a schedule of its own.
+    let out = pipeweave(&["check", path_text]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

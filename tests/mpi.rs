@@ -97,6 +97,13 @@ fn dualpipe_v_with_zero_bubble_gives_the_single_device_gradients() {
 }
 
 #[test]
+fn recompute_and_offload_give_the_single_device_gradients() {
+    gradients_are_equal(
+        "offload(recompute(zero_bubble(vpp(f1b(gpipe), chunks=2)), memory=4), memory=3.5)",
+    );
+}
+
+#[test]
 fn zero_bubble_v_gives_the_single_device_gradients() {
     gradients_are_equal("zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))");
 }

@@ -135,6 +135,15 @@ fn dualpipe_gives_the_threads_losses_bit_for_bit() {
 }
 
 #[test]
+fn recompute_and_offload_give_the_threads_losses_bit_for_bit() {
+    equal_on_both_backends(
+        "offload(recompute(zero_bubble(dual(vpp(f1b(gpipe), chunks=2))), memory=4), memory=3.5)",
+        "4",
+        "8",
+    );
+}
+
+#[test]
 fn two_replicas_of_two_ranks_equal_one_rank_on_the_whole_batch() {
     let one = [
         "--schedule",

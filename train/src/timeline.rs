@@ -60,7 +60,8 @@ pub fn with_measured_costs(plan: &Plan, measured: &[Vec<MeasuredOp>]) -> Result<
             count[k] += 1;
         }
     }
-    let measured_mean = |s: usize, k: usize| (counts[s][k] > 0).then(|| sums[s][k] / counts[s][k] as f64);
+    let measured_mean =
+        |s: usize, k: usize| (counts[s][k] > 0).then(|| sums[s][k] / counts[s][k] as f64);
     let mean = |s: usize, k: usize| measured_mean(s, k).unwrap_or(0.0);
     let costs: Vec<StageCosts> = (0..stages)
         .map(|s| {

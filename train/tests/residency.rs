@@ -99,7 +99,10 @@ fn measured_device_bytes_fall_as_the_plan_predicts() {
         let (after, _) = step(managed, 4);
         let (p_before, p_after) = (predicted(kept), predicted(managed));
         for r in 0..4 {
-            let (b, a) = (before.peak_activation_bytes[r], after.peak_activation_bytes[r]);
+            let (b, a) = (
+                before.peak_activation_bytes[r],
+                after.peak_activation_bytes[r],
+            );
             let measured = a as f64 / b as f64;
             let planned = p_after[r] / p_before[r];
             // The measured bytes also count outputs waiting to be sent and the inputs dropped

@@ -801,7 +801,10 @@ mod tests {
 
     #[test]
     fn forward_only_programs_of_a_residency_plan_run_no_residency() {
-        let plan = crate::testing::plan(2, &["0F0 0OFFLOAD0 0F1 0RELOAD0 0B0 0B1", "1F0 1R0 1B0 1F1 1B1"]);
+        let plan = crate::testing::plan(
+            2,
+            &["0F0 0OFFLOAD0 0F1 0RELOAD0 0B0 0B1", "1F0 1R0 1B0 1F1 1B1"],
+        );
         let options = ProjectionOptions {
             recv: RecvPolicy::Early,
             forward_only: true,
@@ -809,7 +812,8 @@ mod tests {
         let set = project(&plan, options).unwrap();
         let all: Vec<String> = set.programs.iter().flat_map(text).collect();
         assert!(
-            all.iter().all(|i| !i.contains("offload") && !i.contains("reload") && !i.contains('R')),
+            all.iter()
+                .all(|i| !i.contains("offload") && !i.contains("reload") && !i.contains('R')),
             "{all:?}"
         );
     }

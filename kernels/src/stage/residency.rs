@@ -35,7 +35,9 @@ struct HostTensor {
 impl HostTensor {
     fn copy_of(tensor: &Tensor) -> Result<HostTensor> {
         let copy = KernelError::backend("copy to host");
-        let flat = tensor.flatten_all().map_err(KernelError::backend("copy to host"))?;
+        let flat = tensor
+            .flatten_all()
+            .map_err(KernelError::backend("copy to host"))?;
         let data = match tensor.dtype() {
             DType::F32 => HostData::F32(flat.to_vec1().map_err(copy)?),
             DType::F64 => HostData::F64(flat.to_vec1().map_err(copy)?),
