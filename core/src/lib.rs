@@ -26,7 +26,7 @@ pub mod spmd;
 #[cfg(test)]
 mod testing;
 
-pub use analysis::peak::{held_per_task, max_peak, peak_per_rank, RankPeak};
+pub use analysis::peak::{held_during, held_per_task, max_peak, peak_per_rank, RankPeak};
 pub use analysis::replay::{Blocked, ReplayError};
 pub use analysis::simulate::{simulate, simulate_with, Simulation};
 pub use analysis::verify::{verify, verify_schedule, Violation, Violations};

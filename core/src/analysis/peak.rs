@@ -13,9 +13,10 @@
 //! reload) never starts before every offload earlier in its rank's order has finished, so the
 //! memory an offload frees at its place in the order is free by the time anything after it needs it.
 
-use crate::ir::ids::{MicrobatchId, RankId, StageId};
-use crate::ir::op::{OpKind, Task};
+use crate::ir::ids::RankId;
+use crate::ir::op::{OpKind, Task, Work};
 use crate::ir::plan::Plan;
+use std::collections::HashSet;
 use std::ops::ControlFlow;
 
 /// Peak held activation memory of one rank and the task at which it is first reached.
@@ -32,20 +33,28 @@ pub struct RankPeak {
     pub host_peak: f64,
 }
 
-/// Walks one rank's order, calling `visit(position, task, held)` with the most device memory held
-/// while the task runs (a forward's activations included before a drop), and returns the host
+/// The pairs a rank's order recomputes: their forwards are dropped after they run. A rank's
+/// memory depends on its own order alone (a recompute runs on its pair's rank).
+fn dropped_in(order: &[Task]) -> HashSet<Work> {
+    order
+        .iter()
+        .filter_map(|t| match t {
+            Task::Recompute(w) => Some(*w),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Walks one rank's order, calling `visit(task, held)` with the most device memory held while
+/// the task runs (a forward's activations included before a drop), and returns the host
 /// memory's peak. Tasks whose stage is out of range hold nothing (the verifier reports them).
-fn walk(
-    plan: &Plan,
-    order: &[Task],
-    is_dropped: &impl Fn(StageId, MicrobatchId) -> bool,
-    mut visit: impl FnMut(usize, &Task, f64),
-) -> f64 {
+fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
     let figures = plan.memory().stages();
+    let dropped = dropped_in(order);
     let (mut held, mut host, mut host_peak) = (0.0f64, 0.0f64, 0.0f64);
-    for (position, task) in order.iter().enumerate() {
+    for task in order {
         let Some(m) = figures.get(task.work().stage.index()) else {
-            visit(position, task, held);
+            visit(task, held);
             continue;
         };
         let mut during = held;
@@ -71,14 +80,19 @@ fn walk(
                     };
                     held += m.delta(op.kind);
                     during = during.max(held);
-                    if op.kind == OpKind::Forward && is_dropped(op.stage, op.microbatch) {
+                    let work = Work {
+                        stage: op.stage,
+                        microbatch: op.microbatch,
+                    };
+                    if op.kind == OpKind::Forward && !dropped.is_empty() && dropped.contains(&work)
+                    {
                         held -= m.dropped();
                     }
                     ControlFlow::Continue(())
                 });
             }
         }
-        visit(position, task, during);
+        visit(task, during);
     }
     host_peak
 }
@@ -86,32 +100,21 @@ fn walk(
 /// Per rank, per task of its order, the most device memory held while the task runs: where a
 /// memory bound breaks, for passes that place recomputes and transfers.
 pub fn held_per_task(plan: &Plan) -> Vec<Vec<f64>> {
-    let dropped = plan.recomputed_pairs();
-    let slots = plan.slots();
-    let is_dropped = |stage, microbatch| {
-        slots
-            .pair(stage, microbatch)
-            .is_some_and(|p| dropped.get(p) == Some(&true))
-    };
-    plan.orders()
-        .iter()
-        .map(|order| {
-            let mut held = Vec::with_capacity(order.len());
-            walk(plan, order, &is_dropped, |_, _, during| held.push(during));
-            held
-        })
+    (0..plan.orders().len())
+        .map(|r| held_during(plan, RankId::new(r as u32)))
         .collect()
+}
+
+/// [`held_per_task`] of one rank (empty for a rank out of range).
+pub fn held_during(plan: &Plan, rank: RankId) -> Vec<f64> {
+    let order = plan.order(rank);
+    let mut held = Vec::with_capacity(order.len());
+    walk(plan, order, |_, during| held.push(during));
+    held
 }
 
 /// Replays each rank's order and returns its memory peaks.
 pub fn peak_per_rank(plan: &Plan) -> Vec<RankPeak> {
-    let dropped = plan.recomputed_pairs();
-    let slots = plan.slots();
-    let is_dropped = |stage, microbatch| {
-        slots
-            .pair(stage, microbatch)
-            .is_some_and(|p| dropped.get(p) == Some(&true))
-    };
     plan.orders()
         .iter()
         .enumerate()
@@ -122,7 +125,7 @@ pub fn peak_per_rank(plan: &Plan) -> Vec<RankPeak> {
                 at: None,
                 host_peak: 0.0,
             };
-            best.host_peak = walk(plan, order, &is_dropped, |_, task, during| {
+            best.host_peak = walk(plan, order, |task, during| {
                 if during > best.peak + 1e-12 {
                     best.peak = during;
                     best.at = Some(*task);

@@ -10,7 +10,8 @@
 //! Which pairs: the relief loop of [`crate::schedules::relief`]. At the first task where a rank
 //! holds more than `N`, every pair held across it is a candidate; each is estimated by the time its
 //! recompute adds beyond the idle time before its backward (longest-held first on ties), the three
-//! cheapest are simulated and the fastest is kept; repeated until the plan fits. A pair whose
+//! cheapest are simulated and the fastest is kept (where one pair cannot free the excess, the
+//! cheapest that can together are taken at once); repeated until the plan fits. A pair whose
 //! backward is the next task still saves its memory everywhere before it.
 //!
 //! Requires: a scheduled plan (any pacing but unscheduled), any layout, split or whole backwards,
@@ -36,6 +37,10 @@ use crate::schedules::relief::{
     floor, idle_before, relieve, stuck_error, target_limit, Proposal, Step, Window,
 };
 use pipeweave_core::{LayoutKind, Pacing, Plan, Residency, Task};
+
+/// Proposals simulated per step: where a recompute costs its time depends on which rank and
+/// task are critical, which the estimate does not see.
+const TRIES: usize = 3;
 
 /// The recompute pass.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -70,6 +75,7 @@ fn recompute_before_backward(window: &Window) -> Vec<(usize, Task)> {
 /// recompute adds beyond the idle time there.
 fn propose(step: &Step<'_>) -> Vec<Proposal> {
     let costs = step.plan.costs();
+    let memory = step.plan.memory().stages();
     step.candidates
         .iter()
         .map(|window| {
@@ -77,7 +83,8 @@ fn propose(step: &Step<'_>) -> Vec<Proposal> {
             let idle = idle_before(step.simulation, step.at.rank, window.backward);
             Proposal {
                 estimate: (costs.task_duration(&task) - idle).max(0.0),
-                orders: step.orders_with(&recompute_before_backward(window)),
+                relieves: memory[window.work.stage.index()].dropped(),
+                inserted: recompute_before_backward(window),
             }
         })
         .collect()
@@ -123,7 +130,7 @@ impl Pass for Recompute {
 
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
         let limit = target_limit(self.memory, &plan)?;
-        let fitted = relieve(plan.clone(), limit, propose).map_err(|stuck| {
+        let fitted = relieve(plan.clone(), limit, TRIES, propose).map_err(|stuck| {
             let least = floor(&plan, recompute_before_backward);
             stuck_error("recomputed", limit, &stuck, least)
         })?;

@@ -14,15 +14,13 @@
 
 use crate::error::TransformError;
 use pipeweave_core::{
-    held_per_task, max_peak, simulate, Facts, OpKind, Plan, Residency, Simulation, Task, Work,
+    held_during, held_per_task, max_peak, simulate, Facts, OpKind, Plan, RankId, Residency,
+    Simulation, Task, Work,
 };
 use std::collections::{HashMap, HashSet};
 
 /// Differences below this are floating-point noise.
 const EPSILON: f64 = 1e-9;
-
-/// How many proposals, cheapest estimate first, are simulated per step.
-const SIMULATED: usize = 3;
 
 /// The first task during which a rank holds more than the limit.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -46,12 +44,16 @@ pub struct Window {
     pub backward: usize,
 }
 
-/// A rewrite one candidate proposes: its estimated cost in time and the new orders.
+/// A rewrite one candidate proposes: its estimated cost in time, what it frees at the break, and
+/// the tasks it inserts into the break's rank's order.
 pub struct Proposal {
     /// Estimated added time (lower is better; ties keep the first).
     pub estimate: f64,
-    /// The orders with the pair relieved.
-    pub orders: Vec<Vec<Task>>,
+    /// The memory it frees at the break.
+    pub relieves: f64,
+    /// The tasks it inserts, each before the task at its position of the rank's order as it is
+    /// (see [`with_inserted`]).
+    pub inserted: Vec<(usize, Task)>,
 }
 
 /// The rank and first task at which `held` (per rank, per task) exceeds `limit`; ranks in order.
@@ -142,14 +144,6 @@ impl Step<'_> {
         &self.plan.orders()[self.at.rank]
     }
 
-    /// The plan's orders with `inserted` put into the break's rank's order
-    /// ([`with_inserted`]).
-    pub fn orders_with(&self, inserted: &[(usize, Task)]) -> Vec<Vec<Task>> {
-        let mut orders = self.plan.orders().to_vec();
-        orders[self.at.rank] = with_inserted(self.order(), inserted);
-        orders
-    }
-
     /// The last task of `window` (after its forward, before its backward) during which the rank
     /// holds more than the limit: the break itself at least.
     pub fn last_break_in(&self, window: &Window) -> usize {
@@ -160,17 +154,20 @@ impl Step<'_> {
     }
 }
 
-/// Relieves `plan`'s breaks of `limit` one pair at a time with the proposals of `propose`,
-/// keeping per step the fastest of the [`SIMULATED`] cheapest proposals (ties: the first
-/// proposed). The result fits the limit, or the loop stops at a break no pair spans.
+/// Relieves `plan`'s breaks of `limit`. Per break, the proposals are ranked by estimate; where
+/// one pair cannot free the excess, the cheapest that together free it are applied at once (one
+/// simulation); else the `tries` cheapest are simulated and the fastest is kept (only the first
+/// when it is estimated to cost nothing; ties: the first proposed). The result fits the limit, or
+/// the loop stops at a break no pair spans.
 pub fn relieve(
     mut plan: Plan,
     limit: f64,
+    tries: usize,
     propose: impl Fn(&Step<'_>) -> Vec<Proposal>,
 ) -> Result<Plan, Stuck> {
     let mut simulation = simulate(&plan).ok();
+    let mut held = held_per_task(&plan);
     loop {
-        let held = held_per_task(&plan);
         let Some(at) = first_break(&held, limit) else {
             return Ok(plan);
         };
@@ -194,9 +191,12 @@ pub fn relieve(
         };
         let mut proposals = propose(&step);
         proposals.sort_by(|a, b| a.estimate.total_cmp(&b.estimate));
+        let options = options(proposals, at.held - limit, tries);
         let mut best: Option<(Plan, Simulation)> = None;
-        for proposal in proposals.into_iter().take(SIMULATED) {
-            let Ok(candidate) = reordered(&plan, proposal.orders) else {
+        for inserted in options {
+            let mut orders = plan.orders().to_vec();
+            orders[at.rank] = with_inserted(order, &inserted);
+            let Ok(candidate) = reordered(&plan, orders) else {
                 continue;
             };
             let Ok(simulated) = simulate(&candidate) else {
@@ -214,7 +214,35 @@ pub fn relieve(
         };
         plan = next;
         simulation = Some(simulated);
+        held[at.rank] = held_during(&plan, RankId::new(at.rank as u32));
     }
+}
+
+/// What one step tries, from proposals ranked by estimate and the memory to free: the cheapest
+/// that together free it (when one is not enough), else the few cheapest alone.
+fn options(proposals: Vec<Proposal>, excess: f64, tries: usize) -> Vec<Vec<(usize, Task)>> {
+    let mut freed = 0.0;
+    let needed = proposals
+        .iter()
+        .position(|p| {
+            freed += p.relieves;
+            freed >= excess - EPSILON
+        })
+        .map_or(proposals.len(), |k| k + 1);
+    if needed > 1 {
+        return vec![proposals
+            .into_iter()
+            .take(needed)
+            .flat_map(|p| p.inserted)
+            .collect()];
+    }
+    let free = proposals.first().is_some_and(|p| p.estimate <= EPSILON);
+    let tried = if free { 1 } else { tries.max(1) };
+    proposals
+        .into_iter()
+        .take(tried)
+        .map(|p| p.inserted)
+        .collect()
 }
 
 /// The limit a relief pass fits: its `memory` argument or the plan's declared limit, the lower
