@@ -8,13 +8,22 @@
 //! stops gaining). Every expression is built by [`build_plan`] as `plan` builds it, so each
 //! point given back to `plan` with the same options gives the same figures.
 //!
+//! Then the residency stage, from the frontier of those kept schedules and its knee (its least
+//! peak within a quarter of its fastest makespan): at a few rungs (below the knee, the frontier's
+//! least peak and a quarter, a half and three quarters of the knee's; above it, the same fractions
+//! of the fastest point's peak; the config's memory limit; on half-microbatch steps),
+//! `recompute(BASE, memory=r)` and `offload(BASE, memory=r)` for BASE the knee (below it) or the
+//! fastest point (above it), and the frontier's point just above `r`. These reach
+//! below the least memory any kept schedule needs, and can beat kept schedules above it (a fast
+//! schedule with hidden transfers against a slower one that keeps everything).
+//!
 //! The frontier: for each limit, the fastest expression whose peak fits; its rows are the limits
 //! where that changes (the point's own peak), so it is monotone by construction: a larger limit
 //! keeps every schedule a smaller one had. Ties go to the smaller peak, then to the candidate
-//! listed first (fixed schedules before the ladder, lower rungs first).
+//! listed first (fixed schedules before the ladder, lower rungs first, the residency stage last).
 
 use crate::config::{build_plan, PipelineConfig};
-use crate::tune::{candidate_expressions, tune, Candidate};
+use crate::tune::{candidate_expressions, tune, Candidate, TuneReport};
 use serde::Serialize;
 
 /// The inner plans whose `zero_bubble(..., policy=auto, memory=r)` runs on the ladder.
@@ -50,6 +59,29 @@ pub struct Frontier {
     pub evaluated: Vec<(String, Candidate)>,
     /// How many expressions were built.
     pub expressions: usize,
+    /// Expressions that did not build or did not fit, with the reason.
+    #[serde(skip)]
+    pub rejected: Vec<(String, String)>,
+}
+
+impl Frontier {
+    /// Every schedule found that fits, fastest first (then the smaller peak, then listing
+    /// order): what `tune --memory-limit` ranks.
+    pub fn ranked(&self) -> TuneReport {
+        let mut candidates: Vec<Candidate> =
+            self.evaluated.iter().map(|(_, c)| c.clone()).collect();
+        // `evaluated` is in listing order among equal peaks and makespans; a stable sort keeps it.
+        candidates.sort_by(|a, b| {
+            a.makespan
+                .total_cmp(&b.makespan)
+                .then(a.peak_activations.total_cmp(&b.peak_activations))
+        });
+        TuneReport {
+            candidates,
+            evaluated: self.expressions,
+            rejected: self.rejected.clone(),
+        }
+    }
 }
 
 /// The ladder's limits for `ranks` ranks and one microbatch's activations `total`, up to `cap`.
@@ -83,36 +115,153 @@ pub fn frontier_expressions(config: &PipelineConfig) -> Vec<(String, String)> {
     out
 }
 
+/// The passes of the residency stage, which fit a plan to a limit by moving its activations.
+pub const RESIDENCY_PASSES: [&str; 2] = ["recompute", "offload"];
+
+/// The knee of a kept frontier: its least peak within a quarter of its fastest makespan.
+pub fn knee(kept: &[FrontierPoint]) -> Option<&FrontierPoint> {
+    let fastest = kept.last()?;
+    kept.iter()
+        .find(|p| p.makespan <= 1.25 * fastest.makespan)
+        .or(Some(fastest))
+}
+
+/// The residency stage's limits below the fastest point of `kept` (a frontier of schedules that
+/// keep their activations): below the knee, the frontier's least peak and a quarter, a half and
+/// three quarters of the knee's; above it, a quarter, a half and three quarters of the fastest
+/// point's peak; and `cap`; rounded down to steps of `total / 2`, from `total / 2` up.
+pub fn residency_rungs(kept: &[FrontierPoint], total: f64, cap: Option<f64>) -> Vec<f64> {
+    let (Some(first), Some(last), Some(knee)) = (kept.first(), kept.last(), knee(kept)) else {
+        return Vec::new();
+    };
+    let step = total / 2.0;
+    let quarters = |p: f64| [p / 4.0, p / 2.0, 3.0 * p / 4.0];
+    let above_knee = quarters(last.peak_activations)
+        .into_iter()
+        .filter(|&r| r > knee.peak_activations);
+    let mut rungs: Vec<f64> = std::iter::once(first.peak_activations)
+        .chain(quarters(knee.peak_activations))
+        .chain(above_knee)
+        .chain(cap)
+        .map(|r| ((r / step) + 1e-9).floor() * step)
+        .filter(|&r| r >= step - 1e-9 && r < last.peak_activations - 1e-9)
+        .filter(|&r| cap.is_none_or(|c| r <= c + 1e-9))
+        .collect();
+    rungs.sort_by(f64::total_cmp);
+    rungs.dedup_by(|a, b| (*a - *b).abs() < 1e-9);
+    rungs
+}
+
+/// The residency stage's expressions with their families: at every rung, each residency pass on
+/// the knee of `kept` below the knee (moving the fastest schedule's activations costs more
+/// there) or its fastest point above it, and on its point just above the rung.
+pub fn residency_expressions(
+    kept: &[FrontierPoint],
+    total: f64,
+    cap: Option<f64>,
+) -> Vec<(String, String)> {
+    let (Some(fastest), Some(knee)) = (kept.last(), knee(kept)) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, String)> = Vec::new();
+    for rung in residency_rungs(kept, total, cap) {
+        let above = kept
+            .iter()
+            .find(|p| p.peak_activations > rung + 1e-9)
+            .unwrap_or(fastest);
+        let base = if rung < knee.peak_activations {
+            knee
+        } else {
+            fastest
+        };
+        let mut bases = vec![base.expression.as_str()];
+        if above.expression != base.expression {
+            bases.push(above.expression.as_str());
+        }
+        for pass in RESIDENCY_PASSES {
+            for base in &bases {
+                let expression = format!("{pass}({base}, memory={rung})");
+                if !out.iter().any(|(e, _)| *e == expression) {
+                    out.push((expression, pass.to_string()));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Runs the search (on every core, every expression built under `config`, its memory limit
-/// included) and builds the frontier; `progress` as in [`tune`].
+/// included) and builds the frontier: the kept schedules first, then the residency stage from
+/// their frontier; `progress` as in [`tune`], counting both stages.
 pub fn frontier(config: &PipelineConfig, progress: &(dyn Fn(usize) + Sync)) -> Frontier {
     let cap = config.memory_limit();
-    let jobs = frontier_expressions(config);
-    let expressions: Vec<String> = jobs.iter().map(|(e, _)| e.clone()).collect();
-    let report = tune(config, &expressions, progress);
-    let family = |e: &str| {
+    let mut jobs = frontier_expressions(config);
+    let kept_expressions: Vec<String> = jobs.iter().map(|(e, _)| e.clone()).collect();
+    let kept_report = tune(config, &kept_expressions, progress);
+    let family_of = |jobs: &[(String, String)], e: &str| {
         jobs.iter()
             .find(|(x, _)| x == e)
             .map_or_else(|| e.to_string(), |(_, f)| f.clone())
     };
+    let kept: Vec<(String, Candidate)> = kept_report
+        .candidates
+        .into_iter()
+        .map(|c| (family_of(&jobs, &c.expression), c))
+        .collect();
+    let kept_points = walk(kept.clone(), &kept_expressions, cap);
+    let residency = residency_expressions(&kept_points, config.memory().total(), cap);
+    let residency_expressions: Vec<String> = residency.iter().map(|(e, _)| e.clone()).collect();
+    let offset = kept_expressions.len();
+    let residency_report = tune(config, &residency_expressions, &|done| {
+        progress(offset + done)
+    });
+    jobs.extend(residency);
+    let expressions: Vec<String> = jobs.iter().map(|(e, _)| e.clone()).collect();
+    let mut evaluated = kept;
+    evaluated.extend(
+        residency_report
+            .candidates
+            .into_iter()
+            .map(|c| (family_of(&jobs, &c.expression), c)),
+    );
+    let points = walk(evaluated.clone(), &expressions, cap);
+    let mut rejected = kept_report.rejected;
+    rejected.extend(residency_report.rejected);
+    Frontier {
+        frontier: points,
+        evaluated: sorted(evaluated, &expressions),
+        expressions: expressions.len(),
+        rejected,
+    }
+}
+
+/// `evaluated` by peak, then makespan, then listing order in `expressions`.
+fn sorted(
+    mut evaluated: Vec<(String, Candidate)>,
+    expressions: &[String],
+) -> Vec<(String, Candidate)> {
     let rank = |e: &str| {
         expressions
             .iter()
             .position(|x| x == e)
             .unwrap_or(usize::MAX)
     };
-    let mut evaluated: Vec<(String, Candidate)> = report
-        .candidates
-        .into_iter()
-        .map(|c| (family(&c.expression), c))
-        .collect();
-    // By peak, then makespan, then listing order: a walk keeps each strict improvement.
     evaluated.sort_by(|(_, a), (_, b)| {
         a.peak_activations
             .total_cmp(&b.peak_activations)
             .then(a.makespan.total_cmp(&b.makespan))
             .then(rank(&a.expression).cmp(&rank(&b.expression)))
     });
+    evaluated
+}
+
+/// The frontier of `evaluated` within `cap`: walked by peak, each strict improvement kept.
+fn walk(
+    evaluated: Vec<(String, Candidate)>,
+    expressions: &[String],
+    cap: Option<f64>,
+) -> Vec<FrontierPoint> {
+    let evaluated = sorted(evaluated, expressions);
     let mut points: Vec<FrontierPoint> = Vec::new();
     for (family, c) in &evaluated {
         if cap.is_some_and(|cap| c.peak_activations > cap + 1e-9) {
@@ -139,11 +288,7 @@ pub fn frontier(config: &PipelineConfig, progress: &(dyn Fn(usize) + Sync)) -> F
             family: family.clone(),
         });
     }
-    Frontier {
-        frontier: points,
-        evaluated,
-        expressions: expressions.len(),
-    }
+    points
 }
 
 /// The frontier's point for `limit`: the fastest whose peak fits.
@@ -156,7 +301,8 @@ pub fn point_within(frontier: &Frontier, limit: f64) -> Option<&FrontierPoint> {
 }
 
 /// The frontier as an SVG picture: makespan against peak memory, one line per ladder family,
-/// fixed schedules as dots, the frontier's points ringed and joined as a step line.
+/// fixed schedules and the residency stage's plans as dots (recompute and offload coloured),
+/// the frontier's points ringed and joined as a step line.
 pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
     const W: f64 = 860.0;
     const H: f64 = 460.0;
@@ -244,26 +390,44 @@ pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
         ));
         legend += 1;
     }
+    // Fixed schedules grey; recompute and offload in colours of their own.
+    let dot = |family: &str| match family {
+        "recompute" => "#8c564b",
+        "offload" => "#e377c2",
+        _ => "#7f7f7f",
+    };
     for (family, c) in all
         .iter()
         .filter(|(f, c)| !f.starts_with("auto on ") && shown(c))
     {
+        let title = if RESIDENCY_PASSES.contains(&family.as_str()) {
+            &c.expression
+        } else {
+            family
+        };
         svg.push_str(&format!(
-            "<g><title>{}: {} at {}</title><circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#7f7f7f\"/></g>\n",
-            escape(family),
+            "<g><title>{}: {} at {}</title><circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{}\"/></g>\n",
+            escape(title),
             c.makespan,
             c.peak_activations,
             x(c.peak_activations),
-            y(c.makespan)
+            y(c.makespan),
+            dot(family)
         ));
     }
-    svg.push_str(&legend_entry(
-        W - RIGHT + 16.0,
-        TOP + 18.0 * f64::from(legend),
-        "#7f7f7f",
-        "fixed schedules",
-    ));
-    legend += 1;
+    for (name, family) in [
+        ("fixed schedules", ""),
+        ("recompute(...)", "recompute"),
+        ("offload(...)", "offload"),
+    ] {
+        svg.push_str(&legend_entry(
+            W - RIGHT + 16.0,
+            TOP + 18.0 * f64::from(legend),
+            dot(family),
+            name,
+        ));
+        legend += 1;
+    }
     let mut steps = Vec::new();
     for (i, p) in frontier.frontier.iter().enumerate() {
         if p.makespan > max_y + 1e-9 {
@@ -345,6 +509,57 @@ mod tests {
         }
         let svg = frontier_svg(&found, "frontier");
         assert!(svg.starts_with("<svg") && svg.contains("frontier"));
+    }
+
+    #[test]
+    fn recompute_and_offload_extend_the_frontier_and_reproduce() {
+        let config = PipelineConfig::new(8, 32).unwrap();
+        let found = frontier(&config, &|_| {});
+        let residency: Vec<&FrontierPoint> = found
+            .frontier
+            .iter()
+            .filter(|p| RESIDENCY_PASSES.contains(&p.family.as_str()))
+            .collect();
+        assert!(residency.len() >= 2, "{:?}", found.frontier);
+        // Below V-Min's peak (4 at this size) the residency points beat every schedule that
+        // keeps its activations at the same memory.
+        for point in &residency {
+            assert!(reproduces(&config, point), "{point:?}");
+            let kept_best = found
+                .evaluated
+                .iter()
+                .filter(|(f, c)| {
+                    !RESIDENCY_PASSES.contains(&f.as_str())
+                        && c.peak_activations <= point.peak_activations + 1e-9
+                })
+                .map(|(_, c)| c.makespan)
+                .fold(f64::INFINITY, f64::min);
+            assert!(point.makespan < kept_best, "{point:?} against {kept_best}");
+        }
+        let svg = frontier_svg(&found, "frontier");
+        assert!(svg.contains("offload") || svg.contains("recompute"));
+    }
+
+    #[test]
+    fn residency_rungs_sit_below_the_knee_and_the_fastest() {
+        let point = |peak: f64, makespan: f64| FrontierPoint {
+            memory_limit: peak,
+            expression: format!("e{peak}"),
+            makespan,
+            peak_activations: peak,
+            family: String::new(),
+        };
+        let kept = [point(1.0, 500.0), point(4.0, 110.0), point(8.0, 100.0)];
+        assert_eq!(knee(&kept).unwrap().peak_activations, 4.0);
+        // The least peak 1, quarters of the knee (1, 2, 3), of the fastest above the knee (6).
+        assert_eq!(residency_rungs(&kept, 1.0, None), [1.0, 2.0, 3.0, 6.0]);
+        assert_eq!(residency_rungs(&kept, 1.0, Some(2.5)), [1.0, 2.0, 2.5]);
+        let expressions = residency_expressions(&kept, 1.0, None);
+        assert!(expressions.contains(&(
+            "recompute(e4, memory=2)".to_string(),
+            "recompute".to_string()
+        )));
+        assert!(expressions.contains(&("offload(e8, memory=6)".to_string(), "offload".to_string())));
     }
 
     #[test]

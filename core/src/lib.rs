@@ -29,6 +29,7 @@ mod testing;
 pub use analysis::peak::{held_during, held_per_task, max_peak, peak_per_rank, RankPeak};
 pub use analysis::replay::{Blocked, ReplayError};
 pub use analysis::simulate::{simulate, simulate_with, Simulation};
+pub use analysis::slack::slack;
 pub use analysis::verify::{verify, verify_schedule, Violation, Violations};
 pub use error::CoreError;
 pub use formats::grid::render_grid;

@@ -60,18 +60,25 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
     if args.frontier {
         return run_frontier(args, &config, stdout);
     }
-    // With a limit, the frontier's search: `auto` at every rung of its ladder up to the limit.
-    let expressions: Vec<String> = match args.memory_limit {
-        Some(_) => frontier_expressions(&config)
-            .into_iter()
-            .map(|(e, _)| e)
-            .collect(),
-        None => candidate_expressions(args.ranks, None),
+    // With a limit, the frontier's search: `auto` at every rung of its ladder up to the limit,
+    // then recompute and offload (at the limit itself among others).
+    let mut report = match args.memory_limit {
+        Some(_) => {
+            let bar = progress_bar(frontier_expressions(&config).len());
+            bar.set_message("schedules");
+            let found = frontier(&config, &|done| bar.set_position(done as u64));
+            bar.finish_and_clear();
+            found.ranked()
+        }
+        None => {
+            let expressions = candidate_expressions(args.ranks, None);
+            let bar = progress_bar(expressions.len());
+            bar.set_message("schedules");
+            let report = tune(&config, &expressions, &|done| bar.set_position(done as u64));
+            bar.finish_and_clear();
+            report
+        }
     };
-    let bar = progress_bar(expressions.len());
-    bar.set_message("schedules");
-    let mut report = tune(&config, &expressions, &|done| bar.set_position(done as u64));
-    bar.finish_and_clear();
     if report.candidates.is_empty() {
         return Err(Error::Option {
             option: "--memory-limit",

@@ -1,8 +1,9 @@
 //! Analyses of a plan: the replay engine that runs it as early as dependencies allow, the
-//! per-rank memory replay, the verifier of every invariant, and the simulator of the figures people
-//! compare. They read the IR ([`crate::ir`]) and never change it.
+//! per-rank memory replay, the verifier of every invariant, the simulator of the figures people
+//! compare, and each task's slack in a simulation. They read the IR ([`crate::ir`]) and never change it.
 
 pub mod peak;
 pub mod replay;
 pub mod simulate;
+pub mod slack;
 pub mod verify;

@@ -14,7 +14,7 @@
 //! and reloaded right after the last task of its window that breaks the limit (as early as memory
 //! allows, so the transfer has the most time to finish before the backward). Each is estimated by
 //! the stalls its transfers would cause (the next allocation waiting for the offload, the backward
-//! for the reload), the cheapest is kept (where one pair cannot free the excess, the cheapest
+//! for the reload) beyond those tasks' slack, the cheapest is kept (where one pair cannot free the excess, the cheapest
 //! that can together); repeated until the plan fits. While breaks remain, a reload lands late (right after the last break of its
 //! window, often right before its backward); once the plan fits, each reload in turn moves as
 //! early as the limit allows, or to where it is issued just in time for its backward, where a
@@ -42,7 +42,7 @@ use crate::schedules::relief::{
     floor, relieve, reordered, stuck_error, target_limit, Proposal, Step, Window,
 };
 use pipeweave_core::{
-    held_per_task, simulate, LayoutKind, OpKind, Pacing, Plan, Residency, Simulation, Task,
+    held_during, simulate, LayoutKind, OpKind, Pacing, Plan, RankId, Residency, Simulation, Task,
 };
 
 /// Differences below this are floating-point noise.
@@ -106,18 +106,22 @@ fn propose(step: &Step<'_>) -> Vec<Proposal> {
             let transfer = costs.task_duration(&Task::Offload(window.work));
             let reload_at = step.last_break_in(window) + 1;
             let offloaded = timeline[window.forward].end + transfer;
-            let next_allocation = (window.forward + 1..order.len())
+            let fence_stall = (window.forward + 1..order.len())
                 .find(|&p| order[p].allocates())
-                .map_or(f64::INFINITY, |p| {
-                    start_of(step.simulation, step.at.rank, p)
+                .map_or(0.0, |p| {
+                    let waits = offloaded - start_of(step.simulation, step.at.rank, p);
+                    (waits - step.slack[p]).max(0.0)
                 });
             let issued = issued_at(step.simulation, step.at.rank, reload_at);
             let backward = start_of(step.simulation, step.at.rank, window.backward);
-            let estimate =
-                (offloaded - next_allocation).max(0.0) + (issued + transfer - backward).max(0.0);
+            let reload_stall =
+                (issued + transfer - backward - step.slack[window.backward]).max(0.0);
+            let estimate = fence_stall + reload_stall;
             Proposal {
                 estimate,
                 relieves: memory[window.work.stage.index()].total(),
+                frees: window.forward + 1..reload_at,
+                work: window.work,
                 inserted: transfers(window, reload_at),
             }
         })
@@ -187,7 +191,7 @@ fn hoist_reloads(mut plan: Plan, limit: f64) -> Result<Plan, TransformError> {
                 position += 1;
                 continue;
             };
-            let held = &held_per_task(&plan)[rank];
+            let held = &held_during(&plan, RankId::new(rank as u32));
             let size = plan.memory().stages()[work.stage.index()].total();
             let offloaded = order[..position]
                 .iter()

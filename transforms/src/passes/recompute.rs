@@ -9,9 +9,10 @@
 //!
 //! Which pairs: the relief loop of [`crate::schedules::relief`]. At the first task where a rank
 //! holds more than `N`, every pair held across it is a candidate; each is estimated by the time its
-//! recompute adds beyond the idle time before its backward (longest-held first on ties), the three
-//! cheapest are simulated and the fastest is kept (where one pair cannot free the excess, the
-//! cheapest that can together are taken at once); repeated until the plan fits. A pair whose
+//! recompute adds beyond the idle time before its backward and the backward's slack (how late it
+//! may start before the plan ends later; longest-held first on ties), and the cheapest are taken
+//! until the break fits; every break of the rank in one sweep, then the plan is simulated again
+//! for the next rank's estimates; repeated until the plan fits. A pair whose
 //! backward is the next task still saves its memory everywhere before it.
 //!
 //! Requires: a scheduled plan (any pacing but unscheduled), any layout, split or whole backwards,
@@ -38,9 +39,10 @@ use crate::schedules::relief::{
 };
 use pipeweave_core::{LayoutKind, Pacing, Plan, Residency, Task};
 
-/// Proposals simulated per step: where a recompute costs its time depends on which rank and
-/// task are critical, which the estimate does not see.
-const TRIES: usize = 3;
+/// Proposals simulated per step: one, so every break of a rank is relieved in one sweep on the
+/// estimates (with the backwards' slack they rank within 2.5% of simulating the three cheapest
+/// per break, at a tenth of the time; measured over 1F1B, ZB-V and V-Min at 16 ranks).
+const TRIES: usize = 1;
 
 /// The recompute pass.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -81,9 +83,12 @@ fn propose(step: &Step<'_>) -> Vec<Proposal> {
         .map(|window| {
             let task = Task::Recompute(window.work);
             let idle = idle_before(step.simulation, step.at.rank, window.backward);
+            let delay = (costs.task_duration(&task) - idle).max(0.0);
             Proposal {
-                estimate: (costs.task_duration(&task) - idle).max(0.0),
+                estimate: (delay - step.slack[window.backward]).max(0.0),
                 relieves: memory[window.work.stage.index()].dropped(),
+                frees: window.forward + 1..window.backward,
+                work: window.work,
                 inserted: recompute_before_backward(window),
             }
         })

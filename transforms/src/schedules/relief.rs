@@ -14,7 +14,7 @@
 
 use crate::error::TransformError;
 use pipeweave_core::{
-    held_during, held_per_task, max_peak, simulate, Facts, OpKind, Plan, RankId, Residency,
+    held_during, held_per_task, max_peak, simulate, slack, Facts, OpKind, Plan, RankId, Residency,
     Simulation, Task, Work,
 };
 use std::collections::{HashMap, HashSet};
@@ -44,13 +44,17 @@ pub struct Window {
     pub backward: usize,
 }
 
-/// A rewrite one candidate proposes: its estimated cost in time, what it frees at the break, and
+/// A rewrite one candidate proposes: its estimated cost in time, what it frees and where, and
 /// the tasks it inserts into the break's rank's order.
 pub struct Proposal {
     /// Estimated added time (lower is better; ties keep the first).
     pub estimate: f64,
     /// The memory it frees at the break.
     pub relieves: f64,
+    /// The positions of the rank's order whose tasks run with that much less held.
+    pub frees: std::ops::Range<usize>,
+    /// The pair it relieves.
+    pub work: Work,
     /// The tasks it inserts, each before the task at its position of the rank's order as it is
     /// (see [`with_inserted`]).
     pub inserted: Vec<(usize, Task)>,
@@ -132,6 +136,9 @@ pub struct Step<'a> {
     pub at: Break,
     /// What the break's rank holds during each of its tasks.
     pub held: &'a [f64],
+    /// The slack of each of the break's rank's tasks in the simulation ([`slack`]): how much a
+    /// task may be delayed before the plan ends later.
+    pub slack: &'a [f64],
     /// The pairs held across the break, longest-held first.
     pub candidates: &'a [Window],
     /// The limit.
@@ -155,10 +162,13 @@ impl Step<'_> {
 }
 
 /// Relieves `plan`'s breaks of `limit`. Per break, the proposals are ranked by estimate; where
-/// one pair cannot free the excess, the cheapest that together free it are applied at once (one
-/// simulation); else the `tries` cheapest are simulated and the fastest is kept (only the first
-/// when it is estimated to cost nothing; ties: the first proposed). The result fits the limit, or
-/// the loop stops at a break no pair spans.
+/// one pair cannot free the excess, the cheapest that together free it are applied at once.
+/// With `tries` above 1, the `tries` cheapest are simulated and the fastest is kept (only the
+/// first when it is estimated to cost nothing; ties: the first proposed), one break at a time.
+/// With `tries` 1, the estimates decide alone, and every break of the rank is relieved in one
+/// sweep on the rank's figures before it (the proposals' positions are those of the rank's
+/// order as it was), simulated once. The result fits the limit, or the loop stops at a break no
+/// pair spans.
 pub fn relieve(
     mut plan: Plan,
     limit: f64,
@@ -172,8 +182,6 @@ pub fn relieve(
             return Ok(plan);
         };
         let order = &plan.orders()[at.rank];
-        let mut candidates = spanning(order, at.position);
-        candidates.sort_by_key(|w| std::cmp::Reverse(w.backward - w.forward));
         let stuck = || Stuck {
             at,
             task: order[at.position],
@@ -181,17 +189,36 @@ pub fn relieve(
         let Some(current) = simulation.as_ref() else {
             return Err(stuck());
         };
-        let step = Step {
-            plan: &plan,
-            simulation: current,
-            at,
-            held: &held[at.rank],
-            candidates: &candidates,
-            limit,
+        let slacks = slack(&plan, current);
+        let options = if tries <= 1 {
+            let swept = sweep(
+                &plan,
+                current,
+                &slacks[at.rank],
+                at,
+                &held[at.rank],
+                limit,
+                &propose,
+            );
+            if swept.is_empty() {
+                return Err(stuck());
+            }
+            vec![swept]
+        } else {
+            let candidates = ranked_candidates(order, at.position, &HashSet::new());
+            let step = Step {
+                plan: &plan,
+                simulation: current,
+                at,
+                held: &held[at.rank],
+                slack: &slacks[at.rank],
+                candidates: &candidates,
+                limit,
+            };
+            let mut proposals = propose(&step);
+            proposals.sort_by(|a, b| a.estimate.total_cmp(&b.estimate));
+            options(proposals, at.held - limit, tries)
         };
-        let mut proposals = propose(&step);
-        proposals.sort_by(|a, b| a.estimate.total_cmp(&b.estimate));
-        let options = options(proposals, at.held - limit, tries);
         let mut best: Option<(Plan, Simulation)> = None;
         for inserted in options {
             let mut orders = plan.orders().to_vec();
@@ -215,6 +242,81 @@ pub fn relieve(
         plan = next;
         simulation = Some(simulated);
         held[at.rank] = held_during(&plan, RankId::new(at.rank as u32));
+    }
+}
+
+/// The windows of `order` held across `position`, leaving out `taken` pairs, longest-held first.
+fn ranked_candidates(order: &[Task], position: usize, taken: &HashSet<Work>) -> Vec<Window> {
+    let mut candidates: Vec<Window> = spanning(order, position)
+        .into_iter()
+        .filter(|w| !taken.contains(&w.work))
+        .collect();
+    candidates.sort_by_key(|w| std::cmp::Reverse(w.backward - w.forward));
+    candidates
+}
+
+/// Every break of the rank of `at`, from `at` on, relieved by the cheapest estimates on the
+/// rank's figures before any of them (`held`, updated by what each choice frees): the tasks to
+/// insert, with positions of the rank's order as it is; empty when the first break has no
+/// candidate.
+fn sweep(
+    plan: &Plan,
+    simulation: &Simulation,
+    slack: &[f64],
+    first: Break,
+    held: &[f64],
+    limit: f64,
+    propose: &impl Fn(&Step<'_>) -> Vec<Proposal>,
+) -> Vec<(usize, Task)> {
+    let order = &plan.orders()[first.rank];
+    let mut held = held.to_vec();
+    let mut taken: HashSet<Work> = HashSet::new();
+    let mut inserted = Vec::new();
+    let mut at = first;
+    loop {
+        let candidates = ranked_candidates(order, at.position, &taken);
+        let step = Step {
+            plan,
+            simulation,
+            at,
+            held: &held,
+            slack,
+            candidates: &candidates,
+            limit,
+        };
+        let mut proposals = propose(&step);
+        proposals.sort_by(|a, b| a.estimate.total_cmp(&b.estimate));
+        let mut excess = at.held - limit;
+        for proposal in proposals {
+            if excess <= EPSILON {
+                break;
+            }
+            excess -= proposal.relieves;
+            for k in proposal.frees.clone() {
+                held[k] -= proposal.relieves;
+            }
+            taken.insert(proposal.work);
+            inserted.extend(proposal.inserted);
+        }
+        if excess > EPSILON {
+            // This break cannot be relieved: apply what was chosen; the next round stops here.
+            return inserted;
+        }
+        let next = held
+            .iter()
+            .enumerate()
+            .skip(at.position)
+            .find(|(_, &h)| h > limit + EPSILON);
+        match next {
+            Some((position, &h)) => {
+                at = Break {
+                    rank: first.rank,
+                    position,
+                    held: h,
+                }
+            }
+            None => return inserted,
+        }
     }
 }
 
@@ -299,10 +401,11 @@ pub fn stuck_error(how: &str, limit: f64, stuck: &Stuck, least: f64) -> Transfor
 }
 
 /// `order` with `inserted` tasks put before the tasks at the given positions (a position equal
-/// to the order's length appends); several at one position keep their given order.
+/// to the order's length appends); at one position, the tasks that free memory (offloads) before
+/// those that allocate (reloads, recomputes), each group in its given order.
 pub fn with_inserted(order: &[Task], inserted: &[(usize, Task)]) -> Vec<Task> {
     let mut sorted = inserted.to_vec();
-    sorted.sort_by_key(|&(at, _)| at);
+    sorted.sort_by_key(|&(at, task)| (at, task.allocates()));
     let mut out = Vec::with_capacity(order.len() + inserted.len());
     let mut next = sorted.iter().peekable();
     for (position, &task) in order.iter().enumerate() {
@@ -377,11 +480,22 @@ mod tests {
         let order = tasks("0F0 0F1 0B0 0B1");
         let r: Task = "0R1".parse().unwrap();
         let o: Task = "0OFFLOAD0".parse().unwrap();
-        let out = with_inserted(&order, &[(3, r), (1, o), (4, o)]);
+        let l: Task = "0RELOAD1".parse().unwrap();
+        let out = with_inserted(&order, &[(3, r), (1, o), (4, o), (1, l), (1, o)]);
         let text: Vec<String> = out.iter().map(Task::to_string).collect();
         assert_eq!(
             text,
-            ["0F0", "0OFFLOAD0", "0F1", "0B0", "0R1", "0B1", "0OFFLOAD0"]
+            [
+                "0F0",
+                "0OFFLOAD0",
+                "0OFFLOAD0",
+                "0RELOAD1",
+                "0F1",
+                "0B0",
+                "0R1",
+                "0B1",
+                "0OFFLOAD0"
+            ]
         );
     }
 }

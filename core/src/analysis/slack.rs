@@ -1,0 +1,150 @@
+//! Slack: how much later each task of a simulated plan could start without the plan ending later
+//! (its total float on the critical-path schedule).
+//!
+//! Walks the timeline backwards in the replay's completion order (a topological order of the
+//! tasks with their dependencies and ranks' orders): each task must end by the latest start of
+//! everything that waits for it, and starts its own duration before that; the last tasks may end
+//! at the makespan. What waits for a task, by the replay engine's rules
+//! ([`crate::analysis::replay`]): the next compute of its rank; the ops that depend on its ops
+//! (across ranks after the latency); for a transfer, the next transfer on its link, and the
+//! backward it reloads for or the allocations after the offload; for a compute, the transfers
+//! issued right after it.
+//!
+//! Passes use it to tell a delay the plan absorbs from one that lengthens it.
+
+use crate::analysis::replay::TimedTask;
+use crate::analysis::simulate::Simulation;
+use crate::ir::deps::Links;
+use crate::ir::op::{OpKind, Task};
+use crate::ir::plan::Plan;
+use std::ops::ControlFlow;
+
+/// Per rank, per task of its order (as the simulation's timeline holds them), how much later the
+/// task could start without delaying the end of the plan (0 on the critical path). `simulation`
+/// must be a simulation of `plan` (its timeline holding the plan's orders).
+pub fn slack(plan: &Plan, simulation: &Simulation) -> Vec<Vec<f64>> {
+    let timeline = simulation.timeline();
+    let links = Links::of(plan.problem());
+    let slots = links.slots();
+    let comm = plan.costs().comm();
+    // Where each op runs: (rank, position).
+    let mut at_op = vec![(u32::MAX, u32::MAX); slots.len()];
+    // Per pair, where its reload runs.
+    let mut reload_of = vec![(u32::MAX, u32::MAX); slots.pairs()];
+    for (r, tasks) in timeline.iter().enumerate() {
+        for (i, t) in tasks.iter().enumerate() {
+            let (ops, count) = t.task.op_array();
+            for &op in &ops[..count] {
+                if let Some(k) = slots.op(op) {
+                    at_op[k] = (r as u32, i as u32);
+                }
+            }
+            if let Task::Reload(w) = t.task {
+                if let Some(pair) = slots.pair(w.stage, w.microbatch) {
+                    reload_of[pair] = (r as u32, i as u32);
+                }
+            }
+        }
+    }
+    let makespan = simulation.makespan();
+    let mut latest_end: Vec<Vec<f64>> = timeline
+        .iter()
+        .map(|tasks| vec![makespan; tasks.len()])
+        .collect();
+    let mut by_completion: Vec<(usize, usize, usize)> = timeline
+        .iter()
+        .enumerate()
+        .flat_map(|(r, tasks)| {
+            tasks
+                .iter()
+                .enumerate()
+                .map(move |(i, t)| (t.sequence, r, i))
+        })
+        .collect();
+    by_completion.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    let mut out: Vec<Vec<f64>> = timeline.iter().map(|t| vec![0.0; t.len()]).collect();
+    for &(_, r, i) in &by_completion {
+        let t: TimedTask = timeline[r][i];
+        let latest_start = latest_end[r][i] - (t.end - t.start);
+        out[r][i] = (latest_start - t.start).max(0.0);
+        let mut bound = |rank: usize, position: usize, by: f64| {
+            if let Some(e) = latest_end
+                .get_mut(rank)
+                .and_then(|row| row.get_mut(position))
+            {
+                *e = e.min(by);
+            }
+        };
+        let tasks = &timeline[r];
+        let on_link = t.task.on_link();
+        // The task before it on the same resource (compute or link) ends before it starts.
+        if let Some(p) = tasks[..i].iter().rposition(|x| x.task.on_link() == on_link) {
+            bound(r, p, latest_start);
+        }
+        if on_link {
+            // Issued once the compute before it ended.
+            if let Some(p) = tasks[..i].iter().rposition(|x| !x.task.on_link()) {
+                bound(r, p, latest_start);
+            }
+            continue;
+        }
+        if t.task.allocates() {
+            // The offloads before it must have ended.
+            for (p, x) in tasks[..i].iter().enumerate().rev() {
+                if matches!(x.task, Task::Offload(_)) {
+                    bound(r, p, latest_start);
+                    break;
+                }
+            }
+        }
+        let _ = t.task.try_for_each_op(|op| {
+            let _ = links.try_for_each_dep(op, |_, k| {
+                let (dr, di) = at_op[k];
+                if dr == u32::MAX || (dr as usize == r && di as usize == i) {
+                    return ControlFlow::<()>::Continue(());
+                }
+                let latency = if dr as usize == r { 0.0 } else { comm };
+                bound(dr as usize, di as usize, latest_start - latency);
+                ControlFlow::Continue(())
+            });
+            if op.kind == OpKind::InputGrad {
+                if let Some(pair) = slots.pair(op.stage, op.microbatch) {
+                    let (rr, ri) = reload_of[pair];
+                    if rr != u32::MAX {
+                        bound(rr as usize, ri as usize, latest_start);
+                    }
+                }
+            }
+            ControlFlow::<()>::Continue(())
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::simulate::simulate;
+
+    #[test]
+    fn the_critical_path_has_no_slack_and_waits_have_some() {
+        // 1F1B at 2 ranks, 2 microbatches, unit costs (B = 2): rank 0's F1 ends at 2 but is
+        // needed only at 4 (by its B0, which waits for rank 1's gradient, and by rank 1's F1);
+        // its B0 ends at 6 and B1 starts at 7 (waiting for rank 1); the rest is critical.
+        let plan = crate::testing::plan(2, &["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"]);
+        let sim = simulate(&plan).unwrap();
+        let s = slack(&plan, &sim);
+        assert_eq!(s, vec![vec![0.0, 2.0, 1.0, 0.0], vec![0.0, 0.0, 0.0, 0.0]]);
+    }
+
+    #[test]
+    fn a_reload_may_start_as_late_as_its_backward_needs() {
+        // One rank: the reload (1 long) is issued after 0F1 ends at 3; 0B1 runs [3, 5] beside
+        // it, and 0B0 needs it only at 5: one unit of slack.
+        let plan = crate::testing::plan(2, &["0F0 0OFFLOAD0 0F1 0RELOAD0 0B1 0B0"]);
+        let sim = simulate(&plan).unwrap();
+        let s = slack(&plan, &sim);
+        assert_eq!(s[0][3], 1.0, "{s:?}");
+        assert_eq!(s[0][4], 0.0);
+    }
+}
