@@ -61,7 +61,7 @@ pub fn slack(plan: &Plan, simulation: &Simulation) -> Vec<Vec<f64>> {
                 .map(move |(i, t)| (t.sequence, r, i))
         })
         .collect();
-    by_completion.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    by_completion.sort_unstable_by_key(|&(sequence, _, _)| std::cmp::Reverse(sequence));
     let mut out: Vec<Vec<f64>> = timeline.iter().map(|t| vec![0.0; t.len()]).collect();
     for &(_, r, i) in &by_completion {
         let t: TimedTask = timeline[r][i];
