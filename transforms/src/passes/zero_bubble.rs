@@ -15,7 +15,12 @@
 //!   critical-path swaps ([`crate::schedules::refine`]), which only accept improvements. So `auto`
 //!   is deterministic and never worse than any candidate that fits, `h1`, DeepSeek's order and
 //!   the ZB-V search's runs included. The limit defaults to the plan's declared limit, else the
-//!   input plan's peak (on a dual plan, the larger of that and DeepSeek's peak).
+//!   input plan's peak (on a dual plan, the larger of that and DeepSeek's peak). A limit the user
+//!   gives (`memory=N`, or a declared limit) is searched across the ladder below it
+//!   ([`crate::schedules::ladder`]): the search runs at `N` and at every multiple of half a
+//!   microbatch below, and the fastest result (by makespan) among those and the handcrafted
+//!   candidates that fit `N` wins: the makespan never increases as `N` grows, and no handcrafted
+//!   schedule that fits `N` is faster.
 //! - `deepseek` (dual plans only): DeepSeek's DualPipe/DualPipeV order with its split backwards and
 //!   W queue.
 //! - `v_half` / `v_min` (the V placement only): sail-sg's controllable-memory V schedules, about
@@ -49,6 +54,7 @@ use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::controllable::{controllable_orders, Controllable};
 use crate::schedules::dualpipe::DualShape;
 use crate::schedules::greedy::{self, FillWaits, InFlight, Variant};
+use crate::schedules::ladder::fastest_within;
 use crate::schedules::lagged::{lagged_orders, Hand};
 use crate::schedules::refine::refine;
 use crate::schedules::score::{refine_budget, Scored};
@@ -243,10 +249,12 @@ fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError
         })
 }
 
-/// What [`ZeroBubble::prepare`] decided: the policy for this plan and, for `auto`, its limit.
+/// What [`ZeroBubble::prepare`] decided: the policy for this plan and, for `auto`, its limit
+/// and whether the limit is the user's (then searched across the ladder below it).
 pub struct Prepared {
     policy: Policy,
     limit: Option<f64>,
+    ladder: bool,
 }
 
 impl ZeroBubble {
@@ -329,6 +337,7 @@ impl ZeroBubble {
                 Ok(Prepared {
                     policy,
                     limit: None,
+                    ladder: false,
                 })
             }
             Policy::Auto { memory } => Ok(Prepared {
@@ -338,10 +347,12 @@ impl ZeroBubble {
                         .or(plan.memory_limit())
                         .unwrap_or_else(|| default_limit(plan)),
                 ),
+                ladder: memory.or(plan.memory_limit()).is_some(),
             }),
             _ => Ok(Prepared {
                 policy,
                 limit: None,
+                ladder: false,
             }),
         }
     }
@@ -390,7 +401,13 @@ impl ZeroBubble {
             },
             (_, limit) => {
                 let limit = limit.unwrap_or_else(|| default_limit(&plan));
-                let orders = auto_orders(&plan, limit)?;
+                let orders = if prepared.ladder {
+                    let fixed = handcrafted(&plan, DualShape::of_plan(&plan), limit);
+                    fastest_within(&plan, limit, |p, r| auto_orders(p, r).ok(), fixed)
+                        .map_or_else(|| auto_orders(&plan, limit), Ok)?
+                } else {
+                    auto_orders(&plan, limit)?
+                };
                 // The limit becomes the plan's declared bound, which the driver verifies.
                 let declared = plan.memory_limit().map_or(limit, |l| l.min(limit));
                 return plan

@@ -7,6 +7,7 @@ pub mod controllable;
 pub mod counterflow;
 pub mod dualpipe;
 pub mod greedy;
+pub mod ladder;
 pub mod lagged;
 pub mod refine;
 pub mod relief;

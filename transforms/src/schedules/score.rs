@@ -35,6 +35,7 @@ impl Score {
 }
 
 /// A candidate order set, simulated, with its score and peak.
+#[derive(Clone, Debug)]
 pub struct Scored {
     /// The orders.
     pub orders: Vec<Vec<Task>>,

@@ -1,0 +1,187 @@
+//! A search run across a ladder of memory limits, so that its result never gets slower as the
+//! limit grows.
+//!
+//! A search under a limit (`zero_bubble`'s `auto`) is a heuristic: at a larger limit it may find a
+//! slower schedule than it found at a smaller one, although everything that fit the smaller
+//! limit fits the larger. [`fastest_within`] runs the search at the limit and at every rung below
+//! it (multiples of half a microbatch of a rank's share, [`rung_step`]), and takes fixed
+//! candidates that fit the limit besides (handcrafted schedules, whose peaks do not depend on the
+//! limit), and keeps the fastest by makespan (then by longest per-rank span, then the higher
+//! rung, the fixed candidates last). Every rung at or
+//! below a limit is a rung of every larger limit, so the result's makespan never increases with
+//! the limit; between two rungs it is the lower rung's unless the search at the limit itself is
+//! faster.
+//!
+//! The searches of the rungs run on every core and are remembered for the process (by the plan
+//! and the limit; a few hundred at most), so a caller that asks for many limits of one plan, as
+//! the frontier does, pays for each rung once.
+
+use crate::schedules::score::{Score, Scored};
+use pipeweave_core::{Plan, Task};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Orders a search found (None: nothing fits).
+type Found = Option<Vec<Vec<Task>>>;
+
+/// What a rung's search found, simulated (None: nothing fits).
+type Rung = Option<Scored>;
+
+/// Most remembered searches; past it the memory is cleared.
+const REMEMBERED: usize = 512;
+
+/// One remembered search: filled once; a caller that finds it being filled waits for it.
+type Cell = Arc<OnceLock<Rung>>;
+
+/// The remembered searches, by (plan fingerprint, limit bits).
+fn memory() -> &'static Mutex<HashMap<(u64, u64), Cell>> {
+    static MEMORY: OnceLock<Mutex<HashMap<(u64, u64), Cell>>> = OnceLock::new();
+    MEMORY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// What identifies a plan's searches: its problem, models, facts, limit and orders.
+fn fingerprint(plan: &Plan) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    format!(
+        "{:?}|{:?}|{:?}|{:?}",
+        plan.problem(),
+        plan.costs(),
+        plan.memory(),
+        plan.memory_limit()
+    )
+    .hash(&mut hasher);
+    plan.facts().hash(&mut hasher);
+    plan.orders().hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Half a microbatch of the largest rank's share of activations: the ladder's step. A rank's
+/// share counts each of its stages once, a later member of a tied group (a mirror holding a copy
+/// of another stage's weights and activations figures) not again.
+pub fn rung_step(plan: &Plan) -> f64 {
+    let problem = plan.problem();
+    let mut replica = vec![false; problem.stages() as usize];
+    for group in problem.tied_stages() {
+        for stage in group.iter().skip(1) {
+            replica[stage.index()] = true;
+        }
+    }
+    let mut share = vec![0.0f64; problem.ranks() as usize];
+    for (s, rank) in problem.stage_to_rank().iter().enumerate() {
+        if !replica[s] {
+            share[rank.index()] += plan.memory().stages()[s].total();
+        }
+    }
+    let largest = share.into_iter().fold(0.0, f64::max);
+    if largest > 0.0 {
+        largest / 2.0
+    } else {
+        0.5
+    }
+}
+
+/// The rungs up to `limit`: every multiple of `step` below it, then the limit itself.
+pub fn rungs(step: f64, limit: f64) -> Vec<f64> {
+    let mut out: Vec<f64> = (1u32..)
+        .map(|k| f64::from(k) * step)
+        .take_while(|r| *r < limit - 1e-9)
+        .collect();
+    out.push(limit);
+    out
+}
+
+/// `search` at `limit`, simulated (remembered; one search per key even when several threads ask
+/// at once).
+fn remembered(
+    plan: &Plan,
+    key: u64,
+    limit: f64,
+    search: &(impl Fn(&Plan, f64) -> Found + Sync),
+) -> Rung {
+    let cell: Cell = match memory().lock() {
+        Ok(mut m) => {
+            if m.len() >= REMEMBERED {
+                m.clear();
+            }
+            m.entry((key, limit.to_bits())).or_default().clone()
+        }
+        Err(_) => Cell::default(),
+    };
+    cell.get_or_init(|| {
+        search(plan, limit).and_then(|orders| Scored::evaluate(plan, orders, Some(limit), None))
+    })
+    .clone()
+}
+
+/// The fastest of `search`'s results at `limit` and at every rung below it, and of `fixed`
+/// candidates that fit `limit` (see the module doc); None when nothing fits.
+pub fn fastest_within(
+    plan: &Plan,
+    limit: f64,
+    search: impl Fn(&Plan, f64) -> Found + Sync,
+    fixed: Vec<Vec<Vec<Task>>>,
+) -> Found {
+    let key = fingerprint(plan);
+    let all = rungs(rung_step(plan), limit);
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(all.len());
+    let found: Vec<(usize, Rung)> = if workers <= 1 {
+        all.iter()
+            .enumerate()
+            .map(|(k, &r)| (k, remembered(plan, key, r, &search)))
+            .collect()
+    } else {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results = Mutex::new(Vec::new());
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|| loop {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let Some(&r) = all.get(k) else {
+                        break;
+                    };
+                    let found = remembered(plan, key, r, &search);
+                    if let Ok(mut out) = results.lock() {
+                        out.push((k, found));
+                    }
+                });
+            }
+        });
+        results.into_inner().unwrap_or_else(|e| e.into_inner())
+    };
+    // Fixed candidates rank below every rung on ties.
+    let fixed = fixed
+        .into_iter()
+        .map(|orders| (0, Scored::evaluate(plan, orders, Some(limit), None)));
+    let mut best: Option<(Score, usize, Vec<Vec<Task>>)> = None;
+    for (k, scored) in fixed.chain(found.into_iter().map(|(k, f)| (k + 1, f))) {
+        let Some(scored) = scored else {
+            continue;
+        };
+        let faster = |b: &(Score, usize, Vec<Vec<Task>>)| {
+            let (s, bk) = (scored.score, b.1);
+            s.makespan < b.0.makespan - 1e-9
+                || (s.makespan < b.0.makespan + 1e-9
+                    && (s.max_span < b.0.max_span - 1e-9
+                        || (s.max_span < b.0.max_span + 1e-9 && k > bk)))
+        };
+        if best.as_ref().is_none_or(faster) {
+            best = Some((scored.score, k, scored.orders));
+        }
+    }
+    best.map(|(_, _, orders)| orders)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rungs_step_up_to_the_limit() {
+        assert_eq!(rungs(0.5, 2.0), [0.5, 1.0, 1.5, 2.0]);
+        assert_eq!(rungs(0.5, 1.2), [0.5, 1.0, 1.2]);
+        assert_eq!(rungs(0.5, 0.3), [0.3]);
+    }
+}
