@@ -8,12 +8,12 @@
 //! stops gaining). Every expression is built by [`build_plan`] as `plan` builds it, so each
 //! point given back to `plan` with the same options gives the same figures.
 //!
-//! Then the residency stage, from the frontier of those kept schedules and its knee (its least
-//! peak within a quarter of its fastest makespan): at a few rungs (below the knee, the frontier's
-//! least peak and a quarter, a half and three quarters of the knee's; above it, the same fractions
-//! of the fastest point's peak; the config's memory limit; on half-microbatch steps),
-//! `recompute(BASE, memory=r)` and `offload(BASE, memory=r)` for BASE the knee (below it) or the
-//! fastest point (above it), and the frontier's point just above `r`. These reach
+//! Then the residency stage, from the frontier of those kept schedules and its knees (its least
+//! peaks within a quarter and within a half of its fastest makespan): at a few rungs (the
+//! frontier's least peak; a quarter, a half and three quarters of each knee's peak, and of the
+//! fastest point's above the first knee; the config's memory limit; on half-microbatch steps),
+//! `recompute(BASE, memory=r)` and `offload(BASE, memory=r)` for BASE each knee above `r` (or the
+//! fastest point, above the knees), and the frontier's point just above `r`. These reach
 //! below the least memory any kept schedule needs, and can beat kept schedules above it (a fast
 //! schedule with hidden transfers against a slower one that keeps everything).
 //!
@@ -118,20 +118,25 @@ pub fn frontier_expressions(config: &PipelineConfig) -> Vec<(String, String)> {
 /// The passes of the residency stage, which fit a plan to a limit by moving its activations.
 pub const RESIDENCY_PASSES: [&str; 2] = ["recompute", "offload"];
 
-/// The knee of a kept frontier: its least peak within a quarter of its fastest makespan.
-pub fn knee(kept: &[FrontierPoint]) -> Option<&FrontierPoint> {
+/// How much slower than the fastest point the knees of a kept frontier may be: its least peak
+/// within a quarter of the fastest makespan, and within a half.
+pub const KNEES: [f64; 2] = [1.25, 1.5];
+
+/// A knee of a kept frontier: its least peak within `slower` times its fastest makespan.
+pub fn knee(kept: &[FrontierPoint], slower: f64) -> Option<&FrontierPoint> {
     let fastest = kept.last()?;
     kept.iter()
-        .find(|p| p.makespan <= 1.25 * fastest.makespan)
+        .find(|p| p.makespan <= slower * fastest.makespan)
         .or(Some(fastest))
 }
 
 /// The residency stage's limits below the fastest point of `kept` (a frontier of schedules that
-/// keep their activations): below the knee, the frontier's least peak and a quarter, a half and
-/// three quarters of the knee's; above it, a quarter, a half and three quarters of the fastest
-/// point's peak; and `cap`; rounded down to steps of `total / 2`, from `total / 2` up.
+/// keep their activations): the frontier's least peak; a quarter, a half and three quarters of
+/// each knee's peak ([`KNEES`]), and of the fastest point's peak above the first knee; and `cap`;
+/// rounded down to steps of `total / 2`, from `total / 2` up.
 pub fn residency_rungs(kept: &[FrontierPoint], total: f64, cap: Option<f64>) -> Vec<f64> {
-    let (Some(first), Some(last), Some(knee)) = (kept.first(), kept.last(), knee(kept)) else {
+    let (Some(first), Some(last), Some(knee)) = (kept.first(), kept.last(), knee(kept, KNEES[0]))
+    else {
         return Vec::new();
     };
     let step = total / 2.0;
@@ -139,8 +144,12 @@ pub fn residency_rungs(kept: &[FrontierPoint], total: f64, cap: Option<f64>) -> 
     let above_knee = quarters(last.peak_activations)
         .into_iter()
         .filter(|&r| r > knee.peak_activations);
+    let knees = KNEES
+        .iter()
+        .filter_map(|&k| self::knee(kept, k))
+        .flat_map(|p| quarters(p.peak_activations));
     let mut rungs: Vec<f64> = std::iter::once(first.peak_activations)
-        .chain(quarters(knee.peak_activations))
+        .chain(knees)
         .chain(above_knee)
         .chain(cap)
         .map(|r| ((r / step) + 1e-9).floor() * step)
@@ -153,31 +162,34 @@ pub fn residency_rungs(kept: &[FrontierPoint], total: f64, cap: Option<f64>) -> 
 }
 
 /// The residency stage's expressions with their families: at every rung, each residency pass on
-/// the knee of `kept` below the knee (moving the fastest schedule's activations costs more
-/// there) or its fastest point above it, and on its point just above the rung.
+/// the knees of `kept` whose peaks are above the rung (moving the fastest schedule's activations
+/// costs more there), on its fastest point where the rung is above the first knee, and on its
+/// point just above the rung.
 pub fn residency_expressions(
     kept: &[FrontierPoint],
     total: f64,
     cap: Option<f64>,
 ) -> Vec<(String, String)> {
-    let (Some(fastest), Some(knee)) = (kept.last(), knee(kept)) else {
+    let Some(fastest) = kept.last() else {
         return Vec::new();
     };
+    let knees: Vec<&FrontierPoint> = KNEES.iter().filter_map(|&k| knee(kept, k)).collect();
     let mut out: Vec<(String, String)> = Vec::new();
     for rung in residency_rungs(kept, total, cap) {
         let above = kept
             .iter()
             .find(|p| p.peak_activations > rung + 1e-9)
             .unwrap_or(fastest);
-        let base = if rung < knee.peak_activations {
-            knee
-        } else {
-            fastest
-        };
-        let mut bases = vec![base.expression.as_str()];
-        if above.expression != base.expression {
-            bases.push(above.expression.as_str());
+        let mut bases: Vec<&str> = knees
+            .iter()
+            .filter(|k| k.peak_activations > rung + 1e-9)
+            .map(|k| k.expression.as_str())
+            .collect();
+        if bases.is_empty() {
+            bases.push(fastest.expression.as_str());
         }
+        bases.push(above.expression.as_str());
+        bases.dedup();
         for pass in RESIDENCY_PASSES {
             for base in &bases {
                 let expression = format!("{pass}({base}, memory={rung})");
@@ -550,7 +562,8 @@ mod tests {
             family: String::new(),
         };
         let kept = [point(1.0, 500.0), point(4.0, 110.0), point(8.0, 100.0)];
-        assert_eq!(knee(&kept).unwrap().peak_activations, 4.0);
+        assert_eq!(knee(&kept, KNEES[0]).unwrap().peak_activations, 4.0);
+        assert_eq!(knee(&kept, KNEES[1]).unwrap().peak_activations, 4.0);
         // The least peak 1, quarters of the knee (1, 2, 3), of the fastest above the knee (6).
         assert_eq!(residency_rungs(&kept, 1.0, None), [1.0, 2.0, 3.0, 6.0]);
         assert_eq!(residency_rungs(&kept, 1.0, Some(2.5)), [1.0, 2.0, 2.5]);

@@ -20,6 +20,8 @@
 //! Memory as sail-sg counts it: an F holds one chunk activation until its W.
 
 use pipeweave_core::{Task, Work};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 /// Which controllable-memory schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -351,12 +353,45 @@ pub fn controllable_types(
 }
 
 /// Every rank's V-Half or V-Min order on the V placement, or None where sail-sg's generator
-/// fails.
+/// fails. The orders depend on the sizes alone and are remembered for the process (searches
+/// across memory limits ask for them once per limit).
 pub fn controllable_orders(
     kind: Controllable,
     ranks: u32,
     microbatches: u32,
 ) -> Option<Vec<Vec<Task>>> {
+    let key = (kind == Controllable::Half, ranks, microbatches);
+    let memory = remembered();
+    if let Some(found) = memory.lock().ok().and_then(|m| m.get(&key).cloned()) {
+        return found;
+    }
+    let found = generate(kind, ranks, microbatches);
+    if let Ok(mut m) = memory.lock() {
+        if m.len() >= 64 {
+            m.clear();
+        }
+        m.insert(key, found.clone());
+    }
+    found
+}
+
+/// The remembered orders, by (V-Half, ranks, microbatches).
+type Remembered = HashMap<(bool, u32, u32), Option<Vec<Vec<Task>>>>;
+
+fn remembered() -> &'static Mutex<Remembered> {
+    static MEMORY: OnceLock<Mutex<Remembered>> = OnceLock::new();
+    MEMORY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Forgets the remembered orders.
+pub fn forget() {
+    if let Ok(mut m) = remembered().lock() {
+        m.clear();
+    }
+}
+
+/// [`controllable_orders`], computed.
+fn generate(kind: Controllable, ranks: u32, microbatches: u32) -> Option<Vec<Vec<Task>>> {
     let order = controllable_types(kind, ranks, microbatches)?;
     Some(
         order

@@ -40,6 +40,13 @@ fn memory() -> &'static Mutex<HashMap<(u64, u64), Cell>> {
     MEMORY.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// Forgets every remembered search (a benchmark measuring cold searches calls it between runs).
+pub fn forget() {
+    if let Ok(mut m) = memory().lock() {
+        m.clear();
+    }
+}
+
 /// What identifies a plan's searches: its problem, models, facts, limit and orders.
 fn fingerprint(plan: &Plan) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();

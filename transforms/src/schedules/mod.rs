@@ -14,3 +14,10 @@ pub mod relief;
 pub mod score;
 pub mod zbv;
 pub mod zbv_auto;
+
+/// Forgets what the searches remember for the process (`auto`'s searches per plan and limit,
+/// V-Half and V-Min per size): a benchmark that measures cold searches calls it between runs.
+pub fn forget_remembered() {
+    ladder::forget();
+    controllable::forget();
+}
