@@ -146,128 +146,94 @@ pub fn replay_linked(
     let mut waiting_for: Vec<Option<Op>> = vec![None; ranks];
     let mut ready: VecDeque<usize> = (0..ranks).collect();
     let mut completed = 0usize;
-    // The host links: when each is free, and when the last offload issued on it ends.
-    let mut link_free = vec![0.0f64; ranks];
-    let mut fence = vec![0.0f64; ranks];
-    // Per pair, when its reload ends (NaN: not reloaded, or not yet); empty without offload.
-    let offloads = plan.facts().residency.offloaded;
-    let mut reloaded = vec![f64::NAN; if offloads { slots.pairs() } else { 0 }];
+    let mut host = HostLinks::new(plan, ranks, slots.pairs());
 
     while let Some(r) = ready.pop_front() {
         let order = &plan.orders()[r];
         while position[r] < order.len() {
             let task = order[position[r]];
             let at = |op| (RankId::new(r as u32), position[r], op);
-            if task.is_residency() {
+            let (start, end) = if task.is_residency() {
                 let w = task.work();
                 if !links.has_work(w.stage, w.microbatch) {
                     let (rank, position, op) = at(w.op(OpKind::Forward));
                     return Err(ReplayError::OutOfRange(rank, position, op));
                 }
-                let (start, end) = match task {
-                    Task::Recompute(_) => {
-                        let start = clock[r].max(fence[r]);
-                        clock[r] = start + duration(&task);
-                        (start, clock[r])
-                    }
-                    _ => {
-                        let start = clock[r].max(link_free[r]);
-                        let end = start + duration(&task);
-                        link_free[r] = end;
-                        match (task, slots.pair(w.stage, w.microbatch)) {
-                            (Task::Reload(_), Some(pair)) if offloads => reloaded[pair] = end,
-                            _ => fence[r] = fence[r].max(end),
-                        }
-                        (start, end)
-                    }
-                };
-                if record {
-                    timeline[r].push(TimedTask {
-                        task,
-                        start,
-                        end,
-                        sequence: completed,
-                    });
+                let pair = slots.pair(w.stage, w.microbatch);
+                host.run(r, &task, pair, &mut clock[r], duration(&task))
+            } else {
+                let mut start = clock[r];
+                if task.allocates() {
+                    start = start.max(host.fence[r]);
                 }
-                completed += 1;
-                position[r] += 1;
-                continue;
-            }
-            let mut start = clock[r];
-            if task.allocates() {
-                start = start.max(fence[r]);
-            }
-            let mut own = [0usize; 3];
-            let mut count = 0;
-            let ready_or_not = task.try_for_each_op(|op| {
-                let located = links.try_for_each_dep(op, |dep, slot| {
-                    if task.runs(dep) {
+                let mut own = [0usize; 3];
+                let mut count = 0;
+                let ready_or_not = task.try_for_each_op(|op| {
+                    let located = links.try_for_each_dep(op, |dep, slot| {
+                        if task.runs(dep) {
+                            return ControlFlow::Continue(());
+                        }
+                        let done = finish[slot];
+                        if done.is_nan() {
+                            return ControlFlow::Break(Stop::Waits(dep, slot));
+                        }
+                        let owner = links.owner(dep.stage).map(RankId::index);
+                        let latency = if owner == Some(r) { 0.0 } else { comm };
+                        start = start.max(done + latency);
+                        ControlFlow::Continue(())
+                    });
+                    let Some((slot, flow)) = located else {
+                        return ControlFlow::Break(Stop::OutOfRange(op));
+                    };
+                    if host.offloads && op.kind == OpKind::InputGrad {
+                        start = start.max(host.reloaded(slots.pair(op.stage, op.microbatch)));
+                    }
+                    own[count] = slot;
+                    count += 1;
+                    flow
+                });
+                match ready_or_not {
+                    ControlFlow::Continue(()) => {}
+                    ControlFlow::Break(Stop::OutOfRange(op)) => {
+                        let (rank, position, op) = at(op);
+                        return Err(ReplayError::OutOfRange(rank, position, op));
+                    }
+                    ControlFlow::Break(Stop::Waits(dep, slot)) => {
+                        waiter_next[r] = waiter_head[slot];
+                        waiter_head[slot] = r as u32;
+                        waiting_for[r] = Some(dep);
+                        break;
+                    }
+                }
+                let end = start + duration(&task);
+                let mut k = 0;
+                let twice = task.try_for_each_op(|op| {
+                    let slot = own[k];
+                    k += 1;
+                    if !finish[slot].is_nan() {
+                        return ControlFlow::Break(op);
+                    }
+                    finish[slot] = end;
+                    if waiter_head[slot] == NONE {
                         return ControlFlow::Continue(());
                     }
-                    let done = finish[slot];
-                    if done.is_nan() {
-                        return ControlFlow::Break(Stop::Waits(dep, slot));
+                    let mut w = std::mem::replace(&mut waiter_head[slot], NONE);
+                    while w != NONE {
+                        let next = waiter_next[w as usize];
+                        waiter_next[w as usize] = NONE;
+                        waiting_for[w as usize] = None;
+                        ready.push_back(w as usize);
+                        w = next;
                     }
-                    let owner = links.owner(dep.stage).map(RankId::index);
-                    let latency = if owner == Some(r) { 0.0 } else { comm };
-                    start = start.max(done + latency);
                     ControlFlow::Continue(())
                 });
-                let Some((slot, flow)) = located else {
-                    return ControlFlow::Break(Stop::OutOfRange(op));
-                };
-                if offloads && op.kind == OpKind::InputGrad {
-                    if let Some(pair) = slots.pair(op.stage, op.microbatch) {
-                        let ends = reloaded[pair];
-                        if !ends.is_nan() {
-                            start = start.max(ends);
-                        }
-                    }
-                }
-                own[count] = slot;
-                count += 1;
-                flow
-            });
-            match ready_or_not {
-                ControlFlow::Continue(()) => {}
-                ControlFlow::Break(Stop::OutOfRange(op)) => {
+                if let ControlFlow::Break(op) = twice {
                     let (rank, position, op) = at(op);
-                    return Err(ReplayError::OutOfRange(rank, position, op));
+                    return Err(ReplayError::RunsTwice(rank, position, op));
                 }
-                ControlFlow::Break(Stop::Waits(dep, slot)) => {
-                    waiter_next[r] = waiter_head[slot];
-                    waiter_head[slot] = r as u32;
-                    waiting_for[r] = Some(dep);
-                    break;
-                }
-            }
-            let end = start + duration(&task);
-            let mut k = 0;
-            let twice = task.try_for_each_op(|op| {
-                let slot = own[k];
-                k += 1;
-                if !finish[slot].is_nan() {
-                    return ControlFlow::Break(op);
-                }
-                finish[slot] = end;
-                if waiter_head[slot] == NONE {
-                    return ControlFlow::Continue(());
-                }
-                let mut w = std::mem::replace(&mut waiter_head[slot], NONE);
-                while w != NONE {
-                    let next = waiter_next[w as usize];
-                    waiter_next[w as usize] = NONE;
-                    waiting_for[w as usize] = None;
-                    ready.push_back(w as usize);
-                    w = next;
-                }
-                ControlFlow::Continue(())
-            });
-            if let ControlFlow::Break(op) = twice {
-                let (rank, position, op) = at(op);
-                return Err(ReplayError::RunsTwice(rank, position, op));
-            }
-            clock[r] = end;
+                clock[r] = end;
+                (start, end)
+            };
             if record {
                 timeline[r].push(TimedTask {
                     task,
@@ -295,6 +261,62 @@ pub fn replay_linked(
         Ok(Replay { timeline })
     } else {
         Err(ReplayError::Deadlock(wait_cycle(plan, &blocked)))
+    }
+}
+
+/// The ranks' host links as the engine runs them (see the module doc).
+struct HostLinks {
+    /// Whether the plan offloads (else nothing waits for a reload).
+    offloads: bool,
+    /// Per rank, when its link is free.
+    free: Vec<f64>,
+    /// Per rank, when the last offload issued on its link ends.
+    fence: Vec<f64>,
+    /// Per pair, when its reload ends (NaN: not reloaded, or not yet); empty without offload.
+    reloaded: Vec<f64>,
+}
+
+impl HostLinks {
+    fn new(plan: &Plan, ranks: usize, pairs: usize) -> HostLinks {
+        let offloads = plan.facts().residency.offloaded;
+        HostLinks {
+            offloads,
+            free: vec![0.0; ranks],
+            fence: vec![0.0; ranks],
+            reloaded: vec![f64::NAN; if offloads { pairs } else { 0 }],
+        }
+    }
+
+    /// Runs a residency task of rank `r` (on pair `pair`) taking `length`: a recompute on the
+    /// rank's compute (after the offloads before it), a transfer on its link once the compute
+    /// before it ended and the link is free. Returns its start and end.
+    fn run(
+        &mut self,
+        r: usize,
+        task: &Task,
+        pair: Option<usize>,
+        clock: &mut f64,
+        length: f64,
+    ) -> (f64, f64) {
+        if let Task::Recompute(_) = task {
+            let start = clock.max(self.fence[r]);
+            *clock = start + length;
+            return (start, *clock);
+        }
+        let start = clock.max(self.free[r]);
+        let end = start + length;
+        self.free[r] = end;
+        match (task, pair) {
+            (Task::Reload(_), Some(pair)) if self.offloads => self.reloaded[pair] = end,
+            _ => self.fence[r] = self.fence[r].max(end),
+        }
+        (start, end)
+    }
+
+    /// When the reload of `pair` ends (0 when it has none, or none yet).
+    fn reloaded(&self, pair: Option<usize>) -> f64 {
+        let ends = pair.and_then(|p| self.reloaded.get(p)).copied();
+        ends.filter(|e| !e.is_nan()).unwrap_or(0.0)
     }
 }
 

@@ -39,7 +39,8 @@
 use crate::error::TransformError;
 use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::relief::{
-    floor, relieve, reordered, stuck_error, target_limit, Proposal, Step, Window,
+    floor, issued_at, memory_argument, relieve, reordered, stuck_error, target_limit, Proposal,
+    Step, Window,
 };
 use pipeweave_core::{
     held_during, simulate, LayoutKind, OpKind, Pacing, Plan, RankId, Residency, Simulation, Task,
@@ -65,15 +66,9 @@ impl Offload {
     /// The pass fitting `memory` activations per rank on the device (None: the plan's declared
     /// limit).
     pub fn new(memory: Option<f64>) -> Result<Offload, TransformError> {
-        if let Some(m) = memory {
-            if !(m.is_finite() && m > 0.0) {
-                return Err(TransformError::unmet(
-                    "memory > 0",
-                    format!("memory={m} is not a positive number of activations"),
-                ));
-            }
-        }
-        Ok(Offload { memory })
+        Ok(Offload {
+            memory: memory_argument(memory)?,
+        })
     }
 }
 
@@ -245,16 +240,6 @@ fn hoist_reloads(mut plan: Plan, limit: f64) -> Result<Plan, TransformError> {
     }
     plan.with_memory_limit(Some(limit))
         .map_err(|e| TransformError::core("", e))
-}
-
-/// When a transfer placed before the task at `position` of `rank` would be issued: when the
-/// compute before that place ends.
-fn issued_at(simulation: &Simulation, rank: usize, position: usize) -> f64 {
-    simulation.timeline()[rank][..position]
-        .iter()
-        .rev()
-        .find(|t| !t.task.on_link())
-        .map_or(0.0, |t| t.end)
 }
 
 #[cfg(test)]

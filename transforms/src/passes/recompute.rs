@@ -35,7 +35,7 @@
 use crate::error::TransformError;
 use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::relief::{
-    floor, idle_before, relieve, stuck_error, target_limit, Proposal, Step, Window,
+    floor, idle_before, memory_argument, relieve, stuck_error, target_limit, Proposal, Step, Window,
 };
 use pipeweave_core::{LayoutKind, Pacing, Plan, Residency, Task};
 
@@ -56,15 +56,9 @@ impl Recompute {
 
     /// The pass fitting `memory` activations per rank (None: the plan's declared limit).
     pub fn new(memory: Option<f64>) -> Result<Recompute, TransformError> {
-        if let Some(m) = memory {
-            if !(m.is_finite() && m > 0.0) {
-                return Err(TransformError::unmet(
-                    "memory > 0",
-                    format!("memory={m} is not a positive number of activations"),
-                ));
-            }
-        }
-        Ok(Recompute { memory })
+        Ok(Recompute {
+            memory: memory_argument(memory)?,
+        })
     }
 }
 

@@ -347,6 +347,17 @@ fn options(proposals: Vec<Proposal>, excess: f64, tries: usize) -> Vec<Vec<(usiz
         .collect()
 }
 
+/// A relief pass's `memory` argument, checked: a positive number of activations (or none).
+pub fn memory_argument(memory: Option<f64>) -> Result<Option<f64>, TransformError> {
+    match memory {
+        Some(m) if !(m.is_finite() && m > 0.0) => Err(TransformError::unmet(
+            "memory > 0",
+            format!("memory={m} is not a positive number of activations"),
+        )),
+        _ => Ok(memory),
+    }
+}
+
 /// The limit a relief pass fits: its `memory` argument or the plan's declared limit, the lower
 /// of the two; an error when there is neither.
 pub fn target_limit(memory: Option<f64>, plan: &Plan) -> Result<f64, TransformError> {
@@ -418,19 +429,24 @@ pub fn with_inserted(order: &[Task], inserted: &[(usize, Task)]) -> Vec<Task> {
     out
 }
 
-/// The idle time right before the task at `position` of `rank`'s timeline: how long the rank
-/// waits between the end of the compute before it and its start (0 for the first task).
-pub fn idle_before(simulation: &Simulation, rank: usize, position: usize) -> f64 {
+/// When the compute before position `position` of `rank`'s timeline ends (0 when none does):
+/// when a task placed there could start, and a transfer placed there is issued.
+pub fn issued_at(simulation: &Simulation, rank: usize, position: usize) -> f64 {
     let timeline = &simulation.timeline()[rank];
-    let Some(task) = timeline.get(position) else {
-        return 0.0;
-    };
-    let previous = timeline[..position]
+    timeline[..position.min(timeline.len())]
         .iter()
         .rev()
         .find(|t| !t.task.on_link())
-        .map_or(0.0, |t| t.end);
-    (task.start - previous).max(0.0)
+        .map_or(0.0, |t| t.end)
+}
+
+/// The idle time right before the task at `position` of `rank`'s timeline: how long the rank
+/// waits between the end of the compute before it and its start (0 for the first task).
+pub fn idle_before(simulation: &Simulation, rank: usize, position: usize) -> f64 {
+    let Some(task) = simulation.timeline()[rank].get(position) else {
+        return 0.0;
+    };
+    (task.start - issued_at(simulation, rank, position)).max(0.0)
 }
 
 #[cfg(test)]
