@@ -18,9 +18,9 @@
 //!   input plan's peak (on a dual plan, the larger of that and DeepSeek's peak). A limit the user
 //!   gives (`memory=N`, or a declared limit) is searched across the ladder below it
 //!   ([`crate::schedules::ladder`]): the search runs at `N` and at every multiple of half a
-//!   microbatch below, and the fastest result (by makespan) among those and the handcrafted
-//!   candidates that fit `N` wins: the makespan never increases as `N` grows, and no handcrafted
-//!   schedule that fits `N` is faster.
+//!   microbatch below, and the fastest (by makespan) of every candidate those searches simulated
+//!   (their results and the handcrafted schedules that fit) wins: the makespan never increases as
+//!   `N` grows, and no handcrafted schedule that fits `N` is faster.
 //! - `deepseek` (dual plans only): DeepSeek's DualPipe/DualPipeV order with its split backwards and
 //!   W queue.
 //! - `v_half` / `v_min` (the V placement only): sail-sg's controllable-memory V schedules, about
@@ -216,37 +216,58 @@ fn handcrafted(plan: &Plan, dual: Option<DualShape>, limit: f64) -> Vec<Vec<Vec<
     candidates
 }
 
+/// What the `auto` search found at one limit: its result, and every candidate it simulated
+/// that fit the limit (the handcrafted ones and the result).
+struct Searched {
+    result: Option<Vec<Vec<Task>>>,
+    fitted: Vec<Scored>,
+}
+
 /// The `auto` search.
-fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError> {
+fn auto_search(plan: &Plan, limit: f64) -> Searched {
     let dual = DualShape::of_plan(plan);
-    let mut best: Option<Scored> = None;
-    let consider = |best: &mut Option<Scored>, orders: Vec<Vec<Task>>| {
-        let Some(scored) = Scored::evaluate(plan, orders, Some(limit), None) else {
-            return;
-        };
-        if best.as_ref().is_none_or(|b| scored.score.beats(b.score)) {
-            *best = Some(scored);
+    let mut fitted: Vec<Scored> = handcrafted(plan, dual, limit)
+        .into_iter()
+        .filter_map(|orders| Scored::evaluate(plan, orders, Some(limit), None))
+        .collect();
+    let mut best: Option<&Scored> = None;
+    for scored in &fitted {
+        if best.is_none_or(|b| scored.score.beats(b.score)) {
+            best = Some(scored);
         }
-    };
-    for orders in handcrafted(plan, dual, limit) {
-        consider(&mut best, orders);
     }
+    let mut best = best.cloned();
     // The list scheduler only has to beat the handcrafted candidates.
     let bound = best.as_ref().map_or(f64::INFINITY, |b| b.score.max_span);
     if let Some(orders) = best_greedy(plan, limit, dual.is_some(), bound) {
-        consider(&mut best, orders);
+        if let Some(scored) = Scored::evaluate(plan, orders, Some(limit), None) {
+            if best.as_ref().is_none_or(|b| scored.score.beats(b.score)) {
+                best = Some(scored);
+            }
+        }
     }
     let budget = refine_budget(plan);
-    best.map(|b| refine(plan, b.orders, limit, budget))
-        .ok_or_else(|| {
-            TransformError::unmet(
-                "auto finds a schedule within the memory limit",
-                format!(
-                    "no candidate fits in {limit} activations per rank (the input needs {})",
-                    max_peak(plan)
-                ),
-            )
-        })
+    let result = best.map(|b| refine(plan, b.orders, limit, budget));
+    if let Some(scored) = result
+        .clone()
+        .and_then(|orders| Scored::evaluate(plan, orders, Some(limit), None))
+    {
+        fitted.push(scored);
+    }
+    Searched { result, fitted }
+}
+
+/// The `auto` search's result.
+fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError> {
+    auto_search(plan, limit).result.ok_or_else(|| {
+        TransformError::unmet(
+            "auto finds a schedule within the memory limit",
+            format!(
+                "no candidate fits in {limit} activations per rank (the input needs {})",
+                max_peak(plan)
+            ),
+        )
+    })
 }
 
 /// What [`ZeroBubble::prepare`] decided: the policy for this plan and, for `auto`, its limit
@@ -402,8 +423,7 @@ impl ZeroBubble {
             (_, limit) => {
                 let limit = limit.unwrap_or_else(|| default_limit(&plan));
                 let orders = if prepared.ladder {
-                    let fixed = handcrafted(&plan, DualShape::of_plan(&plan), limit);
-                    fastest_within(&plan, limit, |p, r| auto_orders(p, r).ok(), fixed)
+                    fastest_within(&plan, limit, |p, r| auto_search(p, r).fitted)
                         .map_or_else(|| auto_orders(&plan, limit), Ok)?
                 } else {
                     auto_orders(&plan, limit)?

@@ -4,10 +4,10 @@
 //! A search under a limit (`zero_bubble`'s `auto`) is a heuristic: at a larger limit it may find a
 //! slower schedule than it found at a smaller one, although everything that fit the smaller
 //! limit fits the larger. [`fastest_within`] runs the search at the limit and at every rung below
-//! it (multiples of half a microbatch of a rank's share, [`rung_step`]), and takes fixed
-//! candidates that fit the limit besides (handcrafted schedules, whose peaks do not depend on the
-//! limit), and keeps the fastest by makespan (then by longest per-rank span, then the higher
-//! rung, the fixed candidates last). Every rung at or
+//! it (multiples of half a microbatch of a rank's share, [`rung_step`]); a rung's search gives
+//! every candidate it evaluated that fits the rung (its result and, for `auto`, the handcrafted
+//! schedules), and the fastest by makespan (then by longest per-rank span, then the higher rung)
+//! over all rungs wins. Every rung at or
 //! below a limit is a rung of every larger limit, so the result's makespan never increases with
 //! the limit; between two rungs it is the lower rung's unless the search at the limit itself is
 //! faster.
@@ -16,16 +16,13 @@
 //! and the limit; a few hundred at most), so a caller that asks for many limits of one plan, as
 //! the frontier does, pays for each rung once.
 
-use crate::schedules::score::{Score, Scored};
+use crate::schedules::score::Scored;
 use pipeweave_core::{Plan, Task};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// Orders a search found (None: nothing fits).
-type Found = Option<Vec<Vec<Task>>>;
-
-/// What a rung's search found, simulated (None: nothing fits).
+/// The fastest candidate a rung's search found (None: nothing fits).
 type Rung = Option<Scored>;
 
 /// Most remembered searches; past it the memory is cleared.
@@ -98,13 +95,20 @@ pub fn rungs(step: f64, limit: f64) -> Vec<f64> {
     out
 }
 
-/// `search` at `limit`, simulated (remembered; one search per key even when several threads ask
-/// at once).
+/// Whether `a` is faster than `b`: a shorter makespan, or the same and a shorter longest span.
+fn faster(a: &Scored, b: &Scored) -> bool {
+    a.score.makespan < b.score.makespan - 1e-9
+        || (a.score.makespan < b.score.makespan + 1e-9
+            && a.score.max_span < b.score.max_span - 1e-9)
+}
+
+/// The fastest of what `search` gives at `limit` (remembered; one search per key even when
+/// several threads ask at once).
 fn remembered(
     plan: &Plan,
     key: u64,
     limit: f64,
-    search: &(impl Fn(&Plan, f64) -> Found + Sync),
+    search: &(impl Fn(&Plan, f64) -> Vec<Scored> + Sync),
 ) -> Rung {
     let cell: Cell = match memory().lock() {
         Ok(mut m) => {
@@ -116,19 +120,25 @@ fn remembered(
         Err(_) => Cell::default(),
     };
     cell.get_or_init(|| {
-        search(plan, limit).and_then(|orders| Scored::evaluate(plan, orders, Some(limit), None))
+        let mut best: Option<Scored> = None;
+        for candidate in search(plan, limit) {
+            if candidate.peak <= limit + 1e-9 && best.as_ref().is_none_or(|b| faster(&candidate, b))
+            {
+                best = Some(candidate);
+            }
+        }
+        best
     })
     .clone()
 }
 
-/// The fastest of `search`'s results at `limit` and at every rung below it, and of `fixed`
-/// candidates that fit `limit` (see the module doc); None when nothing fits.
+/// The fastest candidate `search` finds at `limit` or at any rung below it (see the module doc);
+/// None when nothing fits.
 pub fn fastest_within(
     plan: &Plan,
     limit: f64,
-    search: impl Fn(&Plan, f64) -> Found + Sync,
-    fixed: Vec<Vec<Vec<Task>>>,
-) -> Found {
+    search: impl Fn(&Plan, f64) -> Vec<Scored> + Sync,
+) -> Option<Vec<Vec<Task>>> {
     let key = fingerprint(plan);
     let all = rungs(rung_step(plan), limit);
     let workers = std::thread::available_parallelism()
@@ -158,27 +168,19 @@ pub fn fastest_within(
         });
         results.into_inner().unwrap_or_else(|e| e.into_inner())
     };
-    // Fixed candidates rank below every rung on ties.
-    let fixed = fixed
+    let mut found: Vec<(usize, Scored)> = found
         .into_iter()
-        .map(|orders| (0, Scored::evaluate(plan, orders, Some(limit), None)));
-    let mut best: Option<(Score, usize, Vec<Vec<Task>>)> = None;
-    for (k, scored) in fixed.chain(found.into_iter().map(|(k, f)| (k + 1, f))) {
-        let Some(scored) = scored else {
-            continue;
-        };
-        let faster = |b: &(Score, usize, Vec<Vec<Task>>)| {
-            let (s, bk) = (scored.score, b.1);
-            s.makespan < b.0.makespan - 1e-9
-                || (s.makespan < b.0.makespan + 1e-9
-                    && (s.max_span < b.0.max_span - 1e-9
-                        || (s.max_span < b.0.max_span + 1e-9 && k > bk)))
-        };
-        if best.as_ref().is_none_or(faster) {
-            best = Some((scored.score, k, scored.orders));
+        .filter_map(|(k, rung)| Some((k, rung?)))
+        .collect();
+    // The higher rung first, so that a tie keeps it.
+    found.sort_by_key(|(k, _)| std::cmp::Reverse(*k));
+    let mut best: Option<Scored> = None;
+    for (_, scored) in found {
+        if best.as_ref().is_none_or(|b| faster(&scored, b)) {
+            best = Some(scored);
         }
     }
-    best.map(|(_, _, orders)| orders)
+    best.map(|b| b.orders)
 }
 
 #[cfg(test)]
