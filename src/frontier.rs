@@ -12,8 +12,9 @@
 //! peaks within a quarter and within a half of its fastest makespan): at a few rungs (the
 //! frontier's least peak; a quarter, a half and three quarters of each knee's peak, and of the
 //! fastest point's above the first knee; the config's memory limit; on half-microbatch steps),
-//! `recompute(BASE, memory=r)` and `offload(BASE, memory=r)` for BASE each knee above `r` (or the
-//! fastest point, above the knees), and the frontier's point just above `r`. These reach
+//! `recompute(BASE, memory=r)` and `offload(BASE, memory=r)` for BASE each knee above `r` and
+//! 1F1B (whose whole backwards let every activation move), or the fastest point above the knees,
+//! and the frontier's point just above `r`. These reach
 //! below the least memory any kept schedule needs, and can beat kept schedules above it (a fast
 //! schedule with hidden transfers against a slower one that keeps everything).
 //!
@@ -118,6 +119,9 @@ pub fn frontier_expressions(config: &PipelineConfig) -> Vec<(String, String)> {
 /// The passes of the residency stage, which fit a plan to a limit by moving its activations.
 pub const RESIDENCY_PASSES: [&str; 2] = ["recompute", "offload"];
 
+/// The base below the knees whose backwards are whole (its activations can all move).
+pub const WHOLE_BACKWARDS_BASE: &str = "f1b(gpipe)";
+
 /// How much slower than the fastest point the knees of a kept frontier may be: its least peak
 /// within a quarter of the fastest makespan, and within a half.
 pub const KNEES: [f64; 2] = [1.25, 1.5];
@@ -163,8 +167,8 @@ pub fn residency_rungs(kept: &[FrontierPoint], total: f64, cap: Option<f64>) -> 
 
 /// The residency stage's expressions with their families: at every rung, each residency pass on
 /// the knees of `kept` whose peaks are above the rung (moving the fastest schedule's activations
-/// costs more there), on its fastest point where the rung is above the first knee, and on its
-/// point just above the rung.
+/// costs more there) and on 1F1B there, on its fastest point where the rung is above the knees,
+/// and on its point just above the rung.
 pub fn residency_expressions(
     kept: &[FrontierPoint],
     total: f64,
@@ -187,6 +191,10 @@ pub fn residency_expressions(
             .collect();
         if bases.is_empty() {
             bases.push(fastest.expression.as_str());
+        } else {
+            // Below a knee, also 1F1B: its backwards are whole, so every activation can move (a
+            // schedule with split backwards keeps what its weight gradients need).
+            bases.push(WHOLE_BACKWARDS_BASE);
         }
         bases.push(above.expression.as_str());
         bases.dedup();
