@@ -4,7 +4,7 @@
 
 use pipeweave::backends::numeric::{total_gradients, AffineModel, AffineStage};
 use pipeweave::backends::{run_threads, BackendError, StageCompute, ThreadOptions};
-use pipeweave::core_ir::{project, ProjectionOptions, RecvPolicy};
+use pipeweave::core_ir::{project, CheckedPrograms, ProjectionOptions, RecvPolicy};
 use pipeweave::{build_plan, PipelineConfig, StageCostsSpec, Task, Work};
 use std::time::{Duration, Instant};
 
@@ -59,8 +59,7 @@ fn every_schedule_gives_the_single_device_gradients() {
                 )
                 .unwrap();
                 let stages = run_threads(
-                    plan.problem(),
-                    &programs,
+                    &CheckedPrograms::check(plan.problem(), programs.clone()).unwrap(),
                     |_| model.stage(no_delay),
                     ThreadOptions::default(),
                 )
@@ -92,8 +91,7 @@ fn forward_only_runs_compute_losses_and_no_gradients() {
     )
     .unwrap();
     let stages = run_threads(
-        plan.problem(),
-        &programs,
+        &CheckedPrograms::check(plan.problem(), programs.clone()).unwrap(),
         |_| model.stage(no_delay),
         ThreadOptions::default(),
     )
@@ -165,8 +163,7 @@ fn a_panic_in_the_free_output_hook_is_a_run_error_naming_rank_and_instruction() 
     let model = AffineModel::new(plan.problem());
     let programs = project(&plan, ProjectionOptions::default()).unwrap();
     let err = run_threads(
-        plan.problem(),
-        &programs,
+        &CheckedPrograms::check(plan.problem(), programs.clone()).unwrap(),
         |rank| PanicsInFree {
             inner: model.stage(no_delay),
             rank: rank.get(),
@@ -203,8 +200,7 @@ fn run_with_fault(panic: bool) -> (BackendError, Duration) {
     let bad = Work::new(6, 3); // stage 6 runs on rank 2
     let start = Instant::now();
     let err = run_threads(
-        plan.problem(),
-        &programs,
+        &CheckedPrograms::check(plan.problem(), programs.clone()).unwrap(),
         |rank| Faulty {
             inner: model.stage(no_delay),
             at: (rank.get() == 2).then_some(bad),
@@ -252,21 +248,11 @@ fn a_panicking_rank_stops_the_run_with_its_message() {
 }
 
 #[test]
-fn unchecked_programs_are_not_run() {
+fn unchecked_programs_cannot_be_run() {
+    // The backends take checked programs only; the check refuses a set that misses a rank.
     let plan = build_plan("f1b(gpipe)", &PipelineConfig::new(2, 2).unwrap()).unwrap();
-    let model = AffineModel::new(plan.problem());
     let mut programs = project(&plan, ProjectionOptions::default()).unwrap();
     programs.programs.pop();
-    let err = run_threads(
-        plan.problem(),
-        &programs,
-        |_| model.stage(no_delay),
-        ThreadOptions::default(),
-    )
-    .err()
-    .unwrap();
-    assert_eq!(
-        err.to_string(),
-        "the programs were not run: communication check failed: 1 programs for 2 ranks"
-    );
+    let err = CheckedPrograms::check(plan.problem(), programs).unwrap_err();
+    assert_eq!(err.to_string(), "1 programs for 2 ranks");
 }

@@ -17,7 +17,7 @@ use pipeweave::backends::mpi::wire::{WireDType, WirePayload};
 use pipeweave::backends::mpi::{run_mpi, MpiOptions, MpiTransport};
 use pipeweave::backends::numeric::{AffineModel, AffineStage};
 use pipeweave::backends::{Incoming, Outgoing, StageCompute, Transport};
-use pipeweave::core_ir::{project, Message, ProjectionOptions};
+use pipeweave::core_ir::{project, CheckedPrograms, Message, ProjectionOptions};
 use pipeweave::{build_plan, MicrobatchId, PipelineConfig, RankId, StageId, Task, Work};
 use rsmpi::topology::Communicator;
 use std::process::Output;
@@ -311,6 +311,7 @@ fn mpi_child() {
     };
     let plan = build_plan(expression, &config).unwrap();
     let programs = project(&plan, ProjectionOptions::default()).unwrap();
+    let checked = CheckedPrograms::check(plan.problem(), programs).unwrap();
     let model = AffineModel::new(plan.problem());
     let no_delay = |_: &Task| Duration::ZERO;
     match scenario.as_str() {
@@ -374,14 +375,7 @@ fn mpi_child() {
         }
         "fingerprint" => {
             let mut stage = model.stage(no_delay);
-            let err = run_mpi(
-                &world,
-                plan.problem(),
-                &programs,
-                &mut stage,
-                MpiOptions::default(),
-            )
-            .unwrap_err();
+            let err = run_mpi(&world, &checked, &mut stage, MpiOptions::default()).unwrap_err();
             println!("rank {rank} got: {err}");
         }
         "timeout" | "stage_error" => {
@@ -393,7 +387,7 @@ fn mpi_child() {
             let options = MpiOptions {
                 receive_timeout: Duration::from_millis(500),
             };
-            run_mpi(&world, plan.problem(), &programs, &mut stage, options).unwrap();
+            run_mpi(&world, &checked, &mut stage, options).unwrap();
             println!("rank {rank} finished");
         }
         other => panic!("unknown scenario {other}"),

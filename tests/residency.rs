@@ -4,7 +4,9 @@
 
 use pipeweave::backends::numeric::{total_gradients, AffineModel};
 use pipeweave::backends::{run_threads, ThreadOptions};
-use pipeweave::core_ir::{check_programs, max_peak, project, ProjectionOptions, RecvPolicy};
+use pipeweave::core_ir::{
+    check_programs, max_peak, project, CheckedPrograms, ProjectionOptions, RecvPolicy,
+};
 use pipeweave::{
     build_plan, simulate, Error, PipelineConfig, StageCostsSpec, StageMemorySpec, Task,
     TransformError,
@@ -116,8 +118,7 @@ proptest! {
             check_programs(plan.problem(), &programs)
                 .map_err(|e| TestCaseError::fail(format!("{expression} {recv:?}: {e}")))?;
             let stages = run_threads(
-                plan.problem(),
-                &programs,
+                &CheckedPrograms::check(plan.problem(), programs.clone()).unwrap(),
                 |_| model.stage(|_: &Task| Duration::ZERO),
                 ThreadOptions::default(),
             )

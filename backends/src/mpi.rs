@@ -76,7 +76,7 @@ use crate::interpreter::run_rank;
 use ::mpi::collective::CommunicatorCollectives;
 use ::mpi::topology::{Communicator, SimpleCommunicator};
 use fingerprint::compare_fingerprints;
-use pipeweave_core::{check_programs, Problem, ProgramSet, RankId, RankProgram};
+use pipeweave_core::{CheckedPrograms, RankId, RankProgram};
 use std::time::Duration;
 
 /// Options of an MPI run.
@@ -118,17 +118,17 @@ pub fn failure_report(error: &BackendError, program: &RankProgram) -> String {
     )
 }
 
-/// Makes sure every rank of `comm` is about to run the same programs, and returns this rank's
-/// (collective: every rank calls it with its own `problem` and `programs`).
+/// Makes sure every rank of `comm` is about to run the same checked programs, and returns this
+/// rank's (collective: every rank calls it with the programs it built and checked itself).
 ///
-/// The fingerprints of `problem` and `programs` are all-gathered and compared, the
-/// communicator's size is compared with the programs' rank count, and the programs are checked;
-/// any of these failing returns the same error on every rank.
+/// The fingerprints of the problem and the programs are all-gathered and compared, and the
+/// communicator's size is compared with the programs' rank count; either failing returns the same
+/// error on every rank.
 pub fn agree_on_programs(
     comm: &SimpleCommunicator,
-    problem: &Problem,
-    programs: &ProgramSet,
+    checked: &CheckedPrograms,
 ) -> Result<RankProgram, BackendError> {
+    let (problem, programs) = (checked.problem(), checked.programs());
     // MPI ranks and sizes are non-negative `int`s.
     let rank = RankId::new(u32::try_from(comm.rank()).unwrap_or(0));
     let size = usize::try_from(comm.size()).unwrap_or(0);
@@ -149,7 +149,6 @@ pub fn agree_on_programs(
             programs.programs.len()
         )));
     }
-    check_programs(problem, programs)?;
     programs
         .programs
         .iter()
@@ -158,19 +157,18 @@ pub fn agree_on_programs(
         .ok_or_else(|| before(format!("the programs have none for rank {rank}")))
 }
 
-/// Runs this process's rank of `programs` over `comm` (collective: every rank of `comm` calls it
-/// with its own `compute`, the same `problem` and the same `programs`).
+/// Runs this process's rank of the checked programs over `comm` (collective: every rank of
+/// `comm` calls it with its own `compute` and the same programs).
 ///
-/// First, on every rank alike: the fingerprints of `problem` and `programs` are all-gathered and
-/// compared, the world's size is compared with the programs' rank count, and the programs are
-/// checked; any of these failing returns the same error on every rank, and nothing runs. Then the
+/// First, on every rank alike: the fingerprints of the problem and the programs are all-gathered
+/// and compared, and the world's size is compared with the programs' rank count; either failing
+/// returns the same error on every rank, and nothing runs. Then the
 /// rank's program runs to its end and `Ok(())` returns (the computed gradients are in `compute`).
 /// If this rank's run fails, the error is printed on stderr and the whole job is aborted
 /// (`MPI_Abort` with [`FAILURE_STATUS`]): this function does not return then.
 pub fn run_mpi<C>(
     comm: &SimpleCommunicator,
-    problem: &Problem,
-    programs: &ProgramSet,
+    checked: &CheckedPrograms,
     compute: &mut C,
     options: MpiOptions,
 ) -> Result<(), BackendError>
@@ -178,7 +176,8 @@ where
     C: StageCompute,
     C::Tensor: WirePayload,
 {
-    let program = agree_on_programs(comm, problem, programs)?;
+    let problem = checked.problem();
+    let program = agree_on_programs(comm, checked)?;
     let mut transport = MpiTransport::new(comm, options.receive_timeout);
     match run_rank(&program, problem, compute, &mut transport) {
         Ok(()) => Ok(()),

@@ -11,7 +11,7 @@ use crate::compute::StageCompute;
 use crate::error::BackendError;
 use crate::interpreter::run_rank;
 use crate::transport::{Incoming, Outgoing, Transport, TransportFailure};
-use pipeweave_core::{check_programs, Message, Problem, ProgramSet, RankId};
+use pipeweave_core::{CheckedPrograms, Message, RankId};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
@@ -198,12 +198,11 @@ pub fn channel_transports<T>(ranks: usize, timeout: Duration) -> Vec<ChannelTran
         .collect()
 }
 
-/// Checks `programs` against `problem`, then runs them on one thread per rank with the stage
-/// computes made by `make_compute`. Returns the computes (holding, say, their gradients) in rank
-/// order, or the error of the first rank that failed.
+/// Runs checked programs on one thread per rank with the stage computes made by
+/// `make_compute`. Returns the computes (holding, say, their gradients) in rank order, or the
+/// error of the first rank that failed.
 pub fn run_threads<C, F>(
-    problem: &Problem,
-    programs: &ProgramSet,
+    checked: &CheckedPrograms,
     make_compute: F,
     options: ThreadOptions,
 ) -> Result<Vec<C>, BackendError>
@@ -211,7 +210,7 @@ where
     C: StageCompute + Send,
     F: Fn(RankId) -> C,
 {
-    check_programs(problem, programs)?;
+    let (problem, programs) = (checked.problem(), checked.programs());
     let ranks = programs.programs.len();
     let transports = channel_transports::<C::Tensor>(ranks, options.receive_timeout);
     let computes: Vec<C> = (0..ranks)

@@ -46,8 +46,8 @@ use pipeweave::backends::numeric::{total_gradients, AffineModel};
 use pipeweave::backends::{run_threads, ThreadOptions};
 use pipeweave::core_ir::formats::csv::{compute_csv, import_csv, lowered_csv};
 use pipeweave::core_ir::{
-    check_programs, project, CommOp, Direction, Instr, Message, ProgramSet, ProjectionOptions,
-    RecvPolicy, Semantics,
+    check_programs, project, CheckedPrograms, CommOp, Direction, Instr, Message, ProgramSet,
+    ProjectionOptions, RecvPolicy, Semantics,
 };
 use pipeweave::{
     build_plan, simulate, verify, MicrobatchId, PipelineConfig, Plan, RankId, StageCosts,
@@ -604,8 +604,7 @@ pub fn run_programs_checker(data: &[u8]) {
     );
     let model = AffineModel::new(problem);
     let stages = run_threads(
-        problem,
-        &set,
+        &CheckedPrograms::check(problem, set.clone()).unwrap(),
         |_| model.stage(|_| Duration::ZERO),
         ThreadOptions {
             receive_timeout: THREAD_TIMEOUT,

@@ -13,8 +13,8 @@ use clap::{Args, ValueEnum};
 use pipeweave_core::formats::{csv, svg, trace};
 use pipeweave_core::spmd::project::project_simulated;
 use pipeweave_core::{
-    check_programs, simulate, verify, CheckReport, CommError, Plan, ProgramSet, ProjectionOptions,
-    RecvPolicy, Simulation,
+    check_programs, simulate, verify, CheckReport, CheckedPrograms, CommError, Plan, ProgramSet,
+    ProjectionOptions, RecvPolicy, Simulation,
 };
 use std::io::Write;
 
@@ -157,12 +157,27 @@ impl Projected {
     }
 }
 
+/// A plan with its checked programs and its simulation: what a backend runs.
+pub struct Runnable {
+    /// The plan.
+    pub plan: Plan,
+    /// Its programs, checked.
+    pub programs: CheckedPrograms,
+    /// Its simulation.
+    pub simulation: Simulation,
+}
+
 /// Verifies and simulates an imported plan, projects the plan along its simulated timeline
-/// (unless programs came with it) and checks the programs.
-pub fn check_plan(source: Source, recv: RecvArg) -> Result<Checked, Error> {
+/// (unless programs came with it) and checks the programs, once: the backends run them as they
+/// are.
+pub fn check_plan(source: Source, recv: RecvArg) -> Result<Runnable, Error> {
     let projected = project_source(source, recv)?;
-    let counts = check_programs(projected.plan.problem(), &projected.programs);
-    projected.checked(counts)
+    let programs = CheckedPrograms::check(projected.plan.problem(), projected.programs)?;
+    Ok(Runnable {
+        plan: projected.plan,
+        programs,
+        simulation: projected.simulation,
+    })
 }
 
 /// [`check_plan`], then the report and the files: the communication check runs on a thread of its

@@ -15,7 +15,7 @@ use crate::error::Error;
 use clap::{Args, ValueEnum};
 use pipeweave_backends::numeric::{total_gradients, AffineModel, AffineStage, Gradients};
 use pipeweave_backends::{run_threads, ThreadOptions};
-use pipeweave_core::{simulate_with, CostModel, Plan, Problem, ProgramSet, Task};
+use pipeweave_core::{simulate_with, CheckedPrograms, CostModel, Plan, Problem, Task};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::io::Write;
@@ -97,7 +97,7 @@ pub struct RunReport {
 struct Prepared {
     plan: Plan,
     problem: Problem,
-    programs: ProgramSet,
+    programs: CheckedPrograms,
     makespan: f64,
     costs: CostModel,
     model: AffineModel,
@@ -201,7 +201,6 @@ pub fn run(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error> {
 fn run_on_threads(args: &RunArgs, stdout: &mut dyn Write) -> Result<bool, Error> {
     let prepared = Prepared::new(args)?;
     let stages = run_threads(
-        &prepared.problem,
         &prepared.programs,
         |_| prepared.stage(args.time_scale),
         ThreadOptions {
@@ -302,7 +301,6 @@ fn mpi_rank(
     let epoch = std::time::Instant::now();
     run_mpi(
         world,
-        &prepared.problem,
         &prepared.programs,
         &mut stage,
         MpiOptions {

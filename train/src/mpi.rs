@@ -6,7 +6,7 @@
 //!   [`MpiTransport`] (pipeline payloads are [`WireTensor`]s: the tensor's element type and shape
 //!   travel in the message header and are checked on receipt). Both program sets (training and
 //!   forward-only evaluation) are agreed on once, before the first step
-//!   ([`agree_on_programs`]: fingerprints compared, programs checked).
+//!   (checked once, then [`agree_on_programs`]: fingerprints compared).
 //! - **Gradients.** A stage's weight gradients go to an ordered reduction
 //!   ([`crate::reduce::Reduction`]) over a [`Mailbox`] on the world: data-parallel replicas and
 //!   DualPipe's mirrored stages pass a running sum along in global microbatch order, so with
@@ -38,7 +38,9 @@ use pipeweave_backends::mpi::rsmpi;
 use pipeweave_backends::mpi::{agree_on_programs, Mailbox, MpiTransport, FAILURE_STATUS};
 use pipeweave_backends::mpi::{WireDType, WirePayload};
 use pipeweave_backends::{Incoming, Outgoing, Transport, TransportFailure};
-use pipeweave_core::{project, Plan, Problem, ProjectionOptions, RankId, RankProgram, RecvPolicy};
+use pipeweave_core::{
+    project, CheckedPrograms, Plan, Problem, ProjectionOptions, RankId, RankProgram, RecvPolicy,
+};
 use pipeweave_kernels::GptConfig;
 use rsmpi::collective::{CommunicatorCollectives, Root, SystemOperation};
 use rsmpi::topology::{Color, Communicator, SimpleCommunicator};
@@ -257,17 +259,18 @@ impl MpiCluster {
             .split_by_color_with_key(color, world.rank())
             .ok_or_else(|| TrainError::Stage("MPI gave no pipeline communicator".into()))?;
         let programs = |forward_only| {
-            project(
+            let set = project(
                 plan,
                 ProjectionOptions {
                     recv: RecvPolicy::Early,
                     forward_only,
                 },
             )
-            .map_err(|v| TrainError::Plan(v.to_string()))
+            .map_err(|v| TrainError::Plan(v.to_string()))?;
+            CheckedPrograms::check(&problem, set).map_err(|e| TrainError::Plan(e.to_string()))
         };
-        let program = agree_on_programs(&pipeline, &problem, &programs(false)?)?;
-        let eval_program = agree_on_programs(&pipeline, &problem, &programs(true)?)?;
+        let program = agree_on_programs(&pipeline, &programs(false)?)?;
+        let eval_program = agree_on_programs(&pipeline, &programs(true)?)?;
         let cut = ModelCut::new(config, &problem)?;
         Ok(MpiCluster {
             world: world.duplicate(),

@@ -15,17 +15,17 @@ use crate::stage::{GptStage, Injection, MeasuredOp};
 use candle_core::{DType, Tensor};
 use pipeweave_backends::{run_threads, StageCompute, ThreadOptions};
 use pipeweave_core::{
-    check_programs, project, Plan, Problem, ProgramSet, ProjectionOptions, RankId, RecvPolicy,
+    project, CheckedPrograms, Plan, Problem, ProjectionOptions, RankId, RecvPolicy,
 };
 use pipeweave_kernels::{GptConfig, StageModel};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// A plan's checked programs, ready to run a step.
+/// A plan's checked programs, ready to run a step (checked once, here; every step runs them as
+/// they are).
 #[derive(Clone, Debug)]
 pub struct StepRunner {
-    problem: Problem,
-    programs: ProgramSet,
+    checked: CheckedPrograms,
     options: ThreadOptions,
 }
 
@@ -38,10 +38,10 @@ impl StepRunner {
     ) -> Result<StepRunner, TrainError> {
         let programs = project(plan, ProjectionOptions { recv, forward_only })
             .map_err(|v| TrainError::Plan(v.to_string()))?;
-        check_programs(plan.problem(), &programs).map_err(|e| TrainError::Plan(e.to_string()))?;
+        let checked = CheckedPrograms::check(plan.problem(), programs)
+            .map_err(|e| TrainError::Plan(e.to_string()))?;
         Ok(StepRunner {
-            problem: plan.problem().clone(),
-            programs,
+            checked,
             options: ThreadOptions::default(),
         })
     }
@@ -54,7 +54,12 @@ impl StepRunner {
 
     /// The plan's problem.
     pub fn problem(&self) -> &Problem {
-        &self.problem
+        self.checked.problem()
+    }
+
+    /// The checked programs.
+    pub fn checked(&self) -> &CheckedPrograms {
+        &self.checked
     }
 
     /// Runs one step with the computes `make` gives each rank; returns them in rank order.
@@ -63,7 +68,7 @@ impl StepRunner {
         C: StageCompute + Send,
         F: Fn(RankId) -> C,
     {
-        run_threads(&self.problem, &self.programs, make, self.options).map_err(TrainError::from)
+        run_threads(&self.checked, make, self.options).map_err(TrainError::from)
     }
 }
 

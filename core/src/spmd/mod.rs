@@ -3,6 +3,7 @@
 //! independent checker of any program set (projected or imported).
 
 pub mod check;
+pub mod checked;
 pub mod messages;
 pub mod params;
 pub mod program;
