@@ -1,15 +1,50 @@
-//! [`CpuPrimitives`]: the [`Primitives`] ops on candle CPU tensors, each a short composition of
-//! candle ops. Every candle error is wrapped as [`KernelError::Backend`] naming the op.
+//! [`CpuPrimitives`]: the [`Primitives`] ops on candle CPU tensors. Matrix products, layout
+//! changes, gathers and the loss are candle ops (its products run the `gemm` crate, with AVX-512
+//! kernels where the CPU has them); the element-wise and row-wise work (GELU and its gradient,
+//! layer norm and its gradients, the causal softmax and its gradient, bias rows and their sums)
+//! runs as single passes over the tensors' elements ([`super::fused`]), with no intermediate
+//! tensors. Every error is wrapped as [`KernelError::Backend`] naming the op.
 
 use candle_core::{DType, Device, Tensor, D};
 
+use super::fused;
+use super::slices::{tensor, with_slice, Real};
 use super::{CrossEntropyOutput, LayerNormOutput, Primitives};
 use crate::error::{KernelError, Result};
 
-/// `√(2/π)`, the GELU tanh approximation's scale.
-const SQRT_TWO_OVER_PI: f64 = 0.797_884_560_802_865_4;
-/// The cubic coefficient of the GELU tanh approximation.
-const GELU_CUBIC: f64 = 0.044_715;
+/// Runs `$body` with `$T` the element type of `$x` (F32 or F64); other dtypes are an error.
+macro_rules! by_dtype {
+    ($x:expr, |$T:ident| $body:expr) => {
+        match $x.dtype() {
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            other => Err(candle_core::Error::Msg(format!(
+                "the fused kernels compute in F32 or F64, not {other:?}"
+            ))),
+        }
+    };
+}
+
+/// `kernel` over the elements of `x`, as a tensor of `x`'s shape.
+fn map1<T: Real>(x: &Tensor, kernel: impl FnOnce(&[T]) -> Vec<T>) -> candle_core::Result<Tensor> {
+    tensor(with_slice(x, kernel)?, x.dims())
+}
+
+/// `kernel` over the elements of `a` and `b`, as a tensor of `a`'s shape.
+fn map2<T: Real>(
+    a: &Tensor,
+    b: &Tensor,
+    kernel: impl FnOnce(&[T], &[T]) -> Vec<T>,
+) -> candle_core::Result<Tensor> {
+    let values = with_slice(a, |a| with_slice(b, |b| kernel(a, b)))??;
+    tensor(values, a.dims())
+}
 
 /// The primitive ops on candle's CPU backend (matrix products through the `gemm` crate).
 #[derive(Debug, Clone)]
@@ -40,32 +75,6 @@ fn run<T>(op: &'static str, body: impl FnOnce() -> candle_core::Result<T>) -> Re
 /// Sum over the last dimension, keeping it as size 1.
 fn row_sum(x: &Tensor) -> candle_core::Result<Tensor> {
     x.sum_keepdim(D::Minus1)
-}
-
-/// Mean over the last dimension, keeping it as size 1.
-fn row_mean(x: &Tensor) -> candle_core::Result<Tensor> {
-    x.mean_keepdim(D::Minus1)
-}
-
-/// Softmax over the last dimension, stabilised by subtracting the row maximum.
-fn softmax_last_dim(x: &Tensor) -> candle_core::Result<Tensor> {
-    let shifted = x.broadcast_sub(&x.max_keepdim(D::Minus1)?)?;
-    let exp = shifted.exp()?;
-    exp.broadcast_div(&row_sum(&exp)?)
-}
-
-/// A `[t, t]` additive mask: 0 on and below the diagonal, `-inf` above it.
-fn causal_mask(t: usize, dtype: DType, device: &Device) -> candle_core::Result<Tensor> {
-    let values: Vec<f64> = (0..t * t)
-        .map(|i| {
-            if i % t > i / t {
-                f64::NEG_INFINITY
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    Tensor::from_vec(values, (t, t), device)?.to_dtype(dtype)
 }
 
 /// The number of rows of `x` (product of the leading dimensions) and its last dimension.
@@ -152,25 +161,30 @@ impl Primitives for CpuPrimitives {
     }
 
     fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        run("add", || a.add(b))
+        run("add", || by_dtype!(a, |T| map2::<T>(a, b, fused::add)))
     }
 
     fn add_row(&self, x: &Tensor, row: &Tensor) -> Result<Tensor> {
-        run("add_row", || x.broadcast_add(row))
+        run("add_row", || by_dtype!(x, |T| map2::<T>(x, row, fused::add_row)))
     }
 
     fn mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        run("mul", || a.mul(b))
+        run("mul", || by_dtype!(a, |T| map2::<T>(a, b, fused::mul)))
     }
 
     fn scale(&self, x: &Tensor, factor: f64) -> Result<Tensor> {
-        run("scale", || x.affine(factor, 0.0))
+        run("scale", || {
+            by_dtype!(x, |T| map1::<T>(x, |v| fused::scale(v, T::of(factor))))
+        })
     }
 
     fn sum_leading(&self, x: &Tensor) -> Result<Tensor> {
         run("sum_leading", || {
-            let (rows, width) = rows_and_width(x);
-            x.reshape((rows, width))?.sum(0)
+            let (_, width) = rows_and_width(x);
+            by_dtype!(x, |T| tensor(
+                with_slice::<T, _>(x, |v| fused::row_sum(v, width))?,
+                &[width]
+            ))
         })
     }
 
@@ -182,15 +196,22 @@ impl Primitives for CpuPrimitives {
         eps: f64,
     ) -> Result<LayerNormOutput> {
         run("layer_norm", || {
-            let centered = x.broadcast_sub(&row_mean(x)?)?;
-            let variance = row_mean(&centered.sqr()?)?;
-            let rstd = variance.affine(1.0, eps)?.sqrt()?.recip()?;
-            let normalized = centered.broadcast_mul(&rstd)?;
-            let output = normalized.broadcast_mul(weight)?.broadcast_add(bias)?;
-            Ok(LayerNormOutput {
-                output,
-                normalized,
-                rstd,
+            let dims = x.dims();
+            let mut rstd_dims = dims.to_vec();
+            if let Some(last) = rstd_dims.last_mut() {
+                *last = 1;
+            }
+            by_dtype!(x, |T| {
+                let (output, normalized, rstd) = with_slice::<T, _>(x, |x| {
+                    with_slice(weight, |w| {
+                        with_slice(bias, |b| fused::layer_norm(x, w, b, T::of(eps)))
+                    })
+                })???;
+                Ok(LayerNormOutput {
+                    output: tensor(output, dims)?,
+                    normalized: tensor(normalized, dims)?,
+                    rstd: tensor(rstd, &rstd_dims)?,
+                })
             })
         })
     }
@@ -203,12 +224,16 @@ impl Primitives for CpuPrimitives {
         rstd: &Tensor,
     ) -> Result<Tensor> {
         run("layer_norm_backward_input", || {
-            let g = grad_y.broadcast_mul(weight)?;
-            let mean_g = row_mean(&g)?;
-            let mean_g_xhat = row_mean(&g.mul(normalized)?)?;
-            g.broadcast_sub(&mean_g)?
-                .sub(&normalized.broadcast_mul(&mean_g_xhat)?)?
-                .broadcast_mul(rstd)
+            by_dtype!(grad_y, |T| {
+                let values = with_slice::<T, _>(grad_y, |g| {
+                    with_slice(weight, |w| {
+                        with_slice(normalized, |h| {
+                            with_slice(rstd, |r| fused::layer_norm_backward_input(g, w, h, r))
+                        })
+                    })
+                })????;
+                tensor(values, grad_y.dims())
+            })
         })
     }
 
@@ -217,44 +242,40 @@ impl Primitives for CpuPrimitives {
         grad_y: &Tensor,
         normalized: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
-        let grad_weight = self.sum_leading(&self.mul(grad_y, normalized)?)?;
-        let grad_bias = self.sum_leading(grad_y)?;
-        Ok((grad_weight, grad_bias))
+        run("layer_norm_backward_weight", || {
+            let (_, width) = rows_and_width(grad_y);
+            by_dtype!(grad_y, |T| {
+                let (gw, gb) = with_slice::<T, _>(grad_y, |g| {
+                    with_slice(normalized, |h| fused::layer_norm_backward_weight(g, h, width))
+                })??;
+                Ok((tensor(gw, &[width])?, tensor(gb, &[width])?))
+            })
+        })
     }
 
     fn causal_softmax(&self, scores: &Tensor) -> Result<Tensor> {
         run("causal_softmax", || {
             let (_, t) = rows_and_width(scores);
-            let mask = causal_mask(t, scores.dtype(), &self.device)?;
-            softmax_last_dim(&scores.broadcast_add(&mask)?)
+            by_dtype!(scores, |T| map1::<T>(scores, |v| fused::causal_softmax(v, t)))
         })
     }
 
     fn softmax_backward(&self, probs: &Tensor, grad_probs: &Tensor) -> Result<Tensor> {
         run("softmax_backward", || {
-            let dot = row_sum(&grad_probs.mul(probs)?)?;
-            probs.mul(&grad_probs.broadcast_sub(&dot)?)
+            let (_, width) = rows_and_width(probs);
+            by_dtype!(probs, |T| map2::<T>(probs, grad_probs, |p, g| {
+                fused::softmax_backward(p, g, width)
+            }))
         })
     }
 
     fn gelu_new(&self, x: &Tensor) -> Result<Tensor> {
-        // candle's `gelu` is exactly the tanh approximation of `gelu_new`.
-        run("gelu_new", || x.gelu())
+        run("gelu_new", || by_dtype!(x, |T| map1::<T>(x, fused::gelu)))
     }
 
     fn gelu_new_backward(&self, x: &Tensor, grad_y: &Tensor) -> Result<Tensor> {
         run("gelu_new_backward", || {
-            // u = c·x·(1 + a·x²), t = tanh(u),
-            // gelu'(x) = 0.5·(1 + t) + 0.5·x·(1 - t²)·c·(1 + 3a·x²).
-            let x_sq = x.sqr()?;
-            let inner = x.mul(&x_sq.affine(GELU_CUBIC, 1.0)?)?;
-            let t = inner.affine(SQRT_TWO_OVER_PI, 0.0)?.tanh()?;
-            let sech_sq = t.sqr()?.affine(-1.0, 1.0)?;
-            let du_dx = x_sq.affine(3.0 * GELU_CUBIC * SQRT_TWO_OVER_PI, SQRT_TWO_OVER_PI)?;
-            let slope = t
-                .affine(0.5, 0.5)?
-                .add(&x.mul(&sech_sq)?.mul(&du_dx)?.affine(0.5, 0.0)?)?;
-            grad_y.mul(&slope)
+            by_dtype!(x, |T| map2::<T>(x, grad_y, fused::gelu_backward))
         })
     }
 

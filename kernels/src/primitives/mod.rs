@@ -7,8 +7,12 @@
 //! have already checked; a violation comes back as [`crate::KernelError::Backend`], never a panic.
 
 mod cpu;
+mod fused;
+mod slices;
+mod timed;
 
 pub use cpu::CpuPrimitives;
+pub use timed::TimedPrimitives;
 
 use candle_core::{DType, Device, Tensor};
 
