@@ -89,7 +89,7 @@ impl Layer for Linear {
     fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, LinearSaved)> {
         let rows = self.check_input(input)?;
         let input_rows = ops.reshape(input, &[rows, self.in_features()])?;
-        let output_rows = ops.add_row(&ops.matmul(&input_rows, &self.weight)?, &self.bias)?;
+        let output_rows = ops.matmul_add_row(&input_rows, &self.weight, &self.bias)?;
         let output_dims = with_last_dim(input.dims(), self.out_features());
         let output = ops.reshape(&output_rows, &output_dims)?;
         let saved = LinearSaved {

@@ -8,6 +8,7 @@
 use candle_core::{DType, Device, Tensor, D};
 
 use super::fused;
+use super::products::{self, Product};
 use super::slices::{tensor, with_slice, Real};
 use super::{CrossEntropyOutput, LayerNormOutput, Primitives};
 use crate::error::{KernelError, Result};
@@ -75,6 +76,56 @@ fn run<T>(op: &'static str, body: impl FnOnce() -> candle_core::Result<T>) -> Re
 /// Sum over the last dimension, keeping it as size 1.
 fn row_sum(x: &Tensor) -> candle_core::Result<Tensor> {
     x.sum_keepdim(D::Minus1)
+}
+
+/// `a · b` (`a` and `b` read as their transposes where said), plus `row` on every output row: for
+/// `a: [.., m, k]` (or `[.., k, m]`) and `b: [.., k, n]` (or `[.., n, k]`) with equal leading
+/// dimensions, `[.., m, n]`.
+fn product(
+    a: &Tensor,
+    b: &Tensor,
+    row: Option<&Tensor>,
+    a_transposed: bool,
+    b_transposed: bool,
+) -> candle_core::Result<Tensor> {
+    let (ad, bd) = (a.dims(), b.dims());
+    if ad.len() < 2 || ad.len() != bd.len() || ad[..ad.len() - 2] != bd[..bd.len() - 2] {
+        return Err(candle_core::Error::Msg(format!(
+            "a product of shapes {ad:?} and {bd:?}: both need the same leading dimensions"
+        )));
+    }
+    let last2 = |d: &[usize]| (d[d.len() - 2], d[d.len() - 1]);
+    let ((a0, a1), (b0, b1)) = (last2(ad), last2(bd));
+    let (m, k) = if a_transposed { (a1, a0) } else { (a0, a1) };
+    let (k2, n) = if b_transposed { (b1, b0) } else { (b0, b1) };
+    if k != k2 {
+        return Err(candle_core::Error::Msg(format!(
+            "a product of shapes {ad:?} and {bd:?}: inner dimensions {k} and {k2} differ"
+        )));
+    }
+    let leading = &ad[..ad.len() - 2];
+    let shape = Product {
+        batch: leading.iter().product(),
+        m,
+        n,
+        k,
+        a_transposed,
+        b_transposed,
+    };
+    let mut dims = leading.to_vec();
+    dims.extend([m, n]);
+    by_dtype!(a, |T| {
+        let values = with_slice::<T, _>(a, |a| {
+            with_slice(b, |b| match row {
+                Some(row) => with_slice(row, |row| products::product(shape, a, b, Some(row))),
+                None => Ok(products::product(shape, a, b, None)),
+            })
+        })???;
+        let values = values.ok_or_else(|| {
+            candle_core::Error::Msg(format!("a product of shapes {ad:?} and {bd:?}: sizes differ"))
+        })?;
+        tensor(values, &dims)
+    })
 }
 
 /// The number of rows of `x` (product of the leading dimensions) and its last dimension.
@@ -149,15 +200,19 @@ impl Primitives for CpuPrimitives {
     }
 
     fn matmul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        run("matmul", || a.matmul(b))
+        run("matmul", || product(a, b, None, false, false))
     }
 
     fn matmul_transpose_b(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        run("matmul_transpose_b", || a.matmul(&b.t()?))
+        run("matmul_transpose_b", || product(a, b, None, false, true))
     }
 
     fn matmul_transpose_a(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        run("matmul_transpose_a", || a.t()?.matmul(b))
+        run("matmul_transpose_a", || product(a, b, None, true, false))
+    }
+
+    fn matmul_add_row(&self, a: &Tensor, b: &Tensor, row: &Tensor) -> Result<Tensor> {
+        run("matmul_add_row", || product(a, b, Some(row), false, false))
     }
 
     fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {

@@ -8,6 +8,7 @@
 
 mod cpu;
 mod fused;
+mod products;
 mod slices;
 mod timed;
 
@@ -77,6 +78,9 @@ pub trait Primitives: std::fmt::Debug + Send + Sync {
     fn matmul_transpose_b(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
     /// `aᵀ · b` for `a: [.., k, m]`, `b: [.., k, n]`.
     fn matmul_transpose_a(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+    /// `a · b + row` for `a: [.., m, k]`, `b: [.., k, n]`, `row: [n]` added to every output row
+    /// (an affine layer's product and bias in one pass).
+    fn matmul_add_row(&self, a: &Tensor, b: &Tensor, row: &Tensor) -> Result<Tensor>;
 
     // ---- elementwise and reductions ----
 

@@ -92,6 +92,10 @@ impl<P: Primitives> Primitives for TimedPrimitives<P> {
         self.timed("matmul_transpose_b", || self.inner.matmul_transpose_b(a, b))
     }
 
+    fn matmul_add_row(&self, a: &Tensor, b: &Tensor, row: &Tensor) -> Result<Tensor> {
+        self.timed("matmul_add_row", || self.inner.matmul_add_row(a, b, row))
+    }
+
     fn matmul_transpose_a(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         self.timed("matmul_transpose_a", || self.inner.matmul_transpose_a(a, b))
     }
