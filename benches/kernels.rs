@@ -73,11 +73,21 @@ fn main() {
         );
         let mut rows: Vec<(&str, f64, u64)> = profile
             .iter()
-            .map(|(op, (t, n))| (*op, t.as_secs_f64() / f64::from(repeats), n / u64::from(repeats)))
+            .map(|(op, (t, n))| {
+                (
+                    *op,
+                    t.as_secs_f64() / f64::from(repeats),
+                    n / u64::from(repeats),
+                )
+            })
             .collect();
         rows.sort_by(|a, b| b.1.total_cmp(&a.1));
         for (op, t, n) in rows {
-            println!("  {op:<28} {:>8.1} ms {:>5.1}% {n:>6} calls", t * 1e3, 100.0 * t / seconds);
+            println!(
+                "  {op:<28} {:>8.1} ms {:>5.1}% {n:>6} calls",
+                t * 1e3,
+                100.0 * t / seconds
+            );
         }
     }
 }

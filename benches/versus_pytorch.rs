@@ -3,9 +3,17 @@
 //!
 //! Two model sizes (4 blocks of width 192 with 4 heads, 64-byte sequences, 16 microbatches of 4;
 //! 4 blocks of width 512 with 8 heads, 128-byte sequences, 8 microbatches of 4), each trained
-//! - by us: `gpipe` on one rank and `f1b(gpipe)` on two, one compute thread per rank, AdamW;
-//! - by PyTorch: `tools/pytorch_speed.py` (Hugging Face `GPT2Block`s, `Schedule1F1B` over gloo,
-//!   one process per stage with one thread each, AdamW).
+//! - by us: `f1b(gpipe)` on one rank (each forward followed by its backward, as PyTorch's
+//!   `Schedule1F1B` does with one stage), and on two ranks with two schedules, 1F1B
+//!   (`f1b(gpipe)`) and zero-bubble V (`zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))`);
+//!   one compute thread per rank, AdamW;
+//! - by PyTorch: `tools/pytorch_speed.py` (Hugging Face `GPT2Block`s over gloo, one process per
+//!   rank with one thread each, AdamW) with the same schedules: `Schedule1F1B` on one and two
+//!   ranks, `ScheduleZBVZeroBubble` on two.
+//!
+//! 1F1B cannot reach twice one rank's speed: with `M` microbatches on 2 ranks its bubble bounds
+//! the gain by `2M / (M + 1)` (1.88 at 16 microbatches, 1.78 at 8); zero-bubble V fills the
+//! bubble with deferred weight gradients.
 //!
 //! Each side runs in a process of its own and reports its tokens per second (the median step after
 //! two warm-up steps) and its peak resident memory (ours: the process's high-water mark; PyTorch:
@@ -21,7 +29,7 @@ use pipeweave_train::{Corpus, LrSchedule, TrainSettings, Trainer};
 use std::process::Command;
 use std::time::Duration;
 
-const STEPS: usize = 6;
+const STEPS: usize = 8;
 const WARM_UP: usize = 2;
 
 /// One model size of the comparison.
@@ -61,12 +69,36 @@ struct Measured {
     peak_rss_bytes: f64,
 }
 
-/// Our side, in this process: trains `size` on `ranks` ranks and prints one JSON line.
-fn ours(size: Size, ranks: u32) {
+/// A pipeline schedule of the comparison: ours and PyTorch's name for it.
+#[derive(Clone, Copy)]
+struct Schedule {
+    /// The row's label.
+    label: &'static str,
+    /// Our schedule expression.
+    ours: &'static str,
+    /// `tools/pytorch_speed.py --schedule`.
+    torch: &'static str,
+}
+
+const SCHEDULES: [Schedule; 2] = [
+    Schedule {
+        label: "1F1B",
+        ours: "f1b(gpipe)",
+        torch: "1f1b",
+    },
+    Schedule {
+        label: "ZB-V",
+        ours: "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
+        torch: "zbv",
+    },
+];
+
+/// Our side, in this process: trains `size` on `ranks` ranks with `expression` and prints one
+/// JSON line.
+fn ours(size: Size, ranks: u32, expression: &str) {
     std::env::set_var("RAYON_NUM_THREADS", "1");
     let config =
         GptConfig::new(size.layers, size.width, size.heads, size.seq_len).expect("the sizes");
-    let expression = if ranks == 1 { "gpipe" } else { "f1b(gpipe)" };
     let plan = build_plan(
         expression,
         &PipelineConfig::new(ranks, size.microbatches).expect("sizes"),
@@ -132,10 +164,14 @@ fn parse(stdout: &[u8]) -> Option<Measured> {
     })
 }
 
-/// Our side in a child process of this bench (the size at `index` of [`SIZES`]).
-fn run_ours(index: usize, ranks: u32) -> Measured {
+/// Our side in a child process of this bench (the size at `index` of [`SIZES`], the schedule at
+/// `schedule` of [`SCHEDULES`]).
+fn run_ours(index: usize, ranks: u32, schedule: usize) -> Measured {
     let out = Command::new(std::env::current_exe().expect("this bench"))
-        .env("PIPEWEAVE_VERSUS_CHILD", format!("{index}:{ranks}"))
+        .env(
+            "PIPEWEAVE_VERSUS_CHILD",
+            format!("{index}:{ranks}:{schedule}"),
+        )
         .output()
         .expect("the bench runs itself");
     parse(&out.stdout).unwrap_or_else(|| {
@@ -179,10 +215,11 @@ fn torch_python() -> Option<String> {
 }
 
 /// PyTorch's side; None when it fails (its reason on stderr).
-fn run_pytorch(python: &str, size: Size, ranks: u32) -> Option<Measured> {
+fn run_pytorch(python: &str, size: Size, ranks: u32, schedule: &str) -> Option<Measured> {
     let out = Command::new(python)
         .arg("tools/pytorch_speed.py")
         .args(["--ranks", &ranks.to_string()])
+        .args(["--schedule", schedule])
         .args(["--layers", &size.layers.to_string()])
         .args(["--d-model", &size.width.to_string()])
         .args(["--heads", &size.heads.to_string()])
@@ -204,11 +241,12 @@ fn run_pytorch(python: &str, size: Size, ranks: u32) -> Option<Measured> {
 
 fn main() {
     if let Ok(child) = std::env::var("PIPEWEAVE_VERSUS_CHILD") {
-        let (index, ranks) = child.split_once(':').expect("index:ranks");
-        ours(
-            SIZES[index.parse::<usize>().expect("an index")],
-            ranks.parse().expect("a rank count"),
-        );
+        let fields: Vec<usize> = child
+            .split(':')
+            .map(|f| f.parse().expect("index:ranks:schedule"))
+            .collect();
+        let ranks = u32::try_from(fields[1]).expect("a rank count");
+        ours(SIZES[fields[0]], ranks, SCHEDULES[fields[2]].ours);
         return;
     }
     let python = torch_python();
@@ -219,8 +257,9 @@ fn main() {
         "tokens/s, one compute thread per rank; peak RSS in MB (ours: one process; PyTorch: the sum of its processes)"
     );
     println!(
-        "{:<34} {:>10} {:>10} {:>6} {:>10} {:>10} {:>6} {:>8} {:>14} {:>14}",
+        "{:<44} {:<5} {:>8} {:>8} {:>6} {:>9} {:>9} {:>6} {:>6} {:>10} {:>11}",
         "model",
+        "pp2",
         "ours 1",
         "torch 1",
         "ratio",
@@ -228,47 +267,54 @@ fn main() {
         "torch pp2",
         "ratio",
         "pp2/1",
-        "RSS ours 1/2",
-        "RSS torch 1/2"
+        "RSS ours",
+        "RSS torch"
     );
+    let ratio = |ours: Measured, theirs: Option<Measured>| {
+        theirs.map_or("-".to_string(), |t| {
+            format!("{:.2}", ours.tokens_per_second / t.tokens_per_second)
+        })
+    };
+    let tps =
+        |m: Option<Measured>| m.map_or("-".to_string(), |m| format!("{:.0}", m.tokens_per_second));
+    let mb = |m: Option<Measured>| {
+        m.map_or("-".to_string(), |m| {
+            format!("{:.0}", m.peak_rss_bytes / 1e6)
+        })
+    };
     for (index, size) in SIZES.iter().enumerate() {
-        let ours_1 = run_ours(index, 1);
-        let ours_2 = run_ours(index, 2);
-        let torch_1 = python.as_deref().and_then(|p| run_pytorch(p, *size, 1));
-        let torch_2 = python.as_deref().and_then(|p| run_pytorch(p, *size, 2));
-        let ratio = |ours: Measured, theirs: Option<Measured>| {
-            theirs.map_or("-".to_string(), |t| {
-                format!("{:.2}", ours.tokens_per_second / t.tokens_per_second)
-            })
-        };
-        let tps = |m: Option<Measured>| {
-            m.map_or("-".to_string(), |m| format!("{:.0}", m.tokens_per_second))
-        };
-        let mb = |m: Option<Measured>| {
-            m.map_or("-".to_string(), |m| {
-                format!("{:.0}", m.peak_rss_bytes / 1e6)
-            })
-        };
-        println!(
-            "{:<34} {:>10.0} {:>10} {:>6} {:>10.0} {:>10} {:>6} {:>8.2} {:>14} {:>14}",
-            format!(
-                "{} blocks, width {}, {} heads, seq {}, {}x{}",
-                size.layers,
-                size.width,
-                size.heads,
-                size.seq_len,
-                size.microbatches,
-                size.microbatch_size
-            ),
-            ours_1.tokens_per_second,
-            tps(torch_1),
-            ratio(ours_1, torch_1),
-            ours_2.tokens_per_second,
-            tps(torch_2),
-            ratio(ours_2, torch_2),
-            ours_2.tokens_per_second / ours_1.tokens_per_second,
-            format!("{}/{}", mb(Some(ours_1)), mb(Some(ours_2))),
-            format!("{}/{}", mb(torch_1), mb(torch_2)),
-        );
+        // One rank: 1F1B for both rows.
+        let ours_1 = run_ours(index, 1, 0);
+        let torch_1 = python
+            .as_deref()
+            .and_then(|p| run_pytorch(p, *size, 1, "1f1b"));
+        for (k, schedule) in SCHEDULES.iter().enumerate() {
+            let ours_2 = run_ours(index, 2, k);
+            let torch_2 = python
+                .as_deref()
+                .and_then(|p| run_pytorch(p, *size, 2, schedule.torch));
+            println!(
+                "{:<44} {:<5} {:>8.0} {:>8} {:>6} {:>9.0} {:>9} {:>6} {:>6.2} {:>10} {:>11}",
+                format!(
+                    "{} blocks, width {}, {} heads, seq {}, {}x{}",
+                    size.layers,
+                    size.width,
+                    size.heads,
+                    size.seq_len,
+                    size.microbatches,
+                    size.microbatch_size
+                ),
+                schedule.label,
+                ours_1.tokens_per_second,
+                tps(torch_1),
+                ratio(ours_1, torch_1),
+                ours_2.tokens_per_second,
+                tps(torch_2),
+                ratio(ours_2, torch_2),
+                ours_2.tokens_per_second / ours_1.tokens_per_second,
+                format!("{}/{}", mb(Some(ours_1)), mb(Some(ours_2))),
+                format!("{}/{}", mb(torch_1), mb(torch_2)),
+            );
+        }
     }
 }

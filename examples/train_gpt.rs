@@ -18,8 +18,8 @@ use pipeweave_train::data::BatchShape;
 #[cfg(feature = "mpi")]
 use pipeweave_train::mpi::MpiCluster;
 use pipeweave_train::{
-    step_timeline, Corpus, Injection, LossCurve, LrSchedule, Progress, StepLog, TrainError,
-    TrainSettings, Trainer,
+    pipeline_overhead, step_timeline, Corpus, Injection, LossCurve, LrSchedule, Progress, StepLog,
+    TrainError, TrainSettings, Trainer,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -400,6 +400,15 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
         .to_svg();
         std::fs::write(path, svg).map_err(|e| bad(format!("{}: {e}", path.display())))?;
     }
+    if !trainer.last_measured().is_empty() {
+        let overhead = pipeline_overhead(plan, trainer.last_measured())?;
+        eprintln!(
+            "pipeline overhead (last step): measured {:.4} s, replayed from its measured op times {:.4} s (ratio {:.3})",
+            overhead.measured_seconds,
+            overhead.replayed_seconds,
+            overhead.ratio()
+        );
+    }
     if let Some(prefix) = &args.timeline {
         write_timeline(prefix, plan, trainer, &args.schedule)?;
     }
@@ -438,10 +447,8 @@ fn write_timeline(
         std::fs::write(&path, contents).map_err(|e| bad(format!("{}: {e}", path.display())))?;
     }
     eprintln!(
-        "last step: measured {:.4} s, simulated from measured op costs {:.4} s (ratio {:.3})",
-        timeline.measured_seconds,
-        timeline.simulated_seconds,
-        timeline.measured_seconds / timeline.simulated_seconds.max(1e-12)
+        "wrote {}.measured.svg, .simulated.svg and .trace.json",
+        prefix.display()
     );
     Ok(())
 }

@@ -3,14 +3,16 @@
 PyTorch side of `cargo bench --bench versus_pytorch` (issue 19).
 
     python3 tools/pytorch_speed.py --ranks 2 --layers 4 --d-model 192 --heads 4 --seq-len 64 \
-        --microbatches 16 --microbatch-size 4 --steps 6
+        --microbatches 16 --microbatch-size 4 --steps 6 [--schedule zbv]
 
 The model is the one `train_gpt` trains: GPT-2's architecture on bytes (vocabulary 256, learned
 positions, Hugging Face's `GPT2Block`s, final layer norm, an untied head), cut into `--ranks` stages
 (embedding on the first, head on the last, the blocks spread as evenly as they go, the earlier
 stages taking one more), trained by `torch.distributed.pipelining`'s `Schedule1F1B` over gloo, one
-process per stage (with one stage, the same schedule on one process), each with one compute thread
-(`torch.set_num_threads(1)`), AdamW after every step. Random bytes as data; the loss is the
+process per stage (with one stage, the same schedule on one process), or with `--schedule zbv` by its
+`ScheduleZBVZeroBubble` (the model cut into twice as many stages, rank r holding stages r and
+2P - 1 - r, each backward split into input and weight gradients); each process with one compute
+thread (`torch.set_num_threads(1)`), AdamW after every step. Random bytes as data; the loss is the
 cross-entropy over every token of the batch.
 
 Prints one JSON line: `{"tokens_per_second": ..., "step_seconds": [...], "peak_rss_bytes": ...}`,
@@ -41,7 +43,7 @@ def blocks_of(stage, stages, layers):
     return range(start, start + base + (1 if stage < extra else 0))
 
 
-def build_stage(torch, args, stage):
+def build_stage(torch, args, stage, stages):
     from transformers import GPT2Config
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
@@ -58,7 +60,7 @@ def build_stage(torch, args, stage):
     )
     config._attn_implementation = "eager"
     config.bos_token_id = config.eos_token_id = None
-    first, last = stage == 0, stage == args.ranks - 1
+    first, last = stage == 0, stage == stages - 1
 
     class Stage(torch.nn.Module):
         def __init__(self):
@@ -68,7 +70,7 @@ def build_stage(torch, args, stage):
                 self.wte = torch.nn.Embedding(256, args.d_model)
                 self.wpe = torch.nn.Embedding(args.seq_len, args.d_model)
             self.h = torch.nn.ModuleList(
-                [GPT2Block(config, layer_idx=i) for i in blocks_of(stage, args.ranks, args.layers)]
+                [GPT2Block(config, layer_idx=i) for i in blocks_of(stage, stages, args.layers)]
             )
             if last:
                 self.ln_f = torch.nn.LayerNorm(args.d_model, eps=1e-5)
@@ -97,16 +99,31 @@ def loss_fn(logits, targets):
 def worker(rank, args, port, out):
     import torch
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleZBVZeroBubble
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
-    module = build_stage(torch, args, rank)
-    stage = PipelineStage(module, rank, args.ranks, torch.device("cpu"))
-    schedule = Schedule1F1B(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    device = torch.device("cpu")
+    if args.schedule == "zbv":
+        # Two stages per rank in a V: rank r holds stages r and 2P - 1 - r.
+        stages = 2 * args.ranks
+        indices = [rank, stages - 1 - rank]
+        modules = [build_stage(torch, args, i, stages) for i in indices]
+        pipeline_stages = [PipelineStage(m, i, stages, device) for m, i in zip(modules, indices)]
+        schedule = ScheduleZBVZeroBubble(
+            pipeline_stages, n_microbatches=args.microbatches, loss_fn=loss_fn
+        )
+        # The first and last stages (input and loss) are both on rank 0.
+        holds_input = holds_target = rank == 0
+    else:
+        modules = [build_stage(torch, args, rank, args.ranks)]
+        stage = PipelineStage(modules[0], rank, args.ranks, device)
+        schedule = Schedule1F1B(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)
+        holds_input, holds_target = rank == 0, rank == args.ranks - 1
+    parameters = [p for m in modules for p in m.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=1e-3)
     generator = torch.Generator().manual_seed(7)
     batch = args.microbatches * args.microbatch_size
     times = []
@@ -116,11 +133,11 @@ def worker(rank, args, port, out):
         dist.barrier()
         start = time.perf_counter()
         optimizer.zero_grad()
-        if rank == 0 and rank == args.ranks - 1:
+        if holds_input and holds_target:
             schedule.step(inputs, target=targets)
-        elif rank == 0:
+        elif holds_input:
             schedule.step(inputs)
-        elif rank == args.ranks - 1:
+        elif holds_target:
             schedule.step(target=targets)
         else:
             schedule.step()
@@ -142,6 +159,12 @@ def main():
     parser.add_argument("--microbatches", type=int, default=16)
     parser.add_argument("--microbatch-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument(
+        "--schedule",
+        choices=["1f1b", "zbv"],
+        default="1f1b",
+        help="Schedule1F1B, or ScheduleZBVZeroBubble (two stages per rank in a V; 2 ranks or more)",
+    )
     args = parser.parse_args()
     import torch.multiprocessing as mp
 

@@ -68,5 +68,7 @@ pub use layers::{
     count_non_padding, Attention, Block, CrossEntropy, Embedding, Gelu, Head, Layer, LayerNorm,
     Linear, LossOutput, Mlp,
 };
-pub use primitives::{CpuPrimitives, Primitives, TimedPrimitives};
+pub use primitives::{
+    adamw_update, squared_norm, AdamWStep, CpuPrimitives, Primitives, TimedPrimitives,
+};
 pub use stage::{HostSaved, StageLayout, StageModel, StagePendingWeightGrad, StageSaved};

@@ -152,6 +152,15 @@ pub enum TrainError {
         #[source]
         source: candle_core::Error,
     },
+    /// A kernel (a layer's or the optimizer's op) failed.
+    #[error("{what}: {source}")]
+    Kernel {
+        /// What was being computed, e.g. `"AdamW step of transformer.h.0.attn.c_attn.weight"`.
+        what: String,
+        /// The kernels' error.
+        #[source]
+        source: pipeweave_kernels::KernelError,
+    },
     /// The global gradient norm is NaN or infinite.
     #[error("the global gradient norm is {norm}: some gradient is not finite")]
     NonFiniteNorm {
@@ -221,6 +230,7 @@ impl TrainError {
                 source.is_bad_input()
             }
             TrainError::Tensor { .. }
+            | TrainError::Kernel { .. }
             | TrainError::NonFiniteNorm { .. }
             | TrainError::Batch(_)
             | TrainError::Stage(_)
@@ -245,6 +255,12 @@ impl TrainError {
     pub fn tensor(what: impl Into<String>) -> impl FnOnce(candle_core::Error) -> Self {
         let what = what.into();
         move |source| TrainError::Tensor { what, source }
+    }
+
+    /// A closure that turns a kernel error while computing `what` into [`TrainError::Kernel`].
+    pub fn kernel(what: impl Into<String>) -> impl FnOnce(pipeweave_kernels::KernelError) -> Self {
+        let what = what.into();
+        move |source| TrainError::Kernel { what, source }
     }
 
     /// An [`TrainError::InvalidArgument`] for `field` with `value` rejected because of `reason`.

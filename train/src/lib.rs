@@ -54,5 +54,5 @@ pub use progress::Progress;
 pub use schedule::LrSchedule;
 pub use stage::{GptStage, Injection, MeasuredOp};
 pub use step::{GptModel, StepOutcome, StepRunner};
-pub use timeline::{step_timeline, StepTimeline};
+pub use timeline::{pipeline_overhead, step_timeline, PipelineOverhead, StepTimeline};
 pub use trainer::{StepLog, TrainSettings, Trainer};

@@ -12,9 +12,9 @@
 //! matrices and embeddings of a GPT; biases and layer-norm gains are not decayed, the GPT-2 /
 //! nanoGPT convention). Defaults: `β1 = 0.9`, `β2 = 0.95`, `ε = 1e-8`, `λ = 0.1`.
 //!
-//! The moments `m` and `v` are kept as tensors of the parameter's shape and dtype, computed with
-//! candle's element-wise CPU ops (deterministic: fixed chunking, no reductions), so the same
-//! parameters, gradients and learning rate always give the same bits.
+//! The moments `m` and `v` are kept as tensors of the parameter's shape and dtype, updated with
+//! the parameter in one fused pass per parameter ([`adamw_update`]: element-wise, no
+//! reductions), so the same parameters, gradients and learning rate always give the same bits.
 //!
 //! **Clipping.** Each rank computes the squared norms of its gradients ([`squared_norms`]); the
 //! caller gathers them, [`global_norm`] sums them, and [`clip_scale`] gives the factor to pass to
@@ -23,7 +23,9 @@
 
 use std::collections::BTreeMap;
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
+
+use pipeweave_kernels::{adamw_update, squared_norm, AdamWStep};
 
 use crate::error::{Result, TrainError};
 
@@ -173,7 +175,7 @@ impl AdamW {
         for i in 0..params.len() {
             let (p, m, v) = self
                 .update_one(i, &params[i], &grads[i], lr, grad_scale, t)
-                .map_err(TrainError::tensor(format!(
+                .map_err(TrainError::kernel(format!(
                     "AdamW step of {}",
                     self.names[i]
                 )))?;
@@ -185,7 +187,8 @@ impl AdamW {
         Ok(new_params)
     }
 
-    /// The new parameter and moments of parameter `i` at step `t`.
+    /// The new parameter and moments of parameter `i` at step `t` (one fused pass over its
+    /// elements: [`adamw_update`]).
     fn update_one(
         &self,
         i: usize,
@@ -194,22 +197,25 @@ impl AdamW {
         lr: f64,
         grad_scale: f64,
         t: u64,
-    ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+    ) -> pipeweave_kernels::Result<(Tensor, Tensor, Tensor)> {
         let c = &self.config;
-        let g = g.affine(grad_scale, 0.0)?;
-        let m = (self.m[i].affine(c.beta1, 0.0)? + g.affine(1.0 - c.beta1, 0.0)?)?;
-        let v = (self.v[i].affine(c.beta2, 0.0)? + g.sqr()?.affine(1.0 - c.beta2, 0.0)?)?;
         let exponent = i32::try_from(t).unwrap_or(i32::MAX);
         let bias1 = 1.0 - c.beta1.powi(exponent);
         let bias2_sqrt = (1.0 - c.beta2.powi(exponent)).sqrt();
-        let denom = v.sqrt()?.affine(1.0 / bias2_sqrt, c.eps)?;
-        let update = m.div(&denom)?.affine(lr / bias1, 0.0)?;
         let decay = match p.rank() {
             2 => 1.0 - lr * c.weight_decay,
             _ => 1.0,
         };
-        let p = (p.affine(decay, 0.0)? - update)?;
-        Ok((p, m, v))
+        let step = AdamWStep {
+            grad_scale,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            inverse_bias2_sqrt: 1.0 / bias2_sqrt,
+            eps: c.eps,
+            step_size: lr / bias1,
+            decay,
+        };
+        adamw_update(p, g, &self.m[i], &self.v[i], &step)
     }
 
     /// Fails unless the lists match the optimizer's parameters and the scalars are finite.
@@ -307,14 +313,81 @@ fn check_like(name: &str, tensor: &Tensor, like: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// One step of every position's optimizer (`optimizers[k]` for `params[k]` with `grads[k]`;
+/// positions without gradients, which another process updates, are skipped and come back as
+/// `None`), the positions spread over up to `threads` threads: the new parameters by position.
+/// Each position's update is independent, so the result does not depend on `threads`; the first
+/// error (in position order) is returned.
+pub fn step_positions(
+    optimizers: &mut [AdamW],
+    params: &[Vec<Tensor>],
+    grads: &[Option<Vec<Tensor>>],
+    lr: f64,
+    grad_scale: f64,
+    threads: usize,
+) -> Result<Vec<Option<Vec<Tensor>>>> {
+    if optimizers.len() != params.len() || optimizers.len() != grads.len() {
+        let reason = format!(
+            "{} optimizers, {} parameter lists and {} gradient lists",
+            optimizers.len(),
+            params.len(),
+            grads.len()
+        );
+        return Err(TrainError::invalid("positions", optimizers.len(), reason));
+    }
+    let work: Vec<(usize, &mut AdamW, &[Tensor], &[Tensor])> = optimizers
+        .iter_mut()
+        .zip(params)
+        .zip(grads)
+        .enumerate()
+        .filter_map(|(k, ((o, p), g))| g.as_ref().map(|g| (k, o, p.as_slice(), g.as_slice())))
+        .collect();
+    let threads = threads.clamp(1, work.len().max(1));
+    let mut lanes: Vec<Vec<_>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, item) in work.into_iter().enumerate() {
+        lanes[i % threads].push(item);
+    }
+    let run = |lane: Vec<(usize, &mut AdamW, &[Tensor], &[Tensor])>| {
+        lane.into_iter()
+            .map(|(k, o, p, g)| (k, o.step_scaled(p, g, lr, grad_scale)))
+            .collect::<Vec<_>>()
+    };
+    let mut done: Vec<(usize, Result<Vec<Tensor>>)> = if threads == 1 {
+        lanes.into_iter().flat_map(run).collect()
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = lanes
+                .into_iter()
+                .map(|lane| scope.spawn(move || run(lane)))
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        vec![(
+                            0,
+                            Err(TrainError::Stage("an optimizer thread panicked".into())),
+                        )]
+                    })
+                })
+                .collect()
+        })
+    };
+    done.sort_by_key(|(k, _)| *k);
+    let mut updated: Vec<Option<Vec<Tensor>>> = vec![None; optimizers.len()];
+    for (k, result) in done {
+        updated[k] = Some(result?);
+    }
+    Ok(updated)
+}
+
 /// The squared L2 norm of each tensor, summed in f64.
 pub fn squared_norms(grads: &[Tensor]) -> Result<Vec<f64>> {
-    let squared = |g: &Tensor| g.to_dtype(DType::F64)?.sqr()?.sum_all()?.to_scalar::<f64>();
     grads
         .iter()
         .enumerate()
         .map(|(i, g)| {
-            squared(g).map_err(TrainError::tensor(format!("squared norm of gradient {i}")))
+            squared_norm(g).map_err(TrainError::kernel(format!("squared norm of gradient {i}")))
         })
         .collect()
 }
@@ -344,7 +417,7 @@ pub fn clip_scale(global_norm: f64, max_norm: f64) -> Result<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
+    use candle_core::{DType, Device};
 
     fn tensor(values: &[f64], shape: &[usize], dtype: DType) -> Tensor {
         let t = Tensor::from_vec(values.to_vec(), shape, &Device::Cpu).unwrap();

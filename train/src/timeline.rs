@@ -97,6 +97,42 @@ pub struct StepTimeline {
     pub simulated_seconds: f64,
 }
 
+/// The pipeline's own overhead in a measured step: the step as it ran against the step the
+/// simulator replays from the same op durations (each op's mean, no waiting but what the
+/// schedule's dependencies force). Their ratio is what the interpreter, the transport and the
+/// threads add on top of the computation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PipelineOverhead {
+    /// Measured step span (first op's start to last op's end, seconds).
+    pub measured_seconds: f64,
+    /// The simulator's step from the measured op costs (seconds).
+    pub replayed_seconds: f64,
+}
+
+impl PipelineOverhead {
+    /// `measured / replayed` (1 is no overhead).
+    pub fn ratio(&self) -> f64 {
+        self.measured_seconds / self.replayed_seconds.max(1e-12)
+    }
+}
+
+/// The [`PipelineOverhead`] of the measured step `measured` of `plan`.
+pub fn pipeline_overhead(
+    plan: &Plan,
+    measured: &[Vec<MeasuredOp>],
+) -> Result<PipelineOverhead, TrainError> {
+    let costed = with_measured_costs(plan, measured)?;
+    let replayed = simulate(&costed).map_err(|e| TrainError::Plan(e.to_string()))?;
+    let timeline = measured_timeline(measured);
+    let ops = timeline.iter().flatten();
+    let start = ops.clone().map(|t| t.start).fold(f64::INFINITY, f64::min);
+    let end = ops.map(|t| t.end).fold(f64::NEG_INFINITY, f64::max);
+    Ok(PipelineOverhead {
+        measured_seconds: (end - start).max(0.0),
+        replayed_seconds: replayed.makespan(),
+    })
+}
+
 /// Draws and traces the measured step `measured` of `plan`, beside its simulation.
 pub fn step_timeline(
     plan: &Plan,

@@ -15,7 +15,7 @@ use crate::checkpoint::{self, CheckpointMeta};
 use crate::cluster::{Cluster, ThreadsCluster};
 use crate::data::{eval_microbatches, BatchShape, Corpus, DataPosition, GlobalBatch, Loader};
 use crate::error::TrainError;
-use crate::optim::{clip_scale, global_norm, AdamW, AdamWConfig, OptimizerState};
+use crate::optim::{clip_scale, global_norm, step_positions, AdamW, AdamWConfig, OptimizerState};
 use crate::schedule::LrSchedule;
 use crate::stage::{Injection, MeasuredOp};
 use crate::step::{GptModel, StepRunner};
@@ -230,16 +230,27 @@ impl Trainer {
         let norm = global_norm(&norms);
         let scale = clip_scale(norm, self.settings.max_grad_norm)?;
         let lr = self.settings.lr.lr(step);
-        for (k, grads) in outcome.gradients.iter().enumerate() {
-            // Another process updates this position.
-            let Some(grads) = grads else { continue };
-            let params: Vec<_> = self.model.models()[k]
-                .parameters()
-                .into_iter()
-                .map(|(_, t)| t)
-                .collect();
-            let updated = self.optimizers[k].step_scaled(&params, grads, lr, scale)?;
-            self.model.set_parameters(k, updated)?;
+        let params: Vec<Vec<Tensor>> = self
+            .model
+            .models()
+            .iter()
+            .map(|m| m.parameters().into_iter().map(|(_, t)| t).collect())
+            .collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let updated = step_positions(
+            &mut self.optimizers,
+            &params,
+            &outcome.gradients,
+            lr,
+            scale,
+            threads,
+        )?;
+        drop(params);
+        for (k, values) in updated.into_iter().enumerate() {
+            // `None`: another process updates this position.
+            if let Some(values) = values {
+                self.model.set_parameters(k, values)?;
+            }
         }
         self.step = step;
         self.position = next;

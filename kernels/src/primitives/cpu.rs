@@ -32,7 +32,7 @@ macro_rules! by_dtype {
     };
 }
 
-/// `kernel` over the elements of `x`, as a tensor of `x`'s shape.
+/// `kernel` over the elements of `x`, as a tensor of `x`'s shape (vectorised).
 fn map1<T: Real>(x: &Tensor, kernel: impl FnOnce(&[T]) -> Vec<T>) -> candle_core::Result<Tensor> {
     tensor(with_slice(x, kernel)?, x.dims())
 }
@@ -122,7 +122,9 @@ fn product(
             })
         })???;
         let values = values.ok_or_else(|| {
-            candle_core::Error::Msg(format!("a product of shapes {ad:?} and {bd:?}: sizes differ"))
+            candle_core::Error::Msg(format!(
+                "a product of shapes {ad:?} and {bd:?}: sizes differ"
+            ))
         })?;
         tensor(values, &dims)
     })
@@ -220,7 +222,9 @@ impl Primitives for CpuPrimitives {
     }
 
     fn add_row(&self, x: &Tensor, row: &Tensor) -> Result<Tensor> {
-        run("add_row", || by_dtype!(x, |T| map2::<T>(x, row, fused::add_row)))
+        run("add_row", || {
+            by_dtype!(x, |T| map2::<T>(x, row, fused::add_row))
+        })
     }
 
     fn mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
@@ -301,7 +305,9 @@ impl Primitives for CpuPrimitives {
             let (_, width) = rows_and_width(grad_y);
             by_dtype!(grad_y, |T| {
                 let (gw, gb) = with_slice::<T, _>(grad_y, |g| {
-                    with_slice(normalized, |h| fused::layer_norm_backward_weight(g, h, width))
+                    with_slice(normalized, |h| {
+                        fused::layer_norm_backward_weight(g, h, width)
+                    })
                 })??;
                 Ok((tensor(gw, &[width])?, tensor(gb, &[width])?))
             })
@@ -311,7 +317,9 @@ impl Primitives for CpuPrimitives {
     fn causal_softmax(&self, scores: &Tensor) -> Result<Tensor> {
         run("causal_softmax", || {
             let (_, t) = rows_and_width(scores);
-            by_dtype!(scores, |T| map1::<T>(scores, |v| fused::causal_softmax(v, t)))
+            by_dtype!(scores, |T| map1::<T>(scores, |v| fused::causal_softmax(
+                v, t
+            )))
         })
     }
 

@@ -1,8 +1,11 @@
 //! The element-wise and row-wise work of the layers as single passes over slices: each function
 //! reads its inputs once and writes one output (or two), with no intermediate tensors. Rows are
 //! runs of `width` elements; every sum runs in row order, so results do not depend on anything but
-//! the inputs.
+//! the inputs. Each is a [`vectorized_fn!`]: compiled for AVX-512, AVX2 and the baseline and run
+//! at the widest the CPU has, with the same results at every width. Bodies are plain loops over
+//! zipped slices so that all their work is compiled inside those builds.
 
+use super::simd::vectorized_fn;
 use super::slices::Real;
 
 /// `√(2/π)`, the GELU tanh approximation's scale.
@@ -10,191 +13,333 @@ const SQRT_TWO_OVER_PI: f64 = 0.797_884_560_802_865_4;
 /// The cubic coefficient of the GELU tanh approximation.
 const GELU_CUBIC: f64 = 0.044_715;
 
-/// GPT-2's `gelu_new`: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
-pub(crate) fn gelu<T: Real>(x: &[T]) -> Vec<T> {
-    let (c, a, half) = (T::of(SQRT_TWO_OVER_PI), T::of(GELU_CUBIC), T::of(0.5));
-    x.iter()
-        .map(|&x| {
+vectorized_fn! {
+    /// GPT-2's `gelu_new`: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+    pub(crate) fn gelu<T: Real>(x: &[T]) -> Vec<T> {
+        let (c, a, half) = (T::of(SQRT_TWO_OVER_PI), T::of(GELU_CUBIC), T::of(0.5));
+        let mut out = vec![T::ZERO; x.len()];
+        for (o, &x) in out.iter_mut().zip(x) {
             let t = (c * (x + a * x * x * x)).tanh();
-            half * x * (T::ONE + t)
-        })
-        .collect()
+            *o = half * x * (T::ONE + t);
+        }
+        out
+    }
 }
 
-/// `grad_y ⊙ gelu_new'(x)`: with `u = c·(x + a·x³)` and `t = tanh(u)`,
-/// `gelu'(x) = 0.5·(1 + t) + 0.5·x·(1 - t²)·c·(1 + 3a·x²)`.
-pub(crate) fn gelu_backward<T: Real>(x: &[T], grad_y: &[T]) -> Vec<T> {
-    let (c, a, half) = (T::of(SQRT_TWO_OVER_PI), T::of(GELU_CUBIC), T::of(0.5));
-    let three_a = T::of(3.0 * GELU_CUBIC);
-    x.iter()
-        .zip(grad_y)
-        .map(|(&x, &g)| {
+vectorized_fn! {
+    /// `grad_y ⊙ gelu_new'(x)`: with `u = c·(x + a·x³)` and `t = tanh(u)`,
+    /// `gelu'(x) = 0.5·(1 + t) + 0.5·x·(1 - t²)·c·(1 + 3a·x²)`.
+    pub(crate) fn gelu_backward<T: Real>(x: &[T], grad_y: &[T]) -> Vec<T> {
+        let (c, a, half) = (T::of(SQRT_TWO_OVER_PI), T::of(GELU_CUBIC), T::of(0.5));
+        let three_a = T::of(3.0 * GELU_CUBIC);
+        let mut out = vec![T::ZERO; x.len().min(grad_y.len())];
+        for ((o, &x), &g) in out.iter_mut().zip(x).zip(grad_y) {
             let x2 = x * x;
             let t = (c * (x + a * x2 * x)).tanh();
-            let slope = half * (T::ONE + t) + half * x * (T::ONE - t * t) * c * (T::ONE + three_a * x2);
-            g * slope
-        })
-        .collect()
-}
-
-/// The sum of the rows of `x` (rows of `width`): `[width]`.
-pub(crate) fn row_sum<T: Real>(x: &[T], width: usize) -> Vec<T> {
-    let mut sum = vec![T::ZERO; width];
-    for row in x.chunks_exact(width.max(1)) {
-        for (s, &v) in sum.iter_mut().zip(row) {
-            *s += v;
+            let slope =
+                half * (T::ONE + t) + half * x * (T::ONE - t * t) * c * (T::ONE + three_a * x2);
+            *o = g * slope;
         }
+        out
     }
-    sum
 }
 
-/// `x + row` on every row.
-pub(crate) fn add_row<T: Real>(x: &[T], row: &[T]) -> Vec<T> {
-    let mut out = Vec::with_capacity(x.len());
-    for chunk in x.chunks_exact(row.len().max(1)) {
-        out.extend(chunk.iter().zip(row).map(|(&a, &b)| a + b));
+vectorized_fn! {
+    /// The sum of the rows of `x` (rows of `width`): `[width]`.
+    pub(crate) fn row_sum<T: Real>(x: &[T], width: usize) -> Vec<T> {
+        let mut sum = vec![T::ZERO; width];
+        for row in x.chunks_exact(width.max(1)) {
+            for (s, &v) in sum.iter_mut().zip(row) {
+                *s += v;
+            }
+        }
+        sum
     }
-    out
 }
 
-/// `a + b`.
-pub(crate) fn add<T: Real>(a: &[T], b: &[T]) -> Vec<T> {
-    a.iter().zip(b).map(|(&a, &b)| a + b).collect()
-}
-
-/// `a ⊙ b`.
-pub(crate) fn mul<T: Real>(a: &[T], b: &[T]) -> Vec<T> {
-    a.iter().zip(b).map(|(&a, &b)| a * b).collect()
-}
-
-/// `factor · x`.
-pub(crate) fn scale<T: Real>(x: &[T], factor: T) -> Vec<T> {
-    x.iter().map(|&v| factor * v).collect()
-}
-
-/// Layer norm of every row: `(output, normalized, rstd)` with `normalized = (x - mean)·rstd`,
-/// `rstd = 1/√(var + eps)` (one per row), `output = normalized·weight + bias`.
-pub(crate) fn layer_norm<T: Real>(
-    x: &[T],
-    weight: &[T],
-    bias: &[T],
-    eps: T,
-) -> (Vec<T>, Vec<T>, Vec<T>) {
-    let width = weight.len().max(1);
-    let n = T::of(width as f64);
-    let mut output = Vec::with_capacity(x.len());
-    let mut normalized = Vec::with_capacity(x.len());
-    let mut rstds = Vec::with_capacity(x.len() / width);
-    for row in x.chunks_exact(width) {
-        let mut sum = T::ZERO;
-        for &v in row {
-            sum += v;
+vectorized_fn! {
+    /// `x + row` on every row.
+    pub(crate) fn add_row<T: Real>(x: &[T], row: &[T]) -> Vec<T> {
+        let mut out = vec![T::ZERO; x.len()];
+        let width = row.len().max(1);
+        for (o, chunk) in out.chunks_exact_mut(width).zip(x.chunks_exact(width)) {
+            for ((o, &a), &b) in o.iter_mut().zip(chunk).zip(row) {
+                *o = a + b;
+            }
         }
-        let mean = sum / n;
-        let mut squares = T::ZERO;
-        for &v in row {
-            let d = v - mean;
-            squares += d * d;
-        }
-        let rstd = T::ONE / (squares / n + eps).sqrt();
-        rstds.push(rstd);
-        for ((&v, &w), &b) in row.iter().zip(weight).zip(bias) {
-            let h = (v - mean) * rstd;
-            normalized.push(h);
-            output.push(h * w + b);
-        }
+        out
     }
-    (output, normalized, rstds)
 }
 
-/// The input gradient of layer norm: per row, with `g = grad_y ⊙ weight`,
-/// `rstd·(g - mean(g) - x̂·mean(g ⊙ x̂))`.
-pub(crate) fn layer_norm_backward_input<T: Real>(
-    grad_y: &[T],
-    weight: &[T],
-    normalized: &[T],
-    rstd: &[T],
-) -> Vec<T> {
-    let width = weight.len().max(1);
-    let n = T::of(width as f64);
-    let mut out = Vec::with_capacity(grad_y.len());
-    for ((gy, xhat), &r) in grad_y
-        .chunks_exact(width)
-        .zip(normalized.chunks_exact(width))
-        .zip(rstd)
-    {
-        let (mut sum_g, mut sum_gx) = (T::ZERO, T::ZERO);
-        for ((&g, &w), &h) in gy.iter().zip(weight).zip(xhat) {
-            let g = g * w;
-            sum_g += g;
-            sum_gx += g * h;
+vectorized_fn! {
+    /// `a + b`.
+    pub(crate) fn add<T: Real>(a: &[T], b: &[T]) -> Vec<T> {
+        let mut out = vec![T::ZERO; a.len().min(b.len())];
+        for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
+            *o = a + b;
         }
-        let (mean_g, mean_gx) = (sum_g / n, sum_gx / n);
-        out.extend(
-            gy.iter()
-                .zip(weight)
-                .zip(xhat)
-                .map(|((&g, &w), &h)| (g * w - mean_g - h * mean_gx) * r),
-        );
+        out
     }
-    out
 }
 
-/// The parameter gradients of layer norm: `(Σ grad_y ⊙ x̂, Σ grad_y)` over the rows.
-pub(crate) fn layer_norm_backward_weight<T: Real>(
-    grad_y: &[T],
-    normalized: &[T],
-    width: usize,
-) -> (Vec<T>, Vec<T>) {
-    let width = width.max(1);
-    let mut grad_weight = vec![T::ZERO; width];
-    let mut grad_bias = vec![T::ZERO; width];
-    for (gy, xhat) in grad_y.chunks_exact(width).zip(normalized.chunks_exact(width)) {
-        for (((gw, gb), &g), &h) in grad_weight.iter_mut().zip(&mut grad_bias).zip(gy).zip(xhat) {
-            *gw += g * h;
-            *gb += g;
+vectorized_fn! {
+    /// `a ⊙ b`.
+    pub(crate) fn mul<T: Real>(a: &[T], b: &[T]) -> Vec<T> {
+        let mut out = vec![T::ZERO; a.len().min(b.len())];
+        for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
+            *o = a * b;
         }
+        out
     }
-    (grad_weight, grad_bias)
 }
 
-/// Causal softmax of `[.., t, t]` scores: row `i` of each `t × t` block is the softmax of its
-/// first `i + 1` entries (the keys up to the query), the rest 0.
-pub(crate) fn causal_softmax<T: Real>(scores: &[T], t: usize) -> Vec<T> {
-    let t = t.max(1);
-    let mut out = vec![T::ZERO; scores.len()];
-    for (r, (row, probs)) in scores.chunks_exact(t).zip(out.chunks_exact_mut(t)).enumerate() {
-        let visible = r % t + 1;
-        let row = &row[..visible];
-        let mut max = row[0];
-        for &v in row {
-            max = max.larger(v);
+vectorized_fn! {
+    /// `factor · x`.
+    pub(crate) fn scale<T: Real>(x: &[T], factor: T) -> Vec<T> {
+        let mut out = vec![T::ZERO; x.len()];
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = factor * v;
         }
-        let mut sum = T::ZERO;
-        for (p, &v) in probs.iter_mut().zip(row) {
-            *p = (v - max).exp();
-            sum += *p;
-        }
-        let inverse = T::ONE / sum;
-        for p in &mut probs[..visible] {
-            *p = *p * inverse;
-        }
+        out
     }
-    out
 }
 
-/// The gradient of the softmax input, per row: `probs ⊙ (grad_probs - Σ grad_probs ⊙ probs)`.
-pub(crate) fn softmax_backward<T: Real>(probs: &[T], grad_probs: &[T], width: usize) -> Vec<T> {
-    let width = width.max(1);
-    let mut out = Vec::with_capacity(probs.len());
-    for (p, g) in probs.chunks_exact(width).zip(grad_probs.chunks_exact(width)) {
-        let mut dot = T::ZERO;
-        for (&p, &g) in p.iter().zip(g) {
-            dot += p * g;
+vectorized_fn! {
+    /// Layer norm of every row: `(output, normalized, rstd)` with `normalized = (x - mean)·rstd`,
+    /// `rstd = 1/√(var + eps)` (one per row), `output = normalized·weight + bias`.
+    pub(crate) fn layer_norm<T: Real>(
+        x: &[T],
+        weight: &[T],
+        bias: &[T],
+        eps: T,
+    ) -> (Vec<T>, Vec<T>, Vec<T>) {
+        let width = weight.len().max(1);
+        let n = T::of(width as f64);
+        let mut output = vec![T::ZERO; x.len()];
+        let mut normalized = vec![T::ZERO; x.len()];
+        let mut rstds = vec![T::ZERO; x.len() / width];
+        for (((row, out), norm), rstd) in x
+            .chunks_exact(width)
+            .zip(output.chunks_exact_mut(width))
+            .zip(normalized.chunks_exact_mut(width))
+            .zip(rstds.iter_mut())
+        {
+            let mut sum = T::ZERO;
+            for &v in row {
+                sum += v;
+            }
+            let mean = sum / n;
+            let mut squares = T::ZERO;
+            for &v in row {
+                let d = v - mean;
+                squares += d * d;
+            }
+            let r = T::ONE / (squares / n + eps).sqrt();
+            *rstd = r;
+            for ((((o, h), &v), &w), &b) in out.iter_mut().zip(norm).zip(row).zip(weight).zip(bias)
+            {
+                let x_hat = (v - mean) * r;
+                *h = x_hat;
+                *o = x_hat * w + b;
+            }
         }
-        out.extend(p.iter().zip(g).map(|(&p, &g)| p * (g - dot)));
+        (output, normalized, rstds)
     }
-    out
+}
+
+vectorized_fn! {
+    /// The input gradient of layer norm: per row, with `g = grad_y ⊙ weight`,
+    /// `rstd·(g - mean(g) - x̂·mean(g ⊙ x̂))`.
+    pub(crate) fn layer_norm_backward_input<T: Real>(
+        grad_y: &[T],
+        weight: &[T],
+        normalized: &[T],
+        rstd: &[T],
+    ) -> Vec<T> {
+        let width = weight.len().max(1);
+        let n = T::of(width as f64);
+        let mut out = vec![T::ZERO; grad_y.len()];
+        for (((gy, xhat), &r), o) in grad_y
+            .chunks_exact(width)
+            .zip(normalized.chunks_exact(width))
+            .zip(rstd)
+            .zip(out.chunks_exact_mut(width))
+        {
+            let (mut sum_g, mut sum_gx) = (T::ZERO, T::ZERO);
+            for ((&g, &w), &h) in gy.iter().zip(weight).zip(xhat) {
+                let g = g * w;
+                sum_g += g;
+                sum_gx += g * h;
+            }
+            let (mean_g, mean_gx) = (sum_g / n, sum_gx / n);
+            for (((o, &g), &w), &h) in o.iter_mut().zip(gy).zip(weight).zip(xhat) {
+                *o = (g * w - mean_g - h * mean_gx) * r;
+            }
+        }
+        out
+    }
+}
+
+vectorized_fn! {
+    /// The parameter gradients of layer norm: `(Σ grad_y ⊙ x̂, Σ grad_y)` over the rows.
+    pub(crate) fn layer_norm_backward_weight<T: Real>(
+        grad_y: &[T],
+        normalized: &[T],
+        width: usize,
+    ) -> (Vec<T>, Vec<T>) {
+        let width = width.max(1);
+        let mut grad_weight = vec![T::ZERO; width];
+        let mut grad_bias = vec![T::ZERO; width];
+        for (gy, xhat) in grad_y
+            .chunks_exact(width)
+            .zip(normalized.chunks_exact(width))
+        {
+            for (((gw, gb), &g), &h) in grad_weight.iter_mut().zip(&mut grad_bias).zip(gy).zip(xhat)
+            {
+                *gw += g * h;
+                *gb += g;
+            }
+        }
+        (grad_weight, grad_bias)
+    }
+}
+
+vectorized_fn! {
+    /// Causal softmax of `[.., t, t]` scores: row `i` of each `t × t` block is the softmax of its
+    /// first `i + 1` entries (the keys up to the query), the rest 0.
+    pub(crate) fn causal_softmax<T: Real>(scores: &[T], t: usize) -> Vec<T> {
+        let t = t.max(1);
+        let mut out = vec![T::ZERO; scores.len()];
+        for (r, (row, probs)) in scores
+            .chunks_exact(t)
+            .zip(out.chunks_exact_mut(t))
+            .enumerate()
+        {
+            let visible = r % t + 1;
+            let row = &row[..visible];
+            let mut max = row[0];
+            for &v in row {
+                max = max.larger(v);
+            }
+            let mut sum = T::ZERO;
+            for (p, &v) in probs.iter_mut().zip(row) {
+                *p = (v - max).exp();
+                sum += *p;
+            }
+            let inverse = T::ONE / sum;
+            for p in &mut probs[..visible] {
+                *p *= inverse;
+            }
+        }
+        out
+    }
+}
+
+vectorized_fn! {
+    /// The gradient of the softmax input, per row: `probs ⊙ (grad_probs - Σ grad_probs ⊙ probs)`.
+    pub(crate) fn softmax_backward<T: Real>(probs: &[T], grad_probs: &[T], width: usize) -> Vec<T> {
+        let width = width.max(1);
+        let mut out = vec![T::ZERO; probs.len()];
+        for ((p, g), o) in probs
+            .chunks_exact(width)
+            .zip(grad_probs.chunks_exact(width))
+            .zip(out.chunks_exact_mut(width))
+        {
+            let mut dot = T::ZERO;
+            for (&p, &g) in p.iter().zip(g) {
+                dot += p * g;
+            }
+            for ((o, &p), &g) in o.iter_mut().zip(p).zip(g) {
+                *o = p * (g - dot);
+            }
+        }
+        out
+    }
+}
+
+vectorized_fn! {
+    /// `Σ x²` in f64, over 16 interleaved partial sums added in a fixed order at the end (the
+    /// same bits for the same input, at any instruction width).
+    pub(crate) fn squared_norm<T: Real>(x: &[T]) -> f64 {
+        const LANES: usize = 16;
+        let mut partial = [0.0f64; LANES];
+        let mut chunks = x.chunks_exact(LANES);
+        for chunk in &mut chunks {
+            for (p, &v) in partial.iter_mut().zip(chunk) {
+                let v = v.wide();
+                *p += v * v;
+            }
+        }
+        for (p, &v) in partial.iter_mut().zip(chunks.remainder()) {
+            let v = v.wide();
+            *p += v * v;
+        }
+        let mut total = 0.0;
+        for p in partial {
+            total += p;
+        }
+        total
+    }
+}
+
+/// The scalars of one AdamW update, in the element type (see [`adamw`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AdamWScalars<T> {
+    /// The gradient's factor (clipping).
+    pub(crate) grad_scale: T,
+    /// `β1` and `1 - β1`.
+    pub(crate) beta1: T,
+    pub(crate) one_minus_beta1: T,
+    /// `β2` and `1 - β2`.
+    pub(crate) beta2: T,
+    pub(crate) one_minus_beta2: T,
+    /// `1 / √(1 - β2^t)`.
+    pub(crate) inverse_bias2_sqrt: T,
+    /// `ε`.
+    pub(crate) eps: T,
+    /// `lr / (1 - β1^t)`.
+    pub(crate) step_size: T,
+    /// `1 - lr·λ` (1 without decay).
+    pub(crate) decay: T,
+}
+
+vectorized_fn! {
+    /// One AdamW update of every element: `(param, m, v)` from the parameter, its gradient and
+    /// the moments. Each element sees the same operations, in the same order and with the same
+    /// roundings, as the composite of candle ops it replaces (`affine` as `x·a + b`), so the
+    /// bits are those of the unfused update:
+    /// `g = s·g`, `m = β1·m + (1-β1)·g`, `v = β2·v + (1-β2)·g²`,
+    /// `p = decay·p - step·m / (√v·inv + ε)`.
+    pub(crate) fn adamw<T: Real>(
+        param: &[T],
+        grad: &[T],
+        m: &[T],
+        v: &[T],
+        k: &AdamWScalars<T>,
+    ) -> (Vec<T>, Vec<T>, Vec<T>) {
+        let n = param.len().min(grad.len()).min(m.len()).min(v.len());
+        let (mut new_p, mut new_m, mut new_v) =
+            (vec![T::ZERO; n], vec![T::ZERO; n], vec![T::ZERO; n]);
+        let zero = T::ZERO;
+        for (((((np, nm), nv), &p), &g), (&m, &v)) in new_p
+            .iter_mut()
+            .zip(&mut new_m)
+            .zip(&mut new_v)
+            .zip(param)
+            .zip(grad)
+            .zip(m.iter().zip(v))
+        {
+            let g = g * k.grad_scale + zero;
+            let m = (m * k.beta1 + zero) + (g * k.one_minus_beta1 + zero);
+            let v = (v * k.beta2 + zero) + ((g * g) * k.one_minus_beta2 + zero);
+            let denom = v.sqrt() * k.inverse_bias2_sqrt + k.eps;
+            let update = (m / denom) * k.step_size + zero;
+            *np = (p * k.decay + zero) - update;
+            *nm = m;
+            *nv = v;
+        }
+        (new_p, new_m, new_v)
+    }
 }
 
 #[cfg(test)]
@@ -213,7 +358,8 @@ mod tests {
         let x: Vec<f64> = (-30..=30).map(|i| f64::from(i) * 0.2).collect();
         let y = gelu(&x);
         for (&x, &y) in x.iter().zip(&y) {
-            let expected = 0.5 * x * (1.0 + (SQRT_TWO_OVER_PI * (x + GELU_CUBIC * x.powi(3))).tanh());
+            let expected =
+                0.5 * x * (1.0 + (SQRT_TWO_OVER_PI * (x + GELU_CUBIC * x.powi(3))).tanh());
             assert!((y - expected).abs() < 1e-15);
         }
         let ones = vec![1.0; x.len()];
@@ -230,7 +376,10 @@ mod tests {
     fn row_work_matches_naive_sums() {
         let x = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
         close(&row_sum(&x, 3), &[5.0, 7.0, 9.0]);
-        close(&add_row(&x, &[1.0, 0.0, -1.0]), &[2.0, 2.0, 2.0, 5.0, 5.0, 5.0]);
+        close(
+            &add_row(&x, &[1.0, 0.0, -1.0]),
+            &[2.0, 2.0, 2.0, 5.0, 5.0, 5.0],
+        );
         let (out, xhat, rstd) = layer_norm(&x, &[2.0, 2.0, 2.0], &[1.0, 1.0, 1.0], 0.0);
         let r = 1.0 / (2.0f64 / 3.0).sqrt();
         close(&rstd, &[r, r]);

@@ -9,11 +9,14 @@
 mod cpu;
 mod fused;
 mod products;
+mod simd;
 mod slices;
 mod timed;
+mod update;
 
 pub use cpu::CpuPrimitives;
 pub use timed::TimedPrimitives;
+pub use update::{adamw_update, squared_norm, AdamWStep};
 
 use candle_core::{DType, Device, Tensor};
 

@@ -33,7 +33,12 @@ fn parallelism() -> gemm::Parallelism {
 
 /// `a · b` (plus `row` on every output row), `[batch, m, n]` row-major; None when an operand's
 /// length does not match the shape.
-pub(crate) fn product<T: Real>(shape: Product, a: &[T], b: &[T], row: Option<&[T]>) -> Option<Vec<T>> {
+pub(crate) fn product<T: Real>(
+    shape: Product,
+    a: &[T],
+    b: &[T],
+    row: Option<&[T]>,
+) -> Option<Vec<T>> {
     let Product {
         batch,
         m,
@@ -117,8 +122,16 @@ mod tests {
                 for j in 0..n {
                     let mut sum = 0.0;
                     for l in 0..k {
-                        let x = if shape.a_transposed { a[t * m * k + l * m + i] } else { a[t * m * k + i * k + l] };
-                        let y = if shape.b_transposed { b[t * k * n + j * k + l] } else { b[t * k * n + l * n + j] };
+                        let x = if shape.a_transposed {
+                            a[t * m * k + l * m + i]
+                        } else {
+                            a[t * m * k + i * k + l]
+                        };
+                        let y = if shape.b_transposed {
+                            b[t * k * n + j * k + l]
+                        } else {
+                            b[t * k * n + l * n + j]
+                        };
                         sum += x * y;
                     }
                     out[t * m * n + i * n + j] = sum;
@@ -130,7 +143,9 @@ mod tests {
 
     #[test]
     fn products_of_every_layout_match_the_definition() {
-        for (a_transposed, b_transposed) in [(false, false), (true, false), (false, true), (true, true)] {
+        for (a_transposed, b_transposed) in
+            [(false, false), (true, false), (false, true), (true, true)]
+        {
             let shape = Product {
                 batch: 2,
                 m: 5,
@@ -145,12 +160,29 @@ mod tests {
             let got = product(shape, &a, &b, Some(&row)).unwrap();
             let want = naive(shape, &a, &b);
             for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!((g - (w + row[idx % 7])).abs() < 1e-12, "{a_transposed} {b_transposed}: {g} vs {w}");
+                assert!(
+                    (g - (w + row[idx % 7])).abs() < 1e-12,
+                    "{a_transposed} {b_transposed}: {g} vs {w}"
+                );
             }
         }
-        let shape = Product { batch: 1, m: 2, n: 2, k: 0, a_transposed: false, b_transposed: false };
+        let shape = Product {
+            batch: 1,
+            m: 2,
+            n: 2,
+            k: 0,
+            a_transposed: false,
+            b_transposed: false,
+        };
         assert_eq!(product::<f64>(shape, &[], &[], None), Some(vec![0.0; 4]));
-        let bad = Product { batch: 1, m: 2, n: 2, k: 2, a_transposed: false, b_transposed: false };
+        let bad = Product {
+            batch: 1,
+            m: 2,
+            n: 2,
+            k: 2,
+            a_transposed: false,
+            b_transposed: false,
+        };
         assert_eq!(product::<f64>(bad, &[1.0; 3], &[1.0; 4], None), None);
     }
 }

@@ -2,7 +2,7 @@
 //! ([`Real`], for F32 and F64), a tensor's elements as a slice ([`with_slice`]) and a tensor made
 //! from a vector ([`tensor`]).
 
-use std::ops::{Add, AddAssign, Div, Mul, Neg, Sub};
+use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub};
 
 use candle_core::{Device, Storage, Tensor, WithDType};
 
@@ -16,6 +16,7 @@ pub(crate) trait Real:
     + AddAssign
     + Sub<Output = Self>
     + Mul<Output = Self>
+    + MulAssign
     + Div<Output = Self>
     + Neg<Output = Self>
 {
@@ -25,6 +26,8 @@ pub(crate) trait Real:
     const ONE: Self;
     /// `x` rounded to this type.
     fn of(x: f64) -> Self;
+    /// This value as f64 (exact).
+    fn wide(self) -> f64;
     /// `eˣ`.
     fn exp(self) -> Self;
     /// Square root.
@@ -33,6 +36,7 @@ pub(crate) trait Real:
     /// (Eigen's `ptanh` coefficients); for f64 the library function.
     fn tanh(self) -> Self;
     /// The larger of two.
+    #[inline(always)]
     fn larger(self, other: Self) -> Self {
         if other > self {
             other
@@ -45,15 +49,23 @@ pub(crate) trait Real:
 impl Real for f32 {
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
+    #[inline(always)]
     fn of(x: f64) -> Self {
         x as f32
     }
+    #[inline(always)]
+    fn wide(self) -> f64 {
+        f64::from(self)
+    }
+    #[inline(always)]
     fn exp(self) -> Self {
         f32::exp(self)
     }
+    #[inline(always)]
     fn sqrt(self) -> Self {
         f32::sqrt(self)
     }
+    #[inline(always)]
     fn tanh(self) -> Self {
         // tanh(x) = x·P(x²)/Q(x²), the argument clamped to |x| <= 7.9053111. Plain products and
         // sums, not `mul_add`: without the `fma` target feature that is a library call.
@@ -69,7 +81,9 @@ impl Real for f32 {
         const B2: f32 = 2.268_434_7e-3;
         const B4: f32 = 1.185_347_1e-4;
         const B6: f32 = 1.198_258_4e-6;
-        let x = self.clamp(-LIMIT, LIMIT);
+        // `max`/`min`, not `clamp`: `clamp` checks its bounds, a branch that stops vectorising.
+        #[allow(clippy::manual_clamp)]
+        let x = self.max(-LIMIT).min(LIMIT);
         let x2 = x * x;
         let p = x2 * A13 + A11;
         let p = x2 * p + A9;
@@ -96,15 +110,23 @@ impl Real for f32 {
 impl Real for f64 {
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
+    #[inline(always)]
     fn of(x: f64) -> Self {
         x
     }
+    #[inline(always)]
+    fn wide(self) -> f64 {
+        self
+    }
+    #[inline(always)]
     fn exp(self) -> Self {
         f64::exp(self)
     }
+    #[inline(always)]
     fn sqrt(self) -> Self {
         f64::sqrt(self)
     }
+    #[inline(always)]
     fn tanh(self) -> Self {
         f64::tanh(self)
     }

@@ -28,7 +28,10 @@ impl<P: Primitives> TimedPrimitives<P> {
 
     /// Per op: the time spent in it and the number of calls, since the last [`Self::take`].
     pub fn take(&self) -> BTreeMap<&'static str, (Duration, u64)> {
-        self.spent.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default()
+        self.spent
+            .lock()
+            .map(|mut m| std::mem::take(&mut *m))
+            .unwrap_or_default()
     }
 
     fn timed<T>(&self, op: &'static str, call: impl FnOnce() -> T) -> T {
@@ -49,7 +52,9 @@ impl<P: Primitives> Primitives for TimedPrimitives<P> {
     }
 
     fn float_tensor(&self, values: &[f64], shape: &[usize], dtype: DType) -> Result<Tensor> {
-        self.timed("float_tensor", || self.inner.float_tensor(values, shape, dtype))
+        self.timed("float_tensor", || {
+            self.inner.float_tensor(values, shape, dtype)
+        })
     }
 
     fn u32_tensor(&self, values: &[u32], shape: &[usize]) -> Result<Tensor> {
@@ -120,23 +125,37 @@ impl<P: Primitives> Primitives for TimedPrimitives<P> {
         self.timed("sum_leading", || self.inner.sum_leading(x))
     }
 
-    fn layer_norm(&self, x: &Tensor,
+    fn layer_norm(
+        &self,
+        x: &Tensor,
         weight: &Tensor,
         bias: &Tensor,
-        eps: f64,) -> Result<LayerNormOutput> {
+        eps: f64,
+    ) -> Result<LayerNormOutput> {
         self.timed("layer_norm", || self.inner.layer_norm(x, weight, bias, eps))
     }
 
-    fn layer_norm_backward_input(&self, grad_y: &Tensor,
+    fn layer_norm_backward_input(
+        &self,
+        grad_y: &Tensor,
         weight: &Tensor,
         normalized: &Tensor,
-        rstd: &Tensor,) -> Result<Tensor> {
-        self.timed("layer_norm_backward_input", || self.inner.layer_norm_backward_input(grad_y, weight, normalized, rstd))
+        rstd: &Tensor,
+    ) -> Result<Tensor> {
+        self.timed("layer_norm_backward_input", || {
+            self.inner
+                .layer_norm_backward_input(grad_y, weight, normalized, rstd)
+        })
     }
 
-    fn layer_norm_backward_weight(&self, grad_y: &Tensor,
-        normalized: &Tensor,) -> Result<(Tensor, Tensor)> {
-        self.timed("layer_norm_backward_weight", || self.inner.layer_norm_backward_weight(grad_y, normalized))
+    fn layer_norm_backward_weight(
+        &self,
+        grad_y: &Tensor,
+        normalized: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        self.timed("layer_norm_backward_weight", || {
+            self.inner.layer_norm_backward_weight(grad_y, normalized)
+        })
     }
 
     fn causal_softmax(&self, scores: &Tensor) -> Result<Tensor> {
@@ -144,7 +163,9 @@ impl<P: Primitives> Primitives for TimedPrimitives<P> {
     }
 
     fn softmax_backward(&self, probs: &Tensor, grad_probs: &Tensor) -> Result<Tensor> {
-        self.timed("softmax_backward", || self.inner.softmax_backward(probs, grad_probs))
+        self.timed("softmax_backward", || {
+            self.inner.softmax_backward(probs, grad_probs)
+        })
     }
 
     fn gelu_new(&self, x: &Tensor) -> Result<Tensor> {
@@ -152,7 +173,9 @@ impl<P: Primitives> Primitives for TimedPrimitives<P> {
     }
 
     fn gelu_new_backward(&self, x: &Tensor, grad_y: &Tensor) -> Result<Tensor> {
-        self.timed("gelu_new_backward", || self.inner.gelu_new_backward(x, grad_y))
+        self.timed("gelu_new_backward", || {
+            self.inner.gelu_new_backward(x, grad_y)
+        })
     }
 
     fn gather_rows(&self, table: &Tensor, ids: &Tensor) -> Result<Tensor> {
@@ -160,13 +183,21 @@ impl<P: Primitives> Primitives for TimedPrimitives<P> {
     }
 
     fn scatter_add_rows(&self, rows: &Tensor, ids: &Tensor, n_rows: usize) -> Result<Tensor> {
-        self.timed("scatter_add_rows", || self.inner.scatter_add_rows(rows, ids, n_rows))
+        self.timed("scatter_add_rows", || {
+            self.inner.scatter_add_rows(rows, ids, n_rows)
+        })
     }
 
-    fn cross_entropy(&self, logits: &Tensor,
+    fn cross_entropy(
+        &self,
+        logits: &Tensor,
         targets: &Tensor,
         weights: &Tensor,
-        grad_scale: f64,) -> Result<CrossEntropyOutput> {
-        self.timed("cross_entropy", || self.inner.cross_entropy(logits, targets, weights, grad_scale))
+        grad_scale: f64,
+    ) -> Result<CrossEntropyOutput> {
+        self.timed("cross_entropy", || {
+            self.inner
+                .cross_entropy(logits, targets, weights, grad_scale)
+        })
     }
 }
