@@ -127,7 +127,8 @@ struct Args {
     eval: Option<PathBuf>,
 }
 
-/// A failure with its exit status: 2 for bad input, 1 for a failed run.
+/// A failure with its exit status: 2 for bad input, 1 for a bug or a failed run (the kind the
+/// error carries, as `pipeweave` decides its own).
 struct Failure {
     status: u8,
     message: String,
@@ -135,9 +136,17 @@ struct Failure {
 
 impl From<TrainError> for Failure {
     fn from(e: TrainError) -> Failure {
-        let status = if e.is_bad_input() { 2 } else { 1 };
         Failure {
-            status,
+            status: e.kind().exit_status(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<pipeweave::Error> for Failure {
+    fn from(e: pipeweave::Error) -> Failure {
+        Failure {
+            status: e.kind().exit_status(),
             message: e.to_string(),
         }
     }
@@ -240,11 +249,12 @@ fn run(args: &Args) -> Result<(), Failure> {
     std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
     let config = GptConfig::new(args.layers, args.d_model, args.heads, args.seq_len)
         .map_err(|e| bad(e.to_string()))?;
+    // A schedule that does not parse or fit is bad input (2); a pass that breaks its plan is a
+    // bug (1).
     let plan = build_plan(
         &args.schedule,
         &PipelineConfig::new(args.ranks, args.microbatches).map_err(|e| bad(e.to_string()))?,
-    )
-    .map_err(|e| bad(e.to_string()))?;
+    )?;
     let corpus = match &args.data {
         Some(path) => Corpus::from_path(path)?,
         None => Corpus::default_sources()?,

@@ -1,6 +1,6 @@
 //! The facade's error type: what the library glue and the command-line tool can fail with.
 
-use pipeweave_core::{CommError, CoreError, ReplayError, Violations};
+use pipeweave_core::{CommError, CoreError, FailureKind, ReplayError, Violations};
 use pipeweave_transforms::TransformError;
 use thiserror::Error;
 
@@ -58,4 +58,24 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+}
+
+impl Error {
+    /// The kind of failure: a pass's bug or a run's failure keeps the kind its crate gave it;
+    /// everything else here is about the user's input (expressions, options, files, imported
+    /// schedules that do not verify, deadlock or fail the communication check).
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            Error::Transform(e) => e.kind(),
+            Error::Backend(e) => e.kind(),
+            Error::Core(_)
+            | Error::Verification(_)
+            | Error::Replay(_)
+            | Error::Communication(_)
+            | Error::Overflow { .. }
+            | Error::Option { .. }
+            | Error::Io { .. }
+            | Error::Json { .. } => FailureKind::BadInput,
+        }
+    }
 }

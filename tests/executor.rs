@@ -3,7 +3,7 @@
 //! error that names it.
 
 use pipeweave::backends::numeric::{total_gradients, AffineModel, AffineStage};
-use pipeweave::backends::{run_threads, BackendError, StageCompute, ThreadOptions};
+use pipeweave::backends::{run_threads, BackendError, StageCompute, StageError, ThreadOptions};
 use pipeweave::core_ir::{project, CheckedPrograms, ProjectionOptions, RecvPolicy};
 use pipeweave::{build_plan, PipelineConfig, StageCostsSpec, Task, Work};
 use std::time::{Duration, Instant};
@@ -110,22 +110,25 @@ struct Faulty {
 
 impl StageCompute for Faulty {
     type Tensor = f64;
-    fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, String> {
+    fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, StageError> {
         if Some(work) == self.at {
             if self.panic {
                 panic!("injected panic in stage {}", work.stage);
             }
-            return Err(format!("injected failure in stage {}", work.stage));
+            return Err(StageError::failed(format!(
+                "injected failure in stage {}",
+                work.stage
+            )));
         }
         self.inner.forward(work, input)
     }
-    fn loss(&mut self, work: Work, output: f64) -> Result<f64, String> {
+    fn loss(&mut self, work: Work, output: f64) -> Result<f64, StageError> {
         self.inner.loss(work, output)
     }
-    fn backward_input(&mut self, work: Work, grad: f64) -> Result<Option<f64>, String> {
+    fn backward_input(&mut self, work: Work, grad: f64) -> Result<Option<f64>, StageError> {
         self.inner.backward_input(work, grad)
     }
-    fn backward_weight(&mut self, work: Work) -> Result<(), String> {
+    fn backward_weight(&mut self, work: Work) -> Result<(), StageError> {
         self.inner.backward_weight(work)
     }
 }
@@ -138,16 +141,16 @@ struct PanicsInFree {
 
 impl StageCompute for PanicsInFree {
     type Tensor = f64;
-    fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, String> {
+    fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, StageError> {
         self.inner.forward(work, input)
     }
-    fn loss(&mut self, work: Work, output: f64) -> Result<f64, String> {
+    fn loss(&mut self, work: Work, output: f64) -> Result<f64, StageError> {
         self.inner.loss(work, output)
     }
-    fn backward_input(&mut self, work: Work, grad: f64) -> Result<Option<f64>, String> {
+    fn backward_input(&mut self, work: Work, grad: f64) -> Result<Option<f64>, StageError> {
         self.inner.backward_input(work, grad)
     }
-    fn backward_weight(&mut self, work: Work) -> Result<(), String> {
+    fn backward_weight(&mut self, work: Work) -> Result<(), StageError> {
         self.inner.backward_weight(work)
     }
     fn free_output(&mut self, work: Work) {
@@ -221,11 +224,12 @@ fn a_failing_rank_stops_the_run_with_its_error() {
     assert!(took < Duration::from_secs(5), "took {took:?}");
     match &err {
         BackendError::Stage {
-            rank, what, reason, ..
+            rank, what, source, ..
         } => {
             assert_eq!(rank.get(), 2);
             assert_eq!(what, "6F3");
-            assert_eq!(reason, "injected failure in stage 6");
+            assert_eq!(source.to_string(), "injected failure in stage 6");
+            assert_eq!(source.kind(), pipeweave::core_ir::FailureKind::Failed);
         }
         other => panic!("expected the stage error of rank 2, got {other}"),
     }

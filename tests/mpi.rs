@@ -16,7 +16,7 @@ use pipeweave::backends::mpi::rsmpi;
 use pipeweave::backends::mpi::wire::{WireDType, WirePayload};
 use pipeweave::backends::mpi::{run_mpi, MpiOptions, MpiTransport};
 use pipeweave::backends::numeric::{AffineModel, AffineStage};
-use pipeweave::backends::{Incoming, Outgoing, StageCompute, Transport};
+use pipeweave::backends::{Incoming, Outgoing, StageCompute, StageError, Transport};
 use pipeweave::core_ir::{project, CheckedPrograms, Message, ProjectionOptions};
 use pipeweave::{build_plan, MicrobatchId, PipelineConfig, RankId, StageId, Task, Work};
 use rsmpi::topology::Communicator;
@@ -245,22 +245,22 @@ struct Faulty {
 
 impl StageCompute for Faulty {
     type Tensor = f64;
-    fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, String> {
+    fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, StageError> {
         if self.stall {
             std::thread::sleep(Duration::from_secs(60));
         }
         self.inner.forward(work, input)
     }
-    fn loss(&mut self, work: Work, output: f64) -> Result<f64, String> {
+    fn loss(&mut self, work: Work, output: f64) -> Result<f64, StageError> {
         self.inner.loss(work, output)
     }
-    fn backward_input(&mut self, work: Work, grad: f64) -> Result<Option<f64>, String> {
+    fn backward_input(&mut self, work: Work, grad: f64) -> Result<Option<f64>, StageError> {
         if self.fail {
-            return Err("injected failure".to_string());
+            return Err(StageError::failed("injected failure"));
         }
         self.inner.backward_input(work, grad)
     }
-    fn backward_weight(&mut self, work: Work) -> Result<(), String> {
+    fn backward_weight(&mut self, work: Work) -> Result<(), StageError> {
         self.inner.backward_weight(work)
     }
 }

@@ -1,6 +1,8 @@
 //! The one error type of `pipeweave-backends`: what stops a run, and where.
 
-use pipeweave_core::{CommError, Message, RankId};
+use pipeweave_core::{CommError, FailureKind, Message, RankId};
+
+use crate::stage_error::StageError;
 use thiserror::Error;
 
 /// Why a run failed. Every variant names the rank and the instruction index where it happened.
@@ -10,7 +12,7 @@ pub enum BackendError {
     #[error("the programs were not run: communication check failed: {0}")]
     Unchecked(#[from] CommError),
     /// A stage's computation returned an error.
-    #[error("rank {rank}, instruction {instr} ({what}): the stage failed: {reason}")]
+    #[error("rank {rank}, instruction {instr} ({what}): the stage failed: {source}")]
     Stage {
         /// The rank.
         rank: RankId,
@@ -18,8 +20,9 @@ pub enum BackendError {
         instr: usize,
         /// The instruction.
         what: String,
-        /// The stage's error.
-        reason: String,
+        /// The stage's error, with its kind.
+        #[source]
+        source: StageError,
     },
     /// The stage or the transport panicked.
     #[error("rank {rank}, instruction {instr} ({what}): the {component} panicked: {reason}")]
@@ -116,6 +119,22 @@ fn waiting_for(waiting: &Option<(RankId, Message)>) -> String {
 }
 
 impl BackendError {
+    /// The kind of failure: a stage's own kind; [`FailureKind::Bug`] for programs that fail the
+    /// check, a panic, a missing tensor or a protocol mismatch (the programs or the stage are
+    /// wrong); [`FailureKind::Failed`] for a transport failure or a rank stopped by another's;
+    /// [`FailureKind::Timeout`] for a receive past the limit or a stall.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            BackendError::Stage { source, .. } => source.kind(),
+            BackendError::Unchecked(_)
+            | BackendError::Panicked { .. }
+            | BackendError::Program { .. }
+            | BackendError::Protocol { .. } => FailureKind::Bug,
+            BackendError::Transport { .. } | BackendError::Aborted { .. } => FailureKind::Failed,
+            BackendError::Stalled { .. } | BackendError::Timeout { .. } => FailureKind::Timeout,
+        }
+    }
+
     /// Whether this error only reports that another rank failed first.
     pub fn is_secondary(&self) -> bool {
         matches!(self, BackendError::Aborted { .. })

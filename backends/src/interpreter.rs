@@ -11,6 +11,7 @@
 
 use crate::compute::StageCompute;
 use crate::error::BackendError;
+use crate::stage_error::StageError;
 use crate::transport::{Incoming, Outgoing, Transport, TransportFailure};
 use pipeweave_core::{
     CommGroup, CommOp, Direction, Instr, Problem, RankId, RankProgram, Task, Work,
@@ -40,7 +41,7 @@ impl Component {
 /// Why one call failed, before the rank and instruction are added.
 enum Fault {
     /// The stage returned an error.
-    Stage(String),
+    Stage(StageError),
     /// The transport returned a failure.
     Transport(TransportFailure),
     /// A tensor the program needs is not there.
@@ -335,11 +336,11 @@ where
 /// The error of a fault at instruction `instr` of `rank`.
 fn fault_error(rank: RankId, instr: usize, what: String, fault: Fault) -> BackendError {
     match fault {
-        Fault::Stage(reason) => BackendError::Stage {
+        Fault::Stage(source) => BackendError::Stage {
             rank,
             instr,
             what,
-            reason,
+            source,
         },
         Fault::Missing(reason) => BackendError::Program {
             rank,
@@ -444,30 +445,30 @@ mod tests {
 
     impl StageCompute for Counting {
         type Tensor = f64;
-        fn forward(&mut self, _: Work, input: Option<f64>) -> Result<f64, String> {
+        fn forward(&mut self, _: Work, input: Option<f64>) -> Result<f64, StageError> {
             self.hook("forward");
             Ok(input.unwrap_or(1.0) * 2.0)
         }
-        fn loss(&mut self, _: Work, output: f64) -> Result<f64, String> {
+        fn loss(&mut self, _: Work, output: f64) -> Result<f64, StageError> {
             self.hook("loss");
             Ok(output)
         }
-        fn backward_input(&mut self, _: Work, grad: f64) -> Result<Option<f64>, String> {
+        fn backward_input(&mut self, _: Work, grad: f64) -> Result<Option<f64>, StageError> {
             self.hook("backward_input");
             Ok(Some(grad))
         }
-        fn backward_weight(&mut self, _: Work) -> Result<(), String> {
+        fn backward_weight(&mut self, _: Work) -> Result<(), StageError> {
             self.hook("backward_weight");
             Ok(())
         }
         fn free_output(&mut self, _: Work) {
             self.hook("free_output");
         }
-        fn grad_sync(&mut self, _: StageId) -> Result<(), String> {
+        fn grad_sync(&mut self, _: StageId) -> Result<(), StageError> {
             self.hook("grad_sync");
             Ok(())
         }
-        fn flush(&mut self) -> Result<(), String> {
+        fn flush(&mut self) -> Result<(), StageError> {
             self.hook("flush");
             Ok(())
         }

@@ -21,6 +21,7 @@ pub mod interpreter;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod numeric;
+pub mod stage_error;
 pub mod threads;
 pub mod timing;
 pub mod transport;
@@ -30,5 +31,6 @@ pub use crate::mpi::{agree_on_programs, run_mpi, Mailbox, MpiOptions, MpiTranspo
 pub use compute::StageCompute;
 pub use error::BackendError;
 pub use numeric::{AffineModel, AffineStage};
+pub use stage_error::StageError;
 pub use threads::{run_threads, ThreadOptions};
 pub use transport::{Incoming, Outgoing, Transport, TransportFailure};

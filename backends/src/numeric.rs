@@ -16,6 +16,7 @@
 //! the host is an error.
 
 use crate::compute::StageCompute;
+use crate::stage_error::StageError;
 use crate::timing::sleep_until;
 use pipeweave_core::{Problem, StageId, Task, Work};
 use std::collections::HashMap;
@@ -273,7 +274,7 @@ pub fn total_gradients(stages: &[AffineStage]) -> Gradients {
 impl StageCompute for AffineStage {
     type Tensor = f64;
 
-    fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, String> {
+    fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, StageError> {
         self.wait_for_offloads();
         self.spend(Task::Forward(work));
         let x = match input {
@@ -282,23 +283,33 @@ impl StageCompute for AffineStage {
                 .model
                 .inputs
                 .get(work.microbatch.index())
-                .ok_or_else(|| format!("no input for microbatch {}", work.microbatch))?,
+                .ok_or_else(|| {
+                    StageError::bad_input(format!(
+                        "the model has no input for microbatch {}",
+                        work.microbatch
+                    ))
+                })?,
         };
         self.saved_input.insert(work, x);
         let (a, b) = self.model.params(work.stage);
         Ok(a * x + b)
     }
 
-    fn loss(&mut self, work: Work, output: f64) -> Result<f64, String> {
+    fn loss(&mut self, work: Work, output: f64) -> Result<f64, StageError> {
         let target = self
             .model
             .targets
             .get(work.microbatch.index())
-            .ok_or_else(|| format!("no target for microbatch {}", work.microbatch))?;
+            .ok_or_else(|| {
+                StageError::bad_input(format!(
+                    "the model has no target for microbatch {}",
+                    work.microbatch
+                ))
+            })?;
         Ok(output - target)
     }
 
-    fn backward_input(&mut self, work: Work, grad_output: f64) -> Result<Option<f64>, String> {
+    fn backward_input(&mut self, work: Work, grad_output: f64) -> Result<Option<f64>, StageError> {
         if let Some(end) = self.link.reloaded.remove(&work) {
             sleep_until(end);
         }
@@ -310,10 +321,10 @@ impl StageCompute for AffineStage {
             } else {
                 "missing"
             };
-            return Err(format!(
+            return Err(StageError::bug(format!(
                 "the backward finds the {} {place}",
                 Self::missing("activation", work)
-            ));
+            )));
         }
         self.spend(Task::InputGrad(work));
         self.saved_grad.insert(work, grad_output);
@@ -321,19 +332,19 @@ impl StageCompute for AffineStage {
         Ok(Some(a * grad_output))
     }
 
-    fn backward_weight(&mut self, work: Work) -> Result<(), String> {
+    fn backward_weight(&mut self, work: Work) -> Result<(), StageError> {
         self.spend(Task::WeightGrad(work));
         let g = self.saved_grad.remove(&work).ok_or_else(|| {
-            format!(
+            StageError::bug(format!(
                 "weight gradient of stage {} microbatch {} before its input gradient",
                 work.stage, work.microbatch
-            )
+            ))
         })?;
         let x = self.saved_input.remove(&work).ok_or_else(|| {
-            format!(
+            StageError::bug(format!(
                 "weight gradient of stage {} microbatch {} without its forward",
                 work.stage, work.microbatch
-            )
+            ))
         })?;
         let w = self.model.weight_set[work.stage.index()];
         self.grads[w].0 += g * x;
@@ -341,7 +352,7 @@ impl StageCompute for AffineStage {
         Ok(())
     }
 
-    fn backward(&mut self, work: Work, grad_output: f64) -> Result<Option<f64>, String> {
+    fn backward(&mut self, work: Work, grad_output: f64) -> Result<Option<f64>, StageError> {
         self.fused(Task::Backward(work), |stage| {
             let grad_input = stage.backward_input(work, grad_output)?;
             stage.backward_weight(work)?;
@@ -355,7 +366,7 @@ impl StageCompute for AffineStage {
         input: Option<f64>,
         backward: Work,
         grad_output: f64,
-    ) -> Result<(f64, Option<f64>), String> {
+    ) -> Result<(f64, Option<f64>), StageError> {
         self.fused(Task::Overlapped { forward, backward }, |stage| {
             let output = stage.forward(forward, input)?;
             let grad_input = stage.backward(backward, grad_output)?;
@@ -363,21 +374,23 @@ impl StageCompute for AffineStage {
         })
     }
 
-    fn drop_activations(&mut self, work: Work) -> Result<(), String> {
-        let input = self
-            .saved_input
-            .remove(&work)
-            .ok_or_else(|| format!("nothing to drop: no {}", Self::missing("forward", work)))?;
+    fn drop_activations(&mut self, work: Work) -> Result<(), StageError> {
+        let input = self.saved_input.remove(&work).ok_or_else(|| {
+            StageError::bug(format!(
+                "nothing to drop: no {}",
+                Self::missing("forward", work)
+            ))
+        })?;
         self.dropped.insert(work, input);
         Ok(())
     }
 
-    fn recompute(&mut self, work: Work) -> Result<(), String> {
+    fn recompute(&mut self, work: Work) -> Result<(), StageError> {
         let input = self.dropped.remove(&work).ok_or_else(|| {
-            format!(
+            StageError::bug(format!(
                 "nothing to recompute from: no {}",
                 Self::missing("dropped forward", work)
-            )
+            ))
         })?;
         self.wait_for_offloads();
         self.spend(Task::Recompute(work));
@@ -385,22 +398,26 @@ impl StageCompute for AffineStage {
         Ok(())
     }
 
-    fn offload(&mut self, work: Work) -> Result<(), String> {
-        let input = self
-            .saved_input
-            .remove(&work)
-            .ok_or_else(|| format!("nothing to offload: no {}", Self::missing("forward", work)))?;
+    fn offload(&mut self, work: Work) -> Result<(), StageError> {
+        let input = self.saved_input.remove(&work).ok_or_else(|| {
+            StageError::bug(format!(
+                "nothing to offload: no {}",
+                Self::missing("forward", work)
+            ))
+        })?;
         self.host.insert(work, input);
         let end = self.transfer(Task::Offload(work));
         self.link.fence = Some(self.link.fence.map_or(end, |f| f.max(end)));
         Ok(())
     }
 
-    fn reload(&mut self, work: Work) -> Result<(), String> {
-        let input = self
-            .host
-            .remove(&work)
-            .ok_or_else(|| format!("nothing to reload: no {}", Self::missing("offload", work)))?;
+    fn reload(&mut self, work: Work) -> Result<(), StageError> {
+        let input = self.host.remove(&work).ok_or_else(|| {
+            StageError::bug(format!(
+                "nothing to reload: no {}",
+                Self::missing("offload", work)
+            ))
+        })?;
         self.saved_input.insert(work, input);
         let end = self.transfer(Task::Reload(work));
         self.link.reloaded.insert(work, end);

@@ -85,3 +85,52 @@ pub enum CoreError {
     #[error("imported schedule: {0}")]
     Import(String),
 }
+
+impl CoreError {
+    /// Always [`FailureKind::BadInput`]: every core error is about a description the caller gave.
+    pub fn kind(&self) -> FailureKind {
+        FailureKind::BadInput
+    }
+}
+
+/// What kind of failure an error is, for whoever must react to it: a command's exit status, a
+/// report, a retry. Every crate's error type says the kind of each of its errors (`kind()`), and
+/// errors that wrap others keep the kind of what they wrap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// The input is wrong (arguments, files, sizes, data): the user's to fix.
+    BadInput,
+    /// A bug in pipeweave: a pass that broke its plan, programs of a verified plan that fail to
+    /// project or check, an invariant of a run that does not hold, a panic.
+    Bug,
+    /// The run failed: a rank's computation or its transport failed, a peer was lost.
+    Failed,
+    /// A rank waited longer than the run's limit for a message.
+    Timeout,
+}
+
+impl FailureKind {
+    /// The exit status of a command that stops with this failure: 2 for bad input, 1 for the
+    /// rest (the contract of `pipeweave` and `train_gpt`).
+    pub fn exit_status(self) -> u8 {
+        match self {
+            FailureKind::BadInput => 2,
+            FailureKind::Bug | FailureKind::Failed | FailureKind::Timeout => 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod kind_tests {
+    use super::*;
+
+    #[test]
+    fn only_bad_input_exits_with_two() {
+        assert_eq!(FailureKind::BadInput.exit_status(), 2);
+        for kind in [FailureKind::Bug, FailureKind::Failed, FailureKind::Timeout] {
+            assert_eq!(kind.exit_status(), 1);
+        }
+        let e = CoreError::Import("x".into());
+        assert_eq!(e.kind(), FailureKind::BadInput);
+    }
+}

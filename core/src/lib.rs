@@ -31,7 +31,7 @@ pub use analysis::replay::{Blocked, ReplayError};
 pub use analysis::simulate::{simulate, simulate_with, Simulation};
 pub use analysis::slack::slack;
 pub use analysis::verify::{verify, verify_schedule, Violation, Violations};
-pub use error::CoreError;
+pub use error::{CoreError, FailureKind};
 pub use formats::grid::render_grid;
 pub use ir::cost::{CostModel, StageCosts, StageCostsSpec};
 pub use ir::facts::{

@@ -106,6 +106,29 @@ impl KernelError {
         }
     }
 
+    /// The error itself, under any [`KernelError::At`] locations.
+    pub fn innermost(&self) -> &KernelError {
+        match self {
+            KernelError::At { source, .. } => source.innermost(),
+            other => other,
+        }
+    }
+
+    /// Whether the error is about the data fed to the model (a token id outside the
+    /// vocabulary, a sequence longer than the position table) rather than the model's own
+    /// tensors or the tensor backend.
+    pub fn is_about_data(&self) -> bool {
+        matches!(
+            self.innermost(),
+            KernelError::TokenOutOfRange { .. } | KernelError::SequenceTooLong { .. }
+        )
+    }
+
+    /// Whether the tensor backend failed (rather than a check of the kernels').
+    pub fn is_backend_failure(&self) -> bool {
+        matches!(self.innermost(), KernelError::Backend { .. })
+    }
+
     /// A closure that turns a candle error of primitive `op` into a [`KernelError::Backend`].
     pub(crate) fn backend(op: &'static str) -> impl FnOnce(candle_core::Error) -> Self {
         move |source| KernelError::Backend { op, source }

@@ -90,11 +90,8 @@ where
     }
 }
 
-/// 1 for a bug in a pass, 2 for everything the user can fix.
+/// 2 for everything the user can fix, 1 for a bug in a pass or a failed run
+/// ([`crate::Error::kind`]).
 fn exit_code(e: &crate::Error) -> i32 {
-    match e {
-        crate::Error::Transform(e) if e.is_pass_bug() => 1,
-        crate::Error::Backend(_) => 1,
-        _ => 2,
-    }
+    i32::from(e.kind().exit_status())
 }

@@ -32,22 +32,26 @@ impl StepBatch {
         pad_id: Option<u32>,
     ) -> Result<StepBatch, TrainError> {
         if inputs.len() != targets.len() || inputs.is_empty() {
-            return Err(TrainError::Batch(format!(
-                "{} input and {} target microbatches; both must be equal and at least one",
-                inputs.len(),
-                targets.len()
-            )));
+            return Err(TrainError::Batch {
+                reason: format!(
+                    "{} input and {} target microbatches; both must be equal and at least one",
+                    inputs.len(),
+                    targets.len()
+                ),
+            });
         }
         let size = sequences * seq_len;
         let tensor = |ids: &Vec<u32>, what: &str, m: usize| {
             if ids.len() != size {
-                return Err(TrainError::Batch(format!(
-                    "microbatch {m}: {} {what} ids, expected {sequences} x {seq_len} = {size}",
-                    ids.len()
-                )));
+                return Err(TrainError::Batch {
+                    reason: format!(
+                        "microbatch {m}: {} {what} ids, expected {sequences} x {seq_len} = {size}",
+                        ids.len()
+                    ),
+                });
             }
             Tensor::from_slice(ids, (sequences, seq_len), &Device::Cpu)
-                .map_err(|e| TrainError::Batch(e.to_string()))
+                .map_err(TrainError::tensor(format!("microbatch {m}'s {what} ids")))
         };
         let inputs = inputs
             .iter()
@@ -65,9 +69,9 @@ impl StepBatch {
             .map(|(m, ids)| tensor(ids, "target", m))
             .collect::<Result<Vec<_>, _>>()?;
         if tokens == 0 {
-            return Err(TrainError::Batch(
-                "the global batch has no non-padding target".to_string(),
-            ));
+            return Err(TrainError::Batch {
+                reason: "the global batch has no non-padding target".to_string(),
+            });
         }
         Ok(StepBatch {
             inputs,

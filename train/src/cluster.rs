@@ -126,7 +126,7 @@ impl Cluster for ThreadsCluster {
         for (k, grads) in gradients.iter().enumerate() {
             let grads = grads
                 .as_ref()
-                .ok_or_else(|| TrainError::Stage(format!("position {k} has no gradient")))?;
+                .ok_or_else(|| TrainError::invariant(format!("position {k} has no gradient")))?;
             norms.extend(squared_norms(grads)?);
         }
         Ok(norms)

@@ -25,21 +25,25 @@ impl ModelCut {
         let routes = problem.routes();
         let positions = routes.first().map_or(0, |r| r.stages().len());
         if let Some(other) = routes.iter().find(|r| r.stages().len() != positions) {
-            return Err(TrainError::Cut(format!(
-                "every route must pass the same number of stages to cut one model into them; \
-                 routes pass {positions} and {} stages",
-                other.stages().len()
-            )));
+            return Err(TrainError::Cut {
+                reason: format!(
+                    "every route must pass the same number of stages to cut one model into them; \
+                     routes pass {positions} and {} stages",
+                    other.stages().len()
+                ),
+            });
         }
         let mut position_of = vec![usize::MAX; problem.stages() as usize];
         for route in routes {
             for (k, stage) in route.stages().iter().enumerate() {
                 let slot = &mut position_of[stage.index()];
                 if *slot != usize::MAX && *slot != k {
-                    return Err(TrainError::Cut(format!(
-                        "stage {stage} is at position {} on one route and {k} on another",
-                        *slot
-                    )));
+                    return Err(TrainError::Cut {
+                        reason: format!(
+                            "stage {stage} is at position {} on one route and {k} on another",
+                            *slot
+                        ),
+                    });
                 }
                 *slot = k;
             }
@@ -48,8 +52,9 @@ impl ModelCut {
         let layouts = (0..positions)
             .map(|k| {
                 let blocks = k * layers / positions..(k + 1) * layers / positions;
-                StageLayout::new(config, k == 0, blocks, k + 1 == positions)
-                    .map_err(|e| TrainError::Cut(e.to_string()))
+                StageLayout::new(config, k == 0, blocks, k + 1 == positions).map_err(
+                    TrainError::kernel_config(format!("the layout of position {k}")),
+                )
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(ModelCut {

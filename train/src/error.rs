@@ -4,9 +4,11 @@
 //!
 //! **Adding variants.** The enum is deliberately not `#[non_exhaustive]`: add a variant per new
 //! kind of failure (e.g. a stage error naming the rank and the instruction, a non-finite loss, a
-//! lost peer), with fields that name what and where, and classify it in
-//! [`TrainError::is_bad_input`], whose `match` has no wildcard so that the compiler asks for it.
+//! lost peer), with fields that name what and where, and classify it in [`TrainError::kind`]
+//! (bad input, a bug, a failed run, a timeout), whose `match` has no wildcard so that the
+//! compiler asks for it. Errors of other crates are kept as typed sources, with their kinds.
 
+use pipeweave_core::FailureKind;
 use std::path::PathBuf;
 
 /// Result type of the crate.
@@ -157,6 +159,9 @@ pub enum TrainError {
     Kernel {
         /// What was being computed, e.g. `"AdamW step of transformer.h.0.attn.c_attn.weight"`.
         what: String,
+        /// Whose fault: the configuration's (a model the kernels refuse), the run's (the
+        /// tensor backend failed) or a bug (tensors the trainer built).
+        kind: FailureKind,
         /// The kernels' error.
         #[source]
         source: pipeweave_kernels::KernelError,
@@ -168,8 +173,11 @@ pub enum TrainError {
         norm: f64,
     },
     /// A step's batch cannot be built (wrong sizes, no non-padding target).
-    #[error("batch: {0}")]
-    Batch(String),
+    #[error("batch: {reason}")]
+    Batch {
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A training step failed: which step, and why (a backend error names the rank and the
     /// instruction).
     #[error("step {step}: {source}")]
@@ -180,14 +188,41 @@ pub enum TrainError {
         source: Box<TrainError>,
     },
     /// The model cannot be cut into the plan's stages.
-    #[error("cutting the model into stages: {0}")]
-    Cut(String),
-    /// The schedule's plan cannot be turned into checked rank programs.
-    #[error("plan: {0}")]
-    Plan(String),
-    /// A stage's computation, or the gathering of its results, failed.
-    #[error("stage: {0}")]
-    Stage(String),
+    #[error("cutting the model into stages: {reason}")]
+    Cut {
+        /// Why not.
+        reason: String,
+    },
+    /// A verified plan's programs cannot be projected (a bug in the pass that built the plan).
+    #[error("the plan's programs cannot be projected: {0}")]
+    Projection(#[source] pipeweave_core::Violations),
+    /// A verified plan's programs fail the communication check (a bug in a pass or in the
+    /// projection).
+    #[error("the plan's programs fail the communication check: {0}")]
+    Communication(#[source] pipeweave_core::CommError),
+    /// Measured op durations do not make a cost model (a bug: durations are finite and
+    /// non-negative).
+    #[error("the measured op costs: {0}")]
+    MeasuredCosts(#[source] pipeweave_core::CoreError),
+    /// The simulator cannot replay a plan the trainer ran (a bug).
+    #[error("replaying the measured step: {0}")]
+    Replay(#[source] pipeweave_core::ReplayError),
+    /// A trace cannot be written as JSON (a bug).
+    #[error("writing the trace: {0}")]
+    Trace(#[source] serde_json::Error),
+    /// Something the trainer relies on does not hold (a bug): a gradient that never arrived, a
+    /// replica's thread that panicked.
+    #[error("internal error: {what}")]
+    Invariant {
+        /// What does not hold.
+        what: String,
+    },
+    /// MPI failed: a communicator is missing, a message cannot be exchanged or decoded.
+    #[error("MPI: {what}")]
+    Mpi {
+        /// What failed.
+        what: String,
+    },
     /// A process of a data-parallel run failed: which replica and world rank, and why.
     #[error("replica {replica} (world rank {world_rank}): {source}")]
     Replica {
@@ -205,10 +240,11 @@ pub enum TrainError {
 }
 
 impl TrainError {
-    /// Whether the error is the user's input being wrong (exit status 2: bad data, sizes,
-    /// arguments, a checkpoint for another model or schedule) rather than the run failing (exit
-    /// status 1).
-    pub fn is_bad_input(&self) -> bool {
+    /// The kind of failure: bad input (bad data, sizes, arguments, a checkpoint for another
+    /// model or schedule), a bug (programs of a verified plan that do not project or check, an
+    /// invariant that does not hold), a failed run (a computation, a transport, a diverged loss)
+    /// or a timeout; errors that wrap others keep their kind.
+    pub fn kind(&self) -> FailureKind {
         match self {
             TrainError::NotUtf8 { .. }
             | TrainError::DataTooShort { .. }
@@ -221,21 +257,39 @@ impl TrainError {
             | TrainError::ScheduleMismatch { .. }
             | TrainError::Metadata { .. }
             | TrainError::Safetensors { .. }
-            | TrainError::Cut(_)
-            | TrainError::Plan(_) => true,
+            | TrainError::Batch { .. }
+            | TrainError::Cut { .. } => FailureKind::BadInput,
             TrainError::Io { action, .. } => {
-                action.starts_with("read") || action.starts_with("list")
+                if action.starts_with("read") || action.starts_with("list") {
+                    FailureKind::BadInput
+                } else {
+                    FailureKind::Failed
+                }
             }
-            TrainError::Step { source, .. } | TrainError::Replica { source, .. } => {
-                source.is_bad_input()
-            }
+            TrainError::Step { source, .. } | TrainError::Replica { source, .. } => source.kind(),
+            TrainError::Kernel { kind, .. } => *kind,
+            TrainError::Projection(_)
+            | TrainError::Communication(_)
+            | TrainError::MeasuredCosts(_)
+            | TrainError::Replay(_)
+            | TrainError::Trace(_)
+            | TrainError::Invariant { .. } => FailureKind::Bug,
             TrainError::Tensor { .. }
-            | TrainError::Kernel { .. }
             | TrainError::NonFiniteNorm { .. }
-            | TrainError::Batch(_)
-            | TrainError::Stage(_)
-            | TrainError::Backend(_) => false,
+            | TrainError::Mpi { .. } => FailureKind::Failed,
+            TrainError::Backend(e) => e.kind(),
         }
+    }
+
+    /// Whether the error is the user's input being wrong (exit status 2) rather than the run
+    /// failing or a bug (exit status 1): [`TrainError::kind`] is [`FailureKind::BadInput`].
+    pub fn is_bad_input(&self) -> bool {
+        self.kind() == FailureKind::BadInput
+    }
+
+    /// An [`TrainError::Invariant`]: `what` does not hold.
+    pub fn invariant(what: impl Into<String>) -> Self {
+        TrainError::Invariant { what: what.into() }
     }
 
     /// A closure that turns an I/O error on `path` while doing `action` into [`TrainError::Io`].
@@ -257,10 +311,37 @@ impl TrainError {
         move |source| TrainError::Tensor { what, source }
     }
 
-    /// A closure that turns a kernel error while computing `what` into [`TrainError::Kernel`].
+    /// A closure that turns a kernel error while computing `what` on tensors the trainer built
+    /// into [`TrainError::Kernel`]: bad input when it is about the data, a failed run when the
+    /// tensor backend failed, a bug otherwise.
     pub fn kernel(what: impl Into<String>) -> impl FnOnce(pipeweave_kernels::KernelError) -> Self {
         let what = what.into();
-        move |source| TrainError::Kernel { what, source }
+        move |source| {
+            let kind = if source.is_about_data() {
+                FailureKind::BadInput
+            } else if source.is_backend_failure() {
+                FailureKind::Failed
+            } else {
+                FailureKind::Bug
+            };
+            TrainError::Kernel { what, kind, source }
+        }
+    }
+
+    /// [`TrainError::kernel`] for a model or parameters the user chose (a configuration, a
+    /// checkpoint): bad input unless the tensor backend failed.
+    pub fn kernel_config(
+        what: impl Into<String>,
+    ) -> impl FnOnce(pipeweave_kernels::KernelError) -> Self {
+        let what = what.into();
+        move |source| {
+            let kind = if source.is_backend_failure() {
+                FailureKind::Failed
+            } else {
+                FailureKind::BadInput
+            };
+            TrainError::Kernel { what, kind, source }
+        }
     }
 
     /// An [`TrainError::InvalidArgument`] for `field` with `value` rejected because of `reason`.
@@ -300,6 +381,44 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("n_layer") && text.contains('2') && text.contains('4'));
         assert!(e.is_bad_input());
+    }
+
+    #[test]
+    fn kinds_survive_wrapping_and_decide_the_exit_status() {
+        use pipeweave_backends::{BackendError, StageError};
+        use pipeweave_core::RankId;
+        let stage = |source: StageError| TrainError::Step {
+            step: 3,
+            source: Box::new(TrainError::Backend(BackendError::Stage {
+                rank: RankId::new(1),
+                instr: 4,
+                what: "0F1".into(),
+                source,
+            })),
+        };
+        let data = stage(StageError::bad_input("token 300 outside the vocabulary"));
+        assert_eq!(data.kind(), FailureKind::BadInput);
+        assert_eq!(data.kind().exit_status(), 2);
+        let bug = stage(StageError::bug("no saved forward state"));
+        assert_eq!(bug.kind(), FailureKind::Bug);
+        assert_eq!(bug.kind().exit_status(), 1);
+        assert_eq!(
+            stage(StageError::failed("--fail")).kind(),
+            FailureKind::Failed
+        );
+        let stalled = TrainError::Backend(BackendError::Stalled {
+            seconds: 1.0,
+            report: vec![],
+        });
+        assert_eq!(stalled.kind(), FailureKind::Timeout);
+        // Programs of a verified plan that fail the check: a bug in a pass, exit 1.
+        let invariant = TrainError::invariant("position 0 received no gradient");
+        assert_eq!(invariant.kind().exit_status(), 1);
+        assert!(!invariant.is_bad_input());
+        let cut = TrainError::Cut {
+            reason: "3 stages for 2 layers".into(),
+        };
+        assert!(cut.is_bad_input());
     }
 
     #[test]

@@ -7,18 +7,21 @@
 //! predecessors have been added (the memory this costs is what the schedule runs out of order).
 //! Without it, gradients are added as they arrive (within f32 rounding of the same sum).
 
+use crate::error::TrainError;
 use candle_core::Tensor;
+use pipeweave_backends::StageError;
+use pipeweave_core::FailureKind;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 /// What a stage compute hands its weight gradients to.
 pub trait GradSync: Send + Sync {
     /// The weight gradients of one microbatch at one position, one per parameter.
-    fn add(&self, position: usize, microbatch: u32, grads: Vec<Tensor>) -> Result<(), String>;
+    fn add(&self, position: usize, microbatch: u32, grads: Vec<Tensor>) -> Result<(), StageError>;
 
     /// A stage at `position` has produced its last weight gradient of the step on this rank: a
     /// data-parallel implementation starts its all-reduce here. In process, nothing to do.
-    fn stage_complete(&self, _position: usize) -> Result<(), String> {
+    fn stage_complete(&self, _position: usize) -> Result<(), StageError> {
         Ok(())
     }
 }
@@ -35,14 +38,18 @@ struct Fold {
 }
 
 impl Fold {
-    fn add_now(&mut self, grads: Vec<Tensor>) -> Result<(), String> {
+    fn add_now(&mut self, grads: Vec<Tensor>) -> Result<(), StageError> {
         self.added += 1;
         self.sum = Some(match self.sum.take() {
             None => grads,
             Some(sum) => sum
                 .iter()
                 .zip(&grads)
-                .map(|(a, b)| a.add(b).map_err(|e| e.to_string()))
+                .map(|(a, b)| {
+                    a.add(b).map_err(|e| {
+                        StageError::caused_by(FailureKind::Failed, "adding weight gradients", e)
+                    })
+                })
                 .collect::<Result<Vec<_>, _>>()?,
         });
         Ok(())
@@ -73,17 +80,19 @@ impl LocalGradients {
     /// Every position's summed gradients (None for a position that received none), and how
     /// many microbatches each summed; fails when a deterministic fold still waits for a
     /// microbatch.
-    pub fn into_sums(self) -> Result<Vec<PositionSum>, String> {
+    pub fn into_sums(self) -> Result<Vec<PositionSum>, TrainError> {
         self.folds
             .into_iter()
             .enumerate()
             .map(|(position, fold)| {
-                let fold = fold.into_inner().map_err(|_| "a gradient fold was poisoned".to_string())?;
+                let fold = fold
+                    .into_inner()
+                    .map_err(|_| TrainError::invariant("a gradient fold was poisoned"))?;
                 if let Some(&first) = fold.waiting.keys().next() {
-                    return Err(format!(
+                    return Err(TrainError::invariant(format!(
                         "position {position}: the gradient of microbatch {} never arrived, {first} waits for it",
                         fold.next
-                    ));
+                    )));
                 }
                 Ok((fold.sum, fold.added))
             })
@@ -92,21 +101,21 @@ impl LocalGradients {
 }
 
 impl GradSync for LocalGradients {
-    fn add(&self, position: usize, microbatch: u32, grads: Vec<Tensor>) -> Result<(), String> {
+    fn add(&self, position: usize, microbatch: u32, grads: Vec<Tensor>) -> Result<(), StageError> {
         let fold = self
             .folds
             .get(position)
-            .ok_or_else(|| format!("no position {position}"))?;
+            .ok_or_else(|| StageError::bug(format!("no gradient fold for position {position}")))?;
         let mut fold = fold
             .lock()
-            .map_err(|_| "a gradient fold was poisoned".to_string())?;
+            .map_err(|_| StageError::bug("a gradient fold was poisoned"))?;
         if !self.deterministic {
             return fold.add_now(grads);
         }
         if microbatch < fold.next || fold.waiting.contains_key(&microbatch) {
-            return Err(format!(
+            return Err(StageError::bug(format!(
                 "position {position}: the gradient of microbatch {microbatch} arrived twice"
-            ));
+            )));
         }
         fold.waiting.insert(microbatch, grads);
         loop {
@@ -159,13 +168,14 @@ mod tests {
     fn a_missing_or_repeated_microbatch_is_an_error() {
         let grads = LocalGradients::new(1, true);
         grads.add(0, 1, scalar(1.0)).unwrap();
-        assert!(grads
-            .add(0, 1, scalar(1.0))
-            .unwrap_err()
-            .contains("arrived twice"));
-        assert!(grads
-            .into_sums()
-            .unwrap_err()
-            .contains("microbatch 0 never arrived"));
+        let twice = grads.add(0, 1, scalar(1.0)).unwrap_err();
+        assert!(twice.to_string().contains("arrived twice"), "{twice}");
+        assert_eq!(twice.kind(), FailureKind::Bug);
+        let missing = grads.into_sums().unwrap_err();
+        assert!(
+            missing.to_string().contains("microbatch 0 never arrived"),
+            "{missing}"
+        );
+        assert_eq!(missing.kind(), FailureKind::Bug);
     }
 }

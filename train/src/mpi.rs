@@ -37,7 +37,7 @@ use pipeweave_backends::interpreter::run_rank;
 use pipeweave_backends::mpi::rsmpi;
 use pipeweave_backends::mpi::{agree_on_programs, Mailbox, MpiTransport, FAILURE_STATUS};
 use pipeweave_backends::mpi::{WireDType, WirePayload};
-use pipeweave_backends::{Incoming, Outgoing, Transport, TransportFailure};
+use pipeweave_backends::{Incoming, Outgoing, StageError, Transport, TransportFailure};
 use pipeweave_core::{
     project, CheckedPrograms, Plan, Problem, ProjectionOptions, RankId, RankProgram, RecvPolicy,
 };
@@ -92,16 +92,18 @@ impl WirePayload for WireTensor {
 struct SharedReduction(Mutex<Reduction>);
 
 impl SharedReduction {
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Reduction>, String> {
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Reduction>, StageError> {
         self.0
             .lock()
-            .map_err(|_| "the gradient reduction was poisoned".to_string())
+            .map_err(|_| StageError::bug("the gradient reduction was poisoned"))
     }
 }
 
 impl GradSync for SharedReduction {
-    fn add(&self, position: usize, microbatch: u32, grads: Vec<Tensor>) -> Result<(), String> {
-        self.lock()?.add(position, microbatch, grads)
+    fn add(&self, position: usize, microbatch: u32, grads: Vec<Tensor>) -> Result<(), StageError> {
+        self.lock()?
+            .add(position, microbatch, grads)
+            .map_err(|e| StageError::failed(format!("the gradient reduction: {e}")))
     }
 }
 
@@ -132,7 +134,9 @@ impl StepTransport<'_> {
         let Some(reduction) = self.reduction else {
             return Ok(true);
         };
-        let mut reduction = reduction.lock().map_err(TransportFailure::Broken)?;
+        let mut reduction = reduction
+            .lock()
+            .map_err(|e| TransportFailure::Broken(e.to_string()))?;
         reduction
             .pump(&mut MailboxCourier(self.mailbox))
             .map_err(TransportFailure::Broken)?;
@@ -257,7 +261,9 @@ impl MpiCluster {
         let color = Color::with_value(i32::try_from(replica).unwrap_or(i32::MAX));
         let pipeline = world
             .split_by_color_with_key(color, world.rank())
-            .ok_or_else(|| TrainError::Stage("MPI gave no pipeline communicator".into()))?;
+            .ok_or_else(|| TrainError::Mpi {
+                what: "MPI gave no pipeline communicator".into(),
+            })?;
         let programs = |forward_only| {
             let set = project(
                 plan,
@@ -266,8 +272,8 @@ impl MpiCluster {
                     forward_only,
                 },
             )
-            .map_err(|v| TrainError::Plan(v.to_string()))?;
-            CheckedPrograms::check(&problem, set).map_err(|e| TrainError::Plan(e.to_string()))
+            .map_err(TrainError::Projection)?;
+            CheckedPrograms::check(&problem, set).map_err(TrainError::Communication)
         };
         let program = agree_on_programs(&pipeline, &programs(false)?)?;
         let eval_program = agree_on_programs(&pipeline, &programs(true)?)?;
@@ -351,7 +357,7 @@ impl MpiCluster {
             .enumerate()
             .try_fold(0.0, |sum, (m, (loss, count))| match count {
                 1 => Ok(sum + loss),
-                n => Err(TrainError::Stage(format!(
+                n => Err(TrainError::invariant(format!(
                     "microbatch {m} has {n} losses in the world, not one"
                 ))),
             })
@@ -395,13 +401,13 @@ impl Cluster for MpiCluster {
         let mut host_peaks = vec![0u64; self.world.size() as usize];
         self.world.all_gather_into(&host, &mut host_peaks[..]);
         let reduction = Arc::try_unwrap(reduction)
-            .map_err(|_| TrainError::Stage("the stage still holds the reduction".into()))?;
+            .map_err(|_| TrainError::invariant("the stage still holds the reduction"))?;
         let totals = reduction
             .0
             .into_inner()
-            .map_err(|_| TrainError::Stage("the gradient reduction was poisoned".into()))?
+            .map_err(|_| TrainError::invariant("the gradient reduction was poisoned"))?
             .into_totals()
-            .map_err(TrainError::Stage)?;
+            .map_err(|what| TrainError::Mpi { what })?;
         let gradients = (0..self.owners.positions())
             .map(|k| totals.get(&k).cloned())
             .collect();
@@ -445,10 +451,9 @@ impl Cluster for MpiCluster {
         for (k, &count) in parameters.iter().enumerate() {
             let first_holder = self.owners.holders(k).first().copied();
             if first_holder == Some(self.world_rank) {
-                let grads = gradients
-                    .get(k)
-                    .and_then(Option::as_ref)
-                    .ok_or_else(|| TrainError::Stage(format!("position {k} has no gradient")))?;
+                let grads = gradients.get(k).and_then(Option::as_ref).ok_or_else(|| {
+                    TrainError::invariant(format!("position {k} has no gradient"))
+                })?;
                 for (slot, norm) in local[offset..offset + count]
                     .iter_mut()
                     .zip(squared_norms(grads)?)
@@ -466,10 +471,10 @@ impl Cluster for MpiCluster {
 
     fn share(&mut self, position: usize, tensors: Vec<Tensor>) -> Result<Vec<Tensor>, TrainError> {
         let root = self.owners.holders(position).first().copied().unwrap_or(0);
-        let mut bytes = encode(&tensors).map_err(TrainError::Stage)?;
+        let mut bytes = encode(&tensors).map_err(|what| TrainError::Mpi { what })?;
         let root = self.world.process_at_rank(i32::try_from(root).unwrap_or(0));
         root.broadcast_into(&mut bytes[..]);
-        decode(&bytes, &tensors).map_err(TrainError::Stage)
+        decode(&bytes, &tensors).map_err(|what| TrainError::Mpi { what })
     }
 
     fn is_writer(&self) -> bool {

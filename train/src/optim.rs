@@ -366,7 +366,7 @@ pub fn step_positions(
                     h.join().unwrap_or_else(|_| {
                         vec![(
                             0,
-                            Err(TrainError::Stage("an optimizer thread panicked".into())),
+                            Err(TrainError::invariant("an optimizer thread panicked")),
                         )]
                     })
                 })

@@ -25,11 +25,14 @@
 
 use crate::batch::StepBatch;
 use crate::cut::ModelCut;
+use crate::error::TrainError;
 use crate::gradients::GradSync;
 use candle_core::Tensor;
-use pipeweave_backends::StageCompute;
-use pipeweave_core::{Problem, RankId, StageId, Task, Work};
-use pipeweave_kernels::{CrossEntropy, HostSaved, StageModel, StagePendingWeightGrad, StageSaved};
+use pipeweave_backends::{StageCompute, StageError};
+use pipeweave_core::{FailureKind, Problem, RankId, StageId, Task, Work};
+use pipeweave_kernels::{
+    CrossEntropy, HostSaved, KernelError, StageModel, StagePendingWeightGrad, StageSaved,
+};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
@@ -116,7 +119,7 @@ impl GptStage {
         batch: Arc<StepBatch>,
         sync: Arc<dyn GradSync>,
         epoch: Instant,
-    ) -> Result<GptStage, String> {
+    ) -> Result<GptStage, TrainError> {
         let mut stages = BTreeMap::new();
         let held = problem.stages_of(rank);
         let outputs_leave = held
@@ -132,12 +135,12 @@ impl GptStage {
             })
             .collect();
         for &stage in &held {
-            let position = cut
-                .position(stage)
-                .ok_or_else(|| format!("stage {stage} has no position in the model cut"))?;
+            let position = cut.position(stage).ok_or_else(|| {
+                TrainError::invariant(format!("stage {stage} has no position in the model cut"))
+            })?;
             let model = models
                 .get(position)
-                .ok_or_else(|| format!("no model for position {position}"))?
+                .ok_or_else(|| TrainError::invariant(format!("no model for position {position}")))?
                 .clone();
             stages.insert(stage, HeldStage { position, model });
         }
@@ -218,10 +221,10 @@ impl GptStage {
         self.host_peak_bytes
     }
 
-    fn stage(&self, stage: StageId) -> Result<&HeldStage, String> {
+    fn stage(&self, stage: StageId) -> Result<&HeldStage, StageError> {
         self.stages
             .get(&stage)
-            .ok_or_else(|| format!("rank {} holds no stage {stage}", self.rank))
+            .ok_or_else(|| StageError::bug(format!("rank {} holds no stage {stage}", self.rank)))
     }
 
     fn record(&mut self, task: Task, start: Instant) {
@@ -268,9 +271,9 @@ enum Table {
 impl StageCompute for GptStage {
     type Tensor = Tensor;
 
-    fn forward(&mut self, work: Work, input: Option<Tensor>) -> Result<Tensor, String> {
+    fn forward(&mut self, work: Work, input: Option<Tensor>) -> Result<Tensor, StageError> {
         match self.injection.take() {
-            Some(Injection::Fail) => return Err("injected failure (--fail)".to_string()),
+            Some(Injection::Fail) => return Err(StageError::failed("injected failure (--fail)")),
             Some(Injection::Stall(pause)) => std::thread::sleep(pause),
             None => {}
         }
@@ -280,11 +283,19 @@ impl StageCompute for GptStage {
             None => self
                 .batch
                 .input(self.global(work) as usize)
-                .ok_or_else(|| format!("no input for microbatch {}", work.microbatch))?
+                .ok_or_else(|| {
+                    StageError::bug(format!(
+                        "the batch has no input for microbatch {}",
+                        work.microbatch
+                    ))
+                })?
                 .clone(),
         };
         let held = self.stage(work.stage)?;
-        let (output, saved) = held.model.forward(&input).map_err(|e| e.to_string())?;
+        let (output, saved) = held
+            .model
+            .forward(&input)
+            .map_err(kernel_failure(work, "forward"))?;
         if !self.forward_only {
             let kept = saved.held_bytes();
             self.saved.insert(work, saved);
@@ -298,11 +309,16 @@ impl StageCompute for GptStage {
         Ok(output)
     }
 
-    fn loss(&mut self, work: Work, logits: Tensor) -> Result<Tensor, String> {
+    fn loss(&mut self, work: Work, logits: Tensor) -> Result<Tensor, StageError> {
         let targets = self
             .batch
             .target(self.global(work) as usize)
-            .ok_or_else(|| format!("no targets for microbatch {}", work.microbatch))?;
+            .ok_or_else(|| {
+                StageError::bug(format!(
+                    "the batch has no targets for microbatch {}",
+                    work.microbatch
+                ))
+            })?;
         let held = self.stage(work.stage)?;
         let out = self
             .cross_entropy
@@ -312,17 +328,24 @@ impl StageCompute for GptStage {
                 targets,
                 self.batch.normalizer(),
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(kernel_failure(work, "loss"))?;
         let loss = out
             .loss_sum
             .to_dtype(candle_core::DType::F64)
             .and_then(|t| t.to_scalar::<f64>())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| {
+                StageError::caused_by(
+                    FailureKind::Failed,
+                    format!("the loss of {}", display(work)),
+                    e,
+                )
+            })?;
         if !loss.is_finite() {
-            return Err(format!(
+            // Training diverged: the run fails, nobody's input or code is at fault.
+            return Err(StageError::failed(format!(
                 "the loss of microbatch {} is not finite ({loss})",
                 work.microbatch
-            ));
+            )));
         }
         self.losses.insert(self.global(work), loss);
         self.release(Table::Output, work);
@@ -333,7 +356,7 @@ impl StageCompute for GptStage {
         &mut self,
         work: Work,
         grad_output: Tensor,
-    ) -> Result<Option<Tensor>, String> {
+    ) -> Result<Option<Tensor>, StageError> {
         let start = Instant::now();
         let saved = self.saved.remove(&work).ok_or_else(|| {
             let place = if self.host.contains_key(&work) {
@@ -341,13 +364,16 @@ impl StageCompute for GptStage {
             } else {
                 ""
             };
-            format!("no saved forward state for {}{place}", display(work))
+            StageError::bug(format!(
+                "no saved forward state for {}{place}",
+                display(work)
+            ))
         })?;
         let held = self.stage(work.stage)?;
         let (grad_input, pending) = held
             .model
             .backward_input(saved, &grad_output)
-            .map_err(|e| e.to_string())?;
+            .map_err(kernel_failure(work, "input-gradient backward"))?;
         let kept = pending.held_bytes();
         self.pending.insert(work, pending);
         self.release(Table::Saved, work);
@@ -356,18 +382,17 @@ impl StageCompute for GptStage {
         Ok(grad_input)
     }
 
-    fn backward_weight(&mut self, work: Work) -> Result<(), String> {
+    fn backward_weight(&mut self, work: Work) -> Result<(), StageError> {
         let start = Instant::now();
-        let pending = self
-            .pending
-            .remove(&work)
-            .ok_or_else(|| format!("no input-gradient state for {}", display(work)))?;
+        let pending = self.pending.remove(&work).ok_or_else(|| {
+            StageError::bug(format!("no input-gradient state for {}", display(work)))
+        })?;
         let held = self.stage(work.stage)?;
         let position = held.position;
         let grads = held
             .model
             .backward_weight(pending)
-            .map_err(|e| e.to_string())?;
+            .map_err(kernel_failure(work, "weight-gradient backward"))?;
         self.release(Table::Pending, work);
         let microbatch = self.global(work);
         self.sync.add(position, microbatch, grads)?;
@@ -382,18 +407,21 @@ impl StageCompute for GptStage {
         self.release(Table::Output, work);
     }
 
-    fn drop_activations(&mut self, work: Work) -> Result<(), String> {
+    fn drop_activations(&mut self, work: Work) -> Result<(), StageError> {
         let input = match self.last_input.take() {
             Some((last, input)) if last == work => input,
             _ => {
-                return Err(format!(
+                return Err(StageError::bug(format!(
                     "drop of {}: it must follow that forward directly",
                     display(work)
-                ))
+                )))
             }
         };
         if self.saved.remove(&work).is_none() {
-            return Err(format!("drop of {}: no saved state", display(work)));
+            return Err(StageError::bug(format!(
+                "drop of {}: no saved state",
+                display(work)
+            )));
         }
         self.release(Table::Saved, work);
         let checkpoint = self.stage(work.stage)?.model.checkpoint(&input);
@@ -403,17 +431,22 @@ impl StageCompute for GptStage {
         Ok(())
     }
 
-    fn recompute(&mut self, work: Work) -> Result<(), String> {
+    fn recompute(&mut self, work: Work) -> Result<(), StageError> {
         let start = Instant::now();
         let checkpoint = self
             .saved
             .remove(&work)
             .filter(StageSaved::is_checkpoint)
-            .ok_or_else(|| format!("recompute of {}: it was not dropped", display(work)))?;
+            .ok_or_else(|| {
+                StageError::bug(format!(
+                    "recompute of {}: it was not dropped",
+                    display(work)
+                ))
+            })?;
         let model = &self.stage(work.stage)?.model;
         let rebuilt = model
             .recompute_state(checkpoint)
-            .map_err(|e| e.to_string())?;
+            .map_err(kernel_failure(work, "recompute"))?;
         self.release(Table::Saved, work);
         let kept = rebuilt.held_bytes();
         self.saved.insert(work, rebuilt);
@@ -422,13 +455,12 @@ impl StageCompute for GptStage {
         Ok(())
     }
 
-    fn offload(&mut self, work: Work) -> Result<(), String> {
+    fn offload(&mut self, work: Work) -> Result<(), StageError> {
         let start = Instant::now();
-        let saved = self
-            .saved
-            .remove(&work)
-            .ok_or_else(|| format!("offload of {}: no saved state", display(work)))?;
-        let copied = saved.to_host().map_err(|e| e.to_string())?;
+        let saved = self.saved.remove(&work).ok_or_else(|| {
+            StageError::bug(format!("offload of {}: no saved state", display(work)))
+        })?;
+        let copied = saved.to_host().map_err(kernel_failure(work, "offload"))?;
         self.release(Table::Saved, work);
         self.host_bytes += copied.bytes();
         self.host_peak_bytes = self.host_peak_bytes.max(self.host_bytes);
@@ -437,14 +469,16 @@ impl StageCompute for GptStage {
         Ok(())
     }
 
-    fn reload(&mut self, work: Work) -> Result<(), String> {
+    fn reload(&mut self, work: Work) -> Result<(), StageError> {
         let start = Instant::now();
-        let copied = self
-            .host
-            .remove(&work)
-            .ok_or_else(|| format!("reload of {}: nothing in the host store", display(work)))?;
+        let copied = self.host.remove(&work).ok_or_else(|| {
+            StageError::bug(format!(
+                "reload of {}: nothing in the host store",
+                display(work)
+            ))
+        })?;
         self.host_bytes -= copied.bytes();
-        let saved = copied.to_device().map_err(|e| e.to_string())?;
+        let saved = copied.to_device().map_err(kernel_failure(work, "reload"))?;
         let kept = saved.held_bytes();
         self.saved.insert(work, saved);
         self.hold(Table::Saved, work, kept);
@@ -452,20 +486,36 @@ impl StageCompute for GptStage {
         Ok(())
     }
 
-    fn grad_sync(&mut self, stage: StageId) -> Result<(), String> {
+    fn grad_sync(&mut self, stage: StageId) -> Result<(), StageError> {
         self.stage(stage)?;
         self.last_weight.insert(stage);
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), String> {
+    fn flush(&mut self) -> Result<(), StageError> {
         match self.pending.keys().next() {
-            Some(work) => Err(format!(
+            Some(work) => Err(StageError::bug(format!(
                 "the weight gradient of {} never ran",
                 display(*work)
-            )),
+            ))),
             None => Ok(()),
         }
+    }
+}
+
+/// A kernel error of `what` for `work` as a stage error of its kind: bad input when it is about
+/// the data (a token outside the vocabulary), a failure when the tensor backend failed, a bug
+/// otherwise (the stage built every other tensor the kernels check).
+fn kernel_failure(work: Work, what: &'static str) -> impl FnOnce(KernelError) -> StageError {
+    move |e| {
+        let kind = if e.is_about_data() {
+            FailureKind::BadInput
+        } else if e.is_backend_failure() {
+            FailureKind::Failed
+        } else {
+            FailureKind::Bug
+        };
+        StageError::caused_by(kind, format!("{what} of {}", display(work)), e)
     }
 }
 

@@ -37,9 +37,9 @@ impl StepRunner {
         forward_only: bool,
     ) -> Result<StepRunner, TrainError> {
         let programs = project(plan, ProjectionOptions { recv, forward_only })
-            .map_err(|v| TrainError::Plan(v.to_string()))?;
-        let checked = CheckedPrograms::check(plan.problem(), programs)
-            .map_err(|e| TrainError::Plan(e.to_string()))?;
+            .map_err(TrainError::Projection)?;
+        let checked =
+            CheckedPrograms::check(plan.problem(), programs).map_err(TrainError::Communication)?;
         Ok(StepRunner {
             checked,
             options: ThreadOptions::default(),
@@ -112,10 +112,12 @@ impl GptModel {
                 let layout = cut
                     .layout(k)
                     .cloned()
-                    .ok_or_else(|| TrainError::Cut(format!("position {k} has no layout")))?;
+                    .ok_or_else(|| TrainError::invariant(format!("position {k} has no layout")))?;
                 StageModel::new(*config, layout, seed, dtype)
                     .map(|m| m.with_recompute(recompute))
-                    .map_err(|e| TrainError::Cut(e.to_string()))
+                    .map_err(TrainError::kernel_config(format!(
+                        "the model of position {k}"
+                    )))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(GptModel {
@@ -148,9 +150,13 @@ impl GptModel {
     ) -> Result<(), TrainError> {
         self.models
             .get_mut(position)
-            .ok_or_else(|| TrainError::Cut(format!("no position {position}")))?
+            .ok_or_else(|| {
+                TrainError::invalid("position", position, "the model has no such position")
+            })?
             .set_parameters(values)
-            .map_err(|e| TrainError::Cut(e.to_string()))
+            .map_err(TrainError::kernel_config(format!(
+                "the parameters of position {position}"
+            )))
     }
 
     /// Runs forward and backward of one step through `runner`'s programs: the loss and every
@@ -184,11 +190,13 @@ impl GptModel {
         let problem = runner.problem();
         let (p, m) = (problem.ranks(), problem.microbatches());
         if replicas == 0 || batch.microbatches() != (replicas * m) as usize {
-            return Err(TrainError::Batch(format!(
-                "the batch has {} microbatches, {replicas} replica(s) of the plan {}",
-                batch.microbatches(),
-                replicas * m
-            )));
+            return Err(TrainError::Batch {
+                reason: format!(
+                    "the batch has {} microbatches, {replicas} replica(s) of the plan {}",
+                    batch.microbatches(),
+                    replicas * m
+                ),
+            });
         }
         let sync = Arc::new(LocalGradients::new(
             self.cut.positions(),
@@ -219,8 +227,8 @@ impl GptModel {
                 .into_iter()
                 .map(|h| {
                     h.join().unwrap_or_else(|_| {
-                        Err(TrainError::Stage(
-                            "a data-parallel replica panicked".to_string(),
+                        Err(TrainError::invariant(
+                            "a data-parallel replica's thread panicked",
                         ))
                     })
                 })
@@ -236,14 +244,15 @@ impl GptModel {
         let peak_host_bytes = stages.iter().map(GptStage::peak_host_bytes).collect();
         drop(stages);
         let sync = Arc::try_unwrap(sync)
-            .map_err(|_| TrainError::Stage("a rank still holds the gradients".to_string()))?;
+            .map_err(|_| TrainError::invariant("a rank still holds the gradients"))?;
         let gradients = sync
-            .into_sums()
-            .map_err(TrainError::Stage)?
+            .into_sums()?
             .into_iter()
             .enumerate()
             .map(|(k, (sum, _))| {
-                sum.ok_or_else(|| TrainError::Stage(format!("position {k} received no gradient")))
+                sum.ok_or_else(|| {
+                    TrainError::invariant(format!("position {k} received no gradient"))
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(StepOutcome {
@@ -345,8 +354,7 @@ impl GptModel {
             Arc::clone(batch),
             Arc::clone(sync),
             how.epoch,
-        )
-        .map_err(TrainError::Stage)?
+        )?
         .with_injection(how.injection.filter(|(at, _)| *at == rank).map(|(_, i)| i))
         .with_offset(how.offset);
         Ok(if how.forward_only {
@@ -372,6 +380,6 @@ fn fold_losses(stages: &[GptStage], microbatches: usize) -> Result<f64, TrainErr
         .enumerate()
         .try_fold(0.0, |sum, (m, loss)| match loss {
             Some(l) => Ok(sum + l),
-            None => Err(TrainError::Stage(format!("microbatch {m} has no loss"))),
+            None => Err(TrainError::invariant(format!("microbatch {m} has no loss"))),
         })
 }

@@ -75,12 +75,12 @@ pub fn with_measured_costs(plan: &Plan, measured: &[Vec<MeasuredOp>]) -> Result<
                 .validate()
         })
         .collect::<Result<_, _>>()
-        .map_err(|e| TrainError::Plan(e.to_string()))?;
-    let costs = CostModel::per_stage(costs, 0.0).map_err(|e| TrainError::Plan(e.to_string()))?;
+        .map_err(TrainError::MeasuredCosts)?;
+    let costs = CostModel::per_stage(costs, 0.0).map_err(TrainError::MeasuredCosts)?;
     let shape = (plan.problem().clone(), costs, plan.memory().clone());
     plan.clone()
         .reshaped(Some(shape), plan.orders().to_vec(), plan.facts())
-        .map_err(|e| TrainError::Plan(e.to_string()))
+        .map_err(TrainError::MeasuredCosts)
 }
 
 /// The files of a step's timeline.
@@ -122,7 +122,7 @@ pub fn pipeline_overhead(
     measured: &[Vec<MeasuredOp>],
 ) -> Result<PipelineOverhead, TrainError> {
     let costed = with_measured_costs(plan, measured)?;
-    let replayed = simulate(&costed).map_err(|e| TrainError::Plan(e.to_string()))?;
+    let replayed = simulate(&costed).map_err(TrainError::Replay)?;
     let timeline = measured_timeline(measured);
     let ops = timeline.iter().flatten();
     let start = ops.clone().map(|t| t.start).fold(f64::INFINITY, f64::min);
@@ -160,9 +160,9 @@ pub fn step_timeline(
         })
         .collect();
     let measured_sim = Simulation::from_timeline(&costed, shifted);
-    let predicted = simulate(&costed).map_err(|e| TrainError::Plan(e.to_string()))?;
+    let predicted = simulate(&costed).map_err(TrainError::Replay)?;
     let trace = serde_json::to_string(&trace::chrome_trace(&costed, &measured_sim, title))
-        .map_err(|e| TrainError::Plan(e.to_string()))?;
+        .map_err(TrainError::Trace)?;
     Ok(StepTimeline {
         measured_svg: svg::timeline_svg(&costed, &measured_sim, &format!("{title} (measured, s)")),
         simulated_svg: svg::timeline_svg(

@@ -4,7 +4,7 @@
 //! precondition a pass states, passes in the wrong order) from what a pass got wrong (a plan that
 //! fails verification after the pass: always a bug in that pass, blamed by name).
 
-use pipeweave_core::{CoreError, Violations};
+use pipeweave_core::{CoreError, FailureKind, Violations};
 use thiserror::Error;
 
 /// Everything that can go wrong while parsing, composing and running passes.
@@ -158,6 +158,15 @@ impl TransformError {
             pass: pass.to_string(),
             constraint: constraint.to_string(),
             details: details.into(),
+        }
+    }
+
+    /// [`FailureKind::Bug`] for a bug in a pass, [`FailureKind::BadInput`] for the rest.
+    pub fn kind(&self) -> FailureKind {
+        if self.is_pass_bug() {
+            FailureKind::Bug
+        } else {
+            FailureKind::BadInput
         }
     }
 

@@ -1,7 +1,9 @@
 //! [`Attention`]: causal multi-head self-attention exactly as Hugging Face's `GPT2Attention`
 //! (no dropout): `c_attn` maps `d -> 3d`, split along the last dimension into q, k, v in that
 //! order; heads split as `[B, T, H, D]` (then `[B, H, T, D]`); scores `q·kᵀ / √D`; causal mask;
-//! softmax; weighted sum of v; heads merged; `c_proj` maps `d -> d`.
+//! softmax; weighted sum of v; heads merged; `c_proj` maps `d -> d`. The core (from `qkv` to the
+//! merged context) is one primitive, [`Primitives::causal_attention`], which reads the heads in
+//! place: no split or merged copies exist.
 //!
 //! Parameters, in order: `c_attn.weight`, `c_attn.bias`, `c_proj.weight`, `c_proj.bias`.
 
@@ -23,12 +25,11 @@ pub struct Attention {
     n_head: usize,
 }
 
-/// The per-head tensors of the attention core that its backward needs, each `[B, H, T, ·]`.
+/// What the attention core's backward needs: `qkv: [B, T, 3d]` (the heads read in place) and
+/// the attention weights `[B, H, T, T]`.
 #[derive(Debug)]
 struct CoreSaved {
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
+    qkv: Tensor,
     probs: Tensor,
 }
 
@@ -88,33 +89,14 @@ impl Attention {
         1.0 / ((self.width() / self.n_head) as f64).sqrt()
     }
 
-    /// Splits `qkv: [B, T, 3d]` into per-head query, key and value, each `[B, H, T, D]`.
-    fn split_qkv(&self, ops: &dyn Primitives, qkv: &Tensor) -> Result<[Tensor; 3]> {
-        let heads = ops
-            .split_last_dim(qkv, 3)?
-            .iter()
-            .map(|part| ops.split_heads(part, self.n_head))
-            .collect::<Result<Vec<_>>>()?;
-        let count = heads.len();
-        heads.try_into().map_err(|_| KernelError::Backend {
-            op: "split_last_dim",
-            source: candle_core::Error::Msg(format!("returned {count} parts, expected 3")),
-        })
-    }
-
     /// The attention core on `qkv: [B, T, 3d]`: returns the merged context `[B, T, d]`.
-    fn attend(&self, ops: &dyn Primitives, qkv: &Tensor) -> Result<(Tensor, CoreSaved)> {
-        let [query, key, value] = self.split_qkv(ops, qkv)?;
-        let scores = ops.scale(&ops.matmul_transpose_b(&query, &key)?, self.score_scale())?;
-        let probs = ops.causal_softmax(&scores)?;
-        let context = ops.merge_heads(&ops.matmul(&probs, &value)?)?;
+    fn attend(&self, ops: &dyn Primitives, qkv: Tensor) -> Result<(Tensor, CoreSaved)> {
+        let out = ops.causal_attention(&qkv, self.n_head, self.score_scale())?;
         let core = CoreSaved {
-            query,
-            key,
-            value,
-            probs,
+            qkv,
+            probs: out.probs,
         };
-        Ok((context, core))
+        Ok((out.context, core))
     }
 
     /// Backward of [`Self::attend`]: context gradient `[B, T, d]` -> qkv gradient `[B, T, 3d]`.
@@ -124,21 +106,13 @@ impl Attention {
         core: CoreSaved,
         grad_context: &Tensor,
     ) -> Result<Tensor> {
-        let grad_context = ops.split_heads(grad_context, self.n_head)?;
-        let grad_probs = ops.matmul_transpose_b(&grad_context, &core.value)?;
-        let grad_value = ops.matmul_transpose_a(&core.probs, &grad_context)?;
-        let grad_scores = ops.scale(
-            &ops.softmax_backward(&core.probs, &grad_probs)?,
+        ops.causal_attention_backward(
+            &core.qkv,
+            &core.probs,
+            grad_context,
+            self.n_head,
             self.score_scale(),
-        )?;
-        let grad_query = ops.matmul(&grad_scores, &core.key)?;
-        let grad_key = ops.matmul_transpose_a(&grad_scores, &core.query)?;
-        let merged = [
-            ops.merge_heads(&grad_query)?,
-            ops.merge_heads(&grad_key)?,
-            ops.merge_heads(&grad_value)?,
-        ];
-        ops.concat_last_dim(&merged)
+        )
     }
 }
 
@@ -152,7 +126,7 @@ impl Layer for Attention {
         check::last_dim_is(LAYER, "input", input, self.width())?;
         check::dtype_is(LAYER, "input", input, self.dtype())?;
         let (qkv, c_attn) = self.c_attn.forward(ops, input)?;
-        let (context, core) = self.attend(ops, &qkv)?;
+        let (context, core) = self.attend(ops, qkv)?;
         let (output, c_proj) = self.c_proj.forward(ops, &context)?;
         let saved = AttentionSaved {
             c_attn,
@@ -201,18 +175,14 @@ impl ParameterSlots for Attention {
 
 impl crate::layers::SavedTensorsMut for CoreSaved {
     fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
-        out.push(&mut self.query);
-        out.push(&mut self.key);
-        out.push(&mut self.value);
+        out.push(&mut self.qkv);
         out.push(&mut self.probs);
     }
 }
 
 impl crate::layers::HeldTensors for CoreSaved {
     fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        out.push(&self.query);
-        out.push(&self.key);
-        out.push(&self.value);
+        out.push(&self.qkv);
         out.push(&self.probs);
     }
 }

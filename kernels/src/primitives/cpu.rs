@@ -7,10 +7,11 @@
 
 use candle_core::{DType, Device, Tensor, D};
 
+use super::attention;
 use super::fused;
 use super::products::{self, Product};
 use super::slices::{tensor, with_slice, Real};
-use super::{CrossEntropyOutput, LayerNormOutput, Primitives};
+use super::{AttentionOutput, CrossEntropyOutput, LayerNormOutput, Primitives};
 use crate::error::{KernelError, Result};
 
 /// Runs `$body` with `$T` the element type of `$x` (F32 or F64); other dtypes are an error.
@@ -130,6 +131,22 @@ fn product(
     })
 }
 
+/// The attention sizes of `qkv: [B, T, 3·H·D]` with `n_head` heads.
+fn heads_of(qkv: &Tensor, n_head: usize) -> candle_core::Result<attention::Heads> {
+    let (batch, seq, three_width) = qkv.dims3()?;
+    if n_head == 0 || three_width % (3 * n_head) != 0 {
+        return Err(candle_core::Error::Msg(format!(
+            "qkv's last dimension {three_width} is not 3 x {n_head} heads x a head width"
+        )));
+    }
+    Ok(attention::Heads {
+        batch,
+        seq,
+        heads: n_head,
+        head_dim: three_width / (3 * n_head),
+    })
+}
+
 /// The number of rows of `x` (product of the leading dimensions) and its last dimension.
 fn rows_and_width(x: &Tensor) -> (usize, usize) {
     let width = x.dims().last().copied().unwrap_or(1);
@@ -166,39 +183,6 @@ impl Primitives for CpuPrimitives {
 
     fn reshape(&self, x: &Tensor, shape: &[usize]) -> Result<Tensor> {
         run("reshape", || x.reshape(shape))
-    }
-
-    fn split_heads(&self, x: &Tensor, n_head: usize) -> Result<Tensor> {
-        run("split_heads", || {
-            let (batch, seq, width) = x.dims3()?;
-            let head_dim = width.checked_div(n_head).unwrap_or(0);
-            x.reshape((batch, seq, n_head, head_dim))?
-                .transpose(1, 2)?
-                .contiguous()
-        })
-    }
-
-    fn merge_heads(&self, x: &Tensor) -> Result<Tensor> {
-        run("merge_heads", || {
-            let (batch, n_head, seq, head_dim) = x.dims4()?;
-            x.transpose(1, 2)?
-                .contiguous()?
-                .reshape((batch, seq, n_head * head_dim))
-        })
-    }
-
-    fn split_last_dim(&self, x: &Tensor, parts: usize) -> Result<Vec<Tensor>> {
-        run("split_last_dim", || {
-            let (_, width) = rows_and_width(x);
-            let part = width.checked_div(parts).unwrap_or(0);
-            (0..parts)
-                .map(|i| x.narrow(D::Minus1, i * part, part)?.contiguous())
-                .collect()
-        })
-    }
-
-    fn concat_last_dim(&self, parts: &[Tensor]) -> Result<Tensor> {
-        run("concat_last_dim", || Tensor::cat(parts, D::Minus1))
     }
 
     fn matmul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
@@ -314,21 +298,52 @@ impl Primitives for CpuPrimitives {
         })
     }
 
-    fn causal_softmax(&self, scores: &Tensor) -> Result<Tensor> {
-        run("causal_softmax", || {
-            let (_, t) = rows_and_width(scores);
-            by_dtype!(scores, |T| map1::<T>(scores, |v| fused::causal_softmax(
-                v, t
-            )))
+    fn causal_attention(&self, qkv: &Tensor, n_head: usize, scale: f64) -> Result<AttentionOutput> {
+        run("causal_attention", || {
+            let heads = heads_of(qkv, n_head)?;
+            let dims = qkv.dims3()?;
+            by_dtype!(qkv, |T| {
+                let (context, probs) =
+                    with_slice::<T, _>(qkv, |q| attention::attention(q, heads, T::of(scale)))?
+                        .ok_or_else(|| {
+                            candle_core::Error::Msg("qkv has the wrong size".to_string())
+                        })?;
+                Ok(AttentionOutput {
+                    context: tensor(context, &[dims.0, dims.1, dims.2 / 3])?,
+                    probs: tensor(probs, &[dims.0, n_head, dims.1, dims.1])?,
+                })
+            })
         })
     }
 
-    fn softmax_backward(&self, probs: &Tensor, grad_probs: &Tensor) -> Result<Tensor> {
-        run("softmax_backward", || {
-            let (_, width) = rows_and_width(probs);
-            by_dtype!(probs, |T| map2::<T>(probs, grad_probs, |p, g| {
-                fused::softmax_backward(p, g, width)
-            }))
+    fn causal_attention_backward(
+        &self,
+        qkv: &Tensor,
+        probs: &Tensor,
+        grad_context: &Tensor,
+        n_head: usize,
+        scale: f64,
+    ) -> Result<Tensor> {
+        run("causal_attention_backward", || {
+            let heads = heads_of(qkv, n_head)?;
+            by_dtype!(qkv, |T| {
+                let grad = with_slice::<T, _>(qkv, |q| {
+                    with_slice(probs, |p| {
+                        with_slice(grad_context, |g| {
+                            attention::attention_backward(q, p, g, heads, T::of(scale))
+                        })
+                    })
+                })???
+                .ok_or_else(|| {
+                    candle_core::Error::Msg(format!(
+                        "sizes differ: qkv {:?}, probs {:?}, grad_context {:?}",
+                        qkv.dims(),
+                        probs.dims(),
+                        grad_context.dims()
+                    ))
+                })?;
+                tensor(grad, qkv.dims())
+            })
         })
     }
 

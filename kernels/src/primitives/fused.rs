@@ -6,7 +6,7 @@
 //! zipped slices so that all their work is compiled inside those builds.
 
 use super::simd::vectorized_fn;
-use super::slices::Real;
+use super::slices::{Output, Real};
 
 /// `√(2/π)`, the GELU tanh approximation's scale.
 const SQRT_TWO_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -17,12 +17,13 @@ vectorized_fn! {
     /// GPT-2's `gelu_new`: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
     pub(crate) fn gelu<T: Real>(x: &[T]) -> Vec<T> {
         let (c, a, half) = (T::of(SQRT_TWO_OVER_PI), T::of(GELU_CUBIC), T::of(0.5));
-        let mut out = vec![T::ZERO; x.len()];
-        for (o, &x) in out.iter_mut().zip(x) {
+        let mut out = Output::new(x.len());
+        for (o, &x) in out.slots().iter_mut().zip(x) {
             let t = (c * (x + a * x * x * x)).tanh();
-            *o = half * x * (T::ONE + t);
+            o.write(half * x * (T::ONE + t));
         }
-        out
+        // SAFETY: the loop wrote every slot (as many as `x` has elements).
+        unsafe { out.assume_written() }
     }
 }
 
@@ -32,15 +33,16 @@ vectorized_fn! {
     pub(crate) fn gelu_backward<T: Real>(x: &[T], grad_y: &[T]) -> Vec<T> {
         let (c, a, half) = (T::of(SQRT_TWO_OVER_PI), T::of(GELU_CUBIC), T::of(0.5));
         let three_a = T::of(3.0 * GELU_CUBIC);
-        let mut out = vec![T::ZERO; x.len().min(grad_y.len())];
-        for ((o, &x), &g) in out.iter_mut().zip(x).zip(grad_y) {
+        let mut out = Output::new(x.len().min(grad_y.len()));
+        for ((o, &x), &g) in out.slots().iter_mut().zip(x).zip(grad_y) {
             let x2 = x * x;
             let t = (c * (x + a * x2 * x)).tanh();
             let slope =
                 half * (T::ONE + t) + half * x * (T::ONE - t * t) * c * (T::ONE + three_a * x2);
-            *o = g * slope;
+            o.write(g * slope);
         }
-        out
+        // SAFETY: the loop wrote every slot (as many as the shorter input has elements).
+        unsafe { out.assume_written() }
     }
 }
 
@@ -60,47 +62,52 @@ vectorized_fn! {
 vectorized_fn! {
     /// `x + row` on every row.
     pub(crate) fn add_row<T: Real>(x: &[T], row: &[T]) -> Vec<T> {
-        let mut out = vec![T::ZERO; x.len()];
         let width = row.len().max(1);
-        for (o, chunk) in out.chunks_exact_mut(width).zip(x.chunks_exact(width)) {
+        let mut out = Output::new(x.len() / width * width);
+        for (o, chunk) in out.slots().chunks_exact_mut(width).zip(x.chunks_exact(width)) {
             for ((o, &a), &b) in o.iter_mut().zip(chunk).zip(row) {
-                *o = a + b;
+                o.write(a + b);
             }
         }
-        out
+        // SAFETY: every slot lies in one of the whole rows the loop visits, and each row is
+        // written through (`row` has `width` elements).
+        unsafe { out.assume_written() }
     }
 }
 
 vectorized_fn! {
     /// `a + b`.
     pub(crate) fn add<T: Real>(a: &[T], b: &[T]) -> Vec<T> {
-        let mut out = vec![T::ZERO; a.len().min(b.len())];
-        for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
-            *o = a + b;
+        let mut out = Output::new(a.len().min(b.len()));
+        for ((o, &a), &b) in out.slots().iter_mut().zip(a).zip(b) {
+            o.write(a + b);
         }
-        out
+        // SAFETY: the loop wrote every slot (as many as the shorter input has elements).
+        unsafe { out.assume_written() }
     }
 }
 
 vectorized_fn! {
     /// `a ⊙ b`.
     pub(crate) fn mul<T: Real>(a: &[T], b: &[T]) -> Vec<T> {
-        let mut out = vec![T::ZERO; a.len().min(b.len())];
-        for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
-            *o = a * b;
+        let mut out = Output::new(a.len().min(b.len()));
+        for ((o, &a), &b) in out.slots().iter_mut().zip(a).zip(b) {
+            o.write(a * b);
         }
-        out
+        // SAFETY: the loop wrote every slot (as many as the shorter input has elements).
+        unsafe { out.assume_written() }
     }
 }
 
 vectorized_fn! {
     /// `factor · x`.
     pub(crate) fn scale<T: Real>(x: &[T], factor: T) -> Vec<T> {
-        let mut out = vec![T::ZERO; x.len()];
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = factor * v;
+        let mut out = Output::new(x.len());
+        for (o, &v) in out.slots().iter_mut().zip(x) {
+            o.write(factor * v);
         }
-        out
+        // SAFETY: the loop wrote every slot (as many as `x` has elements).
+        unsafe { out.assume_written() }
     }
 }
 
@@ -318,13 +325,13 @@ vectorized_fn! {
         k: &AdamWScalars<T>,
     ) -> (Vec<T>, Vec<T>, Vec<T>) {
         let n = param.len().min(grad.len()).min(m.len()).min(v.len());
-        let (mut new_p, mut new_m, mut new_v) =
-            (vec![T::ZERO; n], vec![T::ZERO; n], vec![T::ZERO; n]);
+        let (mut new_p, mut new_m, mut new_v) = (Output::new(n), Output::new(n), Output::new(n));
         let zero = T::ZERO;
         for (((((np, nm), nv), &p), &g), (&m, &v)) in new_p
+            .slots()
             .iter_mut()
-            .zip(&mut new_m)
-            .zip(&mut new_v)
+            .zip(new_m.slots().iter_mut())
+            .zip(new_v.slots().iter_mut())
             .zip(param)
             .zip(grad)
             .zip(m.iter().zip(v))
@@ -334,11 +341,12 @@ vectorized_fn! {
             let v = (v * k.beta2 + zero) + ((g * g) * k.one_minus_beta2 + zero);
             let denom = v.sqrt() * k.inverse_bias2_sqrt + k.eps;
             let update = (m / denom) * k.step_size + zero;
-            *np = (p * k.decay + zero) - update;
-            *nm = m;
-            *nv = v;
+            np.write((p * k.decay + zero) - update);
+            nm.write(m);
+            nv.write(v);
         }
-        (new_p, new_m, new_v)
+        // SAFETY: the loop wrote every slot of the three (`n` is the shortest input's length).
+        unsafe { (new_p.assume_written(), new_m.assume_written(), new_v.assume_written()) }
     }
 }
 

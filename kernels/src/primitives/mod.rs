@@ -6,6 +6,7 @@
 //! can replace the CPU one without touching the layers. The ops assume the shapes the layers
 //! have already checked; a violation comes back as [`crate::KernelError::Backend`], never a panic.
 
+mod attention;
 mod cpu;
 mod fused;
 mod products;
@@ -31,6 +32,15 @@ pub struct LayerNormOutput {
     pub normalized: Tensor,
     /// `1 / sqrt(var + eps)` per row, shape of the input with the last dimension 1.
     pub rstd: Tensor,
+}
+
+/// What [`Primitives::causal_attention`] returns.
+#[derive(Debug)]
+pub struct AttentionOutput {
+    /// The heads' weighted values side by side, `[B, T, H·D]`.
+    pub context: Tensor,
+    /// The attention weights, `[B, H, T, T]` (what the backward needs with `qkv`).
+    pub probs: Tensor,
 }
 
 /// What [`Primitives::cross_entropy`] returns.
@@ -64,14 +74,6 @@ pub trait Primitives: std::fmt::Debug + Send + Sync {
 
     /// The same elements (row-major) with a new shape of equal element count.
     fn reshape(&self, x: &Tensor, shape: &[usize]) -> Result<Tensor>;
-    /// `[B, T, H·D] -> [B, H, T, D]` (contiguous).
-    fn split_heads(&self, x: &Tensor, n_head: usize) -> Result<Tensor>;
-    /// `[B, H, T, D] -> [B, T, H·D]` (contiguous), the inverse of [`Self::split_heads`].
-    fn merge_heads(&self, x: &Tensor) -> Result<Tensor>;
-    /// Cuts the last dimension into `parts` equal contiguous pieces, in order.
-    fn split_last_dim(&self, x: &Tensor, parts: usize) -> Result<Vec<Tensor>>;
-    /// Concatenates along the last dimension, in order.
-    fn concat_last_dim(&self, parts: &[Tensor]) -> Result<Tensor>;
 
     // ---- linear algebra ----
 
@@ -125,11 +127,21 @@ pub trait Primitives: std::fmt::Debug + Send + Sync {
 
     // ---- attention ----
 
-    /// Softmax over the last dimension of `scores: [.., T, T]` after masking the strictly
-    /// upper triangle (key after query) to `-inf`, as a causal decoder does.
-    fn causal_softmax(&self, scores: &Tensor) -> Result<Tensor>;
-    /// Gradient of the softmax input: `probs ⊙ (grad_probs - Σ_last grad_probs ⊙ probs)`.
-    fn softmax_backward(&self, probs: &Tensor, grad_probs: &Tensor) -> Result<Tensor>;
+    /// Causal multi-head attention on `qkv: [B, T, 3·H·D]` (query, key and value along the last
+    /// dimension, `n_head` heads of width `D` inside each): `(context, probs)` with `probs:
+    /// [B, H, T, T]` the softmax of `scale · q·kᵀ` per head with keys after the query masked out
+    /// (a causal decoder), and `context: [B, T, H·D]` the heads' `probs · v` side by side.
+    fn causal_attention(&self, qkv: &Tensor, n_head: usize, scale: f64) -> Result<AttentionOutput>;
+    /// The gradient of `qkv` (`[B, T, 3·H·D]`) from the context's gradient `grad_context`
+    /// (`[B, T, H·D]`), given the forward's `qkv` and `probs`.
+    fn causal_attention_backward(
+        &self,
+        qkv: &Tensor,
+        probs: &Tensor,
+        grad_context: &Tensor,
+        n_head: usize,
+        scale: f64,
+    ) -> Result<Tensor>;
 
     // ---- activation ----
 

@@ -24,7 +24,7 @@ pub(crate) struct Product {
 }
 
 /// How many threads a product may use: `RAYON_NUM_THREADS`, as candle reads it.
-fn parallelism() -> gemm::Parallelism {
+pub(crate) fn parallelism() -> gemm::Parallelism {
     match candle_core::utils::get_num_threads() {
         0 | 1 => gemm::Parallelism::None,
         n => gemm::Parallelism::Rayon(n),

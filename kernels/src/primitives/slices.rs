@@ -2,6 +2,7 @@
 //! ([`Real`], for F32 and F64), a tensor's elements as a slice ([`with_slice`]) and a tensor made
 //! from a vector ([`tensor`]).
 
+use std::mem::MaybeUninit;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub};
 
 use candle_core::{Device, Storage, Tensor, WithDType};
@@ -151,6 +152,43 @@ pub(crate) fn with_slice<T: Real, R>(
         _ => Err(candle_core::Error::Msg(
             "the CPU primitives read contiguous CPU tensors".to_string(),
         )),
+    }
+}
+
+/// An output buffer the element-wise kernels write slot by slot, without the zeroing that
+/// `vec![0.0; n]` costs (a pass over memory that is about to be overwritten).
+pub(crate) struct Output<T> {
+    slots: Vec<MaybeUninit<T>>,
+}
+
+impl<T: Copy> Output<T> {
+    /// `n` unwritten slots.
+    #[inline(always)]
+    pub(crate) fn new(n: usize) -> Output<T> {
+        let mut slots = Vec::with_capacity(n);
+        // SAFETY: `MaybeUninit` needs no initialisation, and the capacity is `n`.
+        unsafe { slots.set_len(n) };
+        Output { slots }
+    }
+
+    /// The slots, to be written with [`MaybeUninit::write`].
+    #[inline(always)]
+    pub(crate) fn slots(&mut self) -> &mut [MaybeUninit<T>] {
+        &mut self.slots
+    }
+
+    /// The written values.
+    ///
+    /// # Safety
+    ///
+    /// Every slot must have been written.
+    #[inline(always)]
+    pub(crate) unsafe fn assume_written(self) -> Vec<T> {
+        let mut slots = std::mem::ManuallyDrop::new(self.slots);
+        let (ptr, len, capacity) = (slots.as_mut_ptr(), slots.len(), slots.capacity());
+        // SAFETY: `MaybeUninit<T>` has `T`'s layout, the allocation is the vector's own (not
+        // dropped: `ManuallyDrop`), and the caller promises every slot is initialised.
+        unsafe { Vec::from_raw_parts(ptr.cast::<T>(), len, capacity) }
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
 
-use super::{CrossEntropyOutput, LayerNormOutput, Primitives};
+use super::{AttentionOutput, CrossEntropyOutput, LayerNormOutput, Primitives};
 use crate::error::Result;
 
 /// Another implementation's ops, each call timed and summed under the op's name.
@@ -71,22 +71,6 @@ impl<P: Primitives> Primitives for TimedPrimitives<P> {
 
     fn reshape(&self, x: &Tensor, shape: &[usize]) -> Result<Tensor> {
         self.timed("reshape", || self.inner.reshape(x, shape))
-    }
-
-    fn split_heads(&self, x: &Tensor, n_head: usize) -> Result<Tensor> {
-        self.timed("split_heads", || self.inner.split_heads(x, n_head))
-    }
-
-    fn merge_heads(&self, x: &Tensor) -> Result<Tensor> {
-        self.timed("merge_heads", || self.inner.merge_heads(x))
-    }
-
-    fn split_last_dim(&self, x: &Tensor, parts: usize) -> Result<Vec<Tensor>> {
-        self.timed("split_last_dim", || self.inner.split_last_dim(x, parts))
-    }
-
-    fn concat_last_dim(&self, parts: &[Tensor]) -> Result<Tensor> {
-        self.timed("concat_last_dim", || self.inner.concat_last_dim(parts))
     }
 
     fn matmul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
@@ -158,13 +142,23 @@ impl<P: Primitives> Primitives for TimedPrimitives<P> {
         })
     }
 
-    fn causal_softmax(&self, scores: &Tensor) -> Result<Tensor> {
-        self.timed("causal_softmax", || self.inner.causal_softmax(scores))
+    fn causal_attention(&self, qkv: &Tensor, n_head: usize, scale: f64) -> Result<AttentionOutput> {
+        self.timed("causal_attention", || {
+            self.inner.causal_attention(qkv, n_head, scale)
+        })
     }
 
-    fn softmax_backward(&self, probs: &Tensor, grad_probs: &Tensor) -> Result<Tensor> {
-        self.timed("softmax_backward", || {
-            self.inner.softmax_backward(probs, grad_probs)
+    fn causal_attention_backward(
+        &self,
+        qkv: &Tensor,
+        probs: &Tensor,
+        grad_context: &Tensor,
+        n_head: usize,
+        scale: f64,
+    ) -> Result<Tensor> {
+        self.timed("causal_attention_backward", || {
+            self.inner
+                .causal_attention_backward(qkv, probs, grad_context, n_head, scale)
         })
     }
 
