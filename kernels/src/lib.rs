@@ -69,6 +69,6 @@ pub use layers::{
     Linear, LossOutput, Mlp,
 };
 pub use primitives::{
-    adamw_update, squared_norm, AdamWStep, CpuPrimitives, Primitives, TimedPrimitives,
+    adamw_update, squared_norm, AdamWStep, CpuPrimitives, Primitives, TensorSum, TimedPrimitives,
 };
 pub use stage::{HostSaved, StageLayout, StageModel, StagePendingWeightGrad, StageSaved};

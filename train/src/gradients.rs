@@ -11,6 +11,7 @@ use crate::error::TrainError;
 use candle_core::Tensor;
 use pipeweave_backends::StageError;
 use pipeweave_core::FailureKind;
+use pipeweave_kernels::{KernelError, TensorSum};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -33,26 +34,85 @@ struct Fold {
     next: u32,
     /// Gradients that arrived before their predecessors.
     waiting: BTreeMap<u32, Vec<Tensor>>,
-    sum: Option<Vec<Tensor>>,
+    sum: Sum,
     added: u32,
+}
+
+/// A running sum: the first microbatch's tensors as they came (one microbatch needs no copy),
+/// then one buffer per parameter that later microbatches are added into in place (the same bits
+/// as candle's `add`, without a parameter-sized allocation per microbatch).
+#[derive(Debug, Default)]
+enum Sum {
+    #[default]
+    Empty,
+    First(Vec<Tensor>),
+    Running(Vec<TensorSum>),
+}
+
+fn summing_failed(e: KernelError) -> StageError {
+    if e.is_about_data() {
+        StageError::caused_by(FailureKind::Bug, "adding weight gradients", e)
+    } else {
+        StageError::caused_by(FailureKind::Failed, "adding weight gradients", e)
+    }
 }
 
 impl Fold {
     fn add_now(&mut self, grads: Vec<Tensor>) -> Result<(), StageError> {
         self.added += 1;
-        self.sum = Some(match self.sum.take() {
-            None => grads,
-            Some(sum) => sum
-                .iter()
-                .zip(&grads)
-                .map(|(a, b)| {
-                    a.add(b).map_err(|e| {
-                        StageError::caused_by(FailureKind::Failed, "adding weight gradients", e)
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-        });
+        self.sum = match std::mem::take(&mut self.sum) {
+            Sum::Empty => Sum::First(grads),
+            Sum::First(first) => {
+                if first.len() != grads.len() {
+                    return Err(StageError::bug(format!(
+                        "{} weight gradients where earlier microbatches had {}",
+                        grads.len(),
+                        first.len()
+                    )));
+                }
+                let mut sums = first
+                    .iter()
+                    .map(TensorSum::new)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(summing_failed)?;
+                Self::add_all(&mut sums, &grads)?;
+                Sum::Running(sums)
+            }
+            Sum::Running(mut sums) => {
+                if sums.len() != grads.len() {
+                    return Err(StageError::bug(format!(
+                        "{} weight gradients where earlier microbatches had {}",
+                        grads.len(),
+                        sums.len()
+                    )));
+                }
+                Self::add_all(&mut sums, &grads)?;
+                Sum::Running(sums)
+            }
+        };
         Ok(())
+    }
+
+    fn add_all(sums: &mut [TensorSum], grads: &[Tensor]) -> Result<(), StageError> {
+        for (sum, grad) in sums.iter_mut().zip(grads) {
+            sum.add(grad).map_err(summing_failed)?;
+        }
+        Ok(())
+    }
+
+    fn into_tensors(self) -> Result<Option<Vec<Tensor>>, TrainError> {
+        match self.sum {
+            Sum::Empty => Ok(None),
+            Sum::First(first) => Ok(Some(first)),
+            Sum::Running(sums) => sums
+                .into_iter()
+                .map(|sum| {
+                    sum.into_tensor()
+                        .map_err(TrainError::kernel("summing weight gradients"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+        }
     }
 }
 
@@ -94,7 +154,8 @@ impl LocalGradients {
                         fold.next
                     )));
                 }
-                Ok((fold.sum, fold.added))
+                let added = fold.added;
+                Ok((fold.into_tensors()?, added))
             })
             .collect()
     }

@@ -88,6 +88,15 @@ vectorized_fn! {
 }
 
 vectorized_fn! {
+    /// `sum += x`, element by element (the shorter length).
+    pub(crate) fn add_into<T: Real>(sum: &mut [T], x: &[T]) {
+        for (s, &v) in sum.iter_mut().zip(x) {
+            *s += v;
+        }
+    }
+}
+
+vectorized_fn! {
     /// `a ⊙ b`.
     pub(crate) fn mul<T: Real>(a: &[T], b: &[T]) -> Vec<T> {
         let mut out = Output::new(a.len().min(b.len()));

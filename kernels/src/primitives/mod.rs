@@ -17,7 +17,7 @@ mod update;
 
 pub use cpu::CpuPrimitives;
 pub use timed::TimedPrimitives;
-pub use update::{adamw_update, squared_norm, AdamWStep};
+pub use update::{adamw_update, squared_norm, AdamWStep, TensorSum};
 
 use candle_core::{DType, Device, Tensor};
 

@@ -42,6 +42,15 @@ pub(crate) fn level() -> Level {
 macro_rules! vectorized_fn {
     (
         $(#[$meta:meta])*
+        $vis:vis fn $name:ident<T: Real>($($arg:ident: $ty:ty),* $(,)?) $body:block
+    ) => {
+        $crate::primitives::simd::vectorized_fn! {
+            $(#[$meta])*
+            $vis fn $name<T: Real>($($arg: $ty),*) -> () $body
+        }
+    };
+    (
+        $(#[$meta:meta])*
         $vis:vis fn $name:ident<T: Real>($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block
     ) => {
         $(#[$meta])*

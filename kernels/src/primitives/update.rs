@@ -1,7 +1,8 @@
 //! The optimizer's element-wise work: [`adamw_update`], one AdamW step of one parameter in a
 //! single pass over its elements (on the CPU), where the composite of tensor ops would read and
 //! write the parameter-sized tensors a dozen times (off the CPU, or for other dtypes, it runs
-//! the composite; both give the same bits), and [`squared_norm`] for gradient clipping.
+//! the composite; both give the same bits); [`squared_norm`] for gradient clipping; and
+//! [`TensorSum`], the microbatches' weight gradients summed into one buffer in place.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -103,6 +104,88 @@ pub fn squared_norm(x: &Tensor) -> Result<f64> {
     norm.map_err(KernelError::backend("squared_norm"))
 }
 
+/// A running sum of tensors of one shape and dtype, added into in place: on the CPU one buffer
+/// for the whole sum (no tensor allocated per addition, so no fresh memory to fault in per
+/// microbatch), with the same bits as adding the tensors one after the other with candle's
+/// `add` (each element is the same sequence of additions).
+#[derive(Debug)]
+pub struct TensorSum {
+    dims: Vec<usize>,
+    values: SumValues,
+}
+
+#[derive(Debug)]
+enum SumValues {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    /// Other devices or dtypes: candle's `add`.
+    Tensor(Tensor),
+}
+
+impl TensorSum {
+    /// A sum starting at `first`.
+    pub fn new(first: &Tensor) -> Result<TensorSum> {
+        let copy = KernelError::backend("tensor_sum");
+        let values = match (first.device(), first.dtype()) {
+            (Device::Cpu, DType::F32) => {
+                SumValues::F32(with_slice(first, <[f32]>::to_vec).map_err(copy)?)
+            }
+            (Device::Cpu, DType::F64) => {
+                SumValues::F64(with_slice(first, <[f64]>::to_vec).map_err(copy)?)
+            }
+            _ => SumValues::Tensor(first.clone()),
+        };
+        Ok(TensorSum {
+            dims: first.dims().to_vec(),
+            values,
+        })
+    }
+
+    /// Adds `x` (the sum's shape and dtype, else a [`KernelError::Shape`] or
+    /// [`KernelError::DType`]).
+    pub fn add(&mut self, x: &Tensor) -> Result<()> {
+        const OP: &str = "tensor_sum";
+        if x.dims() != self.dims.as_slice() {
+            return Err(KernelError::Shape {
+                layer: OP,
+                tensor: "addend",
+                actual: x.dims().to_vec(),
+                expected: format!("{:?} (the sum's shape)", self.dims),
+            });
+        }
+        let expected = match &self.values {
+            SumValues::F32(_) => DType::F32,
+            SumValues::F64(_) => DType::F64,
+            SumValues::Tensor(t) => t.dtype(),
+        };
+        if x.dtype() != expected {
+            return Err(KernelError::DType {
+                layer: OP,
+                tensor: "addend",
+                actual: x.dtype(),
+                expected: format!("{expected:?} (the sum's dtype)"),
+            });
+        }
+        match &mut self.values {
+            SumValues::F32(sum) => with_slice(x, |x| fused::add_into(sum, x)),
+            SumValues::F64(sum) => with_slice(x, |x| fused::add_into(sum, x)),
+            SumValues::Tensor(sum) => sum.add(x).map(|t| *sum = t),
+        }
+        .map_err(KernelError::backend(OP))
+    }
+
+    /// The sum as a tensor.
+    pub fn into_tensor(self) -> Result<Tensor> {
+        let dims = self.dims;
+        match self.values {
+            SumValues::F32(v) => tensor(v, &dims),
+            SumValues::F64(v) => tensor(v, &dims),
+            SumValues::Tensor(t) => Ok(t),
+        }
+        .map_err(KernelError::backend("tensor_sum"))
+    }
+}
+
 /// [`adamw_update`] in one pass over CPU slices.
 fn fused_update<T: Real>(
     param: &Tensor,
@@ -193,6 +276,33 @@ mod tests {
             .t()
             .unwrap();
         assert!((squared_norm(&strided).unwrap() - exact).abs() <= 1e-12 * exact);
+    }
+
+    #[test]
+    fn sums_in_place_have_the_bits_of_candles_adds() {
+        let make = |seed| Tensor::from_vec(values(1037, seed), (61, 17), &Device::Cpu).unwrap();
+        let parts = [make(1), make(2), make(3)];
+        let mut sum = TensorSum::new(&parts[0]).unwrap();
+        sum.add(&parts[1]).unwrap();
+        sum.add(&parts[2]).unwrap();
+        let ours = sum
+            .into_tensor()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let candle = ((&parts[0] + &parts[1]).unwrap() + &parts[2]).unwrap();
+        let candle = candle.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(ours
+            .iter()
+            .zip(&candle)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        let mut sum = TensorSum::new(&parts[0]).unwrap();
+        let wrong = Tensor::zeros((17, 61), DType::F32, &Device::Cpu).unwrap();
+        assert!(matches!(sum.add(&wrong), Err(KernelError::Shape { .. })));
+        let wide = Tensor::zeros((61, 17), DType::F64, &Device::Cpu).unwrap();
+        assert!(matches!(sum.add(&wide), Err(KernelError::DType { .. })));
     }
 
     #[test]
