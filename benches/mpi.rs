@@ -54,6 +54,7 @@ fn settings() -> TrainSettings {
         receive_timeout: Duration::from_secs(120),
         replicas: 1,
         injections: Vec::new(),
+        layers_per_stage: None,
     }
 }
 
@@ -189,6 +190,7 @@ fn report_sleep(name: &str, mpi: bool) {
 }
 
 fn main() {
+    pipeweave_train::allocator::keep_freed_memory();
     // candle's matrix products take their thread count from this variable: one per rank.
     std::env::set_var("RAYON_NUM_THREADS", "1");
     if std::env::var_os(RANK_ROLE).is_some() {

@@ -38,6 +38,7 @@ fn settings(config: GptConfig) -> TrainSettings {
         receive_timeout: std::time::Duration::from_secs(60),
         replicas: 1,
         injections: Vec::new(),
+        layers_per_stage: None,
     }
 }
 
@@ -77,6 +78,7 @@ fn candle_matmul_gflops(config: &GptConfig) -> f64 {
 }
 
 fn main() {
+    pipeweave_train::allocator::keep_freed_memory();
     std::env::set_var("RAYON_NUM_THREADS", "1");
     let config = GptConfig::new(4, 192, 4, SEQ_LEN).expect("config");
     let corpus = Corpus::default_sources().expect("the checkout's sources");

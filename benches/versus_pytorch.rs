@@ -123,6 +123,7 @@ fn ours(size: Size, ranks: u32, expression: &str) {
         receive_timeout: Duration::from_secs(600),
         replicas: 1,
         injections: Vec::new(),
+        layers_per_stage: None,
     };
     let corpus = Corpus::default_sources().expect("the checkout's sources");
     let mut trainer = Trainer::new(&plan, &corpus, settings).expect("trainer");
@@ -240,6 +241,7 @@ fn run_pytorch(python: &str, size: Size, ranks: u32, schedule: &str) -> Option<M
 }
 
 fn main() {
+    pipeweave_train::allocator::keep_freed_memory();
     if let Ok(child) = std::env::var("PIPEWEAVE_VERSUS_CHILD") {
         let fields: Vec<usize> = child
             .split(':')

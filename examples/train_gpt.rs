@@ -18,8 +18,8 @@ use pipeweave_train::data::BatchShape;
 #[cfg(feature = "mpi")]
 use pipeweave_train::mpi::MpiCluster;
 use pipeweave_train::{
-    pipeline_overhead, step_timeline, Corpus, Injection, LossCurve, LrSchedule, Progress, StepLog,
-    TrainError, TrainSettings, Trainer,
+    calibrate, measure_profile, pipeline_overhead, step_timeline, Corpus, Injection, LossCurve,
+    LrSchedule, ProfileRequest, Progress, StepLog, TrainError, TrainSettings, Trainer,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -87,6 +87,10 @@ struct Args {
     /// Keep only each stage's input after the forward; recompute the rest for the backward.
     #[arg(long)]
     recompute: bool,
+    /// Blocks per model stage, in order (the embedding on the first, the head on the last);
+    /// default: as even as the layer count allows.
+    #[arg(long, value_delimiter = ',', value_name = "A,B,...")]
+    layers_per_stage: Option<Vec<usize>>,
     /// Compute threads each rank may use (default: the machine's cores / ranks).
     #[arg(long)]
     threads_per_rank: Option<usize>,
@@ -106,6 +110,10 @@ struct Args {
     /// simulator's prediction from the measured op costs) and PREFIX.trace.json (Perfetto).
     #[arg(long, value_name = "PREFIX")]
     timeline: Option<PathBuf>,
+    /// After the run, measure every layer (median F, I, W seconds, activation bytes, the send
+    /// time) and write the profile that `pipeweave plan/run/tune --profile` read.
+    #[arg(long, value_name = "FILE.json")]
+    profile: Option<PathBuf>,
     /// Write a checkpoint at the end.
     #[arg(long)]
     save: Option<PathBuf>,
@@ -160,6 +168,8 @@ fn bad(message: impl Into<String>) -> Failure {
 }
 
 fn main() -> ExitCode {
+    // Freed activations stay in the heap for the next microbatch (no page faults per op).
+    pipeweave_train::allocator::keep_freed_memory();
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -282,6 +292,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         eval_sequences: 64,
         receive_timeout: timeout(args.timeout)?,
         injections: injections(args)?,
+        layers_per_stage: args.layers_per_stage.clone(),
         fingerprint: format!(
             "{} ranks={} microbatches={} microbatch_size={} dp={}",
             args.schedule, args.ranks, args.microbatches, args.microbatch_size, args.dp
@@ -422,6 +433,9 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
     if let Some(prefix) = &args.timeline {
         write_timeline(prefix, plan, trainer, &args.schedule)?;
     }
+    if let Some(path) = &args.profile {
+        write_profile(args, trainer, path)?;
+    }
     if let Some(path) = &args.save {
         eprintln!(
             "saved {} (config {})",
@@ -429,6 +443,39 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
             config_path(path).display()
         );
     }
+    Ok(())
+}
+
+/// Measures every layer of the run's model on this thread, with the run's compute threads, and
+/// scales the layers' times to the op times the run's last step measured at each stage.
+fn write_profile(args: &Args, trainer: &Trainer, path: &std::path::Path) -> Result<(), Failure> {
+    let config = GptConfig::new(args.layers, args.d_model, args.heads, args.seq_len)
+        .map_err(|e| bad(e.to_string()))?;
+    let mut profile = measure_profile(&ProfileRequest {
+        config,
+        microbatch_size: args.microbatch_size,
+        seq_len: args.seq_len,
+        dtype: candle_core::DType::F32,
+        threads_per_rank: candle_core::utils::get_num_threads(),
+        repeats: 5,
+        seed: args.seed,
+    })?;
+    // Scaled to the op times this run measured at each stage (threads: every rank's; MPI: the
+    // writer's own).
+    calibrate(&mut profile, trainer.model().cut(), trainer.last_measured())?;
+    std::fs::write(path, profile.to_json() + "\n")
+        .map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    let total =
+        |f: fn(&pipeweave::LayerProfile) -> f64| -> f64 { profile.layers.iter().map(f).sum() };
+    eprintln!(
+        "wrote the profile {} ({} layers; the whole model per microbatch: F {:.4} s, I {:.4} s, W {:.4} s; one send {:.6} s)",
+        path.display(),
+        profile.layers.len(),
+        total(|l| l.forward),
+        total(|l| l.input_grad),
+        total(|l| l.weight_grad),
+        profile.send.seconds
+    );
     Ok(())
 }
 

@@ -3,7 +3,8 @@
 
 use crate::error::Error;
 use pipeweave_core::{
-    simulate, CostModel, MemoryModel, Plan, ProblemSpec, Simulation, StageCosts, StageMemory,
+    simulate, CostModel, CutCosts, MemoryModel, Plan, ProblemSpec, Profile, Simulation, StageCosts,
+    StageMemory,
 };
 use pipeweave_transforms::{compile_expression, Registry};
 
@@ -14,7 +15,7 @@ pub struct PipelineConfig {
     microbatches: u32,
     costs: Vec<StageCosts>,
     comm: f64,
-    memory: StageMemory,
+    memory: Vec<StageMemory>,
     memory_limit: Option<f64>,
 }
 
@@ -32,7 +33,7 @@ impl PipelineConfig {
             microbatches,
             costs: vec![StageCosts::default(); ranks as usize],
             comm: 0.0,
-            memory: StageMemory::default(),
+            memory: vec![StageMemory::default(); ranks as usize],
             memory_limit: None,
         })
     }
@@ -60,8 +61,53 @@ impl PipelineConfig {
 
     /// The activation memory of one microbatch on a rank's share.
     pub fn with_memory(mut self, memory: StageMemory) -> PipelineConfig {
-        self.memory = memory;
+        self.memory = vec![memory; self.ranks as usize];
         self
+    }
+
+    /// The activation memory of one microbatch on each rank's share (one entry per rank; uneven
+    /// models).
+    pub fn with_rank_memory(mut self, memory: Vec<StageMemory>) -> Result<PipelineConfig, Error> {
+        if memory.len() != self.ranks as usize {
+            return Err(Error::Core(pipeweave_core::CoreError::StageCountMismatch {
+                model: "memory model",
+                got: memory.len(),
+                expected: self.ranks as usize,
+            }));
+        }
+        self.memory = memory;
+        Ok(self)
+    }
+
+    /// Costs and memory of every rank's share from a measured profile, the model's blocks cut
+    /// by `layers_per_stage` (one count per rank's share; `vpp` divides a share among its chunks
+    /// as it divides `--costs`) or evenly; comm is one activation's measured send. Memory is in
+    /// units of the heaviest share's activations of one microbatch
+    /// ([`CutCosts::bytes_per_unit`] bytes each).
+    pub fn with_profile(
+        self,
+        profile: &Profile,
+        layers_per_stage: Option<&[usize]>,
+    ) -> Result<(PipelineConfig, CutCosts), Error> {
+        let even = profile.even_cut(self.ranks as usize);
+        let layers = layers_per_stage.unwrap_or(&even);
+        if layers.len() != self.ranks as usize {
+            return Err(Error::Option {
+                option: "--layers-per-stage",
+                message: format!(
+                    "{} counts for {} ranks: give one block count per rank's share",
+                    layers.len(),
+                    self.ranks
+                ),
+            });
+        }
+        let cut = profile.cut(layers)?;
+        CostModel::per_stage(cut.costs.clone(), cut.comm)?;
+        let mut config = self;
+        config.costs = cut.costs.clone();
+        config.comm = cut.comm;
+        config.memory = cut.memory.clone();
+        Ok((config, cut))
     }
 
     /// A per-rank activation-memory bound the verifier enforces after every pass.
@@ -70,9 +116,14 @@ impl PipelineConfig {
         self
     }
 
-    /// The activation memory of one microbatch on a rank's share.
+    /// The activation memory of one microbatch on a rank's share (the heaviest share's where
+    /// they differ).
     pub fn memory(&self) -> StageMemory {
         self.memory
+            .iter()
+            .copied()
+            .max_by(|a, b| a.total().total_cmp(&b.total()))
+            .unwrap_or_default()
     }
 
     /// The declared per-rank memory limit, if any.
@@ -98,7 +149,7 @@ impl PipelineConfig {
             .build()
             .validate()?;
         let costs = CostModel::per_stage(self.costs.clone(), self.comm)?;
-        let memory = MemoryModel::uniform(self.ranks, self.memory);
+        let memory = MemoryModel::per_stage(self.memory.clone());
         Ok(Plan::unscheduled(problem, costs, memory)?.with_memory_limit(self.memory_limit)?)
     }
 }

@@ -30,10 +30,10 @@ pub use error::Error;
 pub use pipeweave_backends as backends;
 pub use pipeweave_core as core_ir;
 pub use pipeweave_core::{
-    render_grid, simulate, verify, Backwards, CoreError, CostModel, Facts, Layout, LayoutKind,
-    MemoryModel, MicrobatchId, Op, OpKind, Pacing, Plan, Problem, ProblemSpec, RankId, Simulation,
-    StageCosts, StageCostsSpec, StageId, StageMemory, StageMemorySpec, Task, Violation, Violations,
-    Work,
+    render_grid, simulate, verify, Backwards, CoreError, CostModel, CutCosts, Facts, LayerProfile,
+    Layout, LayoutKind, MemoryModel, MicrobatchId, Op, OpKind, Pacing, Plan, Problem, ProblemSpec,
+    Profile, RankId, Simulation, StageCosts, StageCostsSpec, StageId, StageMemory, StageMemorySpec,
+    Task, Violation, Violations, Work,
 };
 pub use pipeweave_transforms as transforms;
 pub use pipeweave_transforms::{

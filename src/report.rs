@@ -1,7 +1,9 @@
 //! The figures of a verified, simulated plan, as one serialisable report (the JSON of
 //! `pipeweave plan --format json`) and as human-readable text.
 
-use pipeweave_core::{render_grid, CheckReport, Plan, ProgramSet, Semantics, Simulation, Task};
+use pipeweave_core::{
+    render_grid, CheckReport, CutCosts, Plan, ProgramSet, Semantics, Simulation, Task,
+};
 use serde::{Serialize, Serializer};
 use std::fmt::Write;
 
@@ -60,6 +62,16 @@ pub struct PlanReport {
     pub recomputed_ops: Option<usize>,
     /// The declared per-rank memory limit, if any.
     pub memory_limit: Option<f64>,
+    /// With `--profile`: blocks per rank's share.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers_per_stage: Option<Vec<usize>>,
+    /// With `--profile`: bytes of one memory unit (the heaviest share's activations of one
+    /// microbatch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_per_unit: Option<f64>,
+    /// With `--profile`: per rank, the peak activations in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_activation_bytes_per_rank: Option<Vec<f64>>,
     /// Whether every invariant held (always true in a report: unverified plans are errors).
     pub verified: bool,
     /// Messages between ranks in the checked programs.
@@ -137,6 +149,9 @@ impl PlanReport {
             recomputes_per_rank: None,
             recomputed_ops: None,
             memory_limit: plan.memory_limit(),
+            layers_per_stage: None,
+            bytes_per_unit: None,
+            peak_activation_bytes_per_rank: None,
             verified: true,
             messages: 0,
             communication_groups: 0,
@@ -174,6 +189,21 @@ impl PlanReport {
             let recomputes = count(|t| matches!(t, Task::Recompute(_)));
             self.recomputed_ops = Some(recomputes.iter().sum());
             self.recomputes_per_rank = Some(recomputes);
+        }
+        self
+    }
+
+    /// Adds a profile's cut: the blocks per share and the peaks in bytes.
+    pub fn with_cut(mut self, cut: Option<&CutCosts>) -> PlanReport {
+        if let Some(cut) = cut {
+            self.layers_per_stage = Some(cut.layers_per_stage.clone());
+            self.bytes_per_unit = Some(cut.bytes_per_unit);
+            self.peak_activation_bytes_per_rank = Some(
+                self.peak_activations_per_rank
+                    .iter()
+                    .map(|p| (p * cut.bytes_per_unit).round())
+                    .collect(),
+            );
         }
         self
     }
@@ -250,6 +280,21 @@ impl PlanReport {
         let _ = writeln!(out, "bubble rate  {:.4}", self.bubble_rate);
         if let Some(limit) = self.memory_limit {
             let _ = writeln!(out, "memory limit {limit}");
+        }
+        if let (Some(layers), Some(bytes)) =
+            (&self.layers_per_stage, &self.peak_activation_bytes_per_rank)
+        {
+            let shown: Vec<String> = layers.iter().map(usize::to_string).collect();
+            let mib: Vec<String> = bytes
+                .iter()
+                .map(|b| format!("{:.1}", b / (1024.0 * 1024.0)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "profile      layers per stage {}; peak activations per rank {} MiB",
+                shown.join(","),
+                mib.join(", ")
+            );
         }
         let _ = writeln!(
             out,

@@ -33,6 +33,13 @@ pub struct Candidate {
     pub peak_activations: f64,
     /// The stages of the plan.
     pub stages: u32,
+    /// With `--profile`: the blocks per rank's share this candidate was costed with (give
+    /// them to `plan --layers-per-stage` and `train_gpt --layers-per-stage`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers_per_stage: Option<Vec<usize>>,
+    /// With `--profile`: the largest peak activations of any rank, in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_activation_bytes: Option<f64>,
 }
 
 /// What a search found.
@@ -148,7 +155,92 @@ fn evaluate(config: &PipelineConfig, expression: &str) -> Result<Candidate, Stri
         bubble_rate: tidy(sim.bubble_rate()),
         peak_activations: tidy(peak),
         stages: plan.problem().stages(),
+        layers_per_stage: None,
+        peak_activation_bytes: None,
     })
+}
+
+/// The cuts of `blocks` blocks into `ranks` shares `tune --profile` tries: every cut (in
+/// lexicographic order) where they are few (at most `limit`), else the even cut and those
+/// that move up to two blocks off each of the first and the last share (where the embedding
+/// and the head make a share heavy) onto the others, spread evenly. A share between the first
+/// and the last always keeps a block.
+pub fn candidate_cuts(blocks: usize, ranks: usize, limit: usize) -> Vec<Vec<usize>> {
+    fn all(
+        blocks: usize,
+        ranks: usize,
+        first: bool,
+        out: &mut Vec<Vec<usize>>,
+        prefix: &mut Vec<usize>,
+        limit: usize,
+    ) -> bool {
+        if out.len() > limit {
+            return false;
+        }
+        if ranks == 1 {
+            prefix.push(blocks);
+            out.push(prefix.clone());
+            prefix.pop();
+            return out.len() <= limit;
+        }
+        // A share between the first and the last needs a block.
+        let least = usize::from(!first);
+        for here in least..=blocks {
+            if blocks - here < (ranks - 2) {
+                break;
+            }
+            prefix.push(here);
+            let fits = all(blocks - here, ranks - 1, false, out, prefix, limit);
+            prefix.pop();
+            if !fits {
+                return false;
+            }
+        }
+        true
+    }
+    if ranks == 0 {
+        return Vec::new();
+    }
+    if ranks == 1 {
+        return vec![vec![blocks]];
+    }
+    let mut out = Vec::new();
+    if all(blocks, ranks, true, &mut out, &mut Vec::new(), limit) {
+        return out;
+    }
+    let even: Vec<usize> = (0..ranks)
+        .map(|k| (k + 1) * blocks / ranks - k * blocks / ranks)
+        .collect();
+    let mut cuts = vec![even.clone()];
+    let mut push = |cut: Vec<usize>| {
+        if !cuts.contains(&cut) {
+            cuts.push(cut);
+        }
+    };
+    if ranks == 2 {
+        for d in 1..=2 {
+            if even[0] >= d {
+                push(vec![even[0] - d, even[1] + d]);
+            }
+            if even[1] >= d {
+                push(vec![even[0] + d, even[1] - d]);
+            }
+        }
+    } else {
+        let middle = ranks - 2;
+        for off_first in 0..=2usize.min(even[0]) {
+            for off_last in 0..=2usize.min(even[ranks - 1]) {
+                let mut cut = even.clone();
+                cut[0] -= off_first;
+                cut[ranks - 1] -= off_last;
+                for k in 0..off_first + off_last {
+                    cut[1 + k % middle] += 1;
+                }
+                push(cut);
+            }
+        }
+    }
+    cuts
 }
 
 #[cfg(test)]
@@ -171,6 +263,24 @@ mod tests {
             .find(|c| c.expression == "f1b(gpipe)")
             .unwrap();
         assert!(best.makespan < f1b.makespan);
+    }
+
+    #[test]
+    fn cuts_are_every_cut_when_few_else_moves_off_the_ends() {
+        assert_eq!(
+            candidate_cuts(3, 2, 64),
+            [vec![0, 3], vec![1, 2], vec![2, 1], vec![3, 0]]
+        );
+        // The middle share keeps a block.
+        assert!(candidate_cuts(4, 3, 64)
+            .iter()
+            .all(|c| c[1] >= 1 && c.iter().sum::<usize>() == 4));
+        assert_eq!(candidate_cuts(4, 3, 64).len(), 10);
+        let many = candidate_cuts(32, 8, 64);
+        assert_eq!(many[0], [4; 8]);
+        assert_eq!(many.len(), 9);
+        assert!(many.contains(&vec![2, 5, 5, 5, 5, 4, 4, 2]));
+        assert!(many.iter().all(|c| c.iter().sum::<usize>() == 32));
     }
 
     #[test]

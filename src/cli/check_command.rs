@@ -35,5 +35,5 @@ pub fn run(args: &CheckArgs, stdout: &mut dyn Write) -> Result<(), Error> {
         (imported.plan, imported.programs)
     };
     let source = Source::Imported(plan, programs);
-    check_and_emit(&args.file, source, &args.outputs, stdout)
+    check_and_emit(&args.file, source, &args.outputs, None, stdout)
 }

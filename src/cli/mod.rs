@@ -19,6 +19,7 @@ mod check_command;
 mod options;
 mod outputs;
 pub mod plan_command;
+mod profile_options;
 mod run_command;
 mod staged;
 mod tune_command;

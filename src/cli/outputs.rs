@@ -13,8 +13,8 @@ use clap::{Args, ValueEnum};
 use pipeweave_core::formats::{csv, svg, trace};
 use pipeweave_core::spmd::project::project_simulated;
 use pipeweave_core::{
-    check_programs, simulate, verify, CheckReport, CheckedPrograms, CommError, Plan, ProgramSet,
-    ProjectionOptions, RecvPolicy, Simulation,
+    check_programs, simulate, verify, CheckReport, CheckedPrograms, CommError, CutCosts, Plan,
+    ProgramSet, ProjectionOptions, RecvPolicy, Simulation,
 };
 use std::io::Write;
 
@@ -186,6 +186,7 @@ pub fn check_and_emit(
     title: &str,
     source: Source,
     args: &OutputArgs,
+    cut: Option<&CutCosts>,
     stdout: &mut dyn Write,
 ) -> Result<(), Error> {
     if args.csv.is_some() {
@@ -205,6 +206,7 @@ pub fn check_and_emit(
             &projected.programs,
             &projected.simulation,
             args,
+            cut,
         );
         let counts = check
             .join()
@@ -251,6 +253,7 @@ impl Files {
         programs: &ProgramSet,
         simulation: &Simulation,
         args: &OutputArgs,
+        cut: Option<&CutCosts>,
     ) -> Files {
         let svg = |path: &String| Staged::new(path, svg::timeline_svg(plan, simulation, title));
         let trace = |path: &String| {
@@ -271,7 +274,7 @@ impl Files {
             Staged::new(path, text)
         };
         Files {
-            report: PlanReport::new(title, plan, simulation),
+            report: PlanReport::new(title, plan, simulation).with_cut(cut),
             svg: args.svg.as_ref().map(svg),
             trace: args.trace.as_ref().map(trace),
             csv: args.csv.as_ref().map(csv),

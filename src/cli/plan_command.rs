@@ -3,9 +3,11 @@
 
 use crate::cli::options::{parse_activation_memory, parse_costs, read_stage_costs};
 use crate::cli::outputs::{check_and_emit, OutputArgs, Source};
+use crate::cli::profile_options::{parse_memory_limit, ProfileArgs};
 use crate::config::{build_and_simulate, PipelineConfig};
 use crate::error::Error;
 use clap::Args;
+use pipeweave_core::CutCosts;
 use std::io::Write;
 
 /// The schedule `pipeweave plan` builds when no expression is given.
@@ -26,13 +28,18 @@ pub struct ScheduleArgs {
     /// Durations of a rank's whole share: `F=1,I=1,W=1,B=..,FB=..,comm=0`.
     #[arg(long, default_value = "F=1,I=1,W=1,comm=0")]
     pub costs: String,
+    /// Measured costs: `--profile`, `--layers-per-stage`.
+    #[command(flatten)]
+    pub profile: ProfileArgs,
 }
 
 impl ScheduleArgs {
-    /// The sizes and uniform costs as a configuration.
-    pub fn config(&self) -> Result<PipelineConfig, Error> {
+    /// The sizes and uniform costs as a configuration, or the costs and memory of a profile's
+    /// cut (with the cut).
+    pub fn config(&self) -> Result<(PipelineConfig, Option<CutCosts>), Error> {
         let (costs, comm) = parse_costs(&self.costs)?;
-        PipelineConfig::new(self.ranks, self.microbatches)?.with_costs(costs, comm)
+        let config = PipelineConfig::new(self.ranks, self.microbatches)?.with_costs(costs, comm)?;
+        self.profile.apply(config)
     }
 }
 
@@ -49,9 +56,10 @@ pub struct PlanArgs {
     /// Activation memory of one microbatch on a rank's share: `total=1,weight_grad=1`.
     #[arg(long, default_value = "total=1")]
     activation_memory: String,
-    /// Per-rank activation bound (units of `total`), verified after every pass.
+    /// Per-rank activation bound (units of `total`; with --profile also bytes, e.g. `2GiB`),
+    /// verified after every pass.
     #[arg(long)]
-    memory_limit: Option<f64>,
+    memory_limit: Option<String>,
     #[command(flatten)]
     outputs: OutputArgs,
 }
@@ -59,19 +67,17 @@ pub struct PlanArgs {
 /// Runs `pipeweave plan`.
 pub fn run(args: &PlanArgs, stdout: &mut dyn Write) -> Result<(), Error> {
     let memory = parse_activation_memory(&args.activation_memory)?;
-    if let Some(limit) = args.memory_limit {
-        if !(limit.is_finite() && limit > 0.0) {
-            return Err(Error::Option {
-                option: "--memory-limit",
-                message: format!("{limit} must be > 0"),
-            });
-        }
+    let (config, cut) = args.schedule.config()?;
+    let memory_limit = parse_memory_limit(
+        args.memory_limit.as_deref(),
+        cut.as_ref().map(|c| c.bytes_per_unit),
+    )?;
+    let mut config = match &cut {
+        // The profile's memory replaces --activation-memory.
+        Some(_) => config,
+        None => config.with_memory(memory),
     }
-    let mut config = args
-        .schedule
-        .config()?
-        .with_memory(memory)
-        .with_memory_limit(args.memory_limit);
+    .with_memory_limit(memory_limit);
     if let Some(path) = &args.stage_costs {
         config = config.with_rank_costs(read_stage_costs(path)?)?;
     }
@@ -80,6 +86,7 @@ pub fn run(args: &PlanArgs, stdout: &mut dyn Write) -> Result<(), Error> {
         &args.schedule.expression,
         Source::Built(plan, simulation),
         &args.outputs,
+        cut.as_ref(),
         stdout,
     )
 }

@@ -107,7 +107,7 @@ struct Prepared {
 impl Prepared {
     fn new(args: &RunArgs) -> Result<Prepared, Error> {
         let (plan, simulation) =
-            build_and_simulate(&args.schedule.expression, &args.schedule.config()?)?;
+            build_and_simulate(&args.schedule.expression, &args.schedule.config()?.0)?;
         let checked = check_plan(Source::Built(plan, simulation), args.recv)?;
         let problem = checked.plan.problem().clone();
         let model = AffineModel::new(&problem);

@@ -3,10 +3,11 @@
 
 use crate::cli::options::{parse_activation_memory, parse_costs};
 use crate::cli::outputs::Format;
+use crate::cli::profile_options::{parse_memory_limit, ProfileArgs};
 use crate::config::PipelineConfig;
 use crate::error::Error;
 use crate::frontier::{frontier, frontier_expressions, frontier_svg};
-use crate::tune::{candidate_expressions, tune};
+use crate::tune::{candidate_cuts, candidate_expressions, tune, TuneReport};
 use clap::Args;
 use std::io::{IsTerminal, Write};
 
@@ -25,9 +26,14 @@ pub struct TuneArgs {
     /// Activation memory of one microbatch on a rank's share: `total=1,weight_grad=1`.
     #[arg(long, default_value = "total=1")]
     activation_memory: String,
-    /// Per-rank activation bound (units of `total`) every candidate must fit.
+    /// Per-rank activation bound (units of `total`; with --profile also bytes, e.g. `2GiB`)
+    /// every candidate must fit.
     #[arg(long)]
-    memory_limit: Option<f64>,
+    memory_limit: Option<String>,
+    /// Measured costs: `--profile` (then the cut is chosen too, unless
+    /// `--layers-per-stage` fixes it).
+    #[command(flatten)]
+    profile: ProfileArgs,
     /// How many of the best to print.
     #[arg(long, default_value_t = 5)]
     top: usize,
@@ -44,47 +50,83 @@ pub struct TuneArgs {
 
 /// Runs `pipeweave tune`.
 pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
-    if let Some(limit) = args.memory_limit {
-        if !(limit.is_finite() && limit > 0.0) {
-            return Err(Error::Option {
-                option: "--memory-limit",
-                message: format!("{limit} must be > 0"),
-            });
-        }
-    }
     let (costs, comm) = parse_costs(&args.costs)?;
-    let config = PipelineConfig::new(args.ranks, args.microbatches)?
+    let base = PipelineConfig::new(args.ranks, args.microbatches)?
         .with_costs(costs, comm)?
-        .with_memory(parse_activation_memory(&args.activation_memory)?)
-        .with_memory_limit(args.memory_limit);
+        .with_memory(parse_activation_memory(&args.activation_memory)?);
+    let profile = args.profile.read()?;
     if args.frontier {
-        return run_frontier(args, &config, stdout);
+        // One cut: the given one or the even one.
+        let (config, cut) = match &profile {
+            Some(p) => {
+                let (config, cut) =
+                    base.with_profile(p, args.profile.layers_per_stage.as_deref())?;
+                (config, Some(cut))
+            }
+            None => (base, None),
+        };
+        let limit = parse_memory_limit(
+            args.memory_limit.as_deref(),
+            cut.as_ref().map(|c| c.bytes_per_unit),
+        )?;
+        return run_frontier(args, &config.with_memory_limit(limit), limit, stdout);
     }
-    // With a limit, the frontier's search: `auto` at every rung of its ladder up to the limit,
-    // then recompute and offload (at the limit itself among others).
-    let mut report = match args.memory_limit {
-        Some(_) => {
-            let bar = progress_bar(frontier_expressions(&config).len());
-            bar.set_message("schedules");
-            let found = frontier(&config, &|done| bar.set_position(done as u64));
-            bar.finish_and_clear();
-            found.ranked()
-        }
+    let mut report = match &profile {
         None => {
-            let expressions = candidate_expressions(args.ranks, None);
-            let bar = progress_bar(expressions.len());
-            bar.set_message("schedules");
-            let report = tune(&config, &expressions, &|done| bar.set_position(done as u64));
-            bar.finish_and_clear();
-            report
+            let limit = parse_memory_limit(args.memory_limit.as_deref(), None)?;
+            search(args, &base.with_memory_limit(limit), limit)
+        }
+        Some(p) => {
+            let cuts = match &args.profile.layers_per_stage {
+                Some(cut) => vec![cut.clone()],
+                None => candidate_cuts(p.model.layers, args.ranks as usize, 64),
+            };
+            let mut merged: Option<TuneReport> = None;
+            for layers in cuts {
+                let (config, cut) = base.clone().with_profile(p, Some(&layers))?;
+                let limit =
+                    parse_memory_limit(args.memory_limit.as_deref(), Some(cut.bytes_per_unit))?;
+                let mut found = search(args, &config.with_memory_limit(limit), limit);
+                for c in &mut found.candidates {
+                    c.layers_per_stage = Some(layers.clone());
+                    c.peak_activation_bytes =
+                        Some((c.peak_activations * cut.bytes_per_unit).round());
+                }
+                merged = Some(match merged {
+                    None => found,
+                    Some(mut all) => {
+                        all.candidates.extend(found.candidates);
+                        all.evaluated += found.evaluated;
+                        all.rejected.extend(found.rejected);
+                        all
+                    }
+                });
+            }
+            let mut all = merged.unwrap_or(TuneReport {
+                candidates: Vec::new(),
+                evaluated: 0,
+                rejected: Vec::new(),
+            });
+            // Fastest first; ties: less memory (in bytes: units differ between cuts), then the
+            // order the cuts were tried in (stable).
+            all.candidates.sort_by(|a, b| {
+                a.makespan.total_cmp(&b.makespan).then(
+                    a.peak_activation_bytes
+                        .unwrap_or(0.0)
+                        .total_cmp(&b.peak_activation_bytes.unwrap_or(0.0)),
+                )
+            });
+            all
         }
     };
     if report.candidates.is_empty() {
         return Err(Error::Option {
             option: "--memory-limit",
             message: format!(
-                "no schedule fits in {} activations per rank ({} tried)",
-                args.memory_limit.unwrap_or(f64::INFINITY),
+                "no schedule fits in {} per rank ({} tried)",
+                args.memory_limit
+                    .as_deref()
+                    .unwrap_or("unlimited activations"),
                 report.evaluated
             ),
         });
@@ -109,7 +151,8 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
                 args.ranks,
                 args.microbatches,
                 args.memory_limit
-                    .map_or(String::new(), |l| format!(" within {l} activations per rank")),
+                    .as_ref()
+                    .map_or(String::new(), |l| format!(" within {l} per rank")),
                 "rank",
                 "expression",
                 "makespan",
@@ -118,18 +161,51 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
             );
             for (i, c) in report.candidates.iter().enumerate() {
                 out.push_str(&format!(
-                    "{:>4}  {:<width$} {:>10.3} {:>8.4} {:>6.2}\n",
+                    "{:>4}  {:<width$} {:>10.3} {:>8.4} {:>6.2}",
                     i + 1,
                     c.expression,
                     c.makespan,
                     c.bubble_rate,
                     c.peak_activations
                 ));
+                if let (Some(layers), Some(bytes)) = (&c.layers_per_stage, c.peak_activation_bytes)
+                {
+                    let shown: Vec<String> = layers.iter().map(usize::to_string).collect();
+                    out.push_str(&format!(
+                        "  --layers-per-stage {} ({:.1} MiB peak)",
+                        shown.join(","),
+                        bytes / (1024.0 * 1024.0)
+                    ));
+                }
+                out.push('\n');
             }
             out
         }
     };
     write_out(stdout, &text)
+}
+
+/// The ranked schedules of one configuration: with a limit, the frontier's search (`auto` at
+/// every rung of its ladder up to the limit, then recompute and offload); without, every
+/// candidate expression.
+fn search(args: &TuneArgs, config: &PipelineConfig, limit: Option<f64>) -> TuneReport {
+    match limit {
+        Some(_) => {
+            let bar = progress_bar(frontier_expressions(config).len());
+            bar.set_message("schedules");
+            let found = frontier(config, &|done| bar.set_position(done as u64));
+            bar.finish_and_clear();
+            found.ranked()
+        }
+        None => {
+            let expressions = candidate_expressions(args.ranks, None);
+            let bar = progress_bar(expressions.len());
+            bar.set_message("schedules");
+            let report = tune(config, &expressions, &|done| bar.set_position(done as u64));
+            bar.finish_and_clear();
+            report
+        }
+    }
 }
 
 fn progress_bar(len: usize) -> indicatif::ProgressBar {
@@ -153,6 +229,7 @@ fn write_out(stdout: &mut dyn Write, text: &str) -> Result<(), Error> {
 fn run_frontier(
     args: &TuneArgs,
     config: &PipelineConfig,
+    limit: Option<f64>,
     stdout: &mut dyn Write,
 ) -> Result<(), Error> {
     let bar = progress_bar(frontier_expressions(config).len());
@@ -164,7 +241,7 @@ fn run_frontier(
             option: "--memory-limit",
             message: format!(
                 "no schedule fits in {} activations per rank ({} tried)",
-                args.memory_limit.unwrap_or(f64::INFINITY),
+                limit.unwrap_or(f64::INFINITY),
                 found.expressions
             ),
         });

@@ -2,11 +2,13 @@
 //!
 //! Every route of the problem passes the same number `S` of stages; a stage's *position* is its
 //! index along its route. Position 0 holds the embedding, position `S - 1` the head with the loss,
-//! and the `L` transformer blocks are spread over the positions in order, position `k` holding
-//! blocks `⌊k L / S⌋ .. ⌊(k + 1) L / S⌋` (uneven cuts are fine: a layer count need not divide the
-//! positions, and a position may hold no block). Stages at the same position of different routes
-//! (DualPipe's mirrored replicas, the problem's tied stages) hold the same layers and one set of
-//! weights: their gradients are summed every step.
+//! and the `L` transformer blocks are spread over the positions in order. By default position `k`
+//! holds blocks `⌊k L / S⌋ .. ⌊(k + 1) L / S⌋` (a layer count need not divide the positions, and a
+//! position may then hold no block); `--layers-per-stage a,b,...` ([`ModelCut::with_layers`])
+//! gives each position's block count instead, for stages as uneven as the embedding and the head
+//! make them. Stages at the same position of different routes (DualPipe's mirrored replicas, the
+//! problem's tied stages) hold the same layers and one set of weights: their gradients are summed
+//! every step.
 
 use crate::error::TrainError;
 use pipeweave_core::{Problem, StageId};
@@ -20,8 +22,21 @@ pub struct ModelCut {
 }
 
 impl ModelCut {
-    /// Cuts `config` into the stages of `problem`.
+    /// Cuts `config` into the stages of `problem`, the blocks as even as their count allows.
     pub fn new(config: &GptConfig, problem: &Problem) -> Result<ModelCut, TrainError> {
+        ModelCut::with_layers(config, problem, None)
+    }
+
+    /// Cuts `config` into the stages of `problem`, position `k` holding `layers[k]` blocks (in
+    /// order; the embedding on position 0, the head on the last), or evenly for `None`. The
+    /// counts must be one per position and sum to the model's blocks, and a position between
+    /// the first and the last must hold at least one (it would hold nothing at all), else
+    /// [`TrainError::Cut`].
+    pub fn with_layers(
+        config: &GptConfig,
+        problem: &Problem,
+        layers: Option<&[usize]>,
+    ) -> Result<ModelCut, TrainError> {
         let routes = problem.routes();
         let positions = routes.first().map_or(0, |r| r.stages().len());
         if let Some(other) = routes.iter().find(|r| r.stages().len() != positions) {
@@ -48,11 +63,12 @@ impl ModelCut {
                 *slot = k;
             }
         }
-        let layers = config.n_layer();
-        let layouts = (0..positions)
-            .map(|k| {
-                let blocks = k * layers / positions..(k + 1) * layers / positions;
-                StageLayout::new(config, k == 0, blocks, k + 1 == positions).map_err(
+        let starts = block_starts(config.n_layer(), positions, layers)?;
+        let layouts = starts
+            .windows(2)
+            .enumerate()
+            .map(|(k, w)| {
+                StageLayout::new(config, k == 0, w[0]..w[1], k + 1 == positions).map_err(
                     TrainError::kernel_config(format!("the layout of position {k}")),
                 )
             })
@@ -77,6 +93,60 @@ impl ModelCut {
     pub fn layout(&self, position: usize) -> Option<&StageLayout> {
         self.layouts.get(position)
     }
+
+    /// The blocks of every position, in order.
+    pub fn layers_per_position(&self) -> Vec<usize> {
+        self.layouts.iter().map(|l| l.blocks().len()).collect()
+    }
+}
+
+/// Where each position's blocks start, with the end last (`positions + 1` entries).
+fn block_starts(
+    blocks: usize,
+    positions: usize,
+    layers: Option<&[usize]>,
+) -> Result<Vec<usize>, TrainError> {
+    let Some(counts) = layers else {
+        return Ok((0..=positions).map(|k| k * blocks / positions).collect());
+    };
+    let shown = counts
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    if counts.len() != positions {
+        return Err(TrainError::Cut {
+            reason: format!(
+                "--layers-per-stage {shown} gives {} counts; the plan's routes pass {positions} \
+                 stages (one count per stage, the embedding on the first, the head on the last)",
+                counts.len()
+            ),
+        });
+    }
+    let sum: usize = counts.iter().sum();
+    if sum != blocks {
+        return Err(TrainError::Cut {
+            reason: format!(
+                "--layers-per-stage {shown} sums to {sum}; the model has {blocks} blocks"
+            ),
+        });
+    }
+    if let Some(k) = (1..positions.saturating_sub(1)).find(|&k| counts[k] == 0) {
+        return Err(TrainError::Cut {
+            reason: format!(
+                "--layers-per-stage {shown} leaves stage {k} empty (only the first holds the \
+                 embedding and only the last the head; a stage between them needs a block)"
+            ),
+        });
+    }
+    let mut starts = Vec::with_capacity(positions + 1);
+    let mut at = 0;
+    starts.push(at);
+    for c in counts {
+        at += c;
+        starts.push(at);
+    }
+    Ok(starts)
 }
 
 #[cfg(test)]
@@ -98,6 +168,43 @@ mod tests {
         assert_eq!(blocks, [0..1, 1..3, 3..5]);
         assert!(cut.layout(0).unwrap().has_embedding() && !cut.layout(0).unwrap().has_head());
         assert!(cut.layout(2).unwrap().has_head());
+    }
+
+    fn problem(ranks: u32) -> Problem {
+        ProblemSpec::builder()
+            .ranks(ranks)
+            .microbatches(2)
+            .build()
+            .validate()
+            .unwrap()
+    }
+
+    #[test]
+    fn given_counts_place_the_blocks() {
+        let config = GptConfig::new(6, 16, 2, 8).unwrap();
+        let cut = ModelCut::with_layers(&config, &problem(3), Some(&[1, 3, 2])).unwrap();
+        let blocks: Vec<_> = (0..3).map(|k| cut.layout(k).unwrap().blocks()).collect();
+        assert_eq!(blocks, [0..1, 1..4, 4..6]);
+        assert_eq!(cut.layers_per_position(), [1, 3, 2]);
+        // The first and the last may hold no block: they hold the embedding and the head.
+        let ends = ModelCut::with_layers(&config, &problem(3), Some(&[0, 6, 0])).unwrap();
+        assert_eq!(ends.layers_per_position(), [0, 6, 0]);
+    }
+
+    #[test]
+    fn bad_counts_are_cut_errors_naming_the_rule() {
+        let config = GptConfig::new(6, 16, 2, 8).unwrap();
+        let cases: [(&[usize], &str); 3] = [
+            (&[3, 3], "gives 2 counts; the plan's routes pass 3 stages"),
+            (&[1, 2, 2], "sums to 5; the model has 6 blocks"),
+            (&[3, 0, 3], "leaves stage 1 empty"),
+        ];
+        for (counts, expected) in cases {
+            let err = ModelCut::with_layers(&config, &problem(3), Some(counts)).unwrap_err();
+            assert!(matches!(err, TrainError::Cut { .. }), "{err:?}");
+            assert!(err.to_string().contains(expected), "{err}");
+            assert!(err.is_bad_input(), "{err}");
+        }
     }
 
     #[test]

@@ -19,9 +19,13 @@
 //!   [`schedule`]: warm-up + cosine learning rate; [`checkpoint`]: GPT-2 checkpoints in
 //!   safetensors with optimizer state, step, data position; [`curve`]: the loss-curve SVG;
 //!   [`progress`]: the terminal progress bar;
+//! - [`profile`]: the measured per-layer costs (`train_gpt --profile`) that `pipeweave plan
+//!   --profile` sums for any cut;
+//! - [`allocator`]: glibc's allocator set to keep freed activations for the next microbatch;
 //! - [`error`]: [`TrainError`], the crate's one error type.
 #![warn(missing_docs)]
 
+pub mod allocator;
 pub mod batch;
 pub mod checkpoint;
 pub mod cluster;
@@ -33,6 +37,7 @@ pub mod gradients;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod optim;
+pub mod profile;
 pub mod progress;
 pub mod reduce;
 pub mod schedule;
@@ -50,6 +55,7 @@ pub use data::{BatchShape, Corpus, DataPosition, GlobalBatch, Loader};
 pub use error::TrainError;
 pub use gradients::{GradSync, LocalGradients};
 pub use optim::{AdamW, AdamWConfig, OptimizerState};
+pub use profile::{calibrate, measure_profile, ProfileRequest};
 pub use progress::Progress;
 pub use schedule::LrSchedule;
 pub use stage::{GptStage, Injection, MeasuredOp};

@@ -349,6 +349,17 @@ impl StageCompute for GptStage {
         }
         self.losses.insert(self.global(work), loss);
         self.release(Table::Output, work);
+        // The loss belongs to the last stage's forward (nothing can run between them): its
+        // measured forward ends here, as a profile's head forward includes the loss.
+        let now = self.epoch.elapsed().as_secs_f64();
+        if let Some(op) = self
+            .measured
+            .iter_mut()
+            .rev()
+            .find(|op| op.task == Task::Forward(work))
+        {
+            op.end = now;
+        }
         Ok(out.grad_logits)
     }
 

@@ -96,8 +96,8 @@ pub struct GptModel {
 }
 
 impl GptModel {
-    /// The model `config` initialised from `seed`, cut into `problem`'s stages. The weights do
-    /// not depend on the cut (each parameter is drawn from the seed and its name).
+    /// The model `config` initialised from `seed`, cut into `problem`'s stages evenly. The
+    /// weights do not depend on the cut (each parameter is drawn from the seed and its name).
     pub fn new(
         config: &GptConfig,
         problem: &Problem,
@@ -107,6 +107,18 @@ impl GptModel {
         deterministic: bool,
     ) -> Result<GptModel, TrainError> {
         let cut = ModelCut::new(config, problem)?;
+        GptModel::on_cut(config, cut, seed, dtype, recompute, deterministic)
+    }
+
+    /// [`GptModel::new`] on a given cut ([`ModelCut::with_layers`]).
+    pub fn on_cut(
+        config: &GptConfig,
+        cut: ModelCut,
+        seed: u64,
+        dtype: DType,
+        recompute: bool,
+        deterministic: bool,
+    ) -> Result<GptModel, TrainError> {
         let models = (0..cut.positions())
             .map(|k| {
                 let layout = cut

@@ -13,6 +13,7 @@
 use crate::batch::StepBatch;
 use crate::checkpoint::{self, CheckpointMeta};
 use crate::cluster::{Cluster, ThreadsCluster};
+use crate::cut::ModelCut;
 use crate::data::{eval_microbatches, BatchShape, Corpus, DataPosition, GlobalBatch, Loader};
 use crate::error::TrainError;
 use crate::optim::{clip_scale, global_norm, step_positions, AdamW, AdamWConfig, OptimizerState};
@@ -59,6 +60,9 @@ pub struct TrainSettings {
     pub replicas: u32,
     /// Faults to inject, for tests of failure handling: (world rank, step, what).
     pub injections: Vec<(u32, u64, Injection)>,
+    /// Blocks per model stage (`--layers-per-stage`; see [`ModelCut::with_layers`]); `None`
+    /// cuts as evenly as the block count allows.
+    pub layers_per_stage: Option<Vec<usize>>,
 }
 
 /// What one step did.
@@ -133,9 +137,14 @@ impl Trainer {
                 ),
             ));
         }
-        let model = GptModel::new(
+        let cut = ModelCut::with_layers(
             &settings.config,
             plan.problem(),
+            settings.layers_per_stage.as_deref(),
+        )?;
+        let model = GptModel::on_cut(
+            &settings.config,
+            cut,
             settings.seed,
             settings.dtype,
             settings.recompute,

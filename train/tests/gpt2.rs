@@ -39,6 +39,7 @@ fn our_eval_loss_equals_transformers_gpt2_on_the_same_checkpoint() {
         receive_timeout: std::time::Duration::from_secs(60),
         replicas: 1,
         injections: Vec::new(),
+        layers_per_stage: None,
     };
     let corpus = Corpus::from_text("eval.txt", String::from_utf8(text.clone()).unwrap());
     let mut trainer = Trainer::new(&plan, &corpus, settings).unwrap();

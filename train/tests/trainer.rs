@@ -43,6 +43,7 @@ fn settings(deterministic: bool, recompute: bool, steps: u64) -> TrainSettings {
         receive_timeout: std::time::Duration::from_secs(60),
         replicas: 1,
         injections: Vec::new(),
+        layers_per_stage: None,
     }
 }
 

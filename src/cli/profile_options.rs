@@ -1,0 +1,116 @@
+//! `--profile FILE.json`, `--layers-per-stage a,b,...` and memory limits that may be bytes
+//! (`--memory-limit 2GiB`): the options that cost a schedule from a measured profile.
+
+use crate::config::PipelineConfig;
+use crate::error::Error;
+use clap::Args;
+use pipeweave_core::{parse_bytes, CutCosts, Profile};
+
+/// Measured costs instead of typed ones (`plan`, `run`, `tune`).
+#[derive(Debug, Args, Default)]
+pub struct ProfileArgs {
+    /// Measured layer costs (`train_gpt --profile FILE.json`): each rank's share costs the sum
+    /// of its layers (seconds), comm is one activation's send, memory is counted in the
+    /// heaviest share's activations of one microbatch (limits may then be given in bytes).
+    /// Replaces `--costs` and `--activation-memory`.
+    #[arg(long, value_name = "FILE.json")]
+    pub profile: Option<String>,
+    /// With --profile: blocks per rank's share, in order (the embedding on the first, the head
+    /// on the last); default as even as the block count allows (as `train_gpt` cuts).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "A,B,...",
+        requires = "profile"
+    )]
+    pub layers_per_stage: Option<Vec<usize>>,
+}
+
+impl ProfileArgs {
+    /// The profile, when one is given.
+    pub fn read(&self) -> Result<Option<Profile>, Error> {
+        let Some(path) = &self.profile else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Profile::from_json(&text)
+            .map(Some)
+            .map_err(|e| Error::Json {
+                path: path.clone(),
+                message: e.to_string(),
+            })
+    }
+
+    /// `config` costed from the profile under the given (or even) cut; `config` unchanged and
+    /// no cut without a profile.
+    pub fn apply(
+        &self,
+        config: PipelineConfig,
+    ) -> Result<(PipelineConfig, Option<CutCosts>), Error> {
+        match self.read()? {
+            None => Ok((config, None)),
+            Some(profile) => {
+                let (config, cut) =
+                    config.with_profile(&profile, self.layers_per_stage.as_deref())?;
+                Ok((config, Some(cut)))
+            }
+        }
+    }
+}
+
+/// A memory limit: a plain number in the plan's memory units, or bytes with a unit (`2GiB`,
+/// `512MiB`, `1.5GB`) when a profile says how many bytes a unit is.
+pub fn parse_memory_limit(
+    text: Option<&str>,
+    bytes_per_unit: Option<f64>,
+) -> Result<Option<f64>, Error> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let bad = |message: String| Error::Option {
+        option: "--memory-limit",
+        message,
+    };
+    let units = match parse_bytes(text) {
+        None => text
+            .trim()
+            .parse::<f64>()
+            .map_err(|_| bad(format!("`{text}` is neither a number nor bytes like 2GiB")))?,
+        Some(bytes) => {
+            let bytes = bytes.map_err(bad)?;
+            let per_unit = bytes_per_unit.ok_or_else(|| {
+                bad(format!(
+                    "`{text}` is bytes; a limit in bytes needs --profile (which says how many \
+                     bytes one microbatch's activations take)"
+                ))
+            })?;
+            bytes / per_unit
+        }
+    };
+    if !(units.is_finite() && units > 0.0) {
+        return Err(bad(format!("{text} must be > 0")));
+    }
+    Ok(Some(units))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_units_or_bytes_with_a_profile() {
+        assert_eq!(parse_memory_limit(None, None).unwrap(), None);
+        assert_eq!(parse_memory_limit(Some("4"), None).unwrap(), Some(4.0));
+        assert_eq!(
+            parse_memory_limit(Some("2KiB"), Some(512.0)).unwrap(),
+            Some(4.0)
+        );
+        let err = parse_memory_limit(Some("2GiB"), None).unwrap_err();
+        assert!(err.to_string().contains("needs --profile"), "{err}");
+        assert!(parse_memory_limit(Some("0"), None).is_err());
+        assert!(parse_memory_limit(Some("lots"), None).is_err());
+    }
+}

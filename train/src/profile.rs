@@ -1,0 +1,388 @@
+//! Measuring a [`Profile`]: every layer of the model (the embedding, each block, the head with
+//! the loss) run alone on this thread, its forward, input-gradient and weight-gradient times
+//! taken over several repeats (the medians are kept), its activation bytes read from what the
+//! forward saves and what the weight gradient still needs, and the time to hand one activation
+//! to another thread (the threads backend's send).
+//!
+//! The layers run as one-layer [`StageModel`]s on the same primitives, shapes and thread count as
+//! the training run (`train_gpt --profile` measures after its steps, with its
+//! `--threads-per-rank`), so the figures are what a stage of those layers costs in a pipeline
+//! step, less what the pipeline adds (waits, transfers); `pipeweave plan --profile` sums them
+//! for any cut ([`Profile::cut`]).
+
+use crate::batch::PAD_ID;
+use crate::cut::ModelCut;
+use crate::error::TrainError;
+use crate::stage::MeasuredOp;
+use candle_core::{DType, Device, Tensor};
+use pipeweave_core::{
+    LayerKind, LayerProfile, Profile, ProfiledModel, SendProfile, Task, PROFILE_FORMAT,
+};
+use pipeweave_kernels::{CrossEntropy, GptConfig, StageLayout, StageModel};
+use std::time::Instant;
+
+/// What to measure: the model, one microbatch's shape, and how often.
+#[derive(Clone, Copy, Debug)]
+pub struct ProfileRequest {
+    /// The model.
+    pub config: GptConfig,
+    /// Sequences per microbatch.
+    pub microbatch_size: usize,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// Compute threads (recorded; the caller sets them, as `train_gpt` does).
+    pub threads_per_rank: usize,
+    /// Timed runs per figure, after one untimed warm-up.
+    pub repeats: usize,
+    /// Seeds the weights and the inputs.
+    pub seed: u64,
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    match xs.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => xs[n / 2],
+        n => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
+    }
+}
+
+fn timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
+    let start = Instant::now();
+    let out = f();
+    (out, start.elapsed().as_secs_f64())
+}
+
+fn candle(what: &'static str) -> impl Fn(candle_core::Error) -> TrainError {
+    move |e| TrainError::invariant(format!("profiling: {what}: {e}"))
+}
+
+/// The inputs of a layer: token ids for the embedding, hidden states otherwise.
+fn layer_input(request: &ProfileRequest, kind: LayerKind) -> Result<Tensor, TrainError> {
+    let (b, t, d) = (
+        request.microbatch_size,
+        request.seq_len,
+        request.config.d_model(),
+    );
+    let device = Device::Cpu;
+    match kind {
+        LayerKind::Embedding => {
+            let ids: Vec<u32> = (0..b * t)
+                .map(|i| ((i as u64 * 2_654_435_761 + request.seed) % 256) as u32)
+                .collect();
+            Tensor::from_vec(ids, (b, t), &device).map_err(candle("token ids"))
+        }
+        _ => Tensor::randn(0f32, 1.0, (b, t, d), &device)
+            .and_then(|x| x.to_dtype(request.dtype))
+            .map_err(candle("hidden states")),
+    }
+}
+
+/// One layer measured: `repeats` timed runs of F, I and W (after a warm-up), their medians.
+fn measure_layer(
+    request: &ProfileRequest,
+    name: String,
+    kind: LayerKind,
+    layout: StageLayout,
+) -> Result<LayerProfile, TrainError> {
+    let config = request.config;
+    let model = StageModel::new(config, layout, request.seed, request.dtype).map_err(
+        TrainError::kernel_config(format!("the profiled layer {name}")),
+    )?;
+    let input = layer_input(request, kind)?;
+    let (b, t) = (request.microbatch_size, request.seq_len);
+    let targets: Vec<u32> = (0..b * t)
+        .map(|i| ((i as u64 * 40_503 + request.seed) % 256) as u32)
+        .collect();
+    let targets = Tensor::from_vec(targets, (b, t), &Device::Cpu).map_err(candle("targets"))?;
+    let cross_entropy = CrossEntropy::new(Some(PAD_ID));
+    let grad_hidden = Tensor::randn(0f32, 1.0, (b, t, config.d_model()), &Device::Cpu)
+        .and_then(|x| x.to_dtype(request.dtype))
+        .map_err(candle("output gradient"))?;
+    let kernel = |what: &str| TrainError::kernel(format!("profiling {name}: {what}"));
+    let (mut f, mut i, mut w) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut activation_bytes, mut weight_grad_bytes) = (0, 0);
+    for run in 0..=request.repeats {
+        let (result, forward) = timed(|| {
+            let (output, saved) = model.forward(&input).map_err(kernel("forward"))?;
+            // The head's forward includes the loss and its gradient, as a pipeline's last stage
+            // computes them right after the forward.
+            let grad = if kind == LayerKind::Head {
+                let normalizer = (b * t) as f64;
+                cross_entropy
+                    .loss_and_grad(model.primitives(), &output, &targets, normalizer)
+                    .map_err(kernel("loss"))?
+                    .grad_logits
+            } else {
+                grad_hidden.clone()
+            };
+            Ok::<_, TrainError>((output, saved, grad))
+        });
+        let (output, saved, grad) = result?;
+        drop(output);
+        let saved_bytes = saved.held_bytes();
+        let (pending, input_grad) = timed(|| model.backward_input(saved, &grad));
+        let (_, pending) = pending.map_err(kernel("input-gradient backward"))?;
+        let pending_bytes = pending.held_bytes();
+        let (grads, weight_grad) = timed(|| model.backward_weight(pending));
+        drop(grads.map_err(kernel("weight-gradient backward"))?);
+        if run > 0 {
+            f.push(forward);
+            i.push(input_grad);
+            w.push(weight_grad);
+        }
+        activation_bytes = saved_bytes as u64;
+        weight_grad_bytes = (pending_bytes as u64).min(activation_bytes);
+    }
+    Ok(LayerProfile {
+        name,
+        kind,
+        forward: median(f),
+        input_grad: median(i),
+        weight_grad: median(w),
+        activation_bytes,
+        weight_grad_bytes,
+    })
+}
+
+/// The time to hand one activation (`[B, T, d]`) to another thread and get word back, halved:
+/// one send of the threads backend.
+fn measure_send(request: &ProfileRequest) -> Result<SendProfile, TrainError> {
+    let activation = layer_input(request, LayerKind::Block)?;
+    let bytes = (activation.elem_count() * activation.dtype().size_in_bytes()) as u64;
+    let (to_peer, peer_in) = std::sync::mpsc::channel::<Tensor>();
+    let (to_back, back_in) = std::sync::mpsc::channel::<Tensor>();
+    let peer = std::thread::spawn(move || {
+        while let Ok(t) = peer_in.recv() {
+            if to_back.send(t).is_err() {
+                break;
+            }
+        }
+    });
+    let mut times = Vec::new();
+    for _ in 0..=request.repeats.max(8) {
+        let start = Instant::now();
+        to_peer
+            .send(activation.clone())
+            .map_err(|_| TrainError::invariant("profiling the send: the peer thread stopped"))?;
+        back_in
+            .recv()
+            .map_err(|_| TrainError::invariant("profiling the send: the peer thread stopped"))?;
+        times.push(start.elapsed().as_secs_f64() / 2.0);
+    }
+    drop(to_peer);
+    peer.join()
+        .map_err(|_| TrainError::invariant("profiling the send: the peer thread panicked"))?;
+    Ok(SendProfile {
+        bytes,
+        seconds: median(times[1..].to_vec()),
+    })
+}
+
+/// Measures every layer of `request.config` and one send.
+pub fn measure_profile(request: &ProfileRequest) -> Result<Profile, TrainError> {
+    if request.repeats == 0 {
+        return Err(TrainError::invalid(
+            "profile repeats",
+            0,
+            "at least one timed run per figure",
+        ));
+    }
+    let config = request.config;
+    let blocks = config.n_layer();
+    let layout = |embedding: bool, range: std::ops::Range<usize>, head: bool| {
+        StageLayout::new(&config, embedding, range, head)
+            .map_err(TrainError::kernel_config("a profiled layer's layout"))
+    };
+    let mut layers = vec![measure_layer(
+        request,
+        "embedding".into(),
+        LayerKind::Embedding,
+        layout(true, 0..0, false)?,
+    )?];
+    for k in 0..blocks {
+        layers.push(measure_layer(
+            request,
+            format!("block.{k}"),
+            LayerKind::Block,
+            layout(false, k..k + 1, false)?,
+        )?);
+    }
+    layers.push(measure_layer(
+        request,
+        "head".into(),
+        LayerKind::Head,
+        layout(false, blocks..blocks, true)?,
+    )?);
+    Ok(Profile {
+        format: PROFILE_FORMAT.to_string(),
+        model: ProfiledModel {
+            layers: blocks,
+            d_model: config.d_model(),
+            heads: config.n_head(),
+            seq_len: request.seq_len,
+            microbatch_size: request.microbatch_size,
+            vocab: config.vocab_size(),
+            dtype: format!("{:?}", request.dtype).to_lowercase(),
+        },
+        threads_per_rank: request.threads_per_rank,
+        repeats: request.repeats,
+        calibrated: false,
+        layers,
+        send: measure_send(request)?,
+    })
+}
+
+/// Scales `profile`'s layer times to what a training run measured: for every position of `cut`
+/// and every op kind (F, I, W), the median measured duration of that kind at the position's
+/// stages over the sum of the position's layers alone; each layer keeps its share. Positions
+/// or kinds the run did not measure keep their figures. Marks the profile calibrated.
+pub fn calibrate(
+    profile: &mut Profile,
+    cut: &ModelCut,
+    measured: &[Vec<MeasuredOp>],
+) -> Result<(), TrainError> {
+    let counts = cut.layers_per_position();
+    if counts.iter().sum::<usize>() != profile.model.layers {
+        return Err(TrainError::invariant(format!(
+            "calibrating a profile of {} blocks on a cut of {}",
+            profile.model.layers,
+            counts.iter().sum::<usize>()
+        )));
+    }
+    let positions = counts.len();
+    // The layer indices of each position: the embedding (0) on the first, the head on the last.
+    let mut members: Vec<Vec<usize>> = Vec::with_capacity(positions);
+    let mut next = 1;
+    for (k, &count) in counts.iter().enumerate() {
+        let mut layers: Vec<usize> = (next..next + count).collect();
+        next += count;
+        if k == 0 {
+            layers.insert(0, 0);
+        }
+        if k + 1 == positions {
+            layers.push(profile.layers.len() - 1);
+        }
+        members.push(layers);
+    }
+    type Pick = fn(&mut LayerProfile) -> &mut f64;
+    let kinds: [(fn(&Task) -> bool, Pick); 3] = [
+        (|t| matches!(t, Task::Forward(_)), |l| &mut l.forward),
+        (|t| matches!(t, Task::InputGrad(_)), |l| &mut l.input_grad),
+        (|t| matches!(t, Task::WeightGrad(_)), |l| &mut l.weight_grad),
+    ];
+    for (k, layers) in members.iter().enumerate() {
+        for (is_kind, pick) in kinds {
+            let durations: Vec<f64> = measured
+                .iter()
+                .flatten()
+                .filter(|op| is_kind(&op.task) && cut.position(op.work.stage) == Some(k))
+                .map(|op| op.end - op.start)
+                .collect();
+            if durations.is_empty() {
+                continue;
+            }
+            let run = median(durations);
+            let alone: f64 = layers.iter().map(|&i| *pick(&mut profile.layers[i])).sum();
+            if alone <= 0.0 {
+                continue;
+            }
+            let factor = run / alone;
+            for &i in layers {
+                *pick(&mut profile.layers[i]) *= factor;
+            }
+        }
+    }
+    profile.calibrated = true;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_profile_lists_every_layer_with_positive_times_and_cuts_like_the_trainer() {
+        let config = GptConfig::new(3, 32, 2, 16).unwrap();
+        let request = ProfileRequest {
+            config,
+            microbatch_size: 2,
+            seq_len: 16,
+            dtype: DType::F32,
+            threads_per_rank: 1,
+            repeats: 3,
+            seed: 5,
+        };
+        let profile = measure_profile(&request).unwrap();
+        profile.validate().unwrap();
+        let names: Vec<&str> = profile.layers.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["embedding", "block.0", "block.1", "block.2", "head"]
+        );
+        for layer in &profile.layers {
+            assert!(layer.forward > 0.0 && layer.weight_grad > 0.0, "{layer:?}");
+            assert!(layer.activation_bytes >= layer.weight_grad_bytes);
+        }
+        // A block keeps more than its input; the embedding needs no input gradient.
+        let block = &profile.layers[1];
+        assert!(block.activation_bytes > 2 * 16 * 32 * 4, "{block:?}");
+        assert!(block.input_grad > 0.0);
+        assert_eq!(profile.send.bytes, 2 * 16 * 32 * 4);
+        let text = profile.to_json();
+        assert_eq!(Profile::from_json(&text).unwrap(), profile);
+    }
+
+    #[test]
+    fn calibration_scales_each_position_to_the_run_and_keeps_the_split() {
+        use pipeweave_core::{MicrobatchId, ProblemSpec, StageId, Work};
+        let config = GptConfig::new(2, 32, 2, 16).unwrap();
+        let request = ProfileRequest {
+            config,
+            microbatch_size: 2,
+            seq_len: 16,
+            dtype: DType::F32,
+            threads_per_rank: 1,
+            repeats: 1,
+            seed: 5,
+        };
+        let mut profile = measure_profile(&request).unwrap();
+        let alone = profile.clone();
+        let problem = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(2)
+            .build()
+            .validate()
+            .unwrap();
+        let cut = ModelCut::with_layers(&config, &problem, Some(&[1, 1])).unwrap();
+        let op = |task: fn(Work) -> Task, stage: u32, m: u32, seconds: f64| {
+            let work = Work {
+                stage: StageId::new(stage),
+                microbatch: MicrobatchId::new(m),
+            };
+            MeasuredOp {
+                task: task(work),
+                work,
+                start: 1.0,
+                end: 1.0 + seconds,
+            }
+        };
+        // Stage 0's forwards took 2 s (median of 1, 2, 3); nothing else was measured.
+        let measured = vec![vec![
+            op(Task::Forward, 0, 0, 1.0),
+            op(Task::Forward, 0, 1, 2.0),
+            op(Task::Forward, 0, 1, 3.0),
+        ]];
+        calibrate(&mut profile, &cut, &measured).unwrap();
+        assert!(profile.calibrated);
+        let stage0 = profile.layers[0].forward + profile.layers[1].forward;
+        assert!((stage0 - 2.0).abs() < 1e-9, "{stage0}");
+        let share = |p: &Profile| p.layers[1].forward / (p.layers[0].forward + p.layers[1].forward);
+        assert!((share(&profile) - share(&alone)).abs() < 1e-9);
+        // Unmeasured kinds and positions keep their figures.
+        assert_eq!(profile.layers[1].input_grad, alone.layers[1].input_grad);
+        assert_eq!(profile.layers[3].forward, alone.layers[3].forward);
+    }
+}
