@@ -14,8 +14,10 @@
 //! `zero_bubble(dual(..))` on 1F1B and 2-chunk interleaving.
 
 use crate::config::{build_plan, PipelineConfig};
+use crate::error::Error;
 use crate::report::tidy;
 use pipeweave_core::simulate;
+use pipeweave_core::{CutCosts, Profile};
 use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -160,8 +162,45 @@ fn evaluate(config: &PipelineConfig, expression: &str) -> Result<Candidate, Stri
     })
 }
 
-/// The cuts of `blocks` blocks into `ranks` shares `tune --profile` tries: every cut (in
-/// lexicographic order) where they are few (at most `limit`), else the even cut and those
+/// [`tune`] over the cuts of a profiled model: `search` ranks the schedules of each cut's
+/// configuration (costs and memory of that cut, see [`PipelineConfig::with_profile`]); every
+/// candidate is tagged with its cut and its peak in bytes, and all are ranked together, fastest
+/// first, then by bytes (memory units differ between cuts), then in the order of `cuts`.
+pub fn tune_cuts(
+    base: &PipelineConfig,
+    profile: &Profile,
+    cuts: &[Vec<usize>],
+    search: &mut dyn FnMut(&PipelineConfig, &CutCosts) -> Result<TuneReport, Error>,
+) -> Result<TuneReport, Error> {
+    let mut all = TuneReport {
+        candidates: Vec::new(),
+        evaluated: 0,
+        rejected: Vec::new(),
+    };
+    for layers in cuts {
+        let (config, cut) = base.clone().with_profile(profile, Some(layers))?;
+        let found = search(&config, &cut)?;
+        all.candidates
+            .extend(found.candidates.into_iter().map(|mut c| {
+                c.layers_per_stage = Some(layers.clone());
+                c.peak_activation_bytes = Some((c.peak_activations * cut.bytes_per_unit).round());
+                c
+            }));
+        all.evaluated += found.evaluated;
+        all.rejected.extend(found.rejected);
+    }
+    all.candidates.sort_by(|a, b| {
+        a.makespan.total_cmp(&b.makespan).then(
+            a.peak_activation_bytes
+                .unwrap_or(0.0)
+                .total_cmp(&b.peak_activation_bytes.unwrap_or(0.0)),
+        )
+    });
+    Ok(all)
+}
+
+/// The cuts of `blocks` blocks into `ranks` shares `tune --profile` tries, the even one first
+/// (ties go to it): every other cut (in lexicographic order) where they are few (at most `limit`), else the even cut and those
 /// that move up to two blocks off each of the first and the last share (where the embedding
 /// and the head make a share heavy) onto the others, spread evenly. A share between the first
 /// and the last always keeps a block.
@@ -204,13 +243,16 @@ pub fn candidate_cuts(blocks: usize, ranks: usize, limit: usize) -> Vec<Vec<usiz
     if ranks == 1 {
         return vec![vec![blocks]];
     }
-    let mut out = Vec::new();
-    if all(blocks, ranks, true, &mut out, &mut Vec::new(), limit) {
-        return out;
-    }
     let even: Vec<usize> = (0..ranks)
         .map(|k| (k + 1) * blocks / ranks - k * blocks / ranks)
         .collect();
+    let mut out = Vec::new();
+    if all(blocks, ranks, true, &mut out, &mut Vec::new(), limit) {
+        // The even cut first: ties go to it.
+        out.retain(|c| *c != even);
+        out.insert(0, even);
+        return out;
+    }
     let mut cuts = vec![even.clone()];
     let mut push = |cut: Vec<usize>| {
         if !cuts.contains(&cut) {
@@ -269,7 +311,7 @@ mod tests {
     fn cuts_are_every_cut_when_few_else_moves_off_the_ends() {
         assert_eq!(
             candidate_cuts(3, 2, 64),
-            [vec![0, 3], vec![1, 2], vec![2, 1], vec![3, 0]]
+            [vec![1, 2], vec![0, 3], vec![2, 1], vec![3, 0]]
         );
         // The middle share keeps a block.
         assert!(candidate_cuts(4, 3, 64)

@@ -7,7 +7,7 @@ use crate::cli::profile_options::{parse_memory_limit, ProfileArgs};
 use crate::config::PipelineConfig;
 use crate::error::Error;
 use crate::frontier::{frontier, frontier_expressions, frontier_svg};
-use crate::tune::{candidate_cuts, candidate_expressions, tune, TuneReport};
+use crate::tune::{candidate_cuts, candidate_expressions, tune, tune_cuts, TuneReport};
 use clap::Args;
 use std::io::{IsTerminal, Write};
 
@@ -81,42 +81,15 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
                 Some(cut) => vec![cut.clone()],
                 None => candidate_cuts(p.model.layers, args.ranks as usize, 64),
             };
-            let mut merged: Option<TuneReport> = None;
-            for layers in cuts {
-                let (config, cut) = base.clone().with_profile(p, Some(&layers))?;
+            tune_cuts(&base, p, &cuts, &mut |config, cut| {
                 let limit =
                     parse_memory_limit(args.memory_limit.as_deref(), Some(cut.bytes_per_unit))?;
-                let mut found = search(args, &config.with_memory_limit(limit), limit);
-                for c in &mut found.candidates {
-                    c.layers_per_stage = Some(layers.clone());
-                    c.peak_activation_bytes =
-                        Some((c.peak_activations * cut.bytes_per_unit).round());
-                }
-                merged = Some(match merged {
-                    None => found,
-                    Some(mut all) => {
-                        all.candidates.extend(found.candidates);
-                        all.evaluated += found.evaluated;
-                        all.rejected.extend(found.rejected);
-                        all
-                    }
-                });
-            }
-            let mut all = merged.unwrap_or(TuneReport {
-                candidates: Vec::new(),
-                evaluated: 0,
-                rejected: Vec::new(),
-            });
-            // Fastest first; ties: less memory (in bytes: units differ between cuts), then the
-            // order the cuts were tried in (stable).
-            all.candidates.sort_by(|a, b| {
-                a.makespan.total_cmp(&b.makespan).then(
-                    a.peak_activation_bytes
-                        .unwrap_or(0.0)
-                        .total_cmp(&b.peak_activation_bytes.unwrap_or(0.0)),
-                )
-            });
-            all
+                Ok(search(
+                    args,
+                    &config.clone().with_memory_limit(limit),
+                    limit,
+                ))
+            })?
         }
     };
     if report.candidates.is_empty() {
