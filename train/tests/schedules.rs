@@ -8,7 +8,7 @@ use common::{plan, SCHEDULES};
 use pipeweave_core::RecvPolicy;
 use pipeweave_kernels::init::SplitMix64;
 use pipeweave_kernels::GptConfig;
-use pipeweave_train::{GptModel, StepBatch, StepRunner};
+use pipeweave_train::{GptModel, ModelCut, StepBatch, StepRunner};
 use std::collections::BTreeMap;
 
 const SEQUENCES: usize = 2;
@@ -41,18 +41,22 @@ fn step(
     recompute: bool,
     deterministic: bool,
 ) -> (f64, BTreeMap<String, Tensor>) {
+    step_cut(expression, ranks, None, recompute, deterministic)
+}
+
+/// [`step`] with the blocks cut as `layers` says (one count per position).
+fn step_cut(
+    expression: &str,
+    ranks: u32,
+    layers: Option<&[usize]>,
+    recompute: bool,
+    deterministic: bool,
+) -> (f64, BTreeMap<String, Tensor>) {
     let microbatches = 8;
     let plan = plan(expression, ranks, microbatches);
     let runner = StepRunner::new(&plan, RecvPolicy::Early, false).unwrap();
-    let model = GptModel::new(
-        &config(),
-        plan.problem(),
-        7,
-        DType::F32,
-        recompute,
-        deterministic,
-    )
-    .unwrap();
+    let cut = ModelCut::with_layers(&config(), plan.problem(), layers).unwrap();
+    let model = GptModel::on_cut(&config(), cut, 7, DType::F32, recompute, deterministic).unwrap();
     let outcome = model
         .step(&runner, &batch(microbatches as usize, 11))
         .unwrap();
@@ -108,6 +112,35 @@ fn every_schedule_gives_the_single_rank_bits_when_deterministic() {
                     "{expression} recompute={recompute}: {name}"
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn every_cut_gives_the_single_rank_bits_when_deterministic() {
+    let (loss, reference) = step("gpipe", 1, false, true);
+    let cases: [(&str, u32, &[usize]); 6] = [
+        ("f1b(gpipe)", 2, &[1, 3]),
+        ("f1b(gpipe)", 2, &[4, 0]),
+        ("zero_bubble(f1b(gpipe))", 4, &[0, 1, 1, 2]),
+        ("f1b(gpipe)", 4, &[2, 1, 1, 0]),
+        ("zero_bubble(dual(f1b(gpipe)))", 2, &[3, 1]),
+        (
+            "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
+            2,
+            &[0, 2, 1, 1],
+        ),
+    ];
+    for (expression, ranks, layers) in cases {
+        let (l, grads) = step_cut(expression, ranks, Some(layers), false, true);
+        assert_eq!(l.to_bits(), loss.to_bits(), "{expression} {layers:?}");
+        assert_eq!(grads.len(), reference.len());
+        for (name, g) in &grads {
+            assert_eq!(
+                bits(g),
+                bits(&reference[name]),
+                "{expression} {layers:?}: {name}"
+            );
         }
     }
 }

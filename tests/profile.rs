@@ -1,0 +1,201 @@
+//! Measured profiles on the command line (CLI.md: `--profile`, `--layers-per-stage`, limits in
+//! bytes): costs and memory of a cut, tune choosing the cut, and the bad inputs.
+
+use std::process::{Command, Output};
+
+const PROFILE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/profile_w192.json"
+);
+
+fn pipeweave(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipeweave"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let out = pipeweave(args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn plan(cut: &str) -> serde_json::Value {
+    json(&[
+        "plan",
+        "f1b(gpipe)",
+        "-p",
+        "2",
+        "-m",
+        "8",
+        "--profile",
+        PROFILE,
+        "--layers-per-stage",
+        cut,
+        "--format",
+        "json",
+    ])
+}
+
+fn layer_sum(profile: &serde_json::Value, range: std::ops::Range<usize>, key: &str) -> f64 {
+    profile["layers"].as_array().unwrap()[range]
+        .iter()
+        .map(|l| l[key].as_f64().unwrap())
+        .sum()
+}
+
+#[test]
+fn a_cut_is_costed_by_its_layers_and_reports_bytes() {
+    let profile: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(PROFILE).unwrap()).unwrap();
+    let even = plan("2,2");
+    assert_eq!(even["layers_per_stage"], serde_json::json!([2, 2]));
+    assert!(even["bytes_per_unit"].as_f64().unwrap() > 0.0);
+    let bytes = even["peak_activation_bytes_per_rank"].as_array().unwrap();
+    assert_eq!(bytes.len(), 2);
+    // 1F1B's makespan on 2 ranks is bounded below by the heavier share's M·(F+I+W).
+    let share = |range| {
+        ["forward", "input_grad", "weight_grad"]
+            .iter()
+            .map(|k| layer_sum(&profile, std::ops::Range::clone(&range), k))
+            .sum::<f64>()
+    };
+    let heavier = share(0..3).max(share(3..6));
+    let makespan = even["makespan"].as_f64().unwrap();
+    assert!(makespan >= 8.0 * heavier - 1e-9, "{makespan} vs {heavier}");
+    assert!(makespan < 8.0 * heavier * 1.5, "{makespan} vs {heavier}");
+    // A lopsided cut is slower.
+    assert!(plan("0,4")["makespan"].as_f64().unwrap() > makespan);
+}
+
+#[test]
+fn tune_chooses_a_cut_that_plan_reproduces() {
+    let found = json(&[
+        "tune",
+        "-p",
+        "2",
+        "-m",
+        "8",
+        "--profile",
+        PROFILE,
+        "--format",
+        "json",
+        "--top",
+        "3",
+    ]);
+    let first = &found["candidates"][0];
+    let cut: Vec<String> = first["layers_per_stage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    let again = json(&[
+        "plan",
+        first["expression"].as_str().unwrap(),
+        "-p",
+        "2",
+        "-m",
+        "8",
+        "--profile",
+        PROFILE,
+        "--layers-per-stage",
+        &cut.join(","),
+        "--format",
+        "json",
+    ]);
+    let close = |a: &serde_json::Value, b: &serde_json::Value| {
+        (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 1e-6
+    };
+    assert!(
+        close(&again["makespan"], &first["makespan"]),
+        "{again} vs {first}"
+    );
+    // Every candidate fits a limit given in bytes.
+    let limited = json(&[
+        "tune",
+        "-p",
+        "2",
+        "-m",
+        "8",
+        "--profile",
+        PROFILE,
+        "--format",
+        "json",
+        "--memory-limit",
+        "16MiB",
+    ]);
+    for c in limited["candidates"].as_array().unwrap() {
+        assert!(
+            c["peak_activation_bytes"].as_f64().unwrap() <= 16.0 * 1024.0 * 1024.0 + 1.0,
+            "{c}"
+        );
+    }
+}
+
+#[test]
+fn bad_cuts_profiles_and_limits_exit_2_with_one_line() {
+    let missing = std::env::temp_dir().join("pipeweave-missing-layer-profile.json");
+    let mut profile: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(PROFILE).unwrap()).unwrap();
+    profile["layers"].as_array_mut().unwrap().remove(2);
+    std::fs::write(&missing, profile.to_string()).unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["-p", "2", "--layers-per-stage", "1,2"], "sums to 3"),
+        (
+            vec!["-p", "2", "--layers-per-stage", "1,1,2"],
+            "3 counts for 2 ranks",
+        ),
+        (
+            vec!["-p", "3", "--layers-per-stage", "2,0,2"],
+            "leaves stage 1 empty",
+        ),
+        (vec!["-p", "2", "--memory-limit", "1KiB"], "memory"),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec!["plan", "f1b(gpipe)", "-m", "8", "--profile", PROFILE];
+        args.extend(extra.iter().copied());
+        let out = pipeweave(&args);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
+    let out = pipeweave(&[
+        "plan",
+        "f1b(gpipe)",
+        "-p",
+        "2",
+        "--profile",
+        missing.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("5 layers listed"), "{err}");
+    let out = pipeweave(&["plan", "f1b(gpipe)", "--memory-limit", "2GiB"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --profile"));
+    let out = pipeweave(&[
+        "tune",
+        "-p",
+        "2",
+        "--profile",
+        PROFILE,
+        "--memory-limit",
+        "1KiB",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no schedule fits"));
+    let out = pipeweave(&["plan", "f1b(gpipe)", "--layers-per-stage", "2,2"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "--layers-per-stage needs --profile"
+    );
+}
