@@ -26,10 +26,27 @@ fn json(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn plan(cut: &str) -> serde_json::Value {
+/// `tune -p 2 -m 8 --profile PROFILE --format json` with `extra`.
+fn tune(extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "tune",
+        "-p",
+        "2",
+        "-m",
+        "8",
+        "--profile",
+        PROFILE,
+        "--format",
+        "json",
+    ];
+    args.extend(extra);
+    json(&args)
+}
+
+fn plan(expression: &str, cut: &str) -> serde_json::Value {
     json(&[
         "plan",
-        "f1b(gpipe)",
+        expression,
         "-p",
         "2",
         "-m",
@@ -54,7 +71,7 @@ fn layer_sum(profile: &serde_json::Value, range: std::ops::Range<usize>, key: &s
 fn a_cut_is_costed_by_its_layers_and_reports_bytes() {
     let profile: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(PROFILE).unwrap()).unwrap();
-    let even = plan("2,2");
+    let even = plan("f1b(gpipe)", "2,2");
     assert_eq!(even["layers_per_stage"], serde_json::json!([2, 2]));
     assert!(even["bytes_per_unit"].as_f64().unwrap() > 0.0);
     let bytes = even["peak_activation_bytes_per_rank"].as_array().unwrap();
@@ -71,24 +88,12 @@ fn a_cut_is_costed_by_its_layers_and_reports_bytes() {
     assert!(makespan >= 8.0 * heavier - 1e-9, "{makespan} vs {heavier}");
     assert!(makespan < 8.0 * heavier * 1.5, "{makespan} vs {heavier}");
     // A lopsided cut is slower.
-    assert!(plan("0,4")["makespan"].as_f64().unwrap() > makespan);
+    assert!(plan("f1b(gpipe)", "0,4")["makespan"].as_f64().unwrap() > makespan);
 }
 
 #[test]
 fn tune_chooses_a_cut_that_plan_reproduces() {
-    let found = json(&[
-        "tune",
-        "-p",
-        "2",
-        "-m",
-        "8",
-        "--profile",
-        PROFILE,
-        "--format",
-        "json",
-        "--top",
-        "3",
-    ]);
+    let found = tune(&["--top", "3"]);
     let first = &found["candidates"][0];
     let cut: Vec<String> = first["layers_per_stage"]
         .as_array()
@@ -96,20 +101,7 @@ fn tune_chooses_a_cut_that_plan_reproduces() {
         .iter()
         .map(|c| c.to_string())
         .collect();
-    let again = json(&[
-        "plan",
-        first["expression"].as_str().unwrap(),
-        "-p",
-        "2",
-        "-m",
-        "8",
-        "--profile",
-        PROFILE,
-        "--layers-per-stage",
-        &cut.join(","),
-        "--format",
-        "json",
-    ]);
+    let again = plan(first["expression"].as_str().unwrap(), &cut.join(","));
     let close = |a: &serde_json::Value, b: &serde_json::Value| {
         (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 1e-6
     };
@@ -118,19 +110,7 @@ fn tune_chooses_a_cut_that_plan_reproduces() {
         "{again} vs {first}"
     );
     // Every candidate fits a limit given in bytes.
-    let limited = json(&[
-        "tune",
-        "-p",
-        "2",
-        "-m",
-        "8",
-        "--profile",
-        PROFILE,
-        "--format",
-        "json",
-        "--memory-limit",
-        "16MiB",
-    ]);
+    let limited = tune(&["--memory-limit", "16MiB"]);
     for c in limited["candidates"].as_array().unwrap() {
         assert!(
             c["peak_activation_bytes"].as_f64().unwrap() <= 16.0 * 1024.0 * 1024.0 + 1.0,

@@ -268,7 +268,8 @@ pub fn calibrate(
         members.push(layers);
     }
     type Pick = fn(&mut LayerProfile) -> &mut f64;
-    let kinds: [(fn(&Task) -> bool, Pick); 3] = [
+    type IsKind = fn(&Task) -> bool;
+    let kinds: [(IsKind, Pick); 3] = [
         (|t| matches!(t, Task::Forward(_)), |l| &mut l.forward),
         (|t| matches!(t, Task::InputGrad(_)), |l| &mut l.input_grad),
         (|t| matches!(t, Task::WeightGrad(_)), |l| &mut l.weight_grad),
@@ -303,19 +304,22 @@ pub fn calibrate(
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_profile_lists_every_layer_with_positive_times_and_cuts_like_the_trainer() {
-        let config = GptConfig::new(3, 32, 2, 16).unwrap();
-        let request = ProfileRequest {
-            config,
+    /// A small model's request: `blocks` blocks of width 32, 2 sequences of 16 tokens.
+    fn request(blocks: usize, repeats: usize) -> ProfileRequest {
+        ProfileRequest {
+            config: GptConfig::new(blocks, 32, 2, 16).unwrap(),
             microbatch_size: 2,
             seq_len: 16,
             dtype: DType::F32,
             threads_per_rank: 1,
-            repeats: 3,
+            repeats,
             seed: 5,
-        };
-        let profile = measure_profile(&request).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_profile_lists_every_layer_with_positive_times_and_cuts_like_the_trainer() {
+        let profile = measure_profile(&request(3, 3)).unwrap();
         profile.validate().unwrap();
         let names: Vec<&str> = profile.layers.iter().map(|l| l.name.as_str()).collect();
         assert_eq!(
@@ -338,16 +342,8 @@ mod tests {
     #[test]
     fn calibration_scales_each_position_to_the_run_and_keeps_the_split() {
         use pipeweave_core::{MicrobatchId, ProblemSpec, StageId, Work};
-        let config = GptConfig::new(2, 32, 2, 16).unwrap();
-        let request = ProfileRequest {
-            config,
-            microbatch_size: 2,
-            seq_len: 16,
-            dtype: DType::F32,
-            threads_per_rank: 1,
-            repeats: 1,
-            seed: 5,
-        };
+        let request = request(2, 1);
+        let config = request.config;
         let mut profile = measure_profile(&request).unwrap();
         let alone = profile.clone();
         let problem = ProblemSpec::builder()
