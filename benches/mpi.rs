@@ -55,6 +55,7 @@ fn settings() -> TrainSettings {
         replicas: 1,
         injections: Vec::new(),
         layers_per_stage: None,
+        variable_length: false,
     }
 }
 

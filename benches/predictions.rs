@@ -46,6 +46,7 @@ fn settings(config: GptConfig, microbatches: u32, cut: &[usize]) -> TrainSetting
         replicas: 1,
         injections: Vec::new(),
         layers_per_stage: Some(cut.to_vec()),
+        variable_length: false,
     }
 }
 

@@ -39,6 +39,7 @@ fn settings(config: GptConfig) -> TrainSettings {
         replicas: 1,
         injections: Vec::new(),
         layers_per_stage: None,
+        variable_length: false,
     }
 }
 

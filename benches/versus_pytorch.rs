@@ -124,6 +124,7 @@ fn ours(size: Size, ranks: u32, expression: &str) {
         replicas: 1,
         injections: Vec::new(),
         layers_per_stage: None,
+        variable_length: false,
     };
     let corpus = Corpus::default_sources().expect("the checkout's sources");
     let mut trainer = Trainer::new(&plan, &corpus, settings).expect("trainer");

@@ -10,6 +10,7 @@
 //! world rank 0 prints, logs and writes the files; a failing rank reports and aborts the job.
 
 use clap::{Parser, ValueEnum};
+use pipeweave::variable_length::plan_for_lengths;
 use pipeweave::Plan;
 use pipeweave::{build_plan, PipelineConfig};
 use pipeweave_kernels::GptConfig;
@@ -91,6 +92,14 @@ struct Args {
     /// default: as even as the layer count allows.
     #[arg(long, value_delimiter = ',', value_name = "A,B,...")]
     layers_per_stage: Option<Vec<usize>>,
+    /// Microbatches cut at document boundaries (a file of the default corpus, a
+    /// blank-line-separated block of --data), each as long as its longest sequence up to
+    /// --seq-len; every step's plan is built with one cost per microbatch (threads backend).
+    #[arg(long)]
+    variable_length: bool,
+    /// With --variable-length: keep one plan with uniform costs (for comparison).
+    #[arg(long, requires = "variable_length")]
+    uniform_plan: bool,
     /// Compute threads each rank may use (default: the machine's cores / ranks).
     #[arg(long)]
     threads_per_rank: Option<usize>,
@@ -293,6 +302,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         receive_timeout: timeout(args.timeout)?,
         injections: injections(args)?,
         layers_per_stage: args.layers_per_stage.clone(),
+        variable_length: args.variable_length,
         fingerprint: format!(
             "{} ranks={} microbatches={} microbatch_size={} dp={}",
             args.schedule, args.ranks, args.microbatches, args.microbatch_size, args.dp
@@ -349,7 +359,15 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
     let mut eval_curve = Vec::new();
     let mut first: Option<StepLog> = None;
     let mut last = Vec::new();
+    let first_step = trainer.steps_done();
+    let mut current = plan.clone();
+    let (mut replanned, mut reordered) = (0usize, 0usize);
     while trainer.steps_done() < end {
+        if let Some(next) = step_plan(args, &current, trainer, &mut reordered)? {
+            trainer.set_plan(&next)?;
+            current = next;
+            replanned += 1;
+        }
         let step = trainer.step()?;
         progress.update(
             step.step,
@@ -422,7 +440,7 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
         std::fs::write(path, svg).map_err(|e| bad(format!("{}: {e}", path.display())))?;
     }
     if !trainer.last_measured().is_empty() {
-        let overhead = pipeline_overhead(plan, trainer.last_measured())?;
+        let overhead = pipeline_overhead(&current, trainer.last_measured())?;
         eprintln!(
             "pipeline overhead (last step): measured {:.4} s, replayed from its measured op times {:.4} s (ratio {:.3})",
             overhead.measured_seconds,
@@ -430,8 +448,14 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
             overhead.ratio()
         );
     }
+    if args.variable_length && !args.uniform_plan && args.backend == Backend::Threads {
+        eprintln!(
+            "variable-length plans (one cost per microbatch): {reordered} of {} steps put the cheapest microbatches where the fill and the drain wait, {replanned} changed the schedule's orders",
+            end.saturating_sub(first_step)
+        );
+    }
     if let Some(prefix) = &args.timeline {
-        write_timeline(prefix, plan, trainer, &args.schedule)?;
+        write_timeline(prefix, &current, trainer, &args.schedule)?;
     }
     if let Some(path) = &args.profile {
         write_profile(args, trainer, path)?;
@@ -444,6 +468,30 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
         );
     }
     Ok(())
+}
+
+/// With `--variable-length` (and not `--uniform-plan`), the next step's plan from its
+/// microbatches' lengths ([`plan_for_lengths`]), its data order set on the trainer; `None` when
+/// the orders stay those of `current`.
+fn step_plan(
+    args: &Args,
+    current: &Plan,
+    trainer: &mut Trainer,
+    reordered: &mut usize,
+) -> Result<Option<Plan>, Failure> {
+    if !args.variable_length || args.uniform_plan || args.backend != Backend::Threads {
+        return Ok(None);
+    }
+    let lengths = trainer.next_microbatch_lengths()?;
+    let config =
+        PipelineConfig::new(args.ranks, args.microbatches).map_err(|e| bad(e.to_string()))?;
+    let planned = plan_for_lengths(&args.schedule, &config, &lengths, args.seq_len)?;
+    if planned.order.iter().enumerate().any(|(slot, &m)| slot != m) {
+        *reordered += 1;
+    }
+    trainer.set_microbatch_order(planned.order)?;
+    let next = planned.plan;
+    Ok((next.orders() != current.orders()).then_some(next))
 }
 
 /// Measures every layer of the run's model on this thread, with the run's compute threads, and

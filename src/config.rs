@@ -17,6 +17,7 @@ pub struct PipelineConfig {
     comm: f64,
     memory: Vec<StageMemory>,
     memory_limit: Option<f64>,
+    microbatch_scales: Vec<f64>,
 }
 
 impl PipelineConfig {
@@ -35,6 +36,7 @@ impl PipelineConfig {
             comm: 0.0,
             memory: vec![StageMemory::default(); ranks as usize],
             memory_limit: None,
+            microbatch_scales: Vec::new(),
         })
     }
 
@@ -110,6 +112,25 @@ impl PipelineConfig {
         Ok((config, cut))
     }
 
+    /// One cost factor per microbatch (variable-length microbatches: microbatch `m`'s ops take
+    /// `scales[m]` times the share's figures); empty for none.
+    pub fn with_microbatch_scales(mut self, scales: Vec<f64>) -> Result<PipelineConfig, Error> {
+        if !scales.is_empty() && scales.len() != self.microbatches as usize {
+            return Err(Error::Option {
+                option: "microbatch costs",
+                message: format!(
+                    "{} cost factors for {} microbatches",
+                    scales.len(),
+                    self.microbatches
+                ),
+            });
+        }
+        CostModel::uniform(1, StageCosts::default(), 0.0)?
+            .with_microbatch_scales(scales.clone())?;
+        self.microbatch_scales = scales;
+        Ok(self)
+    }
+
     /// A per-rank activation-memory bound the verifier enforces after every pass.
     pub fn with_memory_limit(mut self, limit: Option<f64>) -> PipelineConfig {
         self.memory_limit = limit;
@@ -148,7 +169,8 @@ impl PipelineConfig {
             .microbatches(self.microbatches)
             .build()
             .validate()?;
-        let costs = CostModel::per_stage(self.costs.clone(), self.comm)?;
+        let costs = CostModel::per_stage(self.costs.clone(), self.comm)?
+            .with_microbatch_scales(self.microbatch_scales.clone())?;
         let memory = MemoryModel::per_stage(self.memory.clone());
         Ok(Plan::unscheduled(problem, costs, memory)?.with_memory_limit(self.memory_limit)?)
     }

@@ -22,6 +22,7 @@ pub mod paper_table;
 pub mod reference;
 pub mod report;
 pub mod tune;
+pub mod variable_length;
 
 pub use config::{
     build_and_simulate, build_plan, build_plan_observed, build_plan_with, PipelineConfig,

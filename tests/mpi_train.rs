@@ -120,6 +120,38 @@ fn equal_on_both_backends(schedule: &str, ranks: &str, microbatches: &str) {
 }
 
 #[test]
+fn variable_length_microbatches_give_the_threads_losses_bit_for_bit() {
+    // Blank-line-separated documents of different lengths: microbatches of different shapes
+    // travel between processes (the wire's header carries them). Threads run per-step plans
+    // with the data in other slots; MPI the one plan; the bits agree.
+    let data = std::env::temp_dir().join(format!("pipeweave-mpi-docs-{}.txt", std::process::id()));
+    let text: Vec<String> = (0..200)
+        .map(|i| "word ".repeat(1 + (i * 37) % 19))
+        .collect();
+    std::fs::write(&data, text.join("\n\n")).expect("a data file");
+    let data_arg = data.to_string_lossy().into_owned();
+    let args = [
+        "--schedule",
+        "zero_bubble(f1b(gpipe))",
+        "--ranks",
+        "2",
+        "--microbatches",
+        "8",
+        "--steps",
+        "3",
+        "--deterministic",
+        "--variable-length",
+        "--data",
+        &data_arg,
+    ];
+    let threads = logged_losses(None, &args, "variable-threads");
+    let mpi = logged_losses(Some(2), &args, "variable-mpi");
+    let _ = std::fs::remove_file(&data);
+    assert_eq!(threads.len(), 3);
+    assert_eq!(mpi, threads);
+}
+
+#[test]
 fn the_full_composition_gives_the_threads_losses_bit_for_bit() {
     equal_on_both_backends("zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))", "4", "8");
 }

@@ -19,11 +19,16 @@ pub struct StepBatch {
     targets: Vec<Tensor>,
     normalizer: f64,
     tokens: usize,
+    /// Slot `m` holds data microbatch `data_ids[m]` (the identity unless the data were put
+    /// into other slots): deterministic sums of losses and gradients follow the data ids, so
+    /// the slots a plan chooses change no bit.
+    data_ids: Vec<u32>,
 }
 
 impl StepBatch {
-    /// Microbatch `m` feeds `inputs[m]` and predicts `targets[m]`, each `sequences × seq_len`
-    /// ids row-major; targets equal to `pad_id` count for nothing.
+    /// Microbatch `m` feeds `inputs[m]` and predicts `targets[m]`, each `sequences × T_m` ids
+    /// row-major with `0 < T_m <= seq_len` (every microbatch its own length: variable-length
+    /// batches); targets equal to `pad_id` count for nothing.
     pub fn new(
         inputs: &[Vec<u32>],
         targets: &[Vec<u32>],
@@ -40,19 +45,29 @@ impl StepBatch {
                 ),
             });
         }
-        let size = sequences * seq_len;
         let tensor = |ids: &Vec<u32>, what: &str, m: usize| {
-            if ids.len() != size {
+            let t = ids.len() / sequences.max(1);
+            if sequences == 0 || t == 0 || t > seq_len || t * sequences != ids.len() {
                 return Err(TrainError::Batch {
                     reason: format!(
-                        "microbatch {m}: {} {what} ids, expected {sequences} x {seq_len} = {size}",
+                        "microbatch {m}: {} {what} ids, expected {sequences} sequences of 1 to \
+                         {seq_len} tokens each",
                         ids.len()
                     ),
                 });
             }
-            Tensor::from_slice(ids, (sequences, seq_len), &Device::Cpu)
+            Tensor::from_slice(ids, (sequences, t), &Device::Cpu)
                 .map_err(TrainError::tensor(format!("microbatch {m}'s {what} ids")))
         };
+        if let Some(m) = (0..inputs.len()).find(|&m| inputs[m].len() != targets[m].len()) {
+            return Err(TrainError::Batch {
+                reason: format!(
+                    "microbatch {m}: {} input ids but {} target ids",
+                    inputs[m].len(),
+                    targets[m].len()
+                ),
+            });
+        }
         let inputs = inputs
             .iter()
             .enumerate()
@@ -73,12 +88,36 @@ impl StepBatch {
                 reason: "the global batch has no non-padding target".to_string(),
             });
         }
+        let data_ids = (0..inputs.len() as u32).collect();
         Ok(StepBatch {
             inputs,
             targets: targets_t,
             normalizer: tokens as f64,
             tokens,
+            data_ids,
         })
+    }
+
+    /// The same batch whose slot `m` holds data microbatch `ids[m]` (a permutation of the
+    /// slots; see [`StepBatch::data_id`]).
+    pub fn with_data_ids(mut self, ids: Vec<u32>) -> Result<StepBatch, TrainError> {
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        if !sorted.iter().copied().eq(0..self.inputs.len() as u32) {
+            return Err(TrainError::Batch {
+                reason: format!(
+                    "data ids {ids:?} are not a permutation of the {} slots",
+                    self.inputs.len()
+                ),
+            });
+        }
+        self.data_ids = ids;
+        Ok(self)
+    }
+
+    /// The data microbatch slot `m` holds: what deterministic sums are ordered by.
+    pub fn data_id(&self, m: usize) -> Option<u32> {
+        self.data_ids.get(m).copied()
     }
 
     /// Number of microbatches.

@@ -13,7 +13,7 @@ use crate::optim::squared_norms;
 use crate::stage::{Injection, MeasuredOp};
 use crate::step::{GptModel, StepRunner};
 use candle_core::Tensor;
-use pipeweave_core::RankId;
+use pipeweave_core::{Plan, RankId, RecvPolicy};
 
 /// What one step gave this process.
 #[derive(Debug)]
@@ -60,6 +60,18 @@ pub trait Cluster {
     /// process calls it in the same order); in one process, `tensors` themselves.
     fn share(&mut self, _position: usize, tensors: Vec<Tensor>) -> Result<Vec<Tensor>, TrainError> {
         Ok(tensors)
+    }
+
+    /// Runs later steps through `plan`'s programs (checked here, once): a plan of the same
+    /// problem whose orders differ, as variable-length microbatches ask for (their costs
+    /// change every step). A cluster that cannot switch plans says so
+    /// ([`TrainError::InvalidArgument`]).
+    fn set_plan(&mut self, _plan: &Plan) -> Result<(), TrainError> {
+        Err(TrainError::invalid(
+            "plan",
+            "a new plan",
+            "this cluster runs the plan it was made with (per-step plans need the threads backend)",
+        ))
     }
 
     /// Whether this process writes files for the run (checkpoints, logs): one process of the
@@ -115,6 +127,19 @@ impl Cluster for ThreadsCluster {
         batch: &StepBatch,
     ) -> Result<(f64, usize), TrainError> {
         model.evaluate(&self.eval_runner, batch)
+    }
+
+    fn set_plan(&mut self, plan: &Plan) -> Result<(), TrainError> {
+        if plan.problem() != self.runner.problem() {
+            return Err(TrainError::invalid(
+                "plan",
+                "a new plan",
+                "a step's plan must keep the run's problem (ranks, stages, microbatches, routes)",
+            ));
+        }
+        let options = self.runner.options();
+        self.runner = StepRunner::new(plan, RecvPolicy::Early, false)?.with_options(options);
+        Ok(())
     }
 
     fn squared_norms(

@@ -24,6 +24,7 @@
 //! `--dp 1 --microbatches D*M`.
 
 use std::fs;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -31,6 +32,7 @@ use pipeweave_kernels::init::SplitMix64;
 use serde::{Deserialize, Serialize};
 
 use crate::batch::PAD_ID;
+use crate::documents::{blank_line_blocks, pieces, Piece};
 use crate::error::{Result, TrainError};
 
 /// The input id of padding (any byte would do: padded positions have no loss).
@@ -60,6 +62,7 @@ pub struct Corpus {
     origin: PathBuf,
     bytes: Vec<u8>,
     files: usize,
+    documents: Vec<Range<usize>>,
 }
 
 /// A corpus cut into training bytes and held-out bytes (its last tenth).
@@ -118,9 +121,11 @@ impl Corpus {
 
     /// A corpus of `text`, said to come from `origin` in error messages.
     pub fn from_text(origin: impl Into<PathBuf>, text: impl Into<String>) -> Corpus {
+        let bytes = text.into().into_bytes();
         Corpus {
             origin: origin.into(),
-            bytes: text.into().into_bytes(),
+            documents: blank_line_blocks(&bytes),
+            bytes,
             files: 1,
         }
     }
@@ -128,6 +133,7 @@ impl Corpus {
     /// Reads and joins `files` (already in order), each checked to be UTF-8.
     fn from_files(origin: &Path, files: &[PathBuf]) -> Result<Corpus> {
         let mut bytes = Vec::new();
+        let mut documents = Vec::with_capacity(files.len());
         for (index, file) in files.iter().enumerate() {
             let contents = fs::read(file).map_err(TrainError::io(file, "read"))?;
             if let Err(e) = std::str::from_utf8(&contents) {
@@ -139,12 +145,19 @@ impl Corpus {
             if index > 0 {
                 bytes.push(b'\n');
             }
+            let start = bytes.len();
             bytes.extend_from_slice(&contents);
+            documents.push(start..bytes.len());
+        }
+        // One file: its blank-line-separated blocks are the documents.
+        if files.len() == 1 {
+            documents = blank_line_blocks(&bytes);
         }
         Ok(Corpus {
             origin: origin.to_path_buf(),
             bytes,
             files: files.len(),
+            documents,
         })
     }
 
@@ -161,6 +174,12 @@ impl Corpus {
     /// How many files were read.
     pub fn files(&self) -> usize {
         self.files
+    }
+
+    /// The documents as byte ranges: each file of a folder, or the blank-line-separated blocks
+    /// of a single text (see [`crate::documents`]).
+    pub fn documents(&self) -> &[Range<usize>] {
+        &self.documents
     }
 
     /// The last tenth of the bytes held out (at least one window of `seq_len + 1` bytes), the
@@ -296,11 +315,20 @@ pub struct GlobalBatch {
     pub targets: Vec<Vec<u32>>,
     /// Sequences per microbatch, `B`.
     pub microbatch_size: usize,
-    /// Tokens per sequence, `T`.
+    /// Tokens per sequence, `T`: every microbatch's, or with variable lengths the most a
+    /// microbatch may have (each has `ids / microbatch_size`).
     pub seq_len: usize,
 }
 
 impl GlobalBatch {
+    /// Tokens per sequence of each microbatch (its ids over `microbatch_size`).
+    pub fn microbatch_lengths(&self) -> Vec<usize> {
+        self.inputs
+            .iter()
+            .map(|ids| ids.len() / self.microbatch_size.max(1))
+            .collect()
+    }
+
     /// The part of data-parallel replica `d` when each replica takes `m` microbatches:
     /// microbatches `d*m .. (d+1)*m`.
     pub fn replica(&self, d: usize, m: usize) -> Result<GlobalBatch> {
@@ -327,6 +355,9 @@ pub struct Loader {
     shape: BatchShape,
     seed: u64,
     windows: usize,
+    /// Variable-length sequences cut at document boundaries; `None`: windows of `seq_len + 1`
+    /// bytes at stride `seq_len` across the whole text.
+    pieces: Option<Vec<Piece>>,
     order: Option<(u64, Vec<usize>)>,
 }
 
@@ -351,6 +382,40 @@ impl Loader {
             shape,
             seed,
             windows,
+            pieces: None,
+            order: None,
+        })
+    }
+
+    /// A loader of variable-length microbatches over `bytes`: the `documents` (byte ranges;
+    /// clipped to `bytes`) cut into sequences of at most `shape.seq_len` tokens that never cross
+    /// a document boundary, shuffled by `seed`, `shape.microbatch_size` to a microbatch, each
+    /// microbatch as long as its longest sequence (shorter ones padded: inputs with byte 0,
+    /// targets with [`crate::PAD_ID`]).
+    pub fn variable(
+        bytes: impl Into<Arc<[u8]>>,
+        documents: &[Range<usize>],
+        shape: BatchShape,
+        seed: u64,
+    ) -> Result<Loader> {
+        let bytes = bytes.into();
+        window_len(shape.seq_len)?;
+        shape.sequences_per_step()?;
+        let pieces = pieces(documents, bytes.len(), shape.seq_len);
+        if pieces.is_empty() {
+            return Err(TrainError::DataTooShort {
+                origin: PathBuf::from("training data"),
+                bytes: bytes.len(),
+                needed: 2,
+                why: "a document of at least 2 bytes (one input and its target)".to_string(),
+            });
+        }
+        Ok(Loader {
+            bytes,
+            shape,
+            seed,
+            windows: pieces.len(),
+            pieces: Some(pieces),
             order: None,
         })
     }
@@ -392,13 +457,21 @@ impl Loader {
         }
         let (mut epoch, mut cursor) = (position.epoch, cursor);
         let (sequences, seq_len) = (self.shape.sequences_per_step()?, self.shape.seq_len);
-        let mut starts = Vec::with_capacity(sequences);
-        while starts.len() < sequences {
+        let mut picked = Vec::with_capacity(sequences);
+        while picked.len() < sequences {
             let order = self.order_of(epoch);
-            let take = (sequences - starts.len()).min(order.len() - cursor);
-            starts.extend(order[cursor..cursor + take].iter().map(|&w| w * seq_len));
+            let epoch_len = order.len();
+            let take = (sequences - picked.len()).min(epoch_len - cursor);
+            let chosen: Vec<usize> = order[cursor..cursor + take].to_vec();
+            picked.extend(chosen.into_iter().map(|w| match &self.pieces {
+                Some(pieces) => pieces[w],
+                None => Piece {
+                    start: w * seq_len,
+                    len: seq_len + 1,
+                },
+            }));
             cursor += take;
-            if cursor == order.len() {
+            if cursor == epoch_len {
                 (epoch, cursor) = (epoch.saturating_add(1), 0);
             }
         }
@@ -406,7 +479,7 @@ impl Loader {
             epoch,
             cursor: cursor as u64,
         };
-        Ok((self.assemble(&starts), next))
+        Ok((self.assemble(&picked), next))
     }
 
     /// The shuffled window indices of `epoch` (cached for the latest epoch asked).
@@ -421,15 +494,23 @@ impl Loader {
             .unwrap_or(&[])
     }
 
-    /// Groups the windows starting at `starts` into microbatches.
-    fn assemble(&self, starts: &[usize]) -> GlobalBatch {
-        let t = self.shape.seq_len;
-        let chunks = starts.chunks(self.shape.microbatch_size);
+    /// Groups the sequences `picked` into microbatches, each as long as its longest sequence
+    /// (all `seq_len` long without variable lengths: no padding there).
+    fn assemble(&self, picked: &[Piece]) -> GlobalBatch {
+        let chunks = picked.chunks(self.shape.microbatch_size);
         let (inputs, targets) = chunks
             .map(|chunk| {
-                let window = |s: &usize| self.bytes[*s..*s + t + 1].iter().map(|&b| u32::from(b));
-                let input = chunk.iter().flat_map(|s| window(s).take(t)).collect();
-                let target = chunk.iter().flat_map(|s| window(s).skip(1)).collect();
+                let t = chunk.iter().map(Piece::tokens).max().unwrap_or(0);
+                let mut input = Vec::with_capacity(chunk.len() * t);
+                let mut target = Vec::with_capacity(chunk.len() * t);
+                for piece in chunk {
+                    let bytes = &self.bytes[piece.start..piece.start + piece.len];
+                    let n = piece.tokens();
+                    input.extend(bytes[..n].iter().map(|&b| u32::from(b)));
+                    input.extend(std::iter::repeat_n(0, t - n));
+                    target.extend(bytes[1..].iter().map(|&b| u32::from(b)));
+                    target.extend(std::iter::repeat_n(PAD_ID, t - n));
+                }
                 (input, target)
             })
             .unzip();
@@ -437,7 +518,7 @@ impl Loader {
             inputs,
             targets,
             microbatch_size: self.shape.microbatch_size,
-            seq_len: t,
+            seq_len: self.shape.seq_len,
         }
     }
 }

@@ -15,7 +15,8 @@
 //! - [`trainer`]: the training loop ([`Trainer`]): steps, clipping, AdamW, evaluation through the
 //!   forward-only programs, checkpoints that resume bit for bit;
 //! - [`data`]: the byte corpus (any UTF-8 text, by default the checkout's own sources), its
-//!   held-out split and the seeded loader; [`optim`]: AdamW and global-norm clipping;
+//!   held-out split and the seeded loader ([`documents`]: variable-length sequences cut at
+//!   document boundaries); [`optim`]: AdamW and global-norm clipping;
 //!   [`schedule`]: warm-up + cosine learning rate; [`checkpoint`]: GPT-2 checkpoints in
 //!   safetensors with optimizer state, step, data position; [`curve`]: the loss-curve SVG;
 //!   [`progress`]: the terminal progress bar;
@@ -32,6 +33,7 @@ pub mod cluster;
 pub mod curve;
 pub mod cut;
 pub mod data;
+pub mod documents;
 pub mod error;
 pub mod gradients;
 #[cfg(feature = "mpi")]

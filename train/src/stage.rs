@@ -184,6 +184,12 @@ impl GptStage {
         self.offset + work.microbatch.get()
     }
 
+    /// The data microbatch `work`'s slot holds: the key of deterministic sums.
+    fn data_id(&self, work: Work) -> u32 {
+        let global = self.global(work);
+        self.batch.data_id(global as usize).unwrap_or(global)
+    }
+
     /// Injects `injection` into this rank's first forward.
     pub fn with_injection(mut self, injection: Option<Injection>) -> GptStage {
         self.injection = injection;
@@ -347,7 +353,7 @@ impl StageCompute for GptStage {
                 work.microbatch
             )));
         }
-        self.losses.insert(self.global(work), loss);
+        self.losses.insert(self.data_id(work), loss);
         self.release(Table::Output, work);
         // The loss belongs to the last stage's forward (nothing can run between them): its
         // measured forward ends here, as a profile's head forward includes the loss.
@@ -405,7 +411,7 @@ impl StageCompute for GptStage {
             .backward_weight(pending)
             .map_err(kernel_failure(work, "weight-gradient backward"))?;
         self.release(Table::Pending, work);
-        let microbatch = self.global(work);
+        let microbatch = self.data_id(work);
         self.sync.add(position, microbatch, grads)?;
         if self.last_weight.remove(&work.stage) {
             self.sync.stage_complete(position)?;

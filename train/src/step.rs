@@ -46,6 +46,11 @@ impl StepRunner {
         })
     }
 
+    /// The options the ranks run with.
+    pub fn options(&self) -> ThreadOptions {
+        self.options
+    }
+
     /// How long a receive may wait.
     pub fn with_options(mut self, options: ThreadOptions) -> StepRunner {
         self.options = options;

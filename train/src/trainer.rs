@@ -63,6 +63,8 @@ pub struct TrainSettings {
     /// Blocks per model stage (`--layers-per-stage`; see [`ModelCut::with_layers`]); `None`
     /// cuts as evenly as the block count allows.
     pub layers_per_stage: Option<Vec<usize>>,
+    /// Variable-length microbatches cut at document boundaries ([`Loader::variable`]).
+    pub variable_length: bool,
 }
 
 /// What one step did.
@@ -94,6 +96,9 @@ pub struct Trainer {
     position: DataPosition,
     step: u64,
     measured: Vec<Vec<MeasuredOp>>,
+    /// Slot `s` of every replica takes the replica's data microbatch `order[s]` (None: in data
+    /// order).
+    microbatch_order: Option<Vec<usize>>,
     peak_activation_bytes: Vec<usize>,
     peak_host_bytes: Vec<usize>,
 }
@@ -155,7 +160,16 @@ impl Trainer {
             .iter()
             .map(|m| AdamW::new(AdamWConfig::default(), &m.parameters()))
             .collect::<Result<Vec<_>, _>>()?;
-        let loader = Loader::new(split.train.to_vec(), settings.shape, settings.seed)?;
+        let loader = if settings.variable_length {
+            Loader::variable(
+                split.train.to_vec(),
+                corpus.documents(),
+                settings.shape,
+                settings.seed,
+            )?
+        } else {
+            Loader::new(split.train.to_vec(), settings.shape, settings.seed)?
+        };
         Ok(Trainer {
             held_out: split.held_out.to_vec(),
             corpus_origin: corpus.origin().to_path_buf(),
@@ -167,6 +181,7 @@ impl Trainer {
             position: DataPosition::default(),
             step: 0,
             measured: Vec::new(),
+            microbatch_order: None,
             peak_activation_bytes: Vec::new(),
             peak_host_bytes: Vec::new(),
         })
@@ -198,6 +213,74 @@ impl Trainer {
         &self.peak_host_bytes
     }
 
+    /// Tokens per sequence of each microbatch of the next step's global batch (all `seq_len`
+    /// without variable lengths): what a per-step plan's costs follow.
+    pub fn next_microbatch_lengths(&mut self) -> Result<Vec<usize>, TrainError> {
+        Ok(self.loader.batch_at(self.position)?.0.microbatch_lengths())
+    }
+
+    /// Runs the next steps through `plan` (the same problem; its programs are checked once
+    /// here). See [`Cluster::set_plan`].
+    pub fn set_plan(&mut self, plan: &Plan) -> Result<(), TrainError> {
+        self.cluster.set_plan(plan)
+    }
+
+    /// From the next step on, slot `s` of every replica takes that replica's data microbatch
+    /// `order[s]` (a permutation of the plan's microbatches;
+    /// `pipeweave_transforms::schedules::microbatch_order` chooses one from their costs). The loss and the gradients'
+    /// sum do not depend on it beyond the order of the deterministic sum, which is the slots'
+    /// on every schedule and rank count.
+    pub fn set_microbatch_order(&mut self, order: Vec<usize>) -> Result<(), TrainError> {
+        let per_replica =
+            self.settings.shape.global_microbatches / self.settings.replicas.max(1) as usize;
+        let mut seen = vec![false; per_replica];
+        for &m in &order {
+            match seen.get_mut(m) {
+                Some(slot) if !*slot => *slot = true,
+                _ => {
+                    return Err(TrainError::invalid(
+                        "microbatch order",
+                        format!("{order:?}"),
+                        format!("must be a permutation of 0..{per_replica}"),
+                    ))
+                }
+            }
+        }
+        if order.len() != per_replica {
+            return Err(TrainError::invalid(
+                "microbatch order",
+                format!("{order:?}"),
+                format!("must be a permutation of 0..{per_replica}"),
+            ));
+        }
+        self.microbatch_order = Some(order);
+        Ok(())
+    }
+
+    /// `batch` with every replica's microbatches in slot order, and each slot's data id (None
+    /// in data order).
+    fn in_slots(&self, batch: GlobalBatch) -> (GlobalBatch, Option<Vec<u32>>) {
+        let Some(order) = &self.microbatch_order else {
+            return (batch, None);
+        };
+        let per_replica = order.len();
+        let pick = |ids: &[Vec<u32>]| -> Vec<Vec<u32>> {
+            ids.chunks(per_replica)
+                .flat_map(|replica| order.iter().map(|&m| replica[m].clone()))
+                .collect()
+        };
+        let replicas = batch.inputs.len() / per_replica.max(1);
+        let data_ids = (0..replicas)
+            .flat_map(|d| order.iter().map(move |&m| (d * per_replica + m) as u32))
+            .collect();
+        let slotted = GlobalBatch {
+            inputs: pick(&batch.inputs),
+            targets: pick(&batch.targets),
+            ..batch
+        };
+        (slotted, Some(data_ids))
+    }
+
     fn step_batch(&self, batch: &GlobalBatch) -> Result<StepBatch, TrainError> {
         StepBatch::new(
             &batch.inputs,
@@ -220,7 +303,11 @@ impl Trainer {
     fn try_step(&mut self) -> Result<StepLog, TrainError> {
         let start = Instant::now();
         let (global, next) = self.loader.batch_at(self.position)?;
-        let batch = self.step_batch(&global)?;
+        let (slotted, data_ids) = self.in_slots(global);
+        let mut batch = self.step_batch(&slotted)?;
+        if let Some(ids) = data_ids {
+            batch = batch.with_data_ids(ids)?;
+        }
         let step = self.step + 1;
         let injection = self
             .settings

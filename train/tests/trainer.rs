@@ -44,6 +44,7 @@ fn settings(deterministic: bool, recompute: bool, steps: u64) -> TrainSettings {
         replicas: 1,
         injections: Vec::new(),
         layers_per_stage: None,
+        variable_length: false,
     }
 }
 

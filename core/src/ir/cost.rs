@@ -9,7 +9,7 @@
 //! ranks. Every figure is finite and non-negative.
 
 use crate::error::CoreError;
-use crate::ir::ids::StageId;
+use crate::ir::ids::{MicrobatchId, StageId};
 use crate::ir::op::{Op, OpKind, Task, Work};
 use typed_builder::TypedBuilder;
 
@@ -163,11 +163,14 @@ impl Default for StageCosts {
     }
 }
 
-/// Validated costs of every stage plus the cross-rank latency.
+/// Validated costs of every stage plus the cross-rank latency, and optionally a factor per
+/// microbatch (variable-length microbatches: microbatch `m`'s ops on every stage take
+/// `scale[m]` times the stage's figures; transfers keep `comm`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CostModel {
     stages: Vec<StageCosts>,
     comm: f64,
+    microbatch_scales: Vec<f64>,
 }
 
 impl CostModel {
@@ -179,7 +182,52 @@ impl CostModel {
     /// One entry per stage.
     pub fn per_stage(stages: Vec<StageCosts>, comm: f64) -> Result<CostModel, CoreError> {
         let comm = check_duration("all", "comm", comm)?;
-        Ok(CostModel { stages, comm })
+        Ok(CostModel {
+            stages,
+            comm,
+            microbatch_scales: Vec::new(),
+        })
+    }
+
+    /// The same model with microbatch `m`'s ops scaled by `scales[m]` (finite, > 0; empty for
+    /// none). A microbatch beyond the list keeps the stage's figures.
+    pub fn with_microbatch_scales(mut self, scales: Vec<f64>) -> Result<CostModel, CoreError> {
+        if let Some((m, s)) = scales
+            .iter()
+            .enumerate()
+            .find(|(_, s)| !(s.is_finite() && **s > 0.0))
+        {
+            return Err(CoreError::InvalidModel {
+                model: "cost model",
+                stage: "all".to_string(),
+                reason: format!("microbatch {m}'s cost scale {s} must be finite and > 0"),
+            });
+        }
+        self.microbatch_scales = scales;
+        Ok(self)
+    }
+
+    /// The same latency and microbatch scales over other stages (a pass that changes the
+    /// layout keeps what is not per stage).
+    pub fn with_stages(&self, stages: Vec<StageCosts>) -> CostModel {
+        CostModel {
+            stages,
+            comm: self.comm,
+            microbatch_scales: self.microbatch_scales.clone(),
+        }
+    }
+
+    /// The factor of microbatch `m`'s ops (1 without scales).
+    pub fn microbatch_scale(&self, m: MicrobatchId) -> f64 {
+        self.microbatch_scales
+            .get(m.index())
+            .copied()
+            .unwrap_or(1.0)
+    }
+
+    /// The per-microbatch factors (empty: all 1).
+    pub fn microbatch_scales(&self) -> &[f64] {
+        &self.microbatch_scales
     }
 
     /// Validates per-stage specs, naming the stage in an error.
@@ -207,28 +255,29 @@ impl CostModel {
     }
     /// Duration of one atomic op (unfused).
     pub fn op_cost(&self, op: Op) -> f64 {
-        self.stage_or_default(op.stage).of(op.kind)
+        self.stage_or_default(op.stage).of(op.kind) * self.microbatch_scale(op.microbatch)
     }
     /// Duration of a task: its fused figure for B and F&B, the op's own for F, I and W. An
     /// overlapped F&B costs its two parts, the forward stage's `F` plus the backward stage's `B`,
     /// unless both stages give `FB`, which then prices it (the longer of the two).
     pub fn task_duration(&self, task: &Task) -> f64 {
         let cost = |w: Work| self.stage_or_default(w.stage);
+        let scale = |w: Work| self.microbatch_scale(w.microbatch);
         match *task {
-            Task::Forward(w) => cost(w).forward(),
-            Task::InputGrad(w) => cost(w).input_grad(),
-            Task::WeightGrad(w) => cost(w).weight_grad(),
-            Task::Backward(w) => cost(w).full_backward(),
+            Task::Forward(w) => cost(w).forward() * scale(w),
+            Task::InputGrad(w) => cost(w).input_grad() * scale(w),
+            Task::WeightGrad(w) => cost(w).weight_grad() * scale(w),
+            Task::Backward(w) => cost(w).full_backward() * scale(w),
             Task::Overlapped { forward, backward } => {
                 let (f, b) = (cost(forward), cost(backward));
                 if f.overlapped_given && b.overlapped_given {
-                    f.overlapped().max(b.overlapped())
+                    (f.overlapped() * scale(forward)).max(b.overlapped() * scale(backward))
                 } else {
-                    f.forward() + b.full_backward()
+                    f.forward() * scale(forward) + b.full_backward() * scale(backward)
                 }
             }
-            Task::Recompute(w) => cost(w).recompute(),
-            Task::Offload(w) | Task::Reload(w) => cost(w).offload(),
+            Task::Recompute(w) => cost(w).recompute() * scale(w),
+            Task::Offload(w) | Task::Reload(w) => cost(w).offload() * scale(w),
         }
     }
 
@@ -241,6 +290,34 @@ impl CostModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn microbatch_scales_multiply_every_task_of_their_microbatch() {
+        let model = CostModel::uniform(2, StageCosts::default(), 0.5)
+            .unwrap()
+            .with_microbatch_scales(vec![1.0, 0.25])
+            .unwrap();
+        let work = |m: u32| Work {
+            stage: StageId::new(1),
+            microbatch: MicrobatchId::new(m),
+        };
+        assert_eq!(model.task_duration(&Task::Forward(work(0))), 1.0);
+        assert_eq!(model.task_duration(&Task::Forward(work(1))), 0.25);
+        assert_eq!(model.task_duration(&Task::Backward(work(1))), 0.5);
+        // Beyond the list: the stage's figures; the latency is not scaled.
+        assert_eq!(model.task_duration(&Task::WeightGrad(work(5))), 1.0);
+        assert_eq!(model.comm(), 0.5);
+        let kept = model.with_stages(vec![StageCosts::default().split(2); 4]);
+        assert_eq!(kept.microbatch_scales(), [1.0, 0.25]);
+        let err = CostModel::uniform(1, StageCosts::default(), 0.0)
+            .unwrap()
+            .with_microbatch_scales(vec![1.0, 0.0])
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("microbatch 1's cost scale 0"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn fused_costs_default_to_sums() {

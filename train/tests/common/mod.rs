@@ -6,6 +6,11 @@ use pipeweave_transforms::compile_expression;
 
 /// The verified plan of `expression` on `ranks` ranks and `microbatches` microbatches, unit costs.
 pub fn plan(expression: &str, ranks: u32, microbatches: u32) -> Plan {
+    plan_scaled(expression, ranks, microbatches, Vec::new())
+}
+
+/// [`plan`] with microbatch `m`'s costs scaled by `scales[m]` (variable-length microbatches).
+pub fn plan_scaled(expression: &str, ranks: u32, microbatches: u32, scales: Vec<f64>) -> Plan {
     let problem = ProblemSpec::builder()
         .ranks(ranks)
         .microbatches(microbatches)
@@ -14,7 +19,9 @@ pub fn plan(expression: &str, ranks: u32, microbatches: u32) -> Plan {
         .unwrap();
     let start = Plan::unscheduled(
         problem,
-        CostModel::uniform(ranks, StageCosts::default(), 0.0).unwrap(),
+        CostModel::uniform(ranks, StageCosts::default(), 0.0)
+            .and_then(|c| c.with_microbatch_scales(scales))
+            .unwrap(),
         MemoryModel::uniform(ranks, Default::default()),
     )
     .unwrap();

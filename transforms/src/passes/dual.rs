@@ -142,8 +142,7 @@ fn reshape(
         .iter()
         .map(|&s| plan.memory().stages()[s as usize])
         .collect();
-    let costs = CostModel::per_stage(costs, plan.costs().comm())
-        .map_err(|e| TransformError::core("dual: costs", e))?;
+    let costs = plan.costs().with_stages(costs);
     Ok((problem, costs, MemoryModel::per_stage(memory)))
 }
 

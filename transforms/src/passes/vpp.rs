@@ -144,8 +144,7 @@ impl Interleave {
             .iter()
             .map(|&r| plan.costs().stages()[r as usize].split(self.chunks))
             .collect();
-        let costs = CostModel::per_stage(costs, plan.costs().comm())
-            .map_err(|e| TransformError::core("vpp: splitting costs", e))?;
+        let costs = plan.costs().with_stages(costs);
         let memory = MemoryModel::per_stage(
             owner
                 .iter()

@@ -1,7 +1,8 @@
 //! Order generators and rewriters that passes share: DualPipe's phases, Zero Bubble's lagged
 //! weight gradients, the handcrafted ZB-V order, V-Half and V-Min, the cost-model-driven list scheduler behind
 //! `zero_bubble(policy=auto)`, the critical-path local search, the score they compete on, and the
-//! memory relief `recompute` and `offload` share.
+//! memory relief `recompute` and `offload` share; and, for microbatches of different costs,
+//! which data goes into which microbatch slot ([`microbatch_order`]).
 
 pub mod controllable;
 pub mod counterflow;
@@ -9,6 +10,7 @@ pub mod dualpipe;
 pub mod greedy;
 pub mod ladder;
 pub mod lagged;
+pub mod microbatch_order;
 pub mod refine;
 pub mod relief;
 pub mod score;

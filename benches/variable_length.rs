@@ -1,0 +1,109 @@
+//! Variable-length microbatches: plans with one cost per microbatch against one plan with
+//! uniform costs, measured in one run (issue 20).
+//!
+//! `cargo bench --bench variable_length`: a GPT of 4 blocks, width 192, trained on the
+//! blank-line-separated blocks of this checkout's README.md (a document each) cut into
+//! sequences of up to 256 bytes, 8 microbatches of 2 sequences on 2 ranks, one compute thread
+//! per rank. Per schedule, rounds alternate between the per-step plan (`plan_for_lengths`: one
+//! cost per microbatch, the cheapest microbatches where the fill and the drain wait, the
+//! schedule rebuilt with those costs) and the uniform-cost plan in data order; each round runs
+//! 2 warm-up steps and 12 measured ones. Printed: the summed pipeline time (first op start to
+//! last op end) and step time of each, and their ratio.
+
+use candle_core::DType;
+use pipeweave::variable_length::plan_for_lengths;
+use pipeweave::{build_plan, PipelineConfig};
+use pipeweave_kernels::GptConfig;
+use pipeweave_train::data::BatchShape;
+use pipeweave_train::{pipeline_overhead, Corpus, LrSchedule, TrainSettings, Trainer};
+
+const SEQ_LEN: usize = 256;
+const MICROBATCHES: u32 = 8;
+const RANKS: u32 = 2;
+const WARM_UP: usize = 2;
+const STEPS: usize = 12;
+const ROUNDS: usize = 3;
+
+fn settings() -> TrainSettings {
+    TrainSettings {
+        config: GptConfig::new(4, 192, 4, SEQ_LEN).expect("the bench's model"),
+        shape: BatchShape::new(SEQ_LEN, 2, MICROBATCHES as usize).expect("valid shape"),
+        lr: LrSchedule::constant(1e-3).expect("valid learning rate"),
+        max_grad_norm: 1.0,
+        seed: 1,
+        deterministic: true,
+        recompute: false,
+        dtype: DType::F32,
+        eval_sequences: 1,
+        fingerprint: "bench".to_string(),
+        receive_timeout: std::time::Duration::from_secs(60),
+        replicas: 1,
+        injections: Vec::new(),
+        layers_per_stage: None,
+        variable_length: true,
+    }
+}
+
+/// Summed pipeline seconds and step seconds of the measured steps.
+fn run(expression: &str, per_microbatch: bool, corpus: &Corpus) -> (f64, f64) {
+    let config = PipelineConfig::new(RANKS, MICROBATCHES).expect("sizes");
+    let mut plan = build_plan(expression, &config).expect("the plan builds");
+    let mut trainer = Trainer::new(&plan, corpus, settings()).expect("a trainer");
+    let (mut pipeline, mut steps) = (0.0, 0.0);
+    for i in 0..WARM_UP + STEPS {
+        if per_microbatch {
+            let lengths = trainer.next_microbatch_lengths().expect("lengths");
+            let planned = plan_for_lengths(expression, &config, &lengths, SEQ_LEN).expect("a plan");
+            trainer
+                .set_microbatch_order(planned.order)
+                .expect("an order");
+            if planned.plan.orders() != plan.orders() {
+                trainer.set_plan(&planned.plan).expect("the step's plan");
+            }
+            plan = planned.plan;
+        }
+        let log = trainer.step().expect("a step");
+        if i >= WARM_UP {
+            let overhead = pipeline_overhead(&plan, trainer.last_measured()).expect("replay");
+            pipeline += overhead.measured_seconds;
+            steps += log.seconds;
+        }
+    }
+    (pipeline, steps)
+}
+
+fn main() {
+    pipeweave_train::allocator::keep_freed_memory();
+    std::env::set_var("RAYON_NUM_THREADS", "1");
+    let readme = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+    let corpus = Corpus::from_path(readme).expect("the checkout's README");
+    println!(
+        "variable-length microbatches ({} documents of README.md, up to {SEQ_LEN} bytes), {MICROBATCHES} microbatches of 2 on {RANKS} ranks, {STEPS} steps x {ROUNDS} rounds:",
+        corpus.documents().len()
+    );
+    println!(
+        "{:<52} {:>16} {:>16} {:>8} {:>16} {:>16} {:>8}",
+        "schedule", "pipeline: costs", "uniform", "ratio", "step: costs", "uniform", "ratio"
+    );
+    for expression in [
+        "f1b(gpipe)",
+        "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
+    ] {
+        let (mut costed, mut uniform) = ((0.0, 0.0), (0.0, 0.0));
+        for _ in 0..ROUNDS {
+            let a = run(expression, true, &corpus);
+            let b = run(expression, false, &corpus);
+            costed = (costed.0 + a.0, costed.1 + a.1);
+            uniform = (uniform.0 + b.0, uniform.1 + b.1);
+        }
+        println!(
+            "{expression:<52} {:>15.3}s {:>15.3}s {:>8.3} {:>15.3}s {:>15.3}s {:>8.3}",
+            costed.0,
+            uniform.0,
+            costed.0 / uniform.0,
+            costed.1,
+            uniform.1,
+            costed.1 / uniform.1
+        );
+    }
+}
