@@ -156,8 +156,8 @@ pub enum Prepared {
     Bidirectional {
         /// DualPipe or DualPipeV.
         kind: DualKind,
-        /// The new problem and models.
-        layout: (Problem, CostModel, MemoryModel),
+        /// The new problem and models (boxed: `Keep` carries nothing).
+        layout: Box<(Problem, CostModel, MemoryModel)>,
         /// Every rank's order.
         orders: Vec<Vec<Task>>,
     },
@@ -245,7 +245,7 @@ impl Dual {
         };
         Ok(Prepared::Bidirectional {
             kind,
-            layout,
+            layout: Box::new(layout),
             orders,
         })
     }
@@ -263,7 +263,7 @@ impl Dual {
             layout: Layout::Dual(kind),
             ..plan.facts()
         };
-        plan.reshaped(Some(layout), orders, facts)
+        plan.reshaped(Some(*layout), orders, facts)
             .map_err(|e| TransformError::core(Self::NAME, e))
     }
 }
