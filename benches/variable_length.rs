@@ -11,7 +11,7 @@
 //! last op end) and step time of each, and their ratio.
 
 use candle_core::DType;
-use pipeweave::variable_length::plan_for_lengths;
+use pipeweave::variable_length::{plan_for_lengths, LengthCost};
 use pipeweave::{build_plan, PipelineConfig};
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::BatchShape;
@@ -53,7 +53,8 @@ fn run(expression: &str, per_microbatch: bool, corpus: &Corpus) -> (f64, f64) {
     for i in 0..WARM_UP + STEPS {
         if per_microbatch {
             let lengths = trainer.next_microbatch_lengths().expect("lengths");
-            let planned = plan_for_lengths(expression, &config, &lengths, SEQ_LEN).expect("a plan");
+            let cost = LengthCost::Linear { full: SEQ_LEN };
+            let planned = plan_for_lengths(expression, &config, &lengths, &cost).expect("a plan");
             trainer
                 .set_microbatch_order(planned.order)
                 .expect("an order");

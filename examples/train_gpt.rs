@@ -10,8 +10,9 @@
 //! world rank 0 prints, logs and writes the files; a failing rank reports and aborts the job.
 
 use clap::{Parser, ValueEnum};
-use pipeweave::variable_length::plan_for_lengths;
+use pipeweave::variable_length::{plan_for_lengths, LengthCost};
 use pipeweave::Plan;
+use pipeweave::Profile;
 use pipeweave::{build_plan, PipelineConfig};
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::checkpoint::config_path;
@@ -97,6 +98,10 @@ struct Args {
     /// --seq-len; every step's plan is built with one cost per microbatch (threads backend).
     #[arg(long)]
     variable_length: bool,
+    /// With --variable-length: price microbatches by this profile's per-token model (written by
+    /// --profile; default: linear in the tokens).
+    #[arg(long, value_name = "FILE.json", requires = "variable_length")]
+    cost_profile: Option<PathBuf>,
     /// With --variable-length: keep one plan with uniform costs (for comparison).
     #[arg(long, requires = "variable_length")]
     uniform_plan: bool,
@@ -485,13 +490,36 @@ fn step_plan(
     let lengths = trainer.next_microbatch_lengths()?;
     let config =
         PipelineConfig::new(args.ranks, args.microbatches).map_err(|e| bad(e.to_string()))?;
-    let planned = plan_for_lengths(&args.schedule, &config, &lengths, args.seq_len)?;
+    let cost = length_cost(args)?;
+    let planned = plan_for_lengths(&args.schedule, &config, &lengths, &cost)?;
     if planned.order.iter().enumerate().any(|(slot, &m)| slot != m) {
         *reordered += 1;
     }
     trainer.set_microbatch_order(planned.order)?;
     let next = planned.plan;
     Ok((next.orders() != current.orders()).then_some(next))
+}
+
+/// How `--variable-length` prices a microbatch: `--cost-profile`'s per-token model (its model
+/// must be this run's), or linear in the tokens.
+fn length_cost(args: &Args) -> Result<LengthCost, Failure> {
+    let Some(path) = &args.cost_profile else {
+        return Ok(LengthCost::Linear { full: args.seq_len });
+    };
+    let text =
+        std::fs::read_to_string(path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    let profile = Profile::from_json(&text).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    let m = &profile.model;
+    if (m.layers, m.d_model, m.heads, m.seq_len)
+        != (args.layers, args.d_model, args.heads, args.seq_len)
+    {
+        return Err(bad(format!(
+            "{}: a profile of another model ({} blocks, width {}, {} heads, seq {}; this run: {}, {}, {}, {})",
+            path.display(),
+            m.layers, m.d_model, m.heads, m.seq_len, args.layers, args.d_model, args.heads, args.seq_len
+        )));
+    }
+    Ok(LengthCost::Profiled(profile))
 }
 
 /// Measures every layer of the run's model on this thread, with the run's compute threads, and

@@ -4,7 +4,7 @@
 
 use crate::config::{build_plan, PipelineConfig};
 use crate::error::Error;
-use pipeweave_core::{simulate, Plan};
+use pipeweave_core::{simulate, Plan, Profile};
 use pipeweave_transforms::schedules::microbatch_order::microbatch_order;
 
 /// A step's plan and the data order it assumes: slot `s` takes data microbatch `order[s]`.
@@ -18,24 +18,45 @@ pub struct LengthPlan {
     pub plan: Plan,
 }
 
+/// How a microbatch's cost grows with its tokens per sequence, relative to the full length.
+#[derive(Clone, Debug)]
+pub enum LengthCost {
+    /// `tokens / full` (the matrix products, most of a step, are linear in the tokens).
+    Linear {
+        /// The full length.
+        full: usize,
+    },
+    /// A profile's per-token model ([`Profile::length_scale`]).
+    Profiled(Profile),
+}
+
+impl LengthCost {
+    /// The cost factor of sequences of `tokens` tokens.
+    pub fn scale(&self, tokens: usize) -> f64 {
+        match self {
+            LengthCost::Linear { full } => tokens as f64 / (*full).max(1) as f64,
+            LengthCost::Profiled(profile) => profile.length_scale(tokens),
+        }
+    }
+}
+
 /// The plan of `expression` on `config`'s sizes for microbatches of `lengths` tokens per
-/// sequence (`replicas` data-parallel replicas' worth, replica-major; a slot costs the most any
-/// replica's microbatch of that index has), each costing its tokens over `full` (the matrix
-/// products, most of a step, are linear in the tokens): the slot order the simulator prices
-/// fastest ([`microbatch_order`]: the cheapest where the fill and the drain wait), then the
-/// schedule built with the costs in that order.
+/// sequence (data-parallel replicas' worth, replica-major; a slot costs the most any replica's
+/// microbatch of that index has), each costing what `cost` says: the slot order the simulator
+/// prices fastest ([`microbatch_order`]: the cheapest where the fill and the drain wait), then
+/// the schedule built with the costs in that order.
 pub fn plan_for_lengths(
     expression: &str,
     config: &PipelineConfig,
     lengths: &[usize],
-    full: usize,
+    cost: &LengthCost,
 ) -> Result<LengthPlan, Error> {
     let per_replica = config.microbatches() as usize;
-    if full == 0 || per_replica == 0 || lengths.is_empty() || lengths.len() % per_replica != 0 {
+    if per_replica == 0 || lengths.is_empty() || lengths.len() % per_replica != 0 {
         return Err(Error::Option {
             option: "microbatch lengths",
             message: format!(
-                "{} lengths for {per_replica} microbatches per replica (full length {full})",
+                "{} lengths for {per_replica} microbatches per replica",
                 lengths.len()
             ),
         });
@@ -43,7 +64,7 @@ pub fn plan_for_lengths(
     let costs: Vec<f64> = (0..per_replica)
         .map(|m| {
             let longest = lengths.iter().skip(m).step_by(per_replica).max();
-            *longest.unwrap_or(&full) as f64 / full as f64
+            cost.scale(*longest.unwrap_or(&0)).max(1e-9)
         })
         .collect();
     let build = |scales: &[f64]| -> Result<Plan, Error> {
@@ -82,7 +103,8 @@ mod tests {
     fn short_microbatches_go_where_the_pipeline_waits() {
         let config = PipelineConfig::new(4, 6).unwrap();
         let lengths = [64, 64, 8, 64, 16, 64];
-        let planned = plan_for_lengths("f1b(gpipe)", &config, &lengths, 64).unwrap();
+        let linear = LengthCost::Linear { full: 64 };
+        let planned = plan_for_lengths("f1b(gpipe)", &config, &lengths, &linear).unwrap();
         assert_eq!(planned.order[0], 2, "{:?}", planned.order);
         let uniform = simulate(&build_plan("f1b(gpipe)", &config).unwrap()).unwrap();
         let in_order = config
@@ -98,6 +120,6 @@ mod tests {
             data_order.makespan()
         );
         assert!(chosen.makespan() < uniform.makespan());
-        assert!(plan_for_lengths("f1b(gpipe)", &config, &[64; 5], 64).is_err());
+        assert!(plan_for_lengths("f1b(gpipe)", &config, &[64; 5], &linear).is_err());
     }
 }

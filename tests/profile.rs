@@ -179,3 +179,47 @@ fn bad_cuts_profiles_and_limits_exit_2_with_one_line() {
         "--layers-per-stage needs --profile"
     );
 }
+
+#[test]
+fn microbatch_tokens_price_each_microbatch_by_the_per_token_model() {
+    let makespan = |tokens: Option<&str>| {
+        let mut args = vec![
+            "plan",
+            "f1b(gpipe)",
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "--profile",
+            PROFILE,
+            "--format",
+            "json",
+        ];
+        if let Some(t) = tokens {
+            args.extend(["--microbatch-tokens", t]);
+        }
+        json(&args)["makespan"].as_f64().unwrap()
+    };
+    let full = makespan(None);
+    assert!((makespan(Some("64,64,64,64")) - full).abs() < 1e-9);
+    // The fixture measured one length: linear in the tokens, so half the tokens about half the
+    // time (the sends' latency does not shrink).
+    let half = makespan(Some("32,32,32,32"));
+    assert!((half - full / 2.0).abs() < 0.01 * full, "{half} vs {full}");
+    assert!(makespan(Some("64,16,32,64")) < full);
+    for bad in ["64,64,64", "64,64,64,65", "0,64,64,64"] {
+        let out = pipeweave(&[
+            "plan",
+            "f1b(gpipe)",
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "--profile",
+            PROFILE,
+            "--microbatch-tokens",
+            bad,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+    }
+}

@@ -34,8 +34,8 @@ pub use analysis::verify::{verify, verify_schedule, Violation, Violations};
 pub use error::{CoreError, FailureKind};
 pub use formats::grid::render_grid;
 pub use formats::profile::{
-    parse_bytes, CutCosts, LayerKind, LayerProfile, Profile, ProfiledModel, SendProfile,
-    PROFILE_FORMAT,
+    parse_bytes, CutCosts, LayerKind, LayerProfile, PhaseTimes, Profile, ProfiledModel,
+    SendProfile, PROFILE_FORMAT,
 };
 pub use ir::cost::{CostModel, StageCosts, StageCostsSpec};
 pub use ir::facts::{

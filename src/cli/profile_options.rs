@@ -24,6 +24,15 @@ pub struct ProfileArgs {
         requires = "profile"
     )]
     pub layers_per_stage: Option<Vec<usize>>,
+    /// With --profile: tokens per sequence of each microbatch (variable lengths), priced by the
+    /// profile's per-token model: one cost per microbatch.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "T1,T2,...",
+        requires = "profile"
+    )]
+    pub microbatch_tokens: Option<Vec<usize>>,
 }
 
 impl ProfileArgs {
@@ -53,11 +62,40 @@ impl ProfileArgs {
         match self.read()? {
             None => Ok((config, None)),
             Some(profile) => {
+                let config = self.with_tokens(config, &profile)?;
                 let (config, cut) =
                     config.with_profile(&profile, self.layers_per_stage.as_deref())?;
                 Ok((config, Some(cut)))
             }
         }
+    }
+}
+
+impl ProfileArgs {
+    /// `config` with one cost factor per microbatch from `--microbatch-tokens` and the profile's
+    /// per-token model ([`Profile::length_scale`]); unchanged without the option.
+    pub fn with_tokens(
+        &self,
+        config: PipelineConfig,
+        profile: &Profile,
+    ) -> Result<PipelineConfig, Error> {
+        let Some(tokens) = &self.microbatch_tokens else {
+            return Ok(config);
+        };
+        if let Some(&t) = tokens
+            .iter()
+            .find(|&&t| t == 0 || t > profile.model.seq_len)
+        {
+            return Err(Error::Option {
+                option: "--microbatch-tokens",
+                message: format!(
+                    "{t} tokens: a microbatch's sequences hold 1 to {} tokens (the profile's length)",
+                    profile.model.seq_len
+                ),
+            });
+        }
+        let scales = tokens.iter().map(|&t| profile.length_scale(t)).collect();
+        config.with_microbatch_scales(scales)
     }
 }
 

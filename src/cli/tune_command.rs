@@ -59,8 +59,10 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
         // One cut: the given one or the even one.
         let (config, cut) = match &profile {
             Some(p) => {
-                let (config, cut) =
-                    base.with_profile(p, args.profile.layers_per_stage.as_deref())?;
+                let (config, cut) = args
+                    .profile
+                    .with_tokens(base, p)?
+                    .with_profile(p, args.profile.layers_per_stage.as_deref())?;
                 (config, Some(cut))
             }
             None => (base, None),
@@ -81,6 +83,7 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
                 Some(cut) => vec![cut.clone()],
                 None => candidate_cuts(p.model.layers, args.ranks as usize, 64),
             };
+            let base = args.profile.with_tokens(base, p)?;
             tune_cuts(&base, p, &cuts, &mut |config, cut| {
                 let limit =
                     parse_memory_limit(args.memory_limit.as_deref(), Some(cut.bytes_per_unit))?;

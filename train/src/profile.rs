@@ -16,7 +16,7 @@ use crate::error::TrainError;
 use crate::stage::MeasuredOp;
 use candle_core::{DType, Device, Tensor};
 use pipeweave_core::{
-    LayerKind, LayerProfile, Profile, ProfiledModel, SendProfile, Task, PROFILE_FORMAT,
+    LayerKind, LayerProfile, PhaseTimes, Profile, ProfiledModel, SendProfile, Task, PROFILE_FORMAT,
 };
 use pipeweave_kernels::{CrossEntropy, GptConfig, StageLayout, StageModel};
 use std::time::Instant;
@@ -60,12 +60,8 @@ fn candle(what: &'static str) -> impl Fn(candle_core::Error) -> TrainError {
 }
 
 /// The inputs of a layer: token ids for the embedding, hidden states otherwise.
-fn layer_input(request: &ProfileRequest, kind: LayerKind) -> Result<Tensor, TrainError> {
-    let (b, t, d) = (
-        request.microbatch_size,
-        request.seq_len,
-        request.config.d_model(),
-    );
+fn layer_input(request: &ProfileRequest, kind: LayerKind, t: usize) -> Result<Tensor, TrainError> {
+    let (b, d) = (request.microbatch_size, request.config.d_model());
     let device = Device::Cpu;
     match kind {
         LayerKind::Embedding => {
@@ -80,19 +76,46 @@ fn layer_input(request: &ProfileRequest, kind: LayerKind) -> Result<Tensor, Trai
     }
 }
 
-/// One layer measured: `repeats` timed runs of F, I and W (after a warm-up), their medians.
+/// One layer measured at the request's length and at half of it (the per-token model).
 fn measure_layer(
     request: &ProfileRequest,
     name: String,
     kind: LayerKind,
     layout: StageLayout,
 ) -> Result<LayerProfile, TrainError> {
-    let config = request.config;
-    let model = StageModel::new(config, layout, request.seed, request.dtype).map_err(
+    let model = StageModel::new(request.config, layout, request.seed, request.dtype).map_err(
         TrainError::kernel_config(format!("the profiled layer {name}")),
     )?;
-    let input = layer_input(request, kind)?;
-    let (b, t) = (request.microbatch_size, request.seq_len);
+    let (full, activation_bytes, weight_grad_bytes) =
+        time_phases(request, &model, &name, kind, request.seq_len)?;
+    let half_length = match request.seq_len / 2 {
+        0 => None,
+        half => Some(time_phases(request, &model, &name, kind, half)?.0),
+    };
+    Ok(LayerProfile {
+        name,
+        kind,
+        forward: full.forward,
+        input_grad: full.input_grad,
+        weight_grad: full.weight_grad,
+        activation_bytes,
+        weight_grad_bytes,
+        half_length,
+    })
+}
+
+/// `repeats` timed runs of a layer's F, I and W on sequences of `t` tokens (after a warm-up):
+/// their medians, and the bytes the forward saves and the weight gradient still needs.
+fn time_phases(
+    request: &ProfileRequest,
+    model: &StageModel,
+    name: &str,
+    kind: LayerKind,
+    t: usize,
+) -> Result<(PhaseTimes, u64, u64), TrainError> {
+    let config = request.config;
+    let input = layer_input(request, kind, t)?;
+    let b = request.microbatch_size;
     let targets: Vec<u32> = (0..b * t)
         .map(|i| ((i as u64 * 40_503 + request.seed) % 256) as u32)
         .collect();
@@ -136,21 +159,18 @@ fn measure_layer(
         activation_bytes = saved_bytes as u64;
         weight_grad_bytes = (pending_bytes as u64).min(activation_bytes);
     }
-    Ok(LayerProfile {
-        name,
-        kind,
+    let times = PhaseTimes {
         forward: median(f),
         input_grad: median(i),
         weight_grad: median(w),
-        activation_bytes,
-        weight_grad_bytes,
-    })
+    };
+    Ok((times, activation_bytes, weight_grad_bytes))
 }
 
 /// The time to hand one activation (`[B, T, d]`) to another thread and get word back, halved:
 /// one send of the threads backend.
 fn measure_send(request: &ProfileRequest) -> Result<SendProfile, TrainError> {
-    let activation = layer_input(request, LayerKind::Block)?;
+    let activation = layer_input(request, LayerKind::Block, request.seq_len)?;
     let bytes = (activation.elem_count() * activation.dtype().size_in_bytes()) as u64;
     let (to_peer, peer_in) = std::sync::mpsc::channel::<Tensor>();
     let (to_back, back_in) = std::sync::mpsc::channel::<Tensor>();
@@ -268,14 +288,27 @@ pub fn calibrate(
         members.push(layers);
     }
     type Pick = fn(&mut LayerProfile) -> &mut f64;
+    type HalfPick = fn(&mut PhaseTimes) -> &mut f64;
     type IsKind = fn(&Task) -> bool;
-    let kinds: [(IsKind, Pick); 3] = [
-        (|t| matches!(t, Task::Forward(_)), |l| &mut l.forward),
-        (|t| matches!(t, Task::InputGrad(_)), |l| &mut l.input_grad),
-        (|t| matches!(t, Task::WeightGrad(_)), |l| &mut l.weight_grad),
+    let kinds: [(IsKind, Pick, HalfPick); 3] = [
+        (
+            |t| matches!(t, Task::Forward(_)),
+            |l| &mut l.forward,
+            |h| &mut h.forward,
+        ),
+        (
+            |t| matches!(t, Task::InputGrad(_)),
+            |l| &mut l.input_grad,
+            |h| &mut h.input_grad,
+        ),
+        (
+            |t| matches!(t, Task::WeightGrad(_)),
+            |l| &mut l.weight_grad,
+            |h| &mut h.weight_grad,
+        ),
     ];
     for (k, layers) in members.iter().enumerate() {
-        for (is_kind, pick) in kinds {
+        for (is_kind, pick, half_pick) in kinds {
             let durations: Vec<f64> = measured
                 .iter()
                 .flatten()
@@ -292,7 +325,12 @@ pub fn calibrate(
             }
             let factor = run / alone;
             for &i in layers {
-                *pick(&mut profile.layers[i]) *= factor;
+                let layer = &mut profile.layers[i];
+                *pick(layer) *= factor;
+                // The half-length time keeps its ratio to the full one.
+                if let Some(half) = layer.half_length.as_mut() {
+                    *half_pick(half) *= factor;
+                }
             }
         }
     }

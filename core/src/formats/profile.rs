@@ -7,6 +7,8 @@
 //! and the part held until W (`weight_grad`). It also gives the seconds to send one activation
 //! between ranks. A cut (`layers_per_stage`: blocks per stage, the embedding on the first stage
 //! and the head on the last) then gives each stage the sums of its layers: [`Profile::cut`].
+//! Each layer's times at half the sequence length (`half_length`) give the per-token model of
+//! variable-length microbatches: [`Profile::length_scale`].
 //!
 //! The file (format `pipeweave-profile/1`, JSON):
 //!
@@ -16,7 +18,9 @@
 //!            "vocab": 256, "dtype": "f32"},
 //!  "threads_per_rank": 1, "repeats": 5,
 //!  "layers": [{"name": "embedding", "kind": "embedding", "forward": 0.001, "input_grad": 0.0,
-//!              "weight_grad": 0.002, "activation_bytes": 1048576, "weight_grad_bytes": 0}, ...],
+//!              "weight_grad": 0.002, "activation_bytes": 1048576, "weight_grad_bytes": 0,
+//!              "half_length": {"forward": 0.0005, "input_grad": 0.0, "weight_grad": 0.001}},
+//!             ...],
 //!  "send": {"bytes": 1048576, "seconds": 0.0002}}
 //! ```
 
@@ -76,6 +80,33 @@ pub struct LayerProfile {
     pub activation_bytes: u64,
     /// The part of them held until the weight gradient.
     pub weight_grad_bytes: u64,
+    /// The same layer's median seconds at half the sequence length (the per-token model:
+    /// [`Profile::length_scale`]); absent in profiles that measured one length.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub half_length: Option<PhaseTimes>,
+}
+
+/// A layer's median seconds per phase.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PhaseTimes {
+    /// Forward.
+    pub forward: f64,
+    /// Input gradient.
+    pub input_grad: f64,
+    /// Weight gradient.
+    pub weight_grad: f64,
+}
+
+/// The share of a phase's cost that grows linearly with the tokens, from its time at the full
+/// length `full` and at half of it `half`: with `cost(x) = full · (a·x + (1 - a)·x²)` at
+/// `x = tokens / seq_len`, `half / full = a/2 + (1 - a)/4`, so `a = 4·half/full - 1` (clamped
+/// to 0..=1: measurement noise can put it outside).
+fn linear_share(full: f64, half: f64) -> f64 {
+    if full > 0.0 {
+        (4.0 * half / full - 1.0).clamp(0.0, 1.0)
+    } else {
+        1.0
+    }
 }
 
 /// The time to send one activation (one microbatch's hidden states) between ranks.
@@ -205,6 +236,33 @@ impl Profile {
             )));
         }
         Ok(())
+    }
+
+    /// The cost of one microbatch whose sequences have `tokens` tokens, relative to one at the
+    /// profiled length (all layers, all phases): each phase of each layer costs
+    /// `a·x + (1 - a)·x²` of its full-length time at `x = tokens / seq_len`, `a` fitted from its
+    /// half-length time (the linear part: matrix products; the quadratic: attention's scores);
+    /// linear in the tokens for layers measured at one length.
+    pub fn length_scale(&self, tokens: usize) -> f64 {
+        let x = tokens as f64 / self.model.seq_len.max(1) as f64;
+        let mut full_total = 0.0;
+        let mut scaled = 0.0;
+        for layer in &self.layers {
+            let full = [layer.forward, layer.input_grad, layer.weight_grad];
+            let half = layer
+                .half_length
+                .map(|h| [h.forward, h.input_grad, h.weight_grad]);
+            for (k, f) in full.iter().enumerate() {
+                let a = half.map_or(1.0, |h| linear_share(*f, h[k]));
+                full_total += f;
+                scaled += f * (a * x + (1.0 - a) * x * x);
+            }
+        }
+        if full_total > 0.0 {
+            scaled / full_total
+        } else {
+            x
+        }
     }
 
     /// The even cut of the blocks into `stages` stages (stage `k` holds blocks
@@ -339,6 +397,7 @@ mod tests {
             weight_grad: f / 2.0,
             activation_bytes: bytes,
             weight_grad_bytes: bytes / 2,
+            half_length: None,
         }
     }
 
@@ -401,6 +460,26 @@ mod tests {
         let err = p.cut(&[2, 0, 2]).unwrap_err();
         assert!(err.to_string().contains("leaves stage 1 empty"), "{err}");
         assert!(Profile::from_json("{}").is_err());
+    }
+
+    #[test]
+    fn the_per_token_model_fits_each_phase_from_its_half_length_time() {
+        let mut p = profile();
+        // Without half-length times: linear in the tokens.
+        assert!((p.length_scale(16) - 0.5).abs() < 1e-12);
+        // Every phase at half length a quarter of its time: all quadratic.
+        for layer in &mut p.layers {
+            layer.half_length = Some(PhaseTimes {
+                forward: layer.forward / 4.0,
+                input_grad: layer.input_grad / 4.0,
+                weight_grad: layer.weight_grad / 4.0,
+            });
+        }
+        assert!((p.length_scale(16) - 0.25).abs() < 1e-12);
+        assert!((p.length_scale(32) - 1.0).abs() < 1e-12);
+        assert_eq!(linear_share(2.0, 1.0), 1.0);
+        assert_eq!(linear_share(2.0, 0.75), 0.5);
+        assert_eq!(Profile::from_json(&p.to_json()).unwrap(), p);
     }
 
     #[test]
