@@ -15,11 +15,15 @@
 //!   interpreter and the transport cost, without the kernels' own lateness: a 1 ms sleep of 8
 //!   ranks on 2 cores may end tens of microseconds late on a virtual machine).
 //!
+//! - **Predictions**: a profile from a threads run (pp2 `f1b(gpipe)`, 16 microbatches) predicts
+//!   the pipeline step of MPI runs with other microbatch counts and cuts; each is measured
+//!   (rank 0's span, median of the steps after a warm-up) beside the prediction.
+//!
 //! `cargo bench --features mpi --bench mpi` (needs Open MPI, see README). The ranks' role is
 //! chosen by an environment variable that the driver passes through `mpirun`.
 
 use candle_core::DType;
-use pipeweave::{build_plan, PipelineConfig, Plan};
+use pipeweave::{build_and_simulate, build_plan, PipelineConfig, Plan};
 use pipeweave_backends::mpi::rsmpi;
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::BatchShape;
@@ -34,15 +38,21 @@ const SEQ_LEN: usize = 64;
 const SEQUENCES: usize = 2;
 /// Set (to anything) in the ranks started by the driver.
 const RANK_ROLE: &str = "PIPEWEAVE_BENCH_MPI_RANK";
+/// Set to `MICROBATCHES:CUT` (e.g. `16:1,3`) in the ranks of a prediction check.
+const PREDICT_ROLE: &str = "PIPEWEAVE_BENCH_MPI_PREDICT";
 
 fn config() -> GptConfig {
     GptConfig::new(4, 192, 4, SEQ_LEN).expect("the bench's model is valid")
 }
 
 fn settings() -> TrainSettings {
+    settings_for(MICROBATCHES, None)
+}
+
+fn settings_for(microbatches: u32, cut: Option<Vec<usize>>) -> TrainSettings {
     TrainSettings {
         config: config(),
-        shape: BatchShape::new(SEQ_LEN, SEQUENCES, MICROBATCHES as usize).expect("valid shape"),
+        shape: BatchShape::new(SEQ_LEN, SEQUENCES, microbatches as usize).expect("valid shape"),
         lr: LrSchedule::constant(1e-3).expect("valid learning rate"),
         max_grad_norm: 1.0,
         seed: 1,
@@ -54,7 +64,7 @@ fn settings() -> TrainSettings {
         receive_timeout: Duration::from_secs(120),
         replicas: 1,
         injections: Vec::new(),
-        layers_per_stage: None,
+        layers_per_stage: cut,
         variable_length: false,
     }
 }
@@ -100,6 +110,96 @@ fn rank() {
     if writer {
         println!("{seconds}");
     }
+}
+
+/// A rank of a prediction check (`PREDICT_ROLE`): `f1b(gpipe)` on 2 processes with the given
+/// microbatches and cut; rank 0 prints the median of its measured pipeline spans (first op
+/// start to last op end: rank 0 runs the first forward and the last backward of 1F1B).
+fn rank_predict(what: &str) {
+    let (microbatches, cut) = what.split_once(':').expect("MICROBATCHES:CUT");
+    let microbatches: u32 = microbatches.parse().expect("a microbatch count");
+    let cut: Vec<usize> = cut
+        .split(',')
+        .map(|c| c.parse().expect("a block count"))
+        .collect();
+    let universe = rsmpi::initialize().expect("MPI initialises under mpirun");
+    let world = universe.world();
+    let corpus = Corpus::default_sources().expect("the checkout's sources");
+    let plan = build_plan(
+        "f1b(gpipe)",
+        &PipelineConfig::new(2, microbatches).expect("sizes"),
+    )
+    .expect("f1b builds");
+    let settings = settings_for(microbatches, Some(cut));
+    let cluster = MpiCluster::new(
+        &world,
+        &plan,
+        &settings.config,
+        1,
+        false,
+        settings.receive_timeout,
+    )
+    .expect("the cluster starts");
+    let writer = cluster.world_rank() == 0;
+    let mut trainer =
+        Trainer::on_cluster(&plan, &corpus, settings, Box::new(cluster)).expect("trainer");
+    let mut spans = Vec::new();
+    for i in 0..2 + STEPS {
+        trainer.step().expect("a step");
+        if i >= 2 {
+            let ops = trainer.last_measured().iter().flatten();
+            let start = ops.clone().map(|op| op.start).fold(f64::INFINITY, f64::min);
+            let end = ops.map(|op| op.end).fold(f64::NEG_INFINITY, f64::max);
+            spans.push(end - start);
+        }
+    }
+    if writer {
+        println!("{}", median(spans));
+    }
+}
+
+/// A profile from a threads run (pp2 `f1b(gpipe)`, 16 microbatches, even cut), its predictions
+/// of MPI runs with other microbatch counts and cuts, and those runs measured.
+fn report_predictions(corpus: &Corpus) {
+    let two_plan = plan("f1b(gpipe)", 2);
+    let mut trainer = Trainer::new(&two_plan, corpus, settings()).expect("trainer");
+    for _ in 0..3 {
+        trainer.step().expect("a step");
+    }
+    let profile = trainer.profile(5).expect("the profile");
+    println!("predictions of MPI runs from a threads run's profile (f1b(gpipe), 2 processes):");
+    let mut errors = Vec::new();
+    for (microbatches, cut) in [(16u32, "2,2"), (16, "1,3"), (8, "3,1"), (32, "2,2")] {
+        let layers: Vec<usize> = cut
+            .split(',')
+            .map(|c| c.parse().expect("a count"))
+            .collect();
+        let (config, _) = PipelineConfig::new(2, microbatches)
+            .expect("sizes")
+            .with_profile(&profile, Some(&layers))
+            .expect("the profile costs the cut");
+        let (_, simulation) = build_and_simulate("f1b(gpipe)", &config).expect("the plan builds");
+        let predicted = simulation.makespan();
+        let mut job = mpirun(2);
+        job.args(["-x", PREDICT_ROLE, "-x", "RAYON_NUM_THREADS"])
+            .env(PREDICT_ROLE, format!("{microbatches}:{cut}"))
+            .arg(std::env::current_exe().expect("this bench's path"));
+        let measured: f64 = stdout_of(job)
+            .trim()
+            .parse()
+            .expect("rank 0 prints its pipeline span");
+        let error = (predicted - measured) / measured;
+        errors.push(error.abs());
+        println!(
+            "  M {microbatches:>2}, cut {cut}: predicted {predicted:.4} s, measured {measured:.4} s ({:+.1}%)",
+            100.0 * error
+        );
+    }
+    println!(
+        "  median |error| {:.1}%, largest {:.1}%",
+        100.0 * median(errors.clone()),
+        100.0 * errors.iter().copied().fold(0.0, f64::max)
+    );
 }
 
 fn mpirun(np: usize) -> Command {
@@ -198,6 +298,10 @@ fn main() {
         rank();
         return;
     }
+    if let Ok(what) = std::env::var(PREDICT_ROLE) {
+        rank_predict(&what);
+        return;
+    }
     let corpus = Corpus::default_sources().expect("the checkout's sources");
     let one_plan = plan("f1b(gpipe)", 1);
     let mut one = Trainer::new(&one_plan, &corpus, settings()).expect("trainer");
@@ -234,4 +338,5 @@ fn main() {
     );
     report_sleep("threads", false);
     report_sleep("MPI", true);
+    report_predictions(&corpus);
 }

@@ -16,10 +16,7 @@ use pipeweave::tune::{candidate_cuts, candidate_expressions, tune, tune_cuts};
 use pipeweave::{build_and_simulate, build_plan, PipelineConfig, Profile};
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::BatchShape;
-use pipeweave_train::{
-    calibrate, measure_profile, pipeline_overhead, Corpus, LrSchedule, ProfileRequest,
-    TrainSettings, Trainer,
-};
+use pipeweave_train::{pipeline_overhead, Corpus, LrSchedule, TrainSettings, Trainer};
 
 const WARM_UP: usize = 2;
 const STEPS: usize = 5;
@@ -120,18 +117,7 @@ fn profile_of(config: GptConfig, cut: &[usize], corpus: &Corpus) -> Profile {
     for _ in 0..WARM_UP + 1 {
         trainer.step().expect("a step");
     }
-    let mut profile = measure_profile(&ProfileRequest {
-        config,
-        microbatch_size: SEQUENCES,
-        seq_len: SEQ_LEN,
-        dtype: DType::F32,
-        threads_per_rank: 1,
-        repeats: 5,
-        seed: 1,
-    })
-    .expect("the profile");
-    calibrate(&mut profile, trainer.model().cut(), trainer.last_measured()).expect("calibration");
-    profile
+    trainer.profile(5).expect("the profile")
 }
 
 fn shown(cut: &[usize]) -> String {

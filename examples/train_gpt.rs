@@ -20,8 +20,8 @@ use pipeweave_train::data::BatchShape;
 #[cfg(feature = "mpi")]
 use pipeweave_train::mpi::MpiCluster;
 use pipeweave_train::{
-    calibrate, measure_profile, pipeline_overhead, step_timeline, Corpus, Injection, LossCurve,
-    LrSchedule, ProfileRequest, Progress, StepLog, TrainError, TrainSettings, Trainer,
+    pipeline_overhead, step_timeline, Corpus, Injection, LossCurve, LrSchedule, Progress, StepLog,
+    TrainError, TrainSettings, Trainer,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -463,7 +463,7 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
         write_timeline(prefix, &current, trainer, &args.schedule)?;
     }
     if let Some(path) = &args.profile {
-        write_profile(args, trainer, path)?;
+        write_profile(trainer, path)?;
     }
     if let Some(path) = &args.save {
         eprintln!(
@@ -524,21 +524,8 @@ fn length_cost(args: &Args) -> Result<LengthCost, Failure> {
 
 /// Measures every layer of the run's model on this thread, with the run's compute threads, and
 /// scales the layers' times to the op times the run's last step measured at each stage.
-fn write_profile(args: &Args, trainer: &Trainer, path: &std::path::Path) -> Result<(), Failure> {
-    let config = GptConfig::new(args.layers, args.d_model, args.heads, args.seq_len)
-        .map_err(|e| bad(e.to_string()))?;
-    let mut profile = measure_profile(&ProfileRequest {
-        config,
-        microbatch_size: args.microbatch_size,
-        seq_len: args.seq_len,
-        dtype: candle_core::DType::F32,
-        threads_per_rank: candle_core::utils::get_num_threads(),
-        repeats: 5,
-        seed: args.seed,
-    })?;
-    // Scaled to the op times this run measured at each stage (threads: every rank's; MPI: the
-    // writer's own).
-    calibrate(&mut profile, trainer.model().cut(), trainer.last_measured())?;
+fn write_profile(trainer: &Trainer, path: &std::path::Path) -> Result<(), Failure> {
+    let profile = trainer.profile(5)?;
     std::fs::write(path, profile.to_json() + "\n")
         .map_err(|e| bad(format!("{}: {e}", path.display())))?;
     let total =

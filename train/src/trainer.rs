@@ -17,6 +17,7 @@ use crate::cut::ModelCut;
 use crate::data::{eval_microbatches, BatchShape, Corpus, DataPosition, GlobalBatch, Loader};
 use crate::error::TrainError;
 use crate::optim::{clip_scale, global_norm, step_positions, AdamW, AdamWConfig, OptimizerState};
+use crate::profile::{calibrate, measure_profile, ProfileRequest};
 use crate::schedule::LrSchedule;
 use crate::stage::{Injection, MeasuredOp};
 use crate::step::{GptModel, StepRunner};
@@ -24,7 +25,7 @@ use candle_core::DType;
 use candle_core::Tensor;
 use pipeweave_backends::ThreadOptions;
 use pipeweave_core::RankId;
-use pipeweave_core::{Plan, RecvPolicy};
+use pipeweave_core::{Plan, Profile, RecvPolicy};
 use pipeweave_kernels::GptConfig;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -195,6 +196,25 @@ impl Trainer {
     /// The model.
     pub fn model(&self) -> &GptModel {
         &self.model
+    }
+
+    /// The run's profile (what `train_gpt --profile` writes): every layer of the model measured
+    /// alone with this run's microbatch shape and compute threads, `repeats` times each, then
+    /// scaled to the op times the last step measured at each stage ([`calibrate`]; under MPI,
+    /// this process's stages).
+    pub fn profile(&self, repeats: usize) -> Result<Profile, TrainError> {
+        let shape = self.settings.shape;
+        let mut profile = measure_profile(&ProfileRequest {
+            config: self.settings.config,
+            microbatch_size: shape.microbatch_size,
+            seq_len: shape.seq_len,
+            dtype: self.settings.dtype,
+            threads_per_rank: candle_core::utils::get_num_threads(),
+            repeats,
+            seed: self.settings.seed,
+        })?;
+        calibrate(&mut profile, self.model.cut(), &self.measured)?;
+        Ok(profile)
     }
 
     /// Per rank, every op of the last step as it ran.
