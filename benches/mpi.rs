@@ -22,13 +22,12 @@
 //! `cargo bench --features mpi --bench mpi` (needs Open MPI, see README). The ranks' role is
 //! chosen by an environment variable that the driver passes through `mpirun`.
 
-use candle_core::DType;
 use pipeweave::{build_and_simulate, build_plan, PipelineConfig, Plan};
 use pipeweave_backends::mpi::rsmpi;
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::BatchShape;
 use pipeweave_train::mpi::MpiCluster;
-use pipeweave_train::{Corpus, LrSchedule, TrainSettings, Trainer};
+use pipeweave_train::{Corpus, TrainSettings, Trainer};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -50,22 +49,12 @@ fn settings() -> TrainSettings {
 }
 
 fn settings_for(microbatches: u32, cut: Option<Vec<usize>>) -> TrainSettings {
+    let shape = BatchShape::new(SEQ_LEN, SEQUENCES, microbatches as usize).expect("valid shape");
     TrainSettings {
-        config: config(),
-        shape: BatchShape::new(SEQ_LEN, SEQUENCES, microbatches as usize).expect("valid shape"),
-        lr: LrSchedule::constant(1e-3).expect("valid learning rate"),
-        max_grad_norm: 1.0,
-        seed: 1,
-        deterministic: false,
-        recompute: false,
-        dtype: DType::F32,
         eval_sequences: 1,
-        fingerprint: "bench".to_string(),
         receive_timeout: Duration::from_secs(120),
-        replicas: 1,
-        injections: Vec::new(),
         layers_per_stage: cut,
-        variable_length: false,
+        ..TrainSettings::new(config(), shape)
     }
 }
 

@@ -11,12 +11,11 @@
 //! candidates. Rank counts stay within the machine's cores (more ranks than cores time-share
 //! them, which the simulator does not model).
 
-use candle_core::DType;
 use pipeweave::tune::{candidate_cuts, candidate_expressions, tune, tune_cuts};
 use pipeweave::{build_and_simulate, build_plan, PipelineConfig, Profile};
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::BatchShape;
-use pipeweave_train::{pipeline_overhead, Corpus, LrSchedule, TrainSettings, Trainer};
+use pipeweave_train::{pipeline_overhead, Corpus, TrainSettings, Trainer};
 
 const WARM_UP: usize = 2;
 const STEPS: usize = 5;
@@ -28,22 +27,11 @@ fn model(blocks: usize) -> GptConfig {
 }
 
 fn settings(config: GptConfig, microbatches: u32, cut: &[usize]) -> TrainSettings {
+    let shape = BatchShape::new(SEQ_LEN, SEQUENCES, microbatches as usize).expect("valid shape");
     TrainSettings {
-        config,
-        shape: BatchShape::new(SEQ_LEN, SEQUENCES, microbatches as usize).expect("valid shape"),
-        lr: LrSchedule::constant(1e-3).expect("valid learning rate"),
-        max_grad_norm: 1.0,
-        seed: 1,
-        deterministic: false,
-        recompute: false,
-        dtype: DType::F32,
         eval_sequences: 1,
-        fingerprint: "bench".to_string(),
-        receive_timeout: std::time::Duration::from_secs(60),
-        replicas: 1,
-        injections: Vec::new(),
         layers_per_stage: Some(cut.to_vec()),
-        variable_length: false,
+        ..TrainSettings::new(config, shape)
     }
 }
 

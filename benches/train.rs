@@ -10,12 +10,12 @@
 //! and the kernels' GFLOP/s (matrix-product FLOPs of a step per second of compute) against candle's
 //! own matmul on this machine. Ratios within one run, since the machine is noisy.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use pipeweave::{build_plan, PipelineConfig};
 use pipeweave_kernels::flops::stage_flops;
 use pipeweave_kernels::{GptConfig, StageLayout};
 use pipeweave_train::data::BatchShape;
-use pipeweave_train::{step_timeline, Corpus, LrSchedule, TrainSettings, Trainer};
+use pipeweave_train::{step_timeline, Corpus, TrainSettings, Trainer};
 use std::time::Instant;
 
 const STEPS: u64 = 4;
@@ -24,22 +24,10 @@ const SEQ_LEN: usize = 64;
 const SEQUENCES: usize = 2;
 
 fn settings(config: GptConfig) -> TrainSettings {
+    let shape = BatchShape::new(SEQ_LEN, SEQUENCES, MICROBATCHES as usize).expect("valid shape");
     TrainSettings {
-        config,
-        shape: BatchShape::new(SEQ_LEN, SEQUENCES, MICROBATCHES as usize).expect("valid shape"),
-        lr: LrSchedule::constant(1e-3).expect("valid learning rate"),
-        max_grad_norm: 1.0,
-        seed: 1,
-        deterministic: false,
-        recompute: false,
-        dtype: DType::F32,
         eval_sequences: 1,
-        fingerprint: "bench".to_string(),
-        receive_timeout: std::time::Duration::from_secs(60),
-        replicas: 1,
-        injections: Vec::new(),
-        layers_per_stage: None,
-        variable_length: false,
+        ..TrainSettings::new(config, shape)
     }
 }
 

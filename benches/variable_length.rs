@@ -10,12 +10,11 @@
 //! 2 warm-up steps and 12 measured ones. Printed: the summed pipeline time (first op start to
 //! last op end) and step time of each, and their ratio.
 
-use candle_core::DType;
 use pipeweave::variable_length::{plan_for_lengths, LengthCost};
 use pipeweave::{build_plan, PipelineConfig};
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::BatchShape;
-use pipeweave_train::{pipeline_overhead, Corpus, LrSchedule, TrainSettings, Trainer};
+use pipeweave_train::{pipeline_overhead, Corpus, TrainSettings, Trainer};
 
 const SEQ_LEN: usize = 256;
 const MICROBATCHES: u32 = 8;
@@ -25,22 +24,13 @@ const STEPS: usize = 12;
 const ROUNDS: usize = 3;
 
 fn settings() -> TrainSettings {
+    let config = GptConfig::new(4, 192, 4, SEQ_LEN).expect("the bench's model");
+    let shape = BatchShape::new(SEQ_LEN, 2, MICROBATCHES as usize).expect("valid shape");
     TrainSettings {
-        config: GptConfig::new(4, 192, 4, SEQ_LEN).expect("the bench's model"),
-        shape: BatchShape::new(SEQ_LEN, 2, MICROBATCHES as usize).expect("valid shape"),
-        lr: LrSchedule::constant(1e-3).expect("valid learning rate"),
-        max_grad_norm: 1.0,
-        seed: 1,
         deterministic: true,
-        recompute: false,
-        dtype: DType::F32,
         eval_sequences: 1,
-        fingerprint: "bench".to_string(),
-        receive_timeout: std::time::Duration::from_secs(60),
-        replicas: 1,
-        injections: Vec::new(),
-        layers_per_stage: None,
         variable_length: true,
+        ..TrainSettings::new(config, shape)
     }
 }
 

@@ -68,6 +68,32 @@ pub struct TrainSettings {
     pub variable_length: bool,
 }
 
+impl TrainSettings {
+    /// Settings for `config` trained in batches of `shape`, with the defaults of a short run
+    /// (override fields with struct update syntax): a constant learning rate of 1e-3, clipping at
+    /// global norm 1, seed 1, gradients summed as they arrive, no recompute, f32, 64 held-out
+    /// sequences, one replica, a 60 s receive timeout, the even cut, fixed-length microbatches.
+    pub fn new(config: GptConfig, shape: BatchShape) -> TrainSettings {
+        TrainSettings {
+            config,
+            shape,
+            lr: LrSchedule::constant(1e-3).expect("a constant 1e-3 is a valid learning rate"),
+            max_grad_norm: 1.0,
+            seed: 1,
+            deterministic: false,
+            recompute: false,
+            dtype: DType::F32,
+            eval_sequences: 64,
+            fingerprint: String::new(),
+            receive_timeout: Duration::from_secs(60),
+            replicas: 1,
+            injections: Vec::new(),
+            layers_per_stage: None,
+            variable_length: false,
+        }
+    }
+}
+
 /// What one step did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepLog {

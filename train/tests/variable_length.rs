@@ -6,7 +6,6 @@
 
 mod common;
 
-use candle_core::DType;
 use pipeweave_core::simulate;
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::{BatchShape, Loader};
@@ -31,22 +30,15 @@ fn corpus() -> Corpus {
 }
 
 fn settings(steps: u64) -> TrainSettings {
+    let config = GptConfig::new(4, 16, 2, SEQ_LEN).unwrap();
+    let shape = BatchShape::new(SEQ_LEN, 2, MICROBATCHES as usize).unwrap();
     TrainSettings {
-        config: GptConfig::new(4, 16, 2, SEQ_LEN).unwrap(),
-        shape: BatchShape::new(SEQ_LEN, 2, MICROBATCHES as usize).unwrap(),
         lr: LrSchedule::new(1e-2, 1e-3, 1, steps).unwrap(),
-        max_grad_norm: 1.0,
         seed: 3,
         deterministic: true,
-        recompute: false,
-        dtype: DType::F32,
         eval_sequences: 8,
-        fingerprint: "test".to_string(),
-        receive_timeout: std::time::Duration::from_secs(60),
-        replicas: 1,
-        injections: Vec::new(),
-        layers_per_stage: None,
         variable_length: true,
+        ..TrainSettings::new(config, shape)
     }
 }
 
