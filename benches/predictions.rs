@@ -35,23 +35,6 @@ fn settings(config: GptConfig, microbatches: u32, cut: &[usize]) -> TrainSetting
     }
 }
 
-/// The trainer's cut for a plan: one count per position. On plans with more positions than
-/// ranks (interleaved, V), each rank's share of `share_cut` is spread over its chunks evenly.
-fn positions_cut(plan: &pipeweave::Plan, share_cut: &[usize]) -> Vec<usize> {
-    let positions = plan
-        .problem()
-        .routes()
-        .first()
-        .map_or(0, |r| r.stages().len());
-    if positions == share_cut.len() {
-        return share_cut.to_vec();
-    }
-    let blocks: usize = share_cut.iter().sum();
-    (0..positions)
-        .map(|k| (k + 1) * blocks / positions - k * blocks / positions)
-        .collect()
-}
-
 /// The median measured pipeline step of `expression` after a warm-up, in seconds.
 fn measure(
     config: GptConfig,
@@ -66,7 +49,6 @@ fn measure(
         &PipelineConfig::new(ranks, microbatches).expect("sizes"),
     )
     .expect("the bench's plans build");
-    let cut = positions_cut(&plan, cut);
     let mut trainer =
         Trainer::new(&plan, corpus, settings(config, microbatches, &cut)).expect("a trainer");
     let mut steps = Vec::new();
@@ -229,5 +211,55 @@ fn main() {
         for_f1b(&even).unwrap_or(f64::NAN),
         even_measured,
         100.0 * (chosen_measured / even_measured - 1.0)
+    );
+
+    // Below the least memory any DualPipe candidate needs (its ranks hold both ends, so every
+    // cut costs it the same): tune's pick against the even cut's best.
+    let limit_bytes = ranked
+        .candidates
+        .iter()
+        .filter(|c| c.expression.contains("dual("))
+        .filter_map(|c| c.peak_activation_bytes)
+        .fold(f64::INFINITY, f64::min)
+        - 1.0;
+    let limited = tune_cuts(&base, &profile, &cuts, &mut |config, cut| {
+        let limit = limit_bytes / cut.bytes_per_unit;
+        let expressions = candidate_expressions(2, Some(limit));
+        Ok(tune(
+            &config.clone().with_memory_limit(Some(limit)),
+            &expressions,
+            &|_| {},
+        ))
+    })
+    .expect("tune within the limit");
+    let pick = &limited.candidates[0];
+    let pick_cut = pick
+        .layers_per_stage
+        .clone()
+        .expect("candidates carry their cut");
+    let even_best = limited
+        .candidates
+        .iter()
+        .find(|c| c.layers_per_stage.as_deref() == Some(&even[..]))
+        .expect("the even cut fits its own peak");
+    if pick_cut == even {
+        println!(
+            "within {:.1} MiB (below every DualPipe candidate): tune picks {} on the even cut",
+            limit_bytes / (1024.0 * 1024.0),
+            pick.expression
+        );
+        return;
+    }
+    let pick_measured = measure(config, &pick.expression, 2, 8, &pick_cut, &corpus);
+    let even_best_measured = measure(config, &even_best.expression, 2, 8, &even, &corpus);
+    println!(
+        "within {:.1} MiB (below every DualPipe candidate): tune picks {} with cut {}, measured {:.4}; the even cut's best, {}, measured {:.4} ({:+.1}%)",
+        limit_bytes / (1024.0 * 1024.0),
+        pick.expression,
+        shown(&pick_cut),
+        pick_measured,
+        even_best.expression,
+        even_best_measured,
+        100.0 * (pick_measured / even_best_measured - 1.0)
     );
 }

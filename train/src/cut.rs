@@ -6,7 +6,9 @@
 //! holds blocks `⌊k L / S⌋ .. ⌊(k + 1) L / S⌋` (a layer count need not divide the positions, and a
 //! position may then hold no block); `--layers-per-stage a,b,...` ([`ModelCut::with_layers`])
 //! gives each position's block count instead, for stages as uneven as the embedding and the head
-//! make them. Stages at the same position of different routes (DualPipe's mirrored replicas, the
+//! make them; where ranks hold several positions (interleaved and V plans), one count per rank
+//! (a rank's share, as `pipeweave plan/tune --layers-per-stage` count) is spread over the
+//! positions the rank holds. Stages at the same position of different routes (DualPipe's mirrored replicas, the
 //! problem's tied stages) hold the same layers and one set of weights: their gradients are summed
 //! every step.
 
@@ -28,7 +30,9 @@ impl ModelCut {
     }
 
     /// Cuts `config` into the stages of `problem`, position `k` holding `layers[k]` blocks (in
-    /// order; the embedding on position 0, the head on the last), or evenly for `None`. The
+    /// order; the embedding on position 0, the head on the last), or evenly for `None`; with
+    /// one count per rank on a plan whose ranks hold several positions, each rank's count
+    /// spread over its positions. The
     /// counts must be one per position and sum to the model's blocks, and a position between
     /// the first and the last must hold at least one (it would hold nothing at all), else
     /// [`TrainError::Cut`].
@@ -63,6 +67,18 @@ impl ModelCut {
                 *slot = k;
             }
         }
+        // One count per rank (a share, as `pipeweave plan/tune --layers-per-stage` count) where
+        // the ranks hold several positions: each share spread over its rank's positions.
+        let spread;
+        let layers = match layers {
+            Some(counts)
+                if counts.len() == problem.ranks() as usize && counts.len() != positions =>
+            {
+                spread = spread_shares(problem, counts)?;
+                Some(spread.as_slice())
+            }
+            other => other,
+        };
         let starts = block_starts(config.n_layer(), positions, layers)?;
         let layouts = starts
             .windows(2)
@@ -98,6 +114,31 @@ impl ModelCut {
     pub fn layers_per_position(&self) -> Vec<usize> {
         self.layouts.iter().map(|l| l.blocks().len()).collect()
     }
+}
+
+/// Position counts from one count per rank: rank `r`'s `shares[r]` blocks spread over the
+/// positions it holds along the first route, as evenly as they go (the earlier positions take
+/// the extra blocks).
+fn spread_shares(problem: &Problem, shares: &[usize]) -> Result<Vec<usize>, TrainError> {
+    let route = problem.routes().first().ok_or_else(|| TrainError::Cut {
+        reason: "the plan has no route".to_string(),
+    })?;
+    let owners: Vec<usize> = route
+        .stages()
+        .iter()
+        .map(|&s| problem.rank_of(s).map_or(usize::MAX, |r| r.index()))
+        .collect();
+    let mut counts = vec![0; owners.len()];
+    for (rank, &share) in shares.iter().enumerate() {
+        let held: Vec<usize> = (0..owners.len()).filter(|&k| owners[k] == rank).collect();
+        if held.is_empty() {
+            continue;
+        }
+        for (i, &k) in held.iter().enumerate() {
+            counts[k] = share / held.len() + usize::from(i < share % held.len());
+        }
+    }
+    Ok(counts)
 }
 
 /// Where each position's blocks start, with the end last (`positions + 1` entries).
@@ -189,6 +230,21 @@ mod tests {
         // The first and the last may hold no block: they hold the embedding and the head.
         let ends = ModelCut::with_layers(&config, &problem(3), Some(&[0, 6, 0])).unwrap();
         assert_eq!(ends.layers_per_position(), [0, 6, 0]);
+    }
+
+    #[test]
+    fn one_count_per_rank_spreads_over_its_positions() {
+        // The V layout on 2 ranks: rank 0 holds positions 0 and 3, rank 1 positions 1 and 2.
+        let config = GptConfig::new(5, 16, 2, 8).unwrap();
+        let problem = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(4)
+            .stage_to_rank(vec![0, 1, 1, 0])
+            .build()
+            .validate()
+            .unwrap();
+        let cut = ModelCut::with_layers(&config, &problem, Some(&[3, 2])).unwrap();
+        assert_eq!(cut.layers_per_position(), [2, 1, 1, 1]);
     }
 
     #[test]
