@@ -50,7 +50,7 @@ fn measure(
     )
     .expect("the bench's plans build");
     let mut trainer =
-        Trainer::new(&plan, corpus, settings(config, microbatches, &cut)).expect("a trainer");
+        Trainer::new(&plan, corpus, settings(config, microbatches, cut)).expect("a trainer");
     let mut steps = Vec::new();
     for i in 0..WARM_UP + STEPS {
         trainer.step().expect("a step");
