@@ -6,7 +6,7 @@
 //!    mismatch, or a layout another pass of the list set, means the pass comes at the wrong point
 //!    ([`TransformError::OutOfOrder`]); a layout the plan started with is a precondition
 //!    ([`TransformError::Precondition`]).
-//! 2. **Rewrite.** [`crate::pass::Pass::prepare`] then [`crate::pass::Pass::apply`].
+//! 2. **Rewrite.** [`crate::pass::Pass::rewrite`], once.
 //! 3. **Changes.** Whatever the pass's [`Changes`] does not declare must be as before: the problem
 //!    and models, each fact, the memory limit ([`TransformError::UndeclaredChange`], a bug).
 //! 4. **Verification.** The result is verified before the next pass sees it (the declared memory

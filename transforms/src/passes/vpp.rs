@@ -63,7 +63,7 @@ use pipeweave_core::{
 pub const MAX_CHUNKS: u32 = 64;
 
 /// The interleaving pass. Built with [`Interleave::new`], which checks the arguments alone;
-/// the checks that need the plan run in [`Pass::prepare`].
+/// the checks that need the plan run in its [`Pass::rewrite`].
 #[derive(Clone, Copy, Debug)]
 pub struct Interleave {
     chunks: u32,

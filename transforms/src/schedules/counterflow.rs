@@ -26,7 +26,7 @@
 //!
 //! [`best`] runs every variant, simulates each result, keeps those within a makespan bound and the
 //! memory limit, improves the best few by critical-path swaps ([`refine`]) and returns the best by
-//! [`Score`] (then the lower peak, then the earlier variant). The scheduler reads only the plan's
+//! [`Score`](super::score::Score) (then the lower peak, then the earlier variant). The scheduler reads only the plan's
 //! routes, placement, costs and memory, so it takes any layout; `dual` uses it on DualPipe's.
 
 use crate::schedules::greedy::FillWaits;
