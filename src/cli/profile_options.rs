@@ -69,9 +69,7 @@ impl ProfileArgs {
             }
         }
     }
-}
 
-impl ProfileArgs {
     /// `config` with one cost factor per microbatch from `--microbatch-tokens` and the profile's
     /// per-token model ([`Profile::length_scale`]); unchanged without the option.
     pub fn with_tokens(
@@ -91,6 +89,16 @@ impl ProfileArgs {
                 message: format!(
                     "{t} tokens: a microbatch's sequences hold 1 to {} tokens (the profile's length)",
                     profile.model.seq_len
+                ),
+            });
+        }
+        if tokens.len() != config.microbatches() as usize {
+            return Err(Error::Option {
+                option: "--microbatch-tokens",
+                message: format!(
+                    "{} counts for {} microbatches: give one per microbatch",
+                    tokens.len(),
+                    config.microbatches()
                 ),
             });
         }
