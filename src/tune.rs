@@ -17,7 +17,7 @@ use crate::config::{build_plan, PipelineConfig};
 use crate::error::Error;
 use crate::report::tidy;
 use pipeweave_core::simulate;
-use pipeweave_core::{CutCosts, Profile};
+use pipeweave_core::{even_blocks, CutCosts, Profile};
 use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -243,9 +243,7 @@ pub fn candidate_cuts(blocks: usize, ranks: usize, limit: usize) -> Vec<Vec<usiz
     if ranks == 1 {
         return vec![vec![blocks]];
     }
-    let even: Vec<usize> = (0..ranks)
-        .map(|k| (k + 1) * blocks / ranks - k * blocks / ranks)
-        .collect();
+    let even = even_blocks(blocks, ranks);
     let mut out = Vec::new();
     if all(blocks, ranks, true, &mut out, &mut Vec::new(), limit) {
         // The even cut first: ties go to it.

@@ -37,6 +37,7 @@ pub use formats::profile::{
     parse_bytes, CutCosts, LayerKind, LayerProfile, PhaseTimes, Profile, ProfiledModel,
     SendProfile, PROFILE_FORMAT,
 };
+pub use ir::blocks::{cut_violation, even_blocks};
 pub use ir::cost::{CostModel, StageCosts, StageCostsSpec};
 pub use ir::facts::{
     Backwards, ChunkPlacement, DualKind, Facts, Layout, LayoutKind, Pacing, Residency,

@@ -13,7 +13,7 @@
 //! every step.
 
 use crate::error::TrainError;
-use pipeweave_core::{Problem, StageId};
+use pipeweave_core::{cut_violation, even_blocks, Problem, StageId};
 use pipeweave_kernels::{GptConfig, StageLayout};
 
 /// The layers of every position and the position of every stage.
@@ -147,38 +147,29 @@ fn block_starts(
     positions: usize,
     layers: Option<&[usize]>,
 ) -> Result<Vec<usize>, TrainError> {
-    let Some(counts) = layers else {
-        return Ok((0..=positions).map(|k| k * blocks / positions).collect());
+    let even;
+    let counts = match layers {
+        Some(counts) => counts,
+        None => {
+            even = even_blocks(blocks, positions);
+            &even
+        }
     };
-    let shown = counts
-        .iter()
-        .map(usize::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
     if counts.len() != positions {
+        let shown: Vec<String> = counts.iter().map(usize::to_string).collect();
         return Err(TrainError::Cut {
             reason: format!(
-                "--layers-per-stage {shown} gives {} counts; the plan's routes pass {positions} \
+                "--layers-per-stage {} gives {} counts; the plan's routes pass {positions} \
                  stages (one count per stage, the embedding on the first, the head on the last)",
+                shown.join(","),
                 counts.len()
             ),
         });
     }
-    let sum: usize = counts.iter().sum();
-    if sum != blocks {
-        return Err(TrainError::Cut {
-            reason: format!(
-                "--layers-per-stage {shown} sums to {sum}; the model has {blocks} blocks"
-            ),
-        });
-    }
-    if let Some(k) = (1..positions.saturating_sub(1)).find(|&k| counts[k] == 0) {
-        return Err(TrainError::Cut {
-            reason: format!(
-                "--layers-per-stage {shown} leaves stage {k} empty (only the first holds the \
-                 embedding and only the last the head; a stage between them needs a block)"
-            ),
-        });
+    if layers.is_some() {
+        if let Some(reason) = cut_violation(counts, blocks) {
+            return Err(TrainError::Cut { reason });
+        }
     }
     let mut starts = Vec::with_capacity(positions + 1);
     let mut at = 0;

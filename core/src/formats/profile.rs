@@ -25,6 +25,7 @@
 //! ```
 
 use crate::error::CoreError;
+use crate::ir::blocks::{cut_violation, even_blocks};
 use crate::ir::cost::{StageCosts, StageCostsSpec};
 use crate::ir::memory::{StageMemory, StageMemorySpec};
 use serde::{Deserialize, Serialize};
@@ -268,10 +269,7 @@ impl Profile {
     /// The even cut of the blocks into `stages` stages (stage `k` holds blocks
     /// `⌊kL/S⌋ .. ⌊(k+1)L/S⌋`, as the trainer cuts by default).
     pub fn even_cut(&self, stages: usize) -> Vec<usize> {
-        let l = self.model.layers;
-        (0..stages)
-            .map(|k| (k + 1) * l / stages - k * l / stages)
-            .collect()
+        even_blocks(self.model.layers, stages)
     }
 
     /// Each stage's summed costs and memory under `layers_per_stage` (one count per stage, summing
@@ -279,25 +277,11 @@ impl Profile {
     pub fn cut(&self, layers_per_stage: &[usize]) -> Result<CutCosts, CoreError> {
         let stages = layers_per_stage.len();
         let blocks = self.model.layers;
-        let shown = layers_per_stage
-            .iter()
-            .map(usize::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
         if stages == 0 {
             return Err(bad("--layers-per-stage needs one count per stage"));
         }
-        let sum: usize = layers_per_stage.iter().sum();
-        if sum != blocks {
-            return Err(bad(format!(
-                "--layers-per-stage {shown} sums to {sum}; the profiled model has {blocks} blocks"
-            )));
-        }
-        if let Some(k) = (1..stages.saturating_sub(1)).find(|&k| layers_per_stage[k] == 0) {
-            return Err(bad(format!(
-                "--layers-per-stage {shown} leaves stage {k} empty (a stage between the first \
-                 and the last needs a block)"
-            )));
+        if let Some(reason) = cut_violation(layers_per_stage, blocks) {
+            return Err(bad(reason));
         }
         let mut start = 1; // layer 0 is the embedding
         let mut sums = Vec::with_capacity(stages);

@@ -1,7 +1,9 @@
-//! The plan IR: typed ids, ops and tasks, the problem, the cost and memory models, typed facts,
-//! the dependency rule, the op numbering and the plan itself. Nothing here analyses a plan; the
+//! The plan IR: typed ids, ops and tasks, the problem, the cost and memory models (and how a
+//! model's blocks are cut into stages), typed facts, the dependency rule, the op numbering and
+//! the plan itself. Nothing here analyses a plan; the
 //! analyses ([`crate::analysis`]) and the SPMD projection ([`crate::spmd`]) build on it.
 
+pub mod blocks;
 pub mod cost;
 pub mod deps;
 pub mod facts;
