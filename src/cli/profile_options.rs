@@ -62,12 +62,21 @@ impl ProfileArgs {
         match self.read()? {
             None => Ok((config, None)),
             Some(profile) => {
-                let config = self.with_tokens(config, &profile)?;
-                let (config, cut) =
-                    config.with_profile(&profile, self.layers_per_stage.as_deref())?;
+                let (config, cut) = self.costed(config, &profile)?;
                 Ok((config, Some(cut)))
             }
         }
+    }
+
+    /// `config` costed from `profile`: `--microbatch-tokens` priced by its per-token model,
+    /// then the given (or even) cut's costs and memory.
+    pub fn costed(
+        &self,
+        config: PipelineConfig,
+        profile: &Profile,
+    ) -> Result<(PipelineConfig, CutCosts), Error> {
+        self.with_tokens(config, profile)?
+            .with_profile(profile, self.layers_per_stage.as_deref())
     }
 
     /// `config` with one cost factor per microbatch from `--microbatch-tokens` and the profile's

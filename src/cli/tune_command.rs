@@ -59,10 +59,7 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
         // One cut: the given one or the even one.
         let (config, cut) = match &profile {
             Some(p) => {
-                let (config, cut) = args
-                    .profile
-                    .with_tokens(base, p)?
-                    .with_profile(p, args.profile.layers_per_stage.as_deref())?;
+                let (config, cut) = args.profile.costed(base, p)?;
                 (config, Some(cut))
             }
             None => (base, None),
