@@ -10,6 +10,7 @@
 //! world rank 0 prints, logs and writes the files; a failing rank reports and aborts the job.
 
 use clap::{Parser, ValueEnum};
+use pipeweave::cli::parse_memory_limit;
 use pipeweave::variable_length::{plan_for_lengths, LengthCost};
 use pipeweave::Plan;
 use pipeweave::Profile;
@@ -98,10 +99,18 @@ struct Args {
     /// --seq-len; every step's plan is built with one cost per microbatch (threads backend).
     #[arg(long)]
     variable_length: bool,
-    /// With --variable-length: price microbatches by this profile's per-token model (written by
-    /// --profile; default: linear in the tokens).
-    #[arg(long, value_name = "FILE.json", requires = "variable_length")]
+    /// Build the schedule from this profile's costs and memory (written by --profile; of this
+    /// run's model), cut by --layers-per-stage (one count per rank) or evenly: the plan
+    /// `pipeweave plan/tune --profile` simulated, for schedules whose order follows the costs
+    /// (Zero Bubble's policies, `memory=` arguments). With --variable-length, microbatches are
+    /// also priced by its per-token model (default: linear in the tokens, unit costs).
+    #[arg(long, value_name = "FILE.json")]
     cost_profile: Option<PathBuf>,
+    /// Build the schedule within this per-rank activation limit, as `pipeweave plan/tune
+    /// --memory-limit` do (units of the heaviest rank share's activations of one microbatch;
+    /// with --cost-profile also bytes, e.g. `24MiB`).
+    #[arg(long, value_name = "L")]
+    memory_limit: Option<String>,
     /// With --variable-length: keep one plan with uniform costs (for comparison).
     #[arg(long, requires = "variable_length")]
     uniform_plan: bool,
@@ -275,10 +284,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         .map_err(|e| bad(e.to_string()))?;
     // A schedule that does not parse or fit is bad input (2); a pass that breaks its plan is a
     // bug (1).
-    let plan = build_plan(
-        &args.schedule,
-        &PipelineConfig::new(args.ranks, args.microbatches).map_err(|e| bad(e.to_string()))?,
-    )?;
+    let plan = build_plan(&args.schedule, &plan_config(args)?)?;
     let corpus = match &args.data {
         Some(path) => Corpus::from_path(path)?,
         None => Corpus::default_sources()?,
@@ -488,8 +494,7 @@ fn step_plan(
         return Ok(None);
     }
     let lengths = trainer.next_microbatch_lengths()?;
-    let config =
-        PipelineConfig::new(args.ranks, args.microbatches).map_err(|e| bad(e.to_string()))?;
+    let config = plan_config(args)?;
     let cost = length_cost(args)?;
     let planned = plan_for_lengths(&args.schedule, &config, &lengths, &cost)?;
     if planned.order.iter().enumerate().any(|(slot, &m)| slot != m) {
@@ -500,11 +505,40 @@ fn step_plan(
     Ok((next.orders() != current.orders()).then_some(next))
 }
 
-/// How `--variable-length` prices a microbatch: `--cost-profile`'s per-token model (its model
-/// must be this run's), or linear in the tokens.
-fn length_cost(args: &Args) -> Result<LengthCost, Failure> {
+/// The sizes, costs, memory and limit the run's plan is built from: unit costs, or with
+/// `--cost-profile` the profile's for the run's cut (as `pipeweave plan --profile
+/// --layers-per-stage` costs it), and `--memory-limit`.
+fn plan_config(args: &Args) -> Result<PipelineConfig, Failure> {
+    let config =
+        PipelineConfig::new(args.ranks, args.microbatches).map_err(|e| bad(e.to_string()))?;
+    let limit = |bytes_per_unit| {
+        parse_memory_limit(args.memory_limit.as_deref(), bytes_per_unit)
+            .map_err(|e| bad(e.to_string()))
+    };
+    let Some(profile) = cost_profile(args)? else {
+        return Ok(config.with_memory_limit(limit(None)?));
+    };
+    let shares = match &args.layers_per_stage {
+        Some(counts) if counts.len() != args.ranks as usize => {
+            return Err(bad(format!(
+                "--cost-profile costs one share per rank: give --layers-per-stage one count per \
+                 rank ({} here, not {})",
+                args.ranks,
+                counts.len()
+            )))
+        }
+        other => other.as_deref(),
+    };
+    let (config, cut) = config
+        .with_profile(&profile, shares)
+        .map_err(|e| bad(e.to_string()))?;
+    Ok(config.with_memory_limit(limit(Some(cut.bytes_per_unit))?))
+}
+
+/// `--cost-profile`, read and checked to be of this run's model.
+fn cost_profile(args: &Args) -> Result<Option<Profile>, Failure> {
     let Some(path) = &args.cost_profile else {
-        return Ok(LengthCost::Linear { full: args.seq_len });
+        return Ok(None);
     };
     let text =
         std::fs::read_to_string(path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
@@ -519,7 +553,16 @@ fn length_cost(args: &Args) -> Result<LengthCost, Failure> {
             m.layers, m.d_model, m.heads, m.seq_len, args.layers, args.d_model, args.heads, args.seq_len
         )));
     }
-    Ok(LengthCost::Profiled(profile))
+    Ok(Some(profile))
+}
+
+/// How `--variable-length` prices a microbatch: `--cost-profile`'s per-token model, or linear
+/// in the tokens.
+fn length_cost(args: &Args) -> Result<LengthCost, Failure> {
+    Ok(match cost_profile(args)? {
+        Some(profile) => LengthCost::Profiled(profile),
+        None => LengthCost::Linear { full: args.seq_len },
+    })
 }
 
 /// Measures every layer of the run's model on this thread, with the run's compute threads, and

@@ -3,10 +3,11 @@
 
 use crate::error::Error;
 use pipeweave_core::{
-    simulate, CostModel, CutCosts, MemoryModel, Plan, ProblemSpec, Profile, Simulation, StageCosts,
-    StageMemory,
+    simulate, CostModel, CutCosts, MemoryModel, Plan, ProblemSpec, Profile, ProfiledLayout,
+    Simulation, StageCosts, StageMemory,
 };
 use pipeweave_transforms::{compile_expression, Registry};
+use std::sync::Arc;
 
 /// What `pipeweave plan` needs besides the expression: sizes, costs and memory of a rank's share.
 #[derive(Clone, Debug, PartialEq)]
@@ -18,6 +19,8 @@ pub struct PipelineConfig {
     memory: Vec<StageMemory>,
     memory_limit: Option<f64>,
     microbatch_scales: Vec<f64>,
+    /// With a profile: the figures of every position of the layouts passes build.
+    layout: Option<Arc<ProfiledLayout>>,
 }
 
 impl PipelineConfig {
@@ -37,6 +40,7 @@ impl PipelineConfig {
             memory: vec![StageMemory::default(); ranks as usize],
             memory_limit: None,
             microbatch_scales: Vec::new(),
+            layout: None,
         })
     }
 
@@ -45,6 +49,7 @@ impl PipelineConfig {
         CostModel::uniform(1, costs, comm)?;
         self.costs = vec![costs; self.ranks as usize];
         self.comm = comm;
+        self.layout = None;
         Ok(self)
     }
 
@@ -58,12 +63,14 @@ impl PipelineConfig {
             }));
         }
         self.costs = costs;
+        self.layout = None;
         Ok(self)
     }
 
     /// The activation memory of one microbatch on a rank's share.
     pub fn with_memory(mut self, memory: StageMemory) -> PipelineConfig {
         self.memory = vec![memory; self.ranks as usize];
+        self.layout = None;
         self
     }
 
@@ -78,14 +85,17 @@ impl PipelineConfig {
             }));
         }
         self.memory = memory;
+        self.layout = None;
         Ok(self)
     }
 
     /// Costs and memory of every rank's share from a measured profile, the model's blocks cut
-    /// by `layers_per_stage` (one count per rank's share; `vpp` divides a share among its chunks
-    /// as it divides `--costs`) or evenly; comm is one activation's measured send. Memory is in
-    /// units of the heaviest share's activations of one microbatch
-    /// ([`CutCosts::bytes_per_unit`] bytes each).
+    /// by `layers_per_stage` (one count per rank's share) or evenly; comm is one activation's
+    /// measured send. Memory is in units of the heaviest share's activations of one microbatch
+    /// ([`CutCosts::bytes_per_unit`] bytes each). Where `vpp` gives a rank several positions,
+    /// each gets the figures of the layers the trainer places there ([`ProfiledLayout`]: the
+    /// share spread over the rank's positions; without a cut, the blocks even over the
+    /// positions), not an even part of the share.
     pub fn with_profile(
         self,
         profile: &Profile,
@@ -109,6 +119,11 @@ impl PipelineConfig {
         config.costs = cut.costs.clone();
         config.comm = cut.comm;
         config.memory = cut.memory.clone();
+        config.layout = Some(Arc::new(ProfiledLayout::new(
+            profile.clone(),
+            layers_per_stage.map(<[usize]>::to_vec),
+            cut.bytes_per_unit,
+        )));
         Ok((config, cut))
     }
 
@@ -169,8 +184,11 @@ impl PipelineConfig {
             .microbatches(self.microbatches)
             .build()
             .validate()?;
-        let costs = CostModel::per_stage(self.costs.clone(), self.comm)?
+        let mut costs = CostModel::per_stage(self.costs.clone(), self.comm)?
             .with_microbatch_scales(self.microbatch_scales.clone())?;
+        if let Some(layout) = &self.layout {
+            costs = costs.with_layout_figures(layout.clone());
+        }
         let memory = MemoryModel::per_stage(self.memory.clone());
         Ok(Plan::unscheduled(problem, costs, memory)?.with_memory_limit(self.memory_limit)?)
     }

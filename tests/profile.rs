@@ -160,7 +160,7 @@ fn bad_cuts_profiles_and_limits_exit_2_with_one_line() {
     assert!(err.contains("5 layers listed"), "{err}");
     let out = pipeweave(&["plan", "f1b(gpipe)", "--memory-limit", "2GiB"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --profile"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs a profile"));
     let out = pipeweave(&[
         "tune",
         "-p",

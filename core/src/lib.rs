@@ -34,11 +34,11 @@ pub use analysis::verify::{verify, verify_schedule, Violation, Violations};
 pub use error::{CoreError, FailureKind};
 pub use formats::grid::render_grid;
 pub use formats::profile::{
-    parse_bytes, CutCosts, LayerKind, LayerProfile, PhaseTimes, Profile, ProfiledModel,
-    SendProfile, PROFILE_FORMAT,
+    parse_bytes, CutCosts, LayerKind, LayerProfile, PhaseTimes, Profile, ProfiledLayout,
+    ProfiledModel, SendProfile, PROFILE_FORMAT,
 };
-pub use ir::blocks::{cut_violation, even_blocks};
-pub use ir::cost::{CostModel, StageCosts, StageCostsSpec};
+pub use ir::blocks::{cut_violation, even_blocks, spread_shares};
+pub use ir::cost::{CostModel, LayoutFigures, StageCosts, StageCostsSpec, StageFigures};
 pub use ir::facts::{
     Backwards, ChunkPlacement, DualKind, Facts, Layout, LayoutKind, Pacing, Residency,
 };

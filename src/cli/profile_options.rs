@@ -138,8 +138,9 @@ pub fn parse_memory_limit(
             let bytes = bytes.map_err(bad)?;
             let per_unit = bytes_per_unit.ok_or_else(|| {
                 bad(format!(
-                    "`{text}` is bytes; a limit in bytes needs --profile (which says how many \
-                     bytes one microbatch's activations take)"
+                    "`{text}` is bytes; a limit in bytes needs a profile (`--profile`; \
+                     train_gpt's `--cost-profile`), which says how many bytes one microbatch's \
+                     activations take"
                 ))
             })?;
             bytes / per_unit
@@ -164,7 +165,7 @@ mod tests {
             Some(4.0)
         );
         let err = parse_memory_limit(Some("2GiB"), None).unwrap_err();
-        assert!(err.to_string().contains("needs --profile"), "{err}");
+        assert!(err.to_string().contains("needs a profile"), "{err}");
         assert!(parse_memory_limit(Some("0"), None).is_err());
         assert!(parse_memory_limit(Some("lots"), None).is_err());
     }

@@ -13,7 +13,7 @@
 //! every step.
 
 use crate::error::TrainError;
-use pipeweave_core::{cut_violation, even_blocks, Problem, StageId};
+use pipeweave_core::{cut_violation, even_blocks, spread_shares, Problem, StageId};
 use pipeweave_kernels::{GptConfig, StageLayout};
 
 /// The layers of every position and the position of every stage.
@@ -74,7 +74,7 @@ impl ModelCut {
             Some(counts)
                 if counts.len() == problem.ranks() as usize && counts.len() != positions =>
             {
-                spread = spread_shares(problem, counts)?;
+                spread = spread_over_positions(problem, counts)?;
                 Some(spread.as_slice())
             }
             other => other,
@@ -117,9 +117,8 @@ impl ModelCut {
 }
 
 /// Position counts from one count per rank: rank `r`'s `shares[r]` blocks spread over the
-/// positions it holds along the first route, as evenly as they go (the earlier positions take
-/// the extra blocks).
-fn spread_shares(problem: &Problem, shares: &[usize]) -> Result<Vec<usize>, TrainError> {
+/// positions it holds along the first route ([`spread_shares`]).
+fn spread_over_positions(problem: &Problem, shares: &[usize]) -> Result<Vec<usize>, TrainError> {
     let route = problem.routes().first().ok_or_else(|| TrainError::Cut {
         reason: "the plan has no route".to_string(),
     })?;
@@ -128,17 +127,7 @@ fn spread_shares(problem: &Problem, shares: &[usize]) -> Result<Vec<usize>, Trai
         .iter()
         .map(|&s| problem.rank_of(s).map_or(usize::MAX, |r| r.index()))
         .collect();
-    let mut counts = vec![0; owners.len()];
-    for (rank, &share) in shares.iter().enumerate() {
-        let held: Vec<usize> = (0..owners.len()).filter(|&k| owners[k] == rank).collect();
-        if held.is_empty() {
-            continue;
-        }
-        for (i, &k) in held.iter().enumerate() {
-            counts[k] = share / held.len() + usize::from(i < share % held.len());
-        }
-    }
-    Ok(counts)
+    Ok(spread_shares(&owners, shares))
 }
 
 /// Where each position's blocks start, with the end last (`positions + 1` entries).

@@ -157,7 +157,9 @@ fn time_phases(
             w.push(weight_grad);
         }
         activation_bytes = saved_bytes as u64;
-        weight_grad_bytes = (pending_bytes as u64).min(activation_bytes);
+        // What the input-gradient backward leaves for W (each product's input and output
+        // gradient) can outweigh what the forward left: recorded as measured.
+        weight_grad_bytes = pending_bytes as u64;
     }
     let times = PhaseTimes {
         forward: median(f),
@@ -366,7 +368,7 @@ mod tests {
         );
         for layer in &profile.layers {
             assert!(layer.forward > 0.0 && layer.weight_grad > 0.0, "{layer:?}");
-            assert!(layer.activation_bytes >= layer.weight_grad_bytes);
+            assert!(layer.weight_grad_bytes > 0, "{layer:?}");
         }
         // A block keeps more than its input; the embedding needs no input gradient.
         let block = &profile.layers[1];

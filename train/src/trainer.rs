@@ -111,6 +111,9 @@ pub struct StepLog {
     pub grad_norm: f64,
 }
 
+/// How many of the last steps a profile's calibration takes its op times from.
+pub const CALIBRATION_STEPS: usize = 5;
+
 /// A training run in progress.
 pub struct Trainer {
     settings: TrainSettings,
@@ -123,6 +126,9 @@ pub struct Trainer {
     position: DataPosition,
     step: u64,
     measured: Vec<Vec<MeasuredOp>>,
+    /// Per rank, the ops of the last [`CALIBRATION_STEPS`] steps (a profile's calibration takes
+    /// their medians, so one slow step does not scale it).
+    recent_measured: std::collections::VecDeque<Vec<Vec<MeasuredOp>>>,
     /// Slot `s` of every replica takes the replica's data microbatch `order[s]` (None: in data
     /// order).
     microbatch_order: Option<Vec<usize>>,
@@ -208,6 +214,7 @@ impl Trainer {
             position: DataPosition::default(),
             step: 0,
             measured: Vec::new(),
+            recent_measured: std::collections::VecDeque::new(),
             microbatch_order: None,
             peak_activation_bytes: Vec::new(),
             peak_host_bytes: Vec::new(),
@@ -226,8 +233,8 @@ impl Trainer {
 
     /// The run's profile (what `train_gpt --profile` writes): every layer of the model measured
     /// alone with this run's microbatch shape and compute threads, `repeats` times each, then
-    /// scaled to the op times the last step measured at each stage ([`calibrate`]; under MPI,
-    /// this process's stages).
+    /// scaled to the median op times the last [`CALIBRATION_STEPS`] steps measured at each
+    /// stage ([`calibrate`]; under MPI, this process's stages).
     pub fn profile(&self, repeats: usize) -> Result<Profile, TrainError> {
         let shape = self.settings.shape;
         let mut profile = measure_profile(&ProfileRequest {
@@ -239,13 +246,33 @@ impl Trainer {
             repeats,
             seed: self.settings.seed,
         })?;
-        calibrate(&mut profile, self.model.cut(), &self.measured)?;
+        // Per rank, the ops of the recent steps together.
+        let ranks = self.recent_measured.iter().map(Vec::len).max().unwrap_or(0);
+        let recent: Vec<Vec<MeasuredOp>> = (0..ranks)
+            .map(|r| {
+                self.recent_measured
+                    .iter()
+                    .filter_map(|step| step.get(r))
+                    .flatten()
+                    .cloned()
+                    .collect()
+            })
+            .collect();
+        calibrate(&mut profile, self.model.cut(), &recent)?;
         Ok(profile)
     }
 
     /// Per rank, every op of the last step as it ran.
     pub fn last_measured(&self) -> &[Vec<MeasuredOp>] {
         &self.measured
+    }
+
+    /// Keeps `step`'s ops among the last [`CALIBRATION_STEPS`] steps'.
+    fn remember_measured(&mut self, step: &[Vec<MeasuredOp>]) {
+        if self.recent_measured.len() == CALIBRATION_STEPS {
+            self.recent_measured.pop_front();
+        }
+        self.recent_measured.push_back(step.to_vec());
     }
 
     /// Per rank, the most activation bytes held at once in the last step.
@@ -396,6 +423,7 @@ impl Trainer {
         }
         self.step = step;
         self.position = next;
+        self.remember_measured(&outcome.measured);
         self.measured = outcome.measured;
         self.peak_activation_bytes = outcome.peak_activation_bytes;
         self.peak_host_bytes = outcome.peak_host_bytes;

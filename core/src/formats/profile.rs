@@ -3,8 +3,9 @@
 //!
 //! A profile lists the model's layers in order (the embedding, every transformer block, the head
 //! with the loss), each with its median forward (F), input-gradient (I) and weight-gradient (W)
-//! seconds for one microbatch and the activation bytes one microbatch's forward leaves (`total`)
-//! and the part held until W (`weight_grad`). It also gives the seconds to send one activation
+//! seconds for one microbatch, the activation bytes one microbatch's forward leaves
+//! (`activation_bytes`) and those its input gradient leaves for W (`weight_grad_bytes`, which may
+//! be the larger: W needs each product's output gradient). It also gives the seconds to send one activation
 //! between ranks. A cut (`layers_per_stage`: blocks per stage, the embedding on the first stage
 //! and the head on the last) then gives each stage the sums of its layers: [`Profile::cut`].
 //! Each layer's times at half the sequence length (`half_length`) give the per-token model of
@@ -18,16 +19,17 @@
 //!            "vocab": 256, "dtype": "f32"},
 //!  "threads_per_rank": 1, "repeats": 5,
 //!  "layers": [{"name": "embedding", "kind": "embedding", "forward": 0.001, "input_grad": 0.0,
-//!              "weight_grad": 0.002, "activation_bytes": 1048576, "weight_grad_bytes": 0,
+//!              "weight_grad": 0.002, "activation_bytes": 8192, "weight_grad_bytes": 1048576,
 //!              "half_length": {"forward": 0.0005, "input_grad": 0.0, "weight_grad": 0.001}},
 //!             ...],
 //!  "send": {"bytes": 1048576, "seconds": 0.0002}}
 //! ```
 
 use crate::error::CoreError;
-use crate::ir::blocks::{cut_violation, even_blocks};
-use crate::ir::cost::{StageCosts, StageCostsSpec};
+use crate::ir::blocks::{cut_violation, even_blocks, spread_shares};
+use crate::ir::cost::{LayoutFigures, StageCosts, StageCostsSpec, StageFigures};
 use crate::ir::memory::{StageMemory, StageMemorySpec};
+use crate::ir::problem::Problem;
 use serde::{Deserialize, Serialize};
 
 /// The format tag a profile file carries.
@@ -79,7 +81,9 @@ pub struct LayerProfile {
     pub weight_grad: f64,
     /// Bytes one microbatch's forward leaves for the backward.
     pub activation_bytes: u64,
-    /// The part of them held until the weight gradient.
+    /// Bytes its input-gradient backward leaves for the weight gradient (each product's input
+    /// and output gradient): more than `activation_bytes` where the output gradients outweigh
+    /// what the input gradient freed.
     pub weight_grad_bytes: u64,
     /// The same layer's median seconds at half the sequence length (the per-token model:
     /// [`Profile::length_scale`]); absent in profiles that measured one length.
@@ -150,7 +154,9 @@ pub struct CutCosts {
     pub costs: Vec<StageCosts>,
     /// The seconds of one activation's send.
     pub comm: f64,
-    /// Activation memory per stage, in units of `bytes_per_unit` bytes.
+    /// Activation memory per stage, in units of `bytes_per_unit` bytes: `total` is the larger
+    /// of what the stage's forward and its input gradient leave, `weight_grad` what the input
+    /// gradient leaves.
     pub memory: Vec<StageMemory>,
     /// Bytes of one memory unit: the heaviest stage's activations of one microbatch, so a
     /// schedule's `memory=N` still counts microbatches (of the heaviest stage).
@@ -223,12 +229,6 @@ impl Profile {
                     )));
                 }
             }
-            if layer.weight_grad_bytes > layer.activation_bytes {
-                return Err(bad(format!(
-                    "layer `{}`: weight_grad_bytes {} exceed activation_bytes {}",
-                    layer.name, layer.weight_grad_bytes, layer.activation_bytes
-                )));
-            }
         }
         if !(self.send.seconds.is_finite() && self.send.seconds >= 0.0) {
             return Err(bad(format!(
@@ -298,9 +298,13 @@ impl Profile {
             let f: f64 = members.iter().map(|l| l.forward).sum();
             let i: f64 = members.iter().map(|l| l.input_grad).sum();
             let w: f64 = members.iter().map(|l| l.weight_grad).sum();
-            let total: u64 = members.iter().map(|l| l.activation_bytes).sum();
+            let left: u64 = members.iter().map(|l| l.activation_bytes).sum();
             let held: u64 = members.iter().map(|l| l.weight_grad_bytes).sum();
-            sums.push((f, i, w, total, held));
+            // The memory model holds a forward's figure until I and a part of it until W, so
+            // where I leaves more than F did, the forward is charged that from its start: a
+            // peak is never under-counted (over-counted by the difference only between F and
+            // I).
+            sums.push((f, i, w, left.max(held), held));
         }
         let heaviest = sums.iter().map(|s| s.3).max().unwrap_or(0).max(1) as f64;
         let costs = sums
@@ -331,6 +335,100 @@ impl Profile {
             memory,
             bytes_per_unit: heaviest,
         })
+    }
+}
+
+/// A profiled model cut by one block count per rank (or evenly), as the figures of any layout
+/// a pass builds from it: every stage gets the costs and memory of the layers at its position,
+/// as the trainer places them (a rank's count spread over its positions by
+/// [`spread_shares`]; without counts, the blocks even over the positions), rather than an even
+/// part of its rank's share. Memory is in units of `bytes_per_unit` bytes, the cut's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProfiledLayout {
+    profile: Profile,
+    shares: Option<Vec<usize>>,
+    bytes_per_unit: f64,
+}
+
+impl ProfiledLayout {
+    /// `profile` cut by `shares` (one count per rank; `None`: even over each layout's
+    /// positions), memory counted in units of `bytes_per_unit` bytes (positive).
+    pub fn new(profile: Profile, shares: Option<Vec<usize>>, bytes_per_unit: f64) -> Self {
+        ProfiledLayout {
+            profile,
+            shares,
+            bytes_per_unit: bytes_per_unit.max(f64::MIN_POSITIVE),
+        }
+    }
+
+    /// Blocks per position of `problem`'s routes, or `None` where it has no route or a stage
+    /// has no rank.
+    pub fn positions_of(&self, problem: &Problem) -> Option<Vec<usize>> {
+        let route = problem.routes().first()?;
+        let owners = route
+            .stages()
+            .iter()
+            .map(|&s| problem.rank_of(s).map(|r| r.index()))
+            .collect::<Option<Vec<usize>>>()?;
+        let blocks = self.profile.model.layers;
+        Some(match &self.shares {
+            Some(shares) if shares.len() == problem.ranks() as usize => {
+                spread_shares(&owners, shares)
+            }
+            _ => even_blocks(blocks, owners.len()),
+        })
+    }
+}
+
+impl LayoutFigures for ProfiledLayout {
+    fn stages_of(&self, problem: &Problem) -> Result<Option<StageFigures>, CoreError> {
+        let Some(counts) = self.positions_of(problem) else {
+            return Ok(None);
+        };
+        let shown = |c: &[usize]| c.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+        if let Some(reason) = cut_violation(&counts, self.profile.model.layers) {
+            return Err(bad(match &self.shares {
+                Some(shares) => format!(
+                    "--layers-per-stage {} (one count per rank) spread over the {} positions \
+                     of this layout is {}: {reason}",
+                    shown(shares),
+                    counts.len(),
+                    shown(&counts)
+                ),
+                None => reason,
+            }));
+        }
+        let cut = self.profile.cut(&counts)?;
+        let mut position = vec![None; problem.stages() as usize];
+        for route in problem.routes() {
+            if route.stages().len() != counts.len() {
+                return Ok(None);
+            }
+            for (k, stage) in route.stages().iter().enumerate() {
+                if let Some(slot) = position.get_mut(stage.index()) {
+                    *slot = Some(k);
+                }
+            }
+        }
+        let rescale = cut.bytes_per_unit / self.bytes_per_unit;
+        let mut costs = Vec::with_capacity(position.len());
+        let mut memory = Vec::with_capacity(position.len());
+        for k in position {
+            let Some(k) = k else {
+                return Ok(None);
+            };
+            costs.push(cut.costs[k]);
+            let m = cut.memory[k];
+            memory.push(
+                StageMemorySpec::builder()
+                    .total(m.total() * rescale)
+                    .weight_grad(m.weight_grad() * rescale)
+                    .checkpoint(m.checkpoint() * rescale)
+                    .build()
+                    .validate()?,
+            );
+        }
+        Ok(Some((costs, memory)))
     }
 }
 
@@ -426,6 +524,63 @@ mod tests {
         assert_eq!(cut.memory[1].total(), 3000.0 / 3100.0);
         assert_eq!(cut.comm, 0.01);
         assert_eq!(p.even_cut(3), [1, 1, 2]);
+    }
+
+    #[test]
+    fn a_stage_is_charged_the_larger_of_what_its_forward_and_its_input_gradient_leave() {
+        let mut p = profile();
+        // The head's input gradient leaves more for W than its forward left.
+        p.layers[5].weight_grad_bytes = 2500;
+        let cut = p.cut(&[3, 1]).unwrap();
+        // Stage 1: one block (1000, 500 for W) and the head (2000, 2500 for W).
+        assert_eq!(cut.bytes_per_unit, 3100.0);
+        assert_eq!(cut.memory[1].total(), 3000.0 / 3100.0);
+        assert_eq!(cut.memory[1].weight_grad(), 3000.0 / 3100.0);
+        p.layers[5].weight_grad_bytes = 3000;
+        let cut = p.cut(&[3, 1]).unwrap();
+        assert_eq!(cut.bytes_per_unit, 3500.0);
+        assert_eq!(cut.memory[1].total(), 1.0);
+        assert_eq!(cut.memory[1].weight_grad(), 1.0);
+        assert_eq!(Profile::from_json(&p.to_json()).unwrap(), p);
+    }
+
+    #[test]
+    fn a_layout_gives_every_position_its_own_layers() {
+        use crate::ir::problem::ProblemSpec;
+        let p = profile();
+        // The V placement on 2 ranks: rank 0 holds positions 0 and 3, rank 1 positions 1 and 2.
+        let v = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(4)
+            .stage_to_rank(vec![0, 1, 1, 0])
+            .build()
+            .validate()
+            .unwrap();
+        let shares = ProfiledLayout::new(p.clone(), Some(vec![1, 3]), 3100.0);
+        assert_eq!(shares.positions_of(&v), Some(vec![1, 2, 1, 0]));
+        let (costs, memory) = shares.stages_of(&v).unwrap().unwrap();
+        // Position 0: the embedding and a block; 1: two blocks; 2: one; 3: the head alone.
+        let forwards: Vec<f64> = costs.iter().map(|c| c.forward()).collect();
+        assert_eq!(forwards, [1.5, 2.0, 1.0, 3.0]);
+        assert_eq!(memory[3].total(), 2000.0 / 3100.0);
+        assert_eq!(memory[0].total(), 1100.0 / 3100.0);
+        // Without counts, the blocks even over the positions (as the trainer cuts them).
+        let even = ProfiledLayout::new(p.clone(), None, 3100.0);
+        assert_eq!(even.positions_of(&v), Some(vec![1, 1, 1, 1]));
+        // Interleaved: rank 0 holds positions 0 and 2, so one block for it leaves position 2
+        // (between the first and the last) empty.
+        let interleaved = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(4)
+            .stage_to_rank(vec![0, 1, 0, 1])
+            .build()
+            .validate()
+            .unwrap();
+        let err = shares.stages_of(&interleaved).unwrap_err().to_string();
+        assert!(
+            err.contains("spread over the 4 positions of this layout is 1,2,0,1"),
+            "{err}"
+        );
     }
 
     #[test]

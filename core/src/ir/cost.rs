@@ -10,7 +10,11 @@
 
 use crate::error::CoreError;
 use crate::ir::ids::{MicrobatchId, StageId};
+use crate::ir::memory::StageMemory;
 use crate::ir::op::{Op, OpKind, Task, Work};
+use crate::ir::problem::Problem;
+use std::fmt::Debug;
+use std::sync::Arc;
 use typed_builder::TypedBuilder;
 
 /// Durations of one stage's ops, as a user writes them; validated by [`StageCostsSpec::validate`].
@@ -163,14 +167,43 @@ impl Default for StageCosts {
     }
 }
 
-/// Validated costs of every stage plus the cross-rank latency, and optionally a factor per
+/// Every stage's costs and activation memory.
+pub type StageFigures = (Vec<StageCosts>, Vec<StageMemory>);
+
+/// Where the figures of a reshaped problem's stages come from when a pass would otherwise divide
+/// a rank's share evenly among its chunks: a measured profile knows which layers each position
+/// holds (`vpp` asks it for every stage of the interleaved or V problem it builds).
+pub trait LayoutFigures: Debug + Send + Sync {
+    /// The costs and activation memory of every stage of `problem` (one entry per stage, in the
+    /// units of the model it came with); `Ok(None)` to divide evenly, an error where the layers
+    /// cannot be placed on `problem`'s positions.
+    fn stages_of(&self, problem: &Problem) -> Result<Option<StageFigures>, CoreError>;
+}
+
+/// Validated costs of every stage plus the cross-rank latency, optionally a factor per
 /// microbatch (variable-length microbatches: microbatch `m`'s ops on every stage take
-/// `scale[m]` times the stage's figures; transfers keep `comm`).
-#[derive(Clone, Debug, PartialEq)]
+/// `scale[m]` times the stage's figures; transfers keep `comm`) and the [`LayoutFigures`] of
+/// reshaped problems.
+#[derive(Clone, Debug)]
 pub struct CostModel {
     stages: Vec<StageCosts>,
     comm: f64,
     microbatch_scales: Vec<f64>,
+    layout: Option<Arc<dyn LayoutFigures>>,
+}
+
+impl PartialEq for CostModel {
+    /// Equal figures, and the same source of layout figures (the same object, or none).
+    fn eq(&self, other: &CostModel) -> bool {
+        self.stages == other.stages
+            && self.comm == other.comm
+            && self.microbatch_scales == other.microbatch_scales
+            && match (&self.layout, &other.layout) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            }
+    }
 }
 
 impl CostModel {
@@ -186,7 +219,19 @@ impl CostModel {
             stages,
             comm,
             microbatch_scales: Vec::new(),
+            layout: None,
         })
+    }
+
+    /// The same model, with `layout` giving the figures of the problems passes reshape it into.
+    pub fn with_layout_figures(mut self, layout: Arc<dyn LayoutFigures>) -> CostModel {
+        self.layout = Some(layout);
+        self
+    }
+
+    /// Where a reshaped problem's figures come from, if anywhere.
+    pub fn layout_figures(&self) -> Option<&dyn LayoutFigures> {
+        self.layout.as_deref()
     }
 
     /// The same model with microbatch `m`'s ops scaled by `scales[m]` (finite, > 0; empty for
@@ -207,13 +252,14 @@ impl CostModel {
         Ok(self)
     }
 
-    /// The same latency and microbatch scales over other stages (a pass that changes the
-    /// layout keeps what is not per stage).
+    /// The same latency, microbatch scales and layout figures over other stages (a pass that
+    /// changes the layout keeps what is not per stage).
     pub fn with_stages(&self, stages: Vec<StageCosts>) -> CostModel {
         CostModel {
             stages,
             comm: self.comm,
             microbatch_scales: self.microbatch_scales.clone(),
+            layout: self.layout.clone(),
         }
     }
 

@@ -140,18 +140,31 @@ impl Interleave {
             .build()
             .validate()
             .map_err(|e| TransformError::core("vpp: building the interleaved problem", e))?;
-        let costs = owner
-            .iter()
-            .map(|&r| plan.costs().stages()[r as usize].split(self.chunks))
-            .collect();
+        // Each chunk an even part of its rank's share, unless the costs know the layers of
+        // every position (a profile).
+        let placed = match plan.costs().layout_figures() {
+            Some(figures) => figures
+                .stages_of(&new_problem)
+                .map_err(|e| TransformError::core("vpp: placing the profiled layers", e))?,
+            None => None,
+        };
+        let (costs, memory) = match placed
+            .filter(|(c, m)| c.len() == stages as usize && m.len() == stages as usize)
+        {
+            Some(figures) => figures,
+            None => (
+                owner
+                    .iter()
+                    .map(|&r| plan.costs().stages()[r as usize].split(self.chunks))
+                    .collect(),
+                owner
+                    .iter()
+                    .map(|&r| plan.memory().stages()[r as usize].split(self.chunks))
+                    .collect(),
+            ),
+        };
         let costs = plan.costs().with_stages(costs);
-        let memory = MemoryModel::per_stage(
-            owner
-                .iter()
-                .map(|&r| plan.memory().stages()[r as usize].split(self.chunks))
-                .collect(),
-        );
-        Ok((new_problem, costs, memory))
+        Ok((new_problem, costs, MemoryModel::per_stage(memory)))
     }
 
     /// Megatron's schedule table: (microbatch, chunk) in the order forwards visit them.
