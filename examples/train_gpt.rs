@@ -96,7 +96,7 @@ struct Args {
     layers_per_stage: Option<Vec<usize>>,
     /// Microbatches cut at document boundaries (a file of the default corpus, a
     /// blank-line-separated block of --data), each as long as its longest sequence up to
-    /// --seq-len; every step's plan is built with one cost per microbatch (threads backend).
+    /// --seq-len; every step's plan is built with one cost per microbatch (threads and MPI).
     #[arg(long)]
     variable_length: bool,
     /// Build the schedule from this profile's costs and memory (written by --profile; of this
@@ -459,7 +459,7 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
             overhead.ratio()
         );
     }
-    if args.variable_length && !args.uniform_plan && args.backend == Backend::Threads {
+    if args.variable_length && !args.uniform_plan {
         eprintln!(
             "variable-length plans (one cost per microbatch): {reordered} of {} steps put the cheapest microbatches where the fill and the drain wait, {replanned} changed the schedule's orders",
             end.saturating_sub(first_step)
@@ -490,7 +490,7 @@ fn step_plan(
     trainer: &mut Trainer,
     reordered: &mut usize,
 ) -> Result<Option<Plan>, Failure> {
-    if !args.variable_length || args.uniform_plan || args.backend != Backend::Threads {
+    if !args.variable_length || args.uniform_plan {
         return Ok(None);
     }
     let lengths = trainer.next_microbatch_lengths()?;

@@ -75,6 +75,11 @@ fn train(np: Option<usize>, args: &[&str]) -> Output {
 
 /// The losses a run logged, as bits.
 fn logged_losses(np: Option<usize>, args: &[&str], name: &str) -> Vec<u64> {
+    logged_run(np, args, name).0
+}
+
+/// The losses' bits a run logs, and its stderr.
+fn logged_run(np: Option<usize>, args: &[&str], name: &str) -> (Vec<u64>, String) {
     let log = std::env::temp_dir().join(format!(
         "pipeweave-mpi-train-{name}-{}.jsonl",
         std::process::id()
@@ -91,13 +96,14 @@ fn logged_losses(np: Option<usize>, args: &[&str], name: &str) -> Vec<u64> {
     );
     let lines = std::fs::read_to_string(&log).expect("the log was written");
     let _ = std::fs::remove_file(&log);
-    lines
+    let losses = lines
         .lines()
         .map(|line| {
             let value: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
             value["loss"].as_f64().expect("a loss").to_bits()
         })
-        .collect()
+        .collect();
+    (losses, text(&out.stderr))
 }
 
 fn equal_on_both_backends(schedule: &str, ranks: &str, microbatches: &str) {
@@ -122,8 +128,9 @@ fn equal_on_both_backends(schedule: &str, ranks: &str, microbatches: &str) {
 #[test]
 fn variable_length_microbatches_give_the_threads_losses_bit_for_bit() {
     // Blank-line-separated documents of different lengths: microbatches of different shapes
-    // travel between processes (the wire's header carries them). Threads run per-step plans
-    // with the data in other slots; MPI the one plan; the bits agree.
+    // travel between processes (the wire's header carries them). Threads and MPI run per-step
+    // plans with the data in other slots (every process prices the same lengths and agrees on
+    // the programs), MPI also the one uniform plan; the bits agree.
     let data = std::env::temp_dir().join(format!("pipeweave-mpi-docs-{}.txt", std::process::id()));
     let text: Vec<String> = (0..200)
         .map(|i| "word ".repeat(1 + (i * 37) % 19))
@@ -145,10 +152,20 @@ fn variable_length_microbatches_give_the_threads_losses_bit_for_bit() {
         &data_arg,
     ];
     let threads = logged_losses(None, &args, "variable-threads");
-    let mpi = logged_losses(Some(2), &args, "variable-mpi");
+    let (mpi, stderr) = logged_run(Some(2), &args, "variable-mpi");
+    let mut uniform_args = args.to_vec();
+    uniform_args.push("--uniform-plan");
+    let uniform = logged_losses(Some(2), &uniform_args, "variable-mpi-uniform");
     let _ = std::fs::remove_file(&data);
     assert_eq!(threads.len(), 3);
     assert_eq!(mpi, threads);
+    assert_eq!(uniform, threads);
+    // The MPI run planned its steps: some put the cheapest microbatches first.
+    let planned = stderr
+        .lines()
+        .find(|l| l.starts_with("variable-length plans"))
+        .unwrap_or_else(|| panic!("the run reports its per-step plans:\n{stderr}"));
+    assert!(!planned.contains(": 0 of 3 steps"), "{planned}");
 }
 
 #[test]

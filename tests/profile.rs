@@ -182,7 +182,7 @@ fn bad_cuts_profiles_and_limits_exit_2_with_one_line() {
 
 #[test]
 fn microbatch_tokens_price_each_microbatch_by_the_per_token_model() {
-    let makespan = |tokens: Option<&str>| {
+    let makespan = |profile: &str, tokens: Option<&str>| {
         let mut args = vec![
             "plan",
             "f1b(gpipe)",
@@ -191,7 +191,7 @@ fn microbatch_tokens_price_each_microbatch_by_the_per_token_model() {
             "-m",
             "4",
             "--profile",
-            PROFILE,
+            profile,
             "--format",
             "json",
         ];
@@ -200,13 +200,26 @@ fn microbatch_tokens_price_each_microbatch_by_the_per_token_model() {
         }
         json(&args)["makespan"].as_f64().unwrap()
     };
-    let full = makespan(None);
-    assert!((makespan(Some("64,64,64,64")) - full).abs() < 1e-9);
-    // The fixture measured one length: linear in the tokens, so half the tokens about half the
-    // time (the sends' latency does not shrink).
-    let half = makespan(Some("32,32,32,32"));
+    let full = makespan(PROFILE, None);
+    assert!((makespan(PROFILE, Some("64,64,64,64")) - full).abs() < 1e-9);
+    // Each phase a linear part and a quadratic one (fitted from the half-length times): half
+    // the tokens cost at most about half the time (the sends' latency does not shrink) and more
+    // than a quarter.
+    let half = makespan(PROFILE, Some("32,32,32,32"));
+    assert!(half < 0.51 * full && half > 0.25 * full, "{half} vs {full}");
+    assert!(makespan(PROFILE, Some("64,16,32,64")) < full);
+    // A profile measured at one length: linear in the tokens.
+    let mut one_length: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(PROFILE).unwrap()).unwrap();
+    for layer in one_length["layers"].as_array_mut().unwrap() {
+        layer.as_object_mut().unwrap().remove("half_length");
+    }
+    let path = std::env::temp_dir().join("pipeweave-one-length-profile.json");
+    std::fs::write(&path, one_length.to_string()).unwrap();
+    let path = path.to_str().unwrap();
+    let full = makespan(path, None);
+    let half = makespan(path, Some("32,32,32,32"));
     assert!((half - full / 2.0).abs() < 0.01 * full, "{half} vs {full}");
-    assert!(makespan(Some("64,16,32,64")) < full);
     for bad in ["64,64,64", "64,64,64,65", "0,64,64,64"] {
         let out = pipeweave(&[
             "plan",
@@ -222,4 +235,135 @@ fn microbatch_tokens_price_each_microbatch_by_the_per_token_model() {
         ]);
         assert_eq!(out.status.code(), Some(2), "{bad}");
     }
+}
+
+/// The example trainer, built beside this test's binaries by `cargo test`, on a model of
+/// `layers` blocks (the profile's has 4).
+fn train_gpt(layers: &str) -> Command {
+    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_pipeweave"));
+    let path = bin
+        .parent()
+        .map(|dir| dir.join("examples").join("train_gpt"))
+        .expect("the binary has a folder");
+    assert!(path.exists(), "{} is missing", path.display());
+    let mut command = Command::new(path);
+    // The profile's model, 2 ranks, 8 microbatches, one step.
+    command.args([
+        "--layers",
+        layers,
+        "--d-model",
+        "192",
+        "--heads",
+        "4",
+        "--seq-len",
+        "64",
+        "--microbatch-size",
+        "4",
+        "--microbatches",
+        "8",
+        "--ranks",
+        "2",
+        "--steps",
+        "1",
+        "--threads-per-rank",
+        "1",
+    ]);
+    command
+}
+
+fn max_of(values: &serde_json::Value) -> f64 {
+    values
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn train_gpt_runs_the_plan_a_profile_chose_within_its_byte_limit() {
+    // A limit below what 1F1B needs on the even cut: Zero Bubble's auto policy fits it there.
+    let f1b = plan("f1b(gpipe)", "2,2");
+    let limit = (max_of(&f1b["peak_activation_bytes_per_rank"]) * 0.9).round();
+    let limit_text = format!("{limit}B");
+    let expression = "zero_bubble(f1b(gpipe), policy=auto)";
+    let planned = json(&[
+        "plan",
+        expression,
+        "-p",
+        "2",
+        "-m",
+        "8",
+        "--profile",
+        PROFILE,
+        "--layers-per-stage",
+        "2,2",
+        "--memory-limit",
+        &limit_text,
+        "--format",
+        "json",
+    ]);
+    let predicted = max_of(&planned["peak_activation_bytes_per_rank"]);
+    assert!(predicted <= limit + 1.0, "{predicted} > {limit}");
+    let out = train_gpt("4")
+        .args(["--schedule", expression, "--cost-profile", PROFILE])
+        .args(["--layers-per-stage", "2,2", "--memory-limit", &limit_text])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let peaks: Vec<f64> = err
+        .lines()
+        .find_map(|l| l.strip_prefix("peak live activation bytes per rank (last step, measured): "))
+        .expect("train_gpt reports its measured peaks")
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(|v| v.trim().parse().unwrap())
+        .collect();
+    assert_eq!(peaks.len(), 2);
+    for peak in peaks {
+        // The measured peak stays within what the plan predicted, and so within the limit.
+        assert!(peak <= predicted, "measured {peak} > predicted {predicted}");
+    }
+
+    // Bad input: one line, exit 2.
+    let cases: Vec<(&str, Vec<&str>, &str)> = vec![
+        ("4", vec!["--memory-limit", "2GiB"], "needs a profile"),
+        (
+            "3",
+            vec!["--cost-profile", PROFILE],
+            "a profile of another model",
+        ),
+        (
+            "4",
+            vec!["--cost-profile", PROFILE, "--memory-limit", "1KiB"],
+            "memory",
+        ),
+    ];
+    for (layers, extra, expected) in cases {
+        let out = train_gpt(layers).args(&extra).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains(expected), "{extra:?}: {err}");
+    }
+}
+
+#[test]
+fn a_share_that_leaves_an_interleaved_position_empty_exits_2() {
+    let out = pipeweave(&[
+        "plan",
+        "vpp(f1b(gpipe), chunks=2)",
+        "-p",
+        "2",
+        "-m",
+        "8",
+        "--profile",
+        PROFILE,
+        "--layers-per-stage",
+        "1,3",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("spread over the 4 positions"), "{err}");
 }

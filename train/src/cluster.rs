@@ -70,7 +70,7 @@ pub trait Cluster {
         Err(TrainError::invalid(
             "plan",
             "a new plan",
-            "this cluster runs the plan it was made with (per-step plans need the threads backend)",
+            "this cluster runs the plan it was made with",
         ))
     }
 

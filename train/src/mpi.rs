@@ -5,8 +5,10 @@
 //!   into one pipeline communicator per replica, on which the rank's program runs over an
 //!   [`MpiTransport`] (pipeline payloads are [`WireTensor`]s: the tensor's element type and shape
 //!   travel in the message header and are checked on receipt). Both program sets (training and
-//!   forward-only evaluation) are agreed on once, before the first step
-//!   (checked once, then [`agree_on_programs`]: fingerprints compared).
+//!   forward-only evaluation) are agreed on before the first step (checked once, then
+//!   [`agree_on_programs`]: fingerprints compared), and a step's own plan
+//!   ([`Cluster::set_plan`], variable-length microbatches) the same way when every process
+//!   switches to it.
 //! - **Gradients.** A stage's weight gradients go to an ordered reduction
 //!   ([`crate::reduce::Reduction`]) over a [`Mailbox`] on the world: data-parallel replicas and
 //!   DualPipe's mirrored stages pass a running sum along in global microbatch order, so with
@@ -264,19 +266,8 @@ impl MpiCluster {
             .ok_or_else(|| TrainError::Mpi {
                 what: "MPI gave no pipeline communicator".into(),
             })?;
-        let programs = |forward_only| {
-            let set = project(
-                plan,
-                ProjectionOptions {
-                    recv: RecvPolicy::Early,
-                    forward_only,
-                },
-            )
-            .map_err(TrainError::Projection)?;
-            CheckedPrograms::check(&problem, set).map_err(TrainError::Communication)
-        };
-        let program = agree_on_programs(&pipeline, &programs(false)?)?;
-        let eval_program = agree_on_programs(&pipeline, &programs(true)?)?;
+        let program = agree_on_programs(&pipeline, &checked_programs(plan, false)?)?;
+        let eval_program = agree_on_programs(&pipeline, &checked_programs(plan, true)?)?;
         let cut = ModelCut::new(config, &problem)?;
         Ok(MpiCluster {
             world: world.duplicate(),
@@ -292,6 +283,24 @@ impl MpiCluster {
             eval_program,
             deterministic,
         })
+    }
+
+    /// Every pipeline's programs of `plan` (same problem), checked, then agreed on by the
+    /// processes of this one's pipeline (collective: all of them call it at the same step with
+    /// the same plan, as the trainer's per-step plans do: every process prices the same
+    /// lengths).
+    fn agree_on(&self, plan: &Plan) -> Result<RankProgram, TrainError> {
+        if plan.problem() != &self.problem {
+            return Err(TrainError::invalid(
+                "plan",
+                "a new plan",
+                "a step's plan must keep the run's problem (ranks, stages, microbatches, routes)",
+            ));
+        }
+        Ok(agree_on_programs(
+            &self.pipeline,
+            &checked_programs(plan, false)?,
+        )?)
     }
 
     /// This process's rank in the world.
@@ -364,7 +373,25 @@ impl MpiCluster {
     }
 }
 
+/// `plan`'s programs (training or forward-only), projected and checked.
+fn checked_programs(plan: &Plan, forward_only: bool) -> Result<CheckedPrograms, TrainError> {
+    let set = project(
+        plan,
+        ProjectionOptions {
+            recv: RecvPolicy::Early,
+            forward_only,
+        },
+    )
+    .map_err(TrainError::Projection)?;
+    CheckedPrograms::check(plan.problem(), set).map_err(TrainError::Communication)
+}
+
 impl Cluster for MpiCluster {
+    fn set_plan(&mut self, plan: &Plan) -> Result<(), TrainError> {
+        self.program = self.agree_on(plan).map_err(|e| self.located(e))?;
+        Ok(())
+    }
+
     fn step(
         &mut self,
         model: &GptModel,
