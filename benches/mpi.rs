@@ -152,7 +152,8 @@ fn rank_predict(what: &str) {
 fn report_predictions(corpus: &Corpus) {
     let two_plan = plan("f1b(gpipe)", 2);
     let mut trainer = Trainer::new(&two_plan, corpus, settings()).expect("trainer");
-    for _ in 0..3 {
+    // Two warm-up steps, then the steps the calibration takes its medians from.
+    for _ in 0..2 + pipeweave_train::CALIBRATION_STEPS {
         trainer.step().expect("a step");
     }
     let profile = trainer.profile(5).expect("the profile");

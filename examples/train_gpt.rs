@@ -285,6 +285,18 @@ fn run(args: &Args) -> Result<(), Failure> {
     // A schedule that does not parse or fit is bad input (2); a pass that breaks its plan is a
     // bug (1).
     let plan = build_plan(&args.schedule, &plan_config(args)?)?;
+    if let Some(profile) = cost_profile(args)? {
+        // The plan keeps the profile's seconds; say so where they were measured otherwise.
+        if (profile.threads_per_rank, profile.model.microbatch_size)
+            != (threads, args.microbatch_size)
+        {
+            eprintln!(
+                "note: the cost profile was measured with {} compute threads per rank and \
+                 microbatches of {}; this run has {threads} and {} (the plan keeps its costs)",
+                profile.threads_per_rank, profile.model.microbatch_size, args.microbatch_size
+            );
+        }
+    }
     let corpus = match &args.data {
         Some(path) => Corpus::from_path(path)?,
         None => Corpus::default_sources()?,

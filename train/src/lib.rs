@@ -63,4 +63,4 @@ pub use schedule::LrSchedule;
 pub use stage::{GptStage, Injection, MeasuredOp};
 pub use step::{GptModel, StepOutcome, StepRunner};
 pub use timeline::{pipeline_overhead, step_timeline, PipelineOverhead, StepTimeline};
-pub use trainer::{StepLog, TrainSettings, Trainer};
+pub use trainer::{StepLog, TrainSettings, Trainer, CALIBRATION_STEPS};
