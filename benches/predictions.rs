@@ -6,14 +6,14 @@
 //! Then, for other configurations (schedules, rank counts, microbatch counts, cuts), the
 //! simulator's makespan from the profile (what `pipeweave plan --profile` prints) is set beside
 //! the measured pipeline step (first op start to last op end, the median of the steps after a
-//! warm-up, threads backend, one compute thread per rank) with the relative error; then
+//! warm-up, threads backend, one compute thread per rank) with the relative error, and for 4
+//! ranks on fewer cores the time-shared prediction (`--cores`) beside the one-core-per-rank one;
+//! then
 //! `tune --profile`'s ranking (schedules and cuts together) is checked by measuring its first
 //! candidates, and its choice of cut against the even cut's best: with no limit, within the
 //! memory the fastest schedule needs on the even cut (so only other cuts let it fit), and below
 //! every DualPipe candidate. Peak activation bytes are predicted and measured too (the measured
-//! peak of a chosen plan must stay within the limit it was chosen for). Rank counts stay within
-//! the machine's cores (more ranks than cores time-share them, which the simulator does not
-//! model).
+//! peak of a chosen plan must stay within the limit it was chosen for).
 
 use pipeweave::frontier::frontier;
 use pipeweave::tune::{candidate_cuts, candidate_expressions, tune, tune_cuts, TuneReport};
@@ -93,7 +93,9 @@ fn measure(
     }
 }
 
-/// The simulator's makespan and largest per-rank peak in bytes from `profile`.
+/// The simulator's makespan and largest per-rank peak in bytes from `profile`, the ranks
+/// sharing this machine's cores (as `pipeweave plan --profile --cores N`: more ranks than cores
+/// time-share them).
 fn predict(
     profile: &Profile,
     expression: &str,
@@ -101,10 +103,14 @@ fn predict(
     microbatches: u32,
     cut: &[usize],
 ) -> (f64, f64) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (config, costed) = PipelineConfig::new(ranks, microbatches)
         .expect("sizes")
         .with_profile(profile, Some(cut))
         .expect("the profile costs the cut");
+    let config = config
+        .with_shared_cores(Some(cores as f64 / profile.threads_per_rank.max(1) as f64))
+        .expect("cores are positive");
     let (_, simulation) = build_and_simulate(expression, &config).expect("the plan builds");
     let peak = simulation
         .ranks()
@@ -217,6 +223,44 @@ fn prediction_table(corpus: &Corpus) {
         peak_ratios.iter().copied().fold(f64::INFINITY, f64::min),
         peak_ratios.iter().copied().fold(0.0, f64::max)
     );
+
+    // More ranks than cores: the same profile, the ranks time-sharing the machine's cores
+    // (`--cores N`) against every rank on its own core.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "\n4 ranks on this machine's {cores} cores (time-shared), the same profile:\n{:<52} {:>4} {:>11} {:>11} {:>10} {:>7}",
+        "schedule", "M", "own cores s", "shared s", "measured s", "error"
+    );
+    for (expression, microbatches) in [
+        ("f1b(gpipe)", 8u32),
+        ("f1b(gpipe)", 16),
+        ("zero_bubble(f1b(gpipe))", 8),
+        ("gpipe", 8),
+    ] {
+        let cut = [1, 1, 1, 1];
+        let (shared, _) = predict(&profile, expression, 4, microbatches, &cut);
+        let (config, _) = PipelineConfig::new(4, microbatches)
+            .expect("sizes")
+            .with_profile(&profile, Some(&cut))
+            .expect("the profile costs the cut");
+        let (_, own) = build_and_simulate(expression, &config).expect("the plan builds");
+        let measured = measure(
+            model(4),
+            &profile,
+            expression,
+            4,
+            microbatches,
+            &cut,
+            None,
+            corpus,
+        );
+        println!(
+            "{expression:<52} {microbatches:>4} {:>11.4} {shared:>11.4} {:>10.4} {:>+6.1}%",
+            own.makespan(),
+            measured.seconds,
+            100.0 * (shared - measured.seconds) / measured.seconds
+        );
+    }
 }
 
 /// `tune --profile` on a model whose even cut is uneven (5 blocks: the embedding and 2 blocks

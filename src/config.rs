@@ -3,8 +3,8 @@
 
 use crate::error::Error;
 use pipeweave_core::{
-    simulate, CostModel, CutCosts, MemoryModel, Plan, ProblemSpec, Profile, ProfiledLayout,
-    Simulation, StageCosts, StageMemory,
+    simulate, simulate_on_cores, CostModel, CutCosts, MemoryModel, Plan, ProblemSpec, Profile,
+    ProfiledLayout, ReplayError, Simulation, StageCosts, StageMemory,
 };
 use pipeweave_transforms::{compile_expression, Registry};
 use std::sync::Arc;
@@ -21,6 +21,9 @@ pub struct PipelineConfig {
     microbatch_scales: Vec<f64>,
     /// With a profile: the figures of every position of the layouts passes build.
     layout: Option<Arc<ProfiledLayout>>,
+    /// How many ranks can compute at full speed at once (cores over threads per rank), where
+    /// fewer than the ranks: they time-share ([`simulate_on_cores`]).
+    shared_slots: Option<f64>,
 }
 
 impl PipelineConfig {
@@ -41,6 +44,7 @@ impl PipelineConfig {
             memory_limit: None,
             microbatch_scales: Vec::new(),
             layout: None,
+            shared_slots: None,
         })
     }
 
@@ -146,6 +150,31 @@ impl PipelineConfig {
         Ok(self)
     }
 
+    /// Ranks that time-share the machine's cores: room for `slots` ranks computing at full
+    /// speed at once (cores over compute threads per rank; finite, > 0), or `None` for one
+    /// core (or device) per rank. Only the simulation changes ([`PipelineConfig::simulate`]).
+    pub fn with_shared_cores(mut self, slots: Option<f64>) -> Result<PipelineConfig, Error> {
+        if let Some(s) = slots {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(Error::Option {
+                    option: "--cores",
+                    message: format!("room for {s} ranks: give a positive number of cores"),
+                });
+            }
+        }
+        self.shared_slots = slots;
+        Ok(self)
+    }
+
+    /// Simulates `plan` on this configuration's machine: ranks time-share the cores where
+    /// [`PipelineConfig::with_shared_cores`] gave fewer than the ranks.
+    pub fn simulate(&self, plan: &Plan) -> Result<Simulation, ReplayError> {
+        match self.shared_slots {
+            Some(slots) => simulate_on_cores(plan, slots),
+            None => simulate(plan),
+        }
+    }
+
     /// A per-rank activation-memory bound the verifier enforces after every pass.
     pub fn with_memory_limit(mut self, limit: Option<f64>) -> PipelineConfig {
         self.memory_limit = limit;
@@ -219,7 +248,8 @@ pub fn build_and_simulate(
     config: &PipelineConfig,
 ) -> Result<(Plan, Simulation), Error> {
     let passes = compile_expression(expression)?;
-    let (plan, simulation) = passes.run_beside(config.unscheduled_plan()?, simulate)?;
+    let (plan, simulation) =
+        passes.run_beside(config.unscheduled_plan()?, |p| config.simulate(p))?;
     Ok((plan, simulation?))
 }
 

@@ -504,7 +504,7 @@ pub fn reproduces(config: &PipelineConfig, point: &FrontierPoint) -> bool {
     let Ok(plan) = build_plan(&point.expression, config) else {
         return false;
     };
-    let Ok(sim) = pipeweave_core::simulate(&plan) else {
+    let Ok(sim) = config.simulate(&plan) else {
         return false;
     };
     let peak = pipeweave_core::max_peak(&plan);

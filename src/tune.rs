@@ -16,7 +16,6 @@
 use crate::config::{build_plan, PipelineConfig};
 use crate::error::Error;
 use crate::report::tidy;
-use pipeweave_core::simulate;
 use pipeweave_core::{even_blocks, CutCosts, Profile};
 use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -142,7 +141,7 @@ pub fn tune(
 /// Builds and simulates one expression.
 fn evaluate(config: &PipelineConfig, expression: &str) -> Result<Candidate, String> {
     let plan = build_plan(expression, config).map_err(|e| e.to_string())?;
-    let sim = simulate(&plan).map_err(|e| e.to_string())?;
+    let sim = config.simulate(&plan).map_err(|e| e.to_string())?;
     let peak = sim
         .ranks()
         .iter()

@@ -367,3 +367,51 @@ fn a_share_that_leaves_an_interleaved_position_empty_exits_2() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("spread over the 4 positions"), "{err}");
 }
+
+#[test]
+fn more_ranks_than_cores_time_share_them() {
+    let makespan = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "f1b(gpipe)",
+            "-p",
+            "4",
+            "-m",
+            "8",
+            "--profile",
+            PROFILE,
+            "--format",
+            "json",
+        ];
+        args.extend(extra);
+        json(&args)["makespan"].as_f64().unwrap()
+    };
+    let profile: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(PROFILE).unwrap()).unwrap();
+    let work: f64 = ["forward", "input_grad", "weight_grad"]
+        .iter()
+        .map(|k| layer_sum(&profile, 0..6, k))
+        .sum::<f64>()
+        * 8.0;
+    let own = makespan(&[]);
+    let shared = makespan(&["--cores", "2"]);
+    // The profile ran one compute thread per rank: two cores hold two busy ranks at once, so
+    // the whole model's work of 8 microbatches takes at least half its time.
+    assert!(shared > own, "{shared} vs {own}");
+    assert!(shared >= work / 2.0 * 0.99, "{shared} vs {}", work / 2.0);
+    assert!((makespan(&["--cores", "4"]) - own).abs() < 1e-12);
+    let out = pipeweave(&[
+        "plan",
+        "f1b(gpipe)",
+        "-p",
+        "4",
+        "--profile",
+        PROFILE,
+        "--cores",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--cores"));
+    let out = pipeweave(&["plan", "f1b(gpipe)", "--cores", "2"]);
+    assert_eq!(out.status.code(), Some(2), "--cores needs --profile");
+}

@@ -28,6 +28,7 @@ mod testing;
 
 pub use analysis::peak::{held_during, held_per_task, max_peak, peak_per_rank, RankPeak};
 pub use analysis::replay::{Blocked, ReplayError};
+pub use analysis::shared_cores::simulate_on_cores;
 pub use analysis::simulate::{simulate, simulate_with, Simulation};
 pub use analysis::slack::slack;
 pub use analysis::verify::{verify, verify_schedule, Violation, Violations};

@@ -33,6 +33,11 @@ pub struct ProfileArgs {
         requires = "profile"
     )]
     pub microbatch_tokens: Option<Vec<usize>>,
+    /// With --profile: the cores the ranks share, where a CPU run has more ranks than cores
+    /// (each rank computes with the profile's threads per rank); busy ranks beyond them
+    /// time-share the cores. Default: every rank has its own.
+    #[arg(long, value_name = "N", requires = "profile")]
+    pub cores: Option<u32>,
 }
 
 impl ProfileArgs {
@@ -69,14 +74,19 @@ impl ProfileArgs {
     }
 
     /// `config` costed from `profile`: `--microbatch-tokens` priced by its per-token model,
-    /// then the given (or even) cut's costs and memory.
+    /// then the given (or even) cut's costs and memory, on `--cores` shared cores.
     pub fn costed(
         &self,
         config: PipelineConfig,
         profile: &Profile,
     ) -> Result<(PipelineConfig, CutCosts), Error> {
-        self.with_tokens(config, profile)?
-            .with_profile(profile, self.layers_per_stage.as_deref())
+        let (config, cut) = self
+            .with_tokens(config, profile)?
+            .with_profile(profile, self.layers_per_stage.as_deref())?;
+        let slots = self
+            .cores
+            .map(|cores| f64::from(cores) / profile.threads_per_rank.max(1) as f64);
+        Ok((config.with_shared_cores(slots)?, cut))
     }
 
     /// `config` with one cost factor per microbatch from `--microbatch-tokens` and the profile's

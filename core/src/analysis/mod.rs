@@ -1,9 +1,10 @@
 //! Analyses of a plan: the replay engine that runs it as early as dependencies allow, the
 //! per-rank memory replay, the verifier of every invariant, the simulator of the figures people
-//! compare, and each task's slack in a simulation. They read the IR ([`crate::ir`]) and never change it.
+//! compare (also for ranks time-sharing fewer cores), and each task's slack in a simulation. They read the IR ([`crate::ir`]) and never change it.
 
 pub mod peak;
 pub mod replay;
+pub mod shared_cores;
 pub mod simulate;
 pub mod slack;
 pub mod verify;
