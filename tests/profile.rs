@@ -400,6 +400,51 @@ fn more_ranks_than_cores_time_share_them() {
     assert!(shared > own, "{shared} vs {own}");
     assert!(shared >= work / 2.0 * 0.99, "{shared} vs {}", work / 2.0);
     assert!((makespan(&["--cores", "4"]) - own).abs() < 1e-12);
+    // tune ranks on the same shared cores, and its pick reproduces in plan.
+    let found = json(&[
+        "tune",
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--profile",
+        PROFILE,
+        "--cores",
+        "2",
+        "--top",
+        "1",
+        "--format",
+        "json",
+    ]);
+    let first = &found["candidates"][0];
+    let cut: Vec<String> = first["layers_per_stage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    let again = json(&[
+        "plan",
+        first["expression"].as_str().unwrap(),
+        "-p",
+        "4",
+        "-m",
+        "8",
+        "--profile",
+        PROFILE,
+        "--layers-per-stage",
+        &cut.join(","),
+        "--cores",
+        "2",
+        "--format",
+        "json",
+    ]);
+    let tuned = first["makespan"].as_f64().unwrap();
+    assert!(
+        (again["makespan"].as_f64().unwrap() - tuned).abs() < 1e-6,
+        "{again} vs {first}"
+    );
+    assert!(tuned >= work / 2.0 * 0.99, "{tuned}");
     let out = pipeweave(&[
         "plan",
         "f1b(gpipe)",

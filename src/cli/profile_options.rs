@@ -83,10 +83,20 @@ impl ProfileArgs {
         let (config, cut) = self
             .with_tokens(config, profile)?
             .with_profile(profile, self.layers_per_stage.as_deref())?;
+        Ok((self.with_cores(config, profile)?, cut))
+    }
+
+    /// `config` on `--cores` cores shared by ranks that each compute with the profile's threads
+    /// ([`PipelineConfig::with_shared_cores`]); unchanged without the option.
+    pub fn with_cores(
+        &self,
+        config: PipelineConfig,
+        profile: &Profile,
+    ) -> Result<PipelineConfig, Error> {
         let slots = self
             .cores
             .map(|cores| f64::from(cores) / profile.threads_per_rank.max(1) as f64);
-        Ok((config.with_shared_cores(slots)?, cut))
+        config.with_shared_cores(slots)
     }
 
     /// `config` with one cost factor per microbatch from `--microbatch-tokens` and the profile's

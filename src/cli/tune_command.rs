@@ -80,7 +80,9 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
                 Some(cut) => vec![cut.clone()],
                 None => candidate_cuts(p.model.layers, args.ranks as usize, 64),
             };
-            let base = args.profile.with_tokens(base, p)?;
+            let base = args
+                .profile
+                .with_cores(args.profile.with_tokens(base, p)?, p)?;
             tune_cuts(&base, p, &cuts, &mut |config, cut| {
                 let limit =
                     parse_memory_limit(args.memory_limit.as_deref(), Some(cut.bytes_per_unit))?;
