@@ -284,19 +284,8 @@ fn run(args: &Args) -> Result<(), Failure> {
         .map_err(|e| bad(e.to_string()))?;
     // A schedule that does not parse or fit is bad input (2); a pass that breaks its plan is a
     // bug (1).
-    let plan = build_plan(&args.schedule, &plan_config(args)?)?;
-    if let Some(profile) = cost_profile(args)? {
-        // The plan keeps the profile's seconds; say so where they were measured otherwise.
-        if (profile.threads_per_rank, profile.model.microbatch_size)
-            != (threads, args.microbatch_size)
-        {
-            eprintln!(
-                "note: the cost profile was measured with {} compute threads per rank and \
-                 microbatches of {}; this run has {threads} and {} (the plan keeps its costs)",
-                profile.threads_per_rank, profile.model.microbatch_size, args.microbatch_size
-            );
-        }
-    }
+    let costing = Costing::of(args, threads)?;
+    let plan = build_plan(&args.schedule, &costing.config)?;
     let corpus = match &args.data {
         Some(path) => Corpus::from_path(path)?,
         None => Corpus::default_sources()?,
@@ -332,7 +321,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         ),
     };
     let mut trainer = make_trainer(&mpi, &plan, &corpus, settings)?;
-    let result = resume_and_train(args, &plan, &mut trainer, &corpus);
+    let result = resume_and_train(args, &costing, &plan, &mut trainer, &corpus);
     if let Err(failure) = &result {
         if failure.status == 1 {
             // Under MPI the other ranks must not wait for this one: report, then end the job.
@@ -345,6 +334,7 @@ fn run(args: &Args) -> Result<(), Failure> {
 
 fn resume_and_train(
     args: &Args,
+    costing: &Costing,
     plan: &Plan,
     trainer: &mut Trainer,
     corpus: &Corpus,
@@ -361,10 +351,16 @@ fn resume_and_train(
     if let Some(checkpoint) = &args.resume {
         trainer.resume(checkpoint)?;
     }
-    train(args, plan, trainer, corpus)
+    train(args, costing, plan, trainer, corpus)
 }
 
-fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Result<(), Failure> {
+fn train(
+    args: &Args,
+    costing: &Costing,
+    plan: &Plan,
+    trainer: &mut Trainer,
+    corpus: &Corpus,
+) -> Result<(), Failure> {
     let writer = trainer.is_writer();
     let mut log = match &args.log {
         Some(path) if writer => {
@@ -386,7 +382,7 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
     let mut current = plan.clone();
     let (mut replanned, mut reordered) = (0usize, 0usize);
     while trainer.steps_done() < end {
-        if let Some(next) = step_plan(args, &current, trainer, &mut reordered)? {
+        if let Some(next) = step_plan(args, costing, &current, trainer, &mut reordered)? {
             trainer.set_plan(&next)?;
             current = next;
             replanned += 1;
@@ -498,6 +494,7 @@ fn train(args: &Args, plan: &Plan, trainer: &mut Trainer, corpus: &Corpus) -> Re
 /// the orders stay those of `current`.
 fn step_plan(
     args: &Args,
+    costing: &Costing,
     current: &Plan,
     trainer: &mut Trainer,
     reordered: &mut usize,
@@ -506,9 +503,7 @@ fn step_plan(
         return Ok(None);
     }
     let lengths = trainer.next_microbatch_lengths()?;
-    let config = plan_config(args)?;
-    let cost = length_cost(args)?;
-    let planned = plan_for_lengths(&args.schedule, &config, &lengths, &cost)?;
+    let planned = plan_for_lengths(&args.schedule, &costing.config, &lengths, &costing.length)?;
     if planned.order.iter().enumerate().any(|(slot, &m)| slot != m) {
         *reordered += 1;
     }
@@ -517,34 +512,60 @@ fn step_plan(
     Ok((next.orders() != current.orders()).then_some(next))
 }
 
-/// The sizes, costs, memory and limit the run's plan is built from: unit costs, or with
-/// `--cost-profile` the profile's for the run's cut (as `pipeweave plan --profile
-/// --layers-per-stage` costs it), and `--memory-limit`.
-fn plan_config(args: &Args) -> Result<PipelineConfig, Failure> {
-    let config =
-        PipelineConfig::new(args.ranks, args.microbatches).map_err(|e| bad(e.to_string()))?;
-    let limit = |bytes_per_unit| {
-        parse_memory_limit(args.memory_limit.as_deref(), bytes_per_unit)
-            .map_err(|e| bad(e.to_string()))
-    };
-    let Some(profile) = cost_profile(args)? else {
-        return Ok(config.with_memory_limit(limit(None)?));
-    };
-    let shares = match &args.layers_per_stage {
-        Some(counts) if counts.len() != args.ranks as usize => {
-            return Err(bad(format!(
-                "--cost-profile costs one share per rank: give --layers-per-stage one count per \
-                 rank ({} here, not {})",
-                args.ranks,
-                counts.len()
-            )))
+/// What the run's plans are built from, read once: the sizes, costs, memory and limit (unit
+/// costs, or with `--cost-profile` the profile's for the run's cut, as `pipeweave plan --profile
+/// --layers-per-stage` costs it; `--memory-limit`) and how `--variable-length` prices a
+/// microbatch (the profile's per-token model, or linear in the tokens).
+struct Costing {
+    config: PipelineConfig,
+    length: LengthCost,
+}
+
+impl Costing {
+    /// Reads `--cost-profile` (of this run's model) and notes where it was measured with other
+    /// compute threads (`threads` here) or another microbatch size.
+    fn of(args: &Args, threads: usize) -> Result<Costing, Failure> {
+        let config =
+            PipelineConfig::new(args.ranks, args.microbatches).map_err(|e| bad(e.to_string()))?;
+        let limit = |bytes_per_unit| {
+            parse_memory_limit(args.memory_limit.as_deref(), bytes_per_unit)
+                .map_err(|e| bad(e.to_string()))
+        };
+        let Some(profile) = cost_profile(args)? else {
+            return Ok(Costing {
+                config: config.with_memory_limit(limit(None)?),
+                length: LengthCost::Linear { full: args.seq_len },
+            });
+        };
+        // The plan keeps the profile's seconds; say so where they were measured otherwise.
+        if (profile.threads_per_rank, profile.model.microbatch_size)
+            != (threads, args.microbatch_size)
+        {
+            eprintln!(
+                "note: the cost profile was measured with {} compute threads per rank and \
+                 microbatches of {}; this run has {threads} and {} (the plan keeps its costs)",
+                profile.threads_per_rank, profile.model.microbatch_size, args.microbatch_size
+            );
         }
-        other => other.as_deref(),
-    };
-    let (config, cut) = config
-        .with_profile(&profile, shares)
-        .map_err(|e| bad(e.to_string()))?;
-    Ok(config.with_memory_limit(limit(Some(cut.bytes_per_unit))?))
+        let shares = match &args.layers_per_stage {
+            Some(counts) if counts.len() != args.ranks as usize => {
+                return Err(bad(format!(
+                    "--cost-profile costs one share per rank: give --layers-per-stage one count \
+                     per rank ({} here, not {})",
+                    args.ranks,
+                    counts.len()
+                )))
+            }
+            other => other.as_deref(),
+        };
+        let (config, cut) = config
+            .with_profile(&profile, shares)
+            .map_err(|e| bad(e.to_string()))?;
+        Ok(Costing {
+            config: config.with_memory_limit(limit(Some(cut.bytes_per_unit))?),
+            length: LengthCost::Profiled(profile),
+        })
+    }
 }
 
 /// `--cost-profile`, read and checked to be of this run's model.
@@ -566,15 +587,6 @@ fn cost_profile(args: &Args) -> Result<Option<Profile>, Failure> {
         )));
     }
     Ok(Some(profile))
-}
-
-/// How `--variable-length` prices a microbatch: `--cost-profile`'s per-token model, or linear
-/// in the tokens.
-fn length_cost(args: &Args) -> Result<LengthCost, Failure> {
-    Ok(match cost_profile(args)? {
-        Some(profile) => LengthCost::Profiled(profile),
-        None => LengthCost::Linear { full: args.seq_len },
-    })
 }
 
 /// Measures every layer of the run's model on this thread, with the run's compute threads, and

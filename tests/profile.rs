@@ -28,10 +28,15 @@ fn json(args: &[&str]) -> serde_json::Value {
 
 /// `tune -p 2 -m 8 --profile PROFILE --format json` with `extra`.
 fn tune(extra: &[&str]) -> serde_json::Value {
+    tune_on("2", extra)
+}
+
+/// `tune -p RANKS -m 8 --profile PROFILE --format json` with `extra`.
+fn tune_on(ranks: &str, extra: &[&str]) -> serde_json::Value {
     let mut args = vec![
         "tune",
         "-p",
-        "2",
+        ranks,
         "-m",
         "8",
         "--profile",
@@ -43,21 +48,38 @@ fn tune(extra: &[&str]) -> serde_json::Value {
     json(&args)
 }
 
+/// `plan EXPRESSION -p 2 -m 8 --profile PROFILE --layers-per-stage CUT --format json`.
 fn plan(expression: &str, cut: &str) -> serde_json::Value {
-    json(&[
+    plan_on(expression, "2", &["--layers-per-stage", cut])
+}
+
+/// `plan EXPRESSION -p RANKS -m 8 --profile PROFILE --format json` with `extra`.
+fn plan_on(expression: &str, ranks: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
         "plan",
         expression,
         "-p",
-        "2",
+        ranks,
         "-m",
         "8",
         "--profile",
         PROFILE,
-        "--layers-per-stage",
-        cut,
         "--format",
         "json",
-    ])
+    ];
+    args.extend(extra);
+    json(&args)
+}
+
+/// A tune candidate's `--layers-per-stage` as the option takes it.
+fn cut_of(candidate: &serde_json::Value) -> String {
+    candidate["layers_per_stage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn layer_sum(profile: &serde_json::Value, range: std::ops::Range<usize>, key: &str) -> f64 {
@@ -95,13 +117,7 @@ fn a_cut_is_costed_by_its_layers_and_reports_bytes() {
 fn tune_chooses_a_cut_that_plan_reproduces() {
     let found = tune(&["--top", "3"]);
     let first = &found["candidates"][0];
-    let cut: Vec<String> = first["layers_per_stage"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c.to_string())
-        .collect();
-    let again = plan(first["expression"].as_str().unwrap(), &cut.join(","));
+    let again = plan(first["expression"].as_str().unwrap(), &cut_of(first));
     let close = |a: &serde_json::Value, b: &serde_json::Value| {
         (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 1e-6
     };
@@ -287,22 +303,11 @@ fn train_gpt_runs_the_plan_a_profile_chose_within_its_byte_limit() {
     let limit = (max_of(&f1b["peak_activation_bytes_per_rank"]) * 0.9).round();
     let limit_text = format!("{limit}B");
     let expression = "zero_bubble(f1b(gpipe), policy=auto)";
-    let planned = json(&[
-        "plan",
+    let planned = plan_on(
         expression,
-        "-p",
         "2",
-        "-m",
-        "8",
-        "--profile",
-        PROFILE,
-        "--layers-per-stage",
-        "2,2",
-        "--memory-limit",
-        &limit_text,
-        "--format",
-        "json",
-    ]);
+        &["--layers-per-stage", "2,2", "--memory-limit", &limit_text],
+    );
     let predicted = max_of(&planned["peak_activation_bytes_per_rank"]);
     assert!(predicted <= limit + 1.0, "{predicted} > {limit}");
     let out = train_gpt("4")
@@ -371,20 +376,9 @@ fn a_share_that_leaves_an_interleaved_position_empty_exits_2() {
 #[test]
 fn more_ranks_than_cores_time_share_them() {
     let makespan = |extra: &[&str]| {
-        let mut args = vec![
-            "plan",
-            "f1b(gpipe)",
-            "-p",
-            "4",
-            "-m",
-            "8",
-            "--profile",
-            PROFILE,
-            "--format",
-            "json",
-        ];
-        args.extend(extra);
-        json(&args)["makespan"].as_f64().unwrap()
+        plan_on("f1b(gpipe)", "4", extra)["makespan"]
+            .as_f64()
+            .unwrap()
     };
     let profile: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(PROFILE).unwrap()).unwrap();
@@ -401,44 +395,14 @@ fn more_ranks_than_cores_time_share_them() {
     assert!(shared >= work / 2.0 * 0.99, "{shared} vs {}", work / 2.0);
     assert!((makespan(&["--cores", "4"]) - own).abs() < 1e-12);
     // tune ranks on the same shared cores, and its pick reproduces in plan.
-    let found = json(&[
-        "tune",
-        "-p",
-        "4",
-        "-m",
-        "8",
-        "--profile",
-        PROFILE,
-        "--cores",
-        "2",
-        "--top",
-        "1",
-        "--format",
-        "json",
-    ]);
+    let found = tune_on("4", &["--cores", "2", "--top", "1"]);
     let first = &found["candidates"][0];
-    let cut: Vec<String> = first["layers_per_stage"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c.to_string())
-        .collect();
-    let again = json(&[
-        "plan",
+    let cut = cut_of(first);
+    let again = plan_on(
         first["expression"].as_str().unwrap(),
-        "-p",
         "4",
-        "-m",
-        "8",
-        "--profile",
-        PROFILE,
-        "--layers-per-stage",
-        &cut.join(","),
-        "--cores",
-        "2",
-        "--format",
-        "json",
-    ]);
+        &["--layers-per-stage", &cut, "--cores", "2"],
+    );
     let tuned = first["makespan"].as_f64().unwrap();
     assert!(
         (again["makespan"].as_f64().unwrap() - tuned).abs() < 1e-6,
