@@ -15,19 +15,23 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod compile;
 pub mod config;
 pub mod error;
 pub mod frontier;
 pub mod paper_table;
 pub mod reference;
 pub mod report;
+pub mod request;
 pub mod tune;
 pub mod variable_length;
 
 pub use config::{
     build_and_simulate, build_plan, build_plan_observed, build_plan_with, PipelineConfig,
 };
+pub use compile::{compile, Compiled};
 pub use error::Error;
+pub use request::{ConfigRequest, ProfileSource};
 pub use pipeweave_backends as backends;
 pub use pipeweave_core as core_ir;
 pub use pipeweave_core::{

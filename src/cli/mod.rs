@@ -30,7 +30,7 @@ use std::io::Write;
 
 pub use options::{parse_activation_memory, parse_costs};
 pub use plan_command::PlanArgs;
-pub use profile_options::parse_memory_limit;
+pub use profile_options::{parse_memory_limit, ProfileArgs};
 
 /// Command-line interface.
 #[derive(Debug, Parser)]

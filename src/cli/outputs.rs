@@ -7,14 +7,15 @@
 //! while the text report is formatted.
 
 use crate::cli::staged::Staged;
+use crate::compile::{compile_imported, finish, finite, projection, Compiled};
 use crate::error::Error;
 use crate::report::PlanReport;
 use clap::{Args, ValueEnum};
 use pipeweave_core::formats::{csv, svg, trace};
 use pipeweave_core::spmd::project::project_simulated;
 use pipeweave_core::{
-    check_programs, simulate, verify, CheckReport, CheckedPrograms, CommError, CutCosts, Plan,
-    ProgramSet, ProjectionOptions, RecvPolicy, Simulation,
+    check_programs, simulate, verify, CheckReport, CommError, CutCosts, Plan, ProgramSet,
+    RecvPolicy, Simulation,
 };
 use std::io::Write;
 
@@ -102,6 +103,16 @@ struct Projected {
     simulation: Simulation,
 }
 
+impl RecvArg {
+    /// The projection's receive policy.
+    pub fn policy(self) -> RecvPolicy {
+        match self {
+            RecvArg::Early => RecvPolicy::Early,
+            RecvArg::JustInTime => RecvPolicy::JustInTime,
+        }
+    }
+}
+
 /// Verifies and simulates an imported plan and projects the plan along its simulated timeline
 /// (unless programs came with it).
 fn project_source(source: Source, recv: RecvArg) -> Result<Projected, Error> {
@@ -117,17 +128,7 @@ fn project_source(source: Source, recv: RecvArg) -> Result<Projected, Error> {
     };
     let programs = match programs {
         Some(p) => p,
-        None => {
-            let recv = match recv {
-                RecvArg::Early => RecvPolicy::Early,
-                RecvArg::JustInTime => RecvPolicy::JustInTime,
-            };
-            let options = ProjectionOptions {
-                recv,
-                forward_only: false,
-            };
-            project_simulated(&plan, &simulation, options)?
-        }
+        None => project_simulated(&plan, &simulation, projection(recv.policy()))?,
     };
     Ok(Projected {
         plan,
@@ -140,14 +141,7 @@ impl Projected {
     /// The plan with its checked programs: what the check counted, once the figures are finite.
     fn checked(self, counts: Result<CheckReport, CommError>) -> Result<Checked, Error> {
         let counts = counts?;
-        for (what, value) in [
-            ("makespan", self.simulation.makespan()),
-            ("bubble rate", self.simulation.bubble_rate()),
-        ] {
-            if !value.is_finite() {
-                return Err(Error::Overflow { what, value });
-            }
-        }
+        finite(&self.simulation)?;
         Ok(Checked {
             plan: self.plan,
             programs: self.programs,
@@ -157,27 +151,14 @@ impl Projected {
     }
 }
 
-/// A plan with its checked programs and its simulation: what a backend runs.
-pub struct Runnable {
-    /// The plan.
-    pub plan: Plan,
-    /// Its programs, checked.
-    pub programs: CheckedPrograms,
-    /// Its simulation.
-    pub simulation: Simulation,
-}
-
 /// Verifies and simulates an imported plan, projects the plan along its simulated timeline
-/// (unless programs came with it) and checks the programs, once: the backends run them as they
-/// are.
-pub fn check_plan(source: Source, recv: RecvArg) -> Result<Runnable, Error> {
-    let projected = project_source(source, recv)?;
-    let programs = CheckedPrograms::check(projected.plan.problem(), projected.programs)?;
-    Ok(Runnable {
-        plan: projected.plan,
-        programs,
-        simulation: projected.simulation,
-    })
+/// (unless programs came with it) and checks the programs, once, by the compile entry
+/// ([`crate::compile`]): the backends run them as they are.
+pub fn check_plan(source: Source, recv: RecvArg) -> Result<Compiled, Error> {
+    match source {
+        Source::Built(plan, simulation) => finish(plan, simulation, None, recv.policy()),
+        Source::Imported(plan, programs) => compile_imported(plan, programs, recv.policy()),
+    }
 }
 
 /// [`check_plan`], then the report and the files: the communication check runs on a thread of its

@@ -1,13 +1,16 @@
 //! `pipeweave plan`: build a schedule from an expression, verify it, project and check its
 //! programs, simulate it, and report (text or JSON) and write the requested files.
 
-use crate::cli::options::{parse_activation_memory, parse_costs, read_stage_costs};
+use crate::cli::options::read_stage_costs;
 use crate::cli::outputs::{check_and_emit, OutputArgs, Source};
-use crate::cli::profile_options::{parse_memory_limit, ProfileArgs};
-use crate::config::{build_and_simulate, PipelineConfig};
+use crate::cli::profile_options::ProfileArgs;
+use crate::compile::run_passes;
+use crate::config::PipelineConfig;
 use crate::error::Error;
+use crate::request::{ConfigRequest, ProfileSource, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS};
 use clap::Args;
 use pipeweave_core::CutCosts;
+use pipeweave_transforms::Registry;
 use std::io::Write;
 
 /// The schedule `pipeweave plan` builds when no expression is given.
@@ -26,7 +29,7 @@ pub struct ScheduleArgs {
     #[arg(long, short = 'm', default_value_t = 8)]
     pub microbatches: u32,
     /// Durations of a rank's whole share: `F=1,I=1,W=1,B=..,FB=..,comm=0`.
-    #[arg(long, default_value = "F=1,I=1,W=1,comm=0")]
+    #[arg(long, default_value = DEFAULT_COSTS)]
     pub costs: String,
     /// Measured costs: `--profile`, `--layers-per-stage`.
     #[command(flatten)]
@@ -37,9 +40,20 @@ impl ScheduleArgs {
     /// The sizes and uniform costs as a configuration, or the costs and memory of a profile's
     /// cut (with the cut).
     pub fn config(&self) -> Result<(PipelineConfig, Option<CutCosts>), Error> {
-        let (costs, comm) = parse_costs(&self.costs)?;
-        let config = PipelineConfig::new(self.ranks, self.microbatches)?.with_costs(costs, comm)?;
-        self.profile.apply(config)
+        self.request().config()
+    }
+
+    /// The sizes, costs and profile as a request (unit activations, no limit).
+    pub fn request(&self) -> ConfigRequest {
+        ConfigRequest {
+            costs: self.costs.clone(),
+            profile: match &self.profile.profile {
+                Some(path) => ProfileSource::File(path.clone()),
+                None => ProfileSource::None,
+            },
+            profile_options: self.profile.clone(),
+            ..ConfigRequest::new(self.ranks, self.microbatches)
+        }
     }
 }
 
@@ -54,7 +68,7 @@ pub struct PlanArgs {
     #[arg(long, value_name = "FILE")]
     stage_costs: Option<String>,
     /// Activation memory of one microbatch on a rank's share: `total=1,weight_grad=1`.
-    #[arg(long, default_value = "total=1")]
+    #[arg(long, default_value = DEFAULT_ACTIVATION_MEMORY)]
     activation_memory: String,
     /// Per-rank activation bound (units of `total`; with --profile also bytes, e.g. `2GiB`),
     /// verified after every pass.
@@ -64,26 +78,27 @@ pub struct PlanArgs {
     outputs: OutputArgs,
 }
 
+impl PlanArgs {
+    /// The configuration these options ask for, as a request ([`ConfigRequest`]).
+    pub fn request(&self) -> ConfigRequest {
+        ConfigRequest {
+            activation_memory: self.activation_memory.clone(),
+            memory_limit: self.memory_limit.clone(),
+            ..self.schedule.request()
+        }
+    }
+}
+
 /// Runs `pipeweave plan`.
 pub fn run(args: &PlanArgs, stdout: &mut dyn Write) -> Result<(), Error> {
-    let memory = parse_activation_memory(&args.activation_memory)?;
-    let (config, cut) = args.schedule.config()?;
-    let memory_limit = parse_memory_limit(
-        args.memory_limit.as_deref(),
-        cut.as_ref().map(|c| c.bytes_per_unit),
-    )?;
-    let mut config = match &cut {
-        // The profile's memory replaces --activation-memory.
-        Some(_) => config,
-        None => config.with_memory(memory),
-    }
-    .with_memory_limit(memory_limit);
+    let (mut config, cut) = args.request().config()?;
     if let Some(path) = &args.stage_costs {
         config = config.with_rank_costs(read_stage_costs(path)?)?;
     }
-    let (plan, simulation) = build_and_simulate(&args.schedule.expression, &config)?;
+    let expression = &args.schedule.expression;
+    let (plan, simulation) = run_passes(&Registry::builtin(), expression, &config)?;
     check_and_emit(
-        &args.schedule.expression,
+        expression,
         Source::Built(plan, simulation),
         &args.outputs,
         cut.as_ref(),

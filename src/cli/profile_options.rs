@@ -7,7 +7,7 @@ use clap::Args;
 use pipeweave_core::{parse_bytes, CutCosts, Profile};
 
 /// Measured costs instead of typed ones (`plan`, `run`, `tune`).
-#[derive(Debug, Args, Default)]
+#[derive(Clone, Debug, Args, Default)]
 pub struct ProfileArgs {
     /// Measured layer costs (`train_gpt --profile FILE.json`): each rank's share costs the sum
     /// of its layers (seconds), comm is one activation's send, memory is counted in the

@@ -1,13 +1,11 @@
 //! `pipeweave tune`: search the schedules for the fastest that fits (contract: ../shared/CLI.md),
 //! with a progress bar on a terminal.
 
-use crate::cli::options::{parse_activation_memory, parse_costs};
 use crate::cli::outputs::Format;
-use crate::cli::profile_options::{parse_memory_limit, ProfileArgs};
-use crate::config::PipelineConfig;
+use crate::cli::profile_options::ProfileArgs;
 use crate::error::Error;
-use crate::frontier::{frontier, frontier_expressions, frontier_svg};
-use crate::tune::{candidate_cuts, candidate_expressions, tune, tune_cuts, TuneReport};
+use crate::frontier::frontier_svg;
+use crate::request::{ConfigRequest, ProfileSource, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS};
 use clap::Args;
 use std::io::{IsTerminal, Write};
 
@@ -21,10 +19,10 @@ pub struct TuneArgs {
     #[arg(long, short = 'm', default_value_t = 8)]
     microbatches: u32,
     /// Durations of a rank's whole share: `F=1,I=1,W=1,B=..,FB=..,comm=0`.
-    #[arg(long, default_value = "F=1,I=1,W=1,comm=0")]
+    #[arg(long, default_value = DEFAULT_COSTS)]
     costs: String,
     /// Activation memory of one microbatch on a rank's share: `total=1,weight_grad=1`.
-    #[arg(long, default_value = "total=1")]
+    #[arg(long, default_value = DEFAULT_ACTIVATION_MEMORY)]
     activation_memory: String,
     /// Per-rank activation bound (units of `total`; with --profile also bytes, e.g. `2GiB`)
     /// every candidate must fit.
@@ -48,64 +46,34 @@ pub struct TuneArgs {
     svg: Option<String>,
 }
 
+impl TuneArgs {
+    /// The configuration these options ask for, as a request ([`ConfigRequest`]).
+    pub fn request(&self) -> ConfigRequest {
+        ConfigRequest {
+            costs: self.costs.clone(),
+            activation_memory: self.activation_memory.clone(),
+            memory_limit: self.memory_limit.clone(),
+            profile: match &self.profile.profile {
+                Some(path) => ProfileSource::File(path.clone()),
+                None => ProfileSource::None,
+            },
+            profile_options: self.profile.clone(),
+            ..ConfigRequest::new(self.ranks, self.microbatches)
+        }
+    }
+}
+
 /// Runs `pipeweave tune`.
 pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
-    let (costs, comm) = parse_costs(&args.costs)?;
-    let base = PipelineConfig::new(args.ranks, args.microbatches)?
-        .with_costs(costs, comm)?
-        .with_memory(parse_activation_memory(&args.activation_memory)?);
-    let profile = args.profile.read()?;
+    let request = args.request();
     if args.frontier {
-        // One cut: the given one or the even one.
-        let (config, cut) = match &profile {
-            Some(p) => {
-                let (config, cut) = args.profile.costed(base, p)?;
-                (config, Some(cut))
-            }
-            None => (base, None),
-        };
-        let limit = parse_memory_limit(
-            args.memory_limit.as_deref(),
-            cut.as_ref().map(|c| c.bytes_per_unit),
-        )?;
-        return run_frontier(args, &config.with_memory_limit(limit), limit, stdout);
+        return run_frontier(args, &request, stdout);
     }
-    let mut report = match &profile {
-        None => {
-            let limit = parse_memory_limit(args.memory_limit.as_deref(), None)?;
-            search(args, &base.with_memory_limit(limit), limit)
-        }
-        Some(p) => {
-            let cuts = match &args.profile.layers_per_stage {
-                Some(cut) => vec![cut.clone()],
-                None => candidate_cuts(p.model.layers, args.ranks as usize, 64),
-            };
-            let base = args
-                .profile
-                .with_cores(args.profile.with_tokens(base, p)?, p)?;
-            tune_cuts(&base, p, &cuts, &mut |config, cut| {
-                let limit =
-                    parse_memory_limit(args.memory_limit.as_deref(), Some(cut.bytes_per_unit))?;
-                Ok(search(
-                    args,
-                    &config.clone().with_memory_limit(limit),
-                    limit,
-                ))
-            })?
-        }
-    };
-    if report.candidates.is_empty() {
-        return Err(Error::Option {
-            option: "--memory-limit",
-            message: format!(
-                "no schedule fits in {} per rank ({} tried)",
-                args.memory_limit
-                    .as_deref()
-                    .unwrap_or("unlimited activations"),
-                report.evaluated
-            ),
-        });
-    }
+    let bar = progress_bar();
+    bar.set_message("schedules");
+    let found = request.tune(&|done| bar.set_position(done as u64));
+    bar.finish_and_clear();
+    let mut report = found?;
     report.candidates.truncate(args.top.max(1));
     let text = match args.format {
         Format::Json => {
@@ -160,32 +128,15 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
     write_out(stdout, &text)
 }
 
-/// The ranked schedules of one configuration: with a limit, the frontier's search (`auto` at
-/// every rung of its ladder up to the limit, then recompute and offload); without, every
-/// candidate expression.
-fn search(args: &TuneArgs, config: &PipelineConfig, limit: Option<f64>) -> TuneReport {
-    match limit {
-        Some(_) => {
-            let bar = progress_bar(frontier_expressions(config).len());
-            bar.set_message("schedules");
-            let found = frontier(config, &|done| bar.set_position(done as u64));
-            bar.finish_and_clear();
-            found.ranked()
-        }
-        None => {
-            let expressions = candidate_expressions(args.ranks, None);
-            let bar = progress_bar(expressions.len());
-            bar.set_message("schedules");
-            let report = tune(config, &expressions, &|done| bar.set_position(done as u64));
-            bar.finish_and_clear();
-            report
-        }
-    }
-}
-
-fn progress_bar(len: usize) -> indicatif::ProgressBar {
+/// A counter of the schedules built so far, on a terminal only (the searches learn how many
+/// they build as they go: cuts, ladders and relief rungs).
+fn progress_bar() -> indicatif::ProgressBar {
     if std::io::stderr().is_terminal() {
-        indicatif::ProgressBar::new(len as u64)
+        let bar = indicatif::ProgressBar::new_spinner();
+        if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg}: {pos} built") {
+            bar.set_style(style);
+        }
+        bar
     } else {
         indicatif::ProgressBar::hidden()
     }
@@ -203,24 +154,14 @@ fn write_out(stdout: &mut dyn Write, text: &str) -> Result<(), Error> {
 /// `tune --frontier`.
 fn run_frontier(
     args: &TuneArgs,
-    config: &PipelineConfig,
-    limit: Option<f64>,
+    request: &ConfigRequest,
     stdout: &mut dyn Write,
 ) -> Result<(), Error> {
-    let bar = progress_bar(frontier_expressions(config).len());
+    let bar = progress_bar();
     bar.set_message("frontier");
-    let found = frontier(config, &|done| bar.set_position(done as u64));
+    let found = request.frontier(&|done| bar.set_position(done as u64));
     bar.finish_and_clear();
-    if found.frontier.is_empty() {
-        return Err(Error::Option {
-            option: "--memory-limit",
-            message: format!(
-                "no schedule fits in {} activations per rank ({} tried)",
-                limit.unwrap_or(f64::INFINITY),
-                found.expressions
-            ),
-        });
-    }
+    let found = found?;
     let title = format!(
         "memory/time frontier, {} ranks, {} microbatches ({} schedules)",
         args.ranks, args.microbatches, found.expressions

@@ -103,6 +103,15 @@ pub enum TransformError {
         /// What the verifier found.
         violations: Violations,
     },
+    /// A pass's rewrite failed on a plan that met its contract (a pass written in Python raised,
+    /// or returned orders that are not a plan's): a bug in that pass.
+    #[error("pass `{pass}` failed (a bug in the pass): {message}")]
+    PassFailed {
+        /// The pass to blame.
+        pass: String,
+        /// What went wrong, as the pass reported it.
+        message: String,
+    },
     /// The plan a pass produced is sound but exceeds the declared memory limit: the pass cannot
     /// meet the user's bound (not a bug).
     #[error("pass `{pass}` exceeds the memory limit: {violations}")]
@@ -174,7 +183,9 @@ impl TransformError {
     pub fn is_pass_bug(&self) -> bool {
         matches!(
             self,
-            TransformError::PassBroke { .. } | TransformError::UndeclaredChange { .. }
+            TransformError::PassBroke { .. }
+                | TransformError::UndeclaredChange { .. }
+                | TransformError::PassFailed { .. }
         )
     }
 

@@ -258,6 +258,17 @@ impl<'a> Arguments<'a> {
         }
     }
 
+    /// Every keyword argument as written, in order: its name, its column (as [`Arguments::value`]
+    /// gives it) and the value (a number, or a bare word as a call without arguments). For
+    /// factories that pass the arguments on (passes written in Python take them as keyword
+    /// arguments).
+    pub fn keywords(&self) -> impl Iterator<Item = (&'a str, usize, &'a Node)> + 'a {
+        self.call
+            .keywords
+            .iter()
+            .map(|(name, column, value)| (name.as_str(), *column, value))
+    }
+
     /// A bare word (`layout=v`), if given: Ok(Some((column, word))) or an error listing `choices`.
     pub fn word(
         &self,

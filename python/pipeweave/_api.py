@@ -1,0 +1,207 @@
+"""`plan`, `check`, `tune` and `frontier`: the CLI's commands as functions, through the same
+library code (the figures of `pipeweave plan --format json` as attributes, the same error lines)."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+from . import _native
+from ._errors import Error
+from ._options import key_values, request
+from ._passes import registrations
+from ._plan import Plan
+from ._profile import Profile
+
+Number = Union[int, float]
+
+
+class _NativeFiles:
+    """The native plan behind a `Plan`, with `to_csv`'s note turned into a warning."""
+
+    def __init__(self, native: Any):
+        self._native = native
+
+    def write_csv(self, path: str, lowered: bool) -> None:
+        note = self._native.write_csv(path, lowered)
+        if note:
+            warnings.warn(note, stacklevel=3)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._native, name)
+
+
+def _plan_of(native: Any) -> Plan:
+    return Plan(json.loads(native.report_json()), _NativeFiles(native))
+
+
+def plan(
+    expression: str,
+    ranks: int,
+    microbatches: int,
+    *,
+    costs: Optional[Mapping[str, Number]] = None,
+    activation_memory: Optional[Mapping[str, Number]] = None,
+    memory_limit: Union[Number, str, None] = None,
+    profile: Union[str, os.PathLike, Profile, None] = None,
+    layers_per_stage: Optional[Sequence[int]] = None,
+    microbatch_tokens: Optional[Sequence[int]] = None,
+    cores: Optional[int] = None,
+    recv: str = "early",
+    passes: Sequence[type] = (),
+) -> Plan:
+    """Builds the schedule `expression`, verifies it after every pass, simulates it, projects
+    and checks its per-rank programs: `pipeweave plan EXPRESSION -p RANKS -m MICROBATCHES`.
+
+    Arguments (as the CLI's options of the same names):
+      expression: a schedule expression, e.g. `"zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))"`.
+      ranks, microbatches: the pipeline's ranks (P) and microbatches (M).
+      costs: durations of a rank's share, `{"F": 1, "I": 1, "W": 1, "B": .., "FB": .., "R": ..,
+        "offload": .., "comm": 0}` (every key optional).
+      activation_memory: one microbatch's activations on a rank's share, `{"total": 1,
+        "weight_grad": 0.43}`.
+      memory_limit: a per-rank bound in units of `total`, or bytes (`"2GiB"`) with a profile.
+      profile: a `pipeweave.Profile` or the path of a profile file (replaces costs and memory).
+      layers_per_stage: with a profile, the layers of each rank's share (default: even).
+      microbatch_tokens: with a profile, each microbatch's tokens per sequence.
+      cores: with a profile, the cores the ranks share.
+      recv: where receives go in the programs, `"early"` or `"just-in-time"`.
+      passes: pass classes written in Python for this call (see `pipeweave.register`).
+
+    Returns a `Plan`. Raises `pipeweave.Error` with the CLI's message for bad input,
+    `pipeweave.PassBug` when a pass broke the plan.
+    """
+    if not isinstance(expression, str):
+        raise Error(f"the expression is text, got {type(expression).__name__}")
+    if not isinstance(recv, str):
+        raise Error("option --recv: `early` or `just-in-time`")
+    args = request(
+        ranks,
+        microbatches,
+        costs=costs,
+        activation_memory=activation_memory,
+        memory_limit=memory_limit,
+        profile=profile,
+        layers_per_stage=layers_per_stage,
+        microbatch_tokens=microbatch_tokens,
+        cores=cores,
+    )
+    native = _native.compile_plan(expression, args, recv, registrations(passes))
+    return _plan_of(native)
+
+
+def check(
+    path: Union[str, os.PathLike],
+    *,
+    costs: Optional[Mapping[str, Number]] = None,
+    recv: str = "early",
+) -> Plan:
+    """Imports a schedule file as `pipeweave check PATH` does (PyTorch's schedule CSV, compute-only
+    or lowered, ours or PyTorch's; or a reference JSON file), verifies it, checks its
+    communication and simulates it under `costs`. Returns a `Plan`."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise Error(f"check takes a file's path, got {type(path).__name__}")
+    if not isinstance(recv, str):
+        raise Error("option --recv: `early` or `just-in-time`")
+    native = _native.check_file(os.fspath(path), key_values("--costs", costs), recv)
+    return _plan_of(native)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One schedule `tune` ranked: give `expression` to `plan` with the same options (and
+    `layers_per_stage`) for the same figures."""
+
+    expression: str
+    makespan: float
+    bubble_rate: float
+    peak_activations: float
+    stages: int
+    layers_per_stage: Optional[List[int]] = None
+    peak_activation_bytes: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """A point of the memory/time frontier: the fastest schedule found within `memory_limit`."""
+
+    memory_limit: float
+    expression: str
+    makespan: float
+    peak_activations: float
+    family: str = ""
+
+
+def _search_args(ranks, microbatches, costs, activation_memory, memory_limit, profile,
+                 layers_per_stage, microbatch_tokens, cores) -> Dict[str, Any]:
+    return request(
+        ranks,
+        microbatches,
+        costs=costs,
+        activation_memory=activation_memory,
+        memory_limit=memory_limit,
+        profile=profile,
+        layers_per_stage=layers_per_stage,
+        microbatch_tokens=microbatch_tokens,
+        cores=cores,
+    )
+
+
+def tune(
+    ranks: int,
+    microbatches: int,
+    *,
+    costs: Optional[Mapping[str, Number]] = None,
+    activation_memory: Optional[Mapping[str, Number]] = None,
+    memory_limit: Union[Number, str, None] = None,
+    profile: Union[str, os.PathLike, Profile, None] = None,
+    layers_per_stage: Optional[Sequence[int]] = None,
+    microbatch_tokens: Optional[Sequence[int]] = None,
+    cores: Optional[int] = None,
+    top: int = 5,
+) -> List[Candidate]:
+    """Searches the schedules (and with a profile, the cuts) for the fastest that fit
+    `memory_limit`: `pipeweave tune`. Arguments as `plan`'s; `top`: how many to return.
+    Returns `Candidate`s, fastest first."""
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise Error(f"option --top: `{top!r}` must be a whole number >= 1")
+    args = _search_args(ranks, microbatches, costs, activation_memory, memory_limit, profile,
+                        layers_per_stage, microbatch_tokens, cores)
+    report = json.loads(_native.tune_json(args, top))
+    fields = Candidate.__dataclass_fields__
+    return [Candidate(**{k: v for k, v in c.items() if k in fields}) for c in report["candidates"]]
+
+
+def frontier(
+    ranks: int,
+    microbatches: int,
+    *,
+    costs: Optional[Mapping[str, Number]] = None,
+    activation_memory: Optional[Mapping[str, Number]] = None,
+    memory_limit: Union[Number, str, None] = None,
+    profile: Union[str, os.PathLike, Profile, None] = None,
+    layers_per_stage: Optional[Sequence[int]] = None,
+    microbatch_tokens: Optional[Sequence[int]] = None,
+    cores: Optional[int] = None,
+    svg: Union[str, os.PathLike, None] = None,
+) -> List[FrontierPoint]:
+    """The memory/time frontier (`pipeweave tune --frontier`): for each memory limit up to
+    `memory_limit`, the fastest schedule found. Arguments as `plan`'s; `svg`: also draw it to
+    that file. Returns `FrontierPoint`s, least memory first."""
+    args = _search_args(ranks, microbatches, costs, activation_memory, memory_limit, profile,
+                        layers_per_stage, microbatch_tokens, cores)
+    if svg is not None and not isinstance(svg, (str, os.PathLike)):
+        raise Error(f"svg= takes a file's path, got {type(svg).__name__}")
+    found = json.loads(_native.frontier_json(args, None if svg is None else os.fspath(svg)))
+    fields = FrontierPoint.__dataclass_fields__
+    return [FrontierPoint(**{k: v for k, v in p.items() if k in fields}) for p in found["frontier"]]
+
+
+def passes() -> List[str]:
+    """The pass names expressions can use: the built-ins and those `register` added."""
+    from ._passes import _registered
+
+    return sorted(set(_native.builtin_passes()) | set(_registered))

@@ -1,0 +1,200 @@
+//! `compile_plan` and `check_file`: an expression or a schedule file to a [`NativePlan`], the
+//! compiled plan with its report (the JSON `plan --format json` prints) and its files.
+
+use crate::errors::{bad_input, detached};
+use crate::passes::{registry_with, PythonPass};
+use pipeweave::compile::{compile, compile_imported, Compiled};
+use pipeweave::request::{import_schedule, ConfigRequest, ProfileSource};
+use pipeweave::Error;
+use pipeweave_core::formats::{csv, svg, trace};
+use pipeweave_core::{CutCosts, Profile, RecvPolicy};
+use pyo3::prelude::*;
+
+/// A compiled plan: verified, simulated, its programs checked.
+#[pyclass(module = "pipeweave._native", frozen)]
+pub struct NativePlan {
+    compiled: Compiled,
+    title: String,
+    cut: Option<CutCosts>,
+}
+
+fn write(path: &str, contents: &str) -> Result<(), Error> {
+    std::fs::write(path, contents).map_err(|source| Error::Io {
+        path: path.to_string(),
+        source,
+    })
+}
+
+#[pymethods]
+impl NativePlan {
+    /// The report, as `pipeweave plan --format json` prints it.
+    fn report_json(&self) -> String {
+        let report = self.compiled.report(&self.title, self.cut.as_ref());
+        serde_json::to_string_pretty(&report).expect("a report always serialises")
+    }
+
+    /// Writes PyTorch's schedule CSV (`lowered`: the checked programs with their communication);
+    /// returns the note `plan --csv` prints on what the file leaves out, if any.
+    fn write_csv(&self, py: Python<'_>, path: &str, lowered: bool) -> PyResult<Option<String>> {
+        detached(py, || {
+            let plan = &self.compiled.plan;
+            csv::pytorch_expressible(plan.problem())?;
+            let text = if lowered {
+                csv::lowered_csv(self.compiled.programs.programs())
+            } else {
+                csv::compute_csv(plan)
+            };
+            write(path, &text)?;
+            Ok(csv::residency_left_out(plan))
+        })
+    }
+
+    /// Writes the SVG timeline (`plan --svg`).
+    fn write_svg(&self, py: Python<'_>, path: &str) -> PyResult<()> {
+        detached(py, || {
+            let c = &self.compiled;
+            write(
+                path,
+                &svg::timeline_svg(&c.plan, &c.simulation, &self.title),
+            )
+        })
+    }
+
+    /// Writes the Chrome/Perfetto trace (`plan --trace`).
+    fn write_trace(&self, py: Python<'_>, path: &str) -> PyResult<()> {
+        detached(py, || {
+            let c = &self.compiled;
+            let value = trace::chrome_trace(&c.plan, &c.simulation, &self.title);
+            write(
+                path,
+                &serde_json::to_string(&value).expect("a trace always serialises"),
+            )
+        })
+    }
+
+    /// The checked per-rank programs as JSON (`plan --programs`).
+    fn programs_json(&self) -> String {
+        serde_json::to_string_pretty(self.compiled.programs.programs())
+            .expect("programs always serialise")
+    }
+}
+
+fn recv_policy(py: Python<'_>, recv: &str) -> PyResult<RecvPolicy> {
+    match recv {
+        "early" => Ok(RecvPolicy::Early),
+        "just-in-time" | "just_in_time" => Ok(RecvPolicy::JustInTime),
+        other => Err(bad_input(
+            py,
+            format!("option --recv: `{other}` is not `early` or `just-in-time`"),
+        )),
+    }
+}
+
+/// The request the keyword arguments of `pipeweave.plan`/`tune`/`frontier` make: the CLI's
+/// option texts (already rendered in its syntax by the Python side) and a profile as JSON or a
+/// path.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct RequestArgs {
+    ranks: u32,
+    microbatches: u32,
+    costs: Option<String>,
+    activation_memory: Option<String>,
+    memory_limit: Option<String>,
+    profile_json: Option<String>,
+    profile_path: Option<String>,
+    layers_per_stage: Option<Vec<usize>>,
+    microbatch_tokens: Option<Vec<usize>>,
+    cores: Option<u32>,
+}
+
+impl RequestArgs {
+    /// Pipeline ranks.
+    pub fn ranks(&self) -> u32 {
+        self.ranks
+    }
+
+    /// Microbatches.
+    pub fn microbatches(&self) -> u32 {
+        self.microbatches
+    }
+
+    /// The library's request, the profile parsed and checked.
+    pub fn request(&self) -> Result<ConfigRequest, Error> {
+        let mut request = ConfigRequest::new(self.ranks, self.microbatches);
+        if let Some(costs) = &self.costs {
+            request.costs = costs.clone();
+        }
+        if let Some(memory) = &self.activation_memory {
+            request.activation_memory = memory.clone();
+        }
+        request.memory_limit = self.memory_limit.clone();
+        request.profile = match (&self.profile_json, &self.profile_path) {
+            (Some(text), _) => ProfileSource::Loaded(Profile::from_json(text)?),
+            (None, Some(path)) => ProfileSource::File(path.clone()),
+            (None, None) => ProfileSource::None,
+        };
+        request.profile_options.layers_per_stage = self.layers_per_stage.clone();
+        request.profile_options.microbatch_tokens = self.microbatch_tokens.clone();
+        request.profile_options.cores = self.cores;
+        for (given, option) in [
+            (self.layers_per_stage.is_some(), "layers_per_stage"),
+            (self.microbatch_tokens.is_some(), "microbatch_tokens"),
+            (self.cores.is_some(), "cores"),
+        ] {
+            if given && matches!(request.profile, ProfileSource::None) {
+                return Err(Error::Option {
+                    option: "--profile",
+                    message: format!("`{option}` needs a profile"),
+                });
+            }
+        }
+        Ok(request)
+    }
+}
+
+/// Compiles `expression` on the configuration `args` describes, with the Python passes
+/// `passes` registered beside the built-ins.
+#[pyfunction]
+#[pyo3(signature = (expression, args, recv="early", passes=Vec::new()))]
+pub fn compile_plan(
+    py: Python<'_>,
+    expression: &str,
+    args: RequestArgs,
+    recv: &str,
+    passes: Vec<PythonPass>,
+) -> PyResult<NativePlan> {
+    let recv = recv_policy(py, recv)?;
+    let registry = registry_with(py, passes)?;
+    detached(py, || {
+        let (config, cut) = args.request()?.config()?;
+        let compiled = compile(&registry, expression, &config, recv)?;
+        Ok(NativePlan {
+            compiled,
+            title: expression.to_string(),
+            cut,
+        })
+    })
+}
+
+/// Imports a schedule file as `pipeweave check` does (a PyTorch CSV, compute-only or lowered, or
+/// a reference JSON file), costed by `costs` (the CLI's syntax).
+#[pyfunction]
+#[pyo3(signature = (path, costs=None, recv="early"))]
+pub fn check_file(
+    py: Python<'_>,
+    path: &str,
+    costs: Option<String>,
+    recv: &str,
+) -> PyResult<NativePlan> {
+    let recv = recv_policy(py, recv)?;
+    let costs = costs.unwrap_or_else(|| pipeweave::request::DEFAULT_COSTS.to_string());
+    detached(py, || {
+        let (plan, programs) = import_schedule(path, &costs)?;
+        Ok(NativePlan {
+            compiled: compile_imported(plan, programs, recv)?,
+            title: path.to_string(),
+            cut: None,
+        })
+    })
+}

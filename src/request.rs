@@ -1,0 +1,195 @@
+//! What `plan`, `check` and `tune` are asked for, as values: the options the CLI parses and the
+//! keyword arguments Python passes, turned into a [`PipelineConfig`] (and a profile's cut) by one
+//! set of rules, so both front ends give the same figures and the same error lines.
+//!
+//! Option values keep the CLI's syntax (`F=1,I=1,comm=0.1`, `total=1,weight_grad=0.4`, `2GiB`):
+//! their one parser is the CLI's ([`crate::cli::parse_costs`] and its siblings), which names the
+//! option in its errors.
+
+use crate::cli::{parse_activation_memory, parse_costs, parse_memory_limit, ProfileArgs};
+use crate::config::PipelineConfig;
+use crate::error::Error;
+use crate::frontier::{frontier, Frontier};
+use crate::reference::read_reference;
+use crate::tune::{candidate_cuts, candidate_expressions, tune, tune_cuts, TuneReport};
+use pipeweave_core::formats::csv::import_csv;
+use pipeweave_core::{CutCosts, Plan, Profile, ProgramSet};
+
+/// The costs `plan` and `tune` assume without `--costs`.
+pub const DEFAULT_COSTS: &str = "F=1,I=1,W=1,comm=0";
+/// The activation memory they assume without `--activation-memory`.
+pub const DEFAULT_ACTIVATION_MEMORY: &str = "total=1";
+
+/// Where a profile comes from: a file (`--profile FILE.json`) or one already loaded (Python's
+/// `pipeweave.Profile`).
+#[derive(Clone, Debug, Default)]
+pub enum ProfileSource {
+    /// No profile: typed costs.
+    #[default]
+    None,
+    /// A file to read.
+    File(String),
+    /// A profile in memory.
+    Loaded(Profile),
+}
+
+/// The sizes, costs, memory and profile of one configuration: everything `plan` and `tune` share.
+#[derive(Clone, Debug)]
+pub struct ConfigRequest {
+    /// Pipeline ranks.
+    pub ranks: u32,
+    /// Microbatches.
+    pub microbatches: u32,
+    /// `--costs` (CLI syntax).
+    pub costs: String,
+    /// `--activation-memory` (CLI syntax; replaced by a profile's memory).
+    pub activation_memory: String,
+    /// `--memory-limit`: units, or bytes with a profile.
+    pub memory_limit: Option<String>,
+    /// `--profile`.
+    pub profile: ProfileSource,
+    /// `--layers-per-stage`, `--microbatch-tokens`, `--cores` (the path in it is unused: see
+    /// `profile`).
+    pub profile_options: ProfileArgs,
+}
+
+impl ConfigRequest {
+    /// Unit costs, one unit of activations per microbatch, no limit, no profile.
+    pub fn new(ranks: u32, microbatches: u32) -> ConfigRequest {
+        ConfigRequest {
+            ranks,
+            microbatches,
+            costs: DEFAULT_COSTS.to_string(),
+            activation_memory: DEFAULT_ACTIVATION_MEMORY.to_string(),
+            memory_limit: None,
+            profile: ProfileSource::None,
+            profile_options: ProfileArgs::default(),
+        }
+    }
+
+    /// The profile, read where it is a file.
+    pub fn profile(&self) -> Result<Option<Profile>, Error> {
+        match &self.profile {
+            ProfileSource::None => Ok(None),
+            ProfileSource::Loaded(p) => Ok(Some(p.clone())),
+            ProfileSource::File(path) => ProfileArgs {
+                profile: Some(path.clone()),
+                ..ProfileArgs::default()
+            }
+            .read(),
+        }
+    }
+
+    /// The configuration before any profile or limit: sizes, typed costs and memory.
+    fn base(&self) -> Result<PipelineConfig, Error> {
+        let (costs, comm) = parse_costs(&self.costs)?;
+        Ok(PipelineConfig::new(self.ranks, self.microbatches)?
+            .with_costs(costs, comm)?
+            .with_memory(parse_activation_memory(&self.activation_memory)?))
+    }
+
+    /// The configuration `plan` builds on: typed costs, or the profile's cut (then returned too),
+    /// and the memory limit (bytes converted by the cut's unit).
+    pub fn config(&self) -> Result<(PipelineConfig, Option<CutCosts>), Error> {
+        let base = self.base()?;
+        let (config, cut) = match self.profile()? {
+            None => (base, None),
+            Some(profile) => {
+                let (config, cut) = self.profile_options.costed(base, &profile)?;
+                (config, Some(cut))
+            }
+        };
+        let limit = parse_memory_limit(
+            self.memory_limit.as_deref(),
+            cut.as_ref().map(|c| c.bytes_per_unit),
+        )?;
+        Ok((config.with_memory_limit(limit), cut))
+    }
+
+    /// The ranked schedules (`tune`): with a profile, over the candidate cuts too (or the one
+    /// `--layers-per-stage` gives). `progress` is called with the count of schedules built.
+    /// An empty ranking is an error naming the limit.
+    pub fn tune(&self, progress: &(dyn Fn(usize) + Sync)) -> Result<TuneReport, Error> {
+        let base = self.base()?;
+        let report = match self.profile()? {
+            None => {
+                let limit = parse_memory_limit(self.memory_limit.as_deref(), None)?;
+                self.search(&base.with_memory_limit(limit), limit, progress)
+            }
+            Some(p) => {
+                let cuts = match &self.profile_options.layers_per_stage {
+                    Some(cut) => vec![cut.clone()],
+                    None => candidate_cuts(p.model.layers, self.ranks as usize, 64),
+                };
+                let options = &self.profile_options;
+                let base = options.with_cores(options.with_tokens(base, &p)?, &p)?;
+                tune_cuts(&base, &p, &cuts, &mut |config, cut| {
+                    let limit =
+                        parse_memory_limit(self.memory_limit.as_deref(), Some(cut.bytes_per_unit))?;
+                    Ok(self.search(&config.clone().with_memory_limit(limit), limit, progress))
+                })?
+            }
+        };
+        if report.candidates.is_empty() {
+            return Err(Error::Option {
+                option: "--memory-limit",
+                message: format!(
+                    "no schedule fits in {} per rank ({} tried)",
+                    self.memory_limit
+                        .as_deref()
+                        .unwrap_or("unlimited activations"),
+                    report.evaluated
+                ),
+            });
+        }
+        Ok(report)
+    }
+
+    /// With a limit, the frontier's search (`auto` at every rung of its ladder up to the limit,
+    /// then recompute and offload); without, every candidate expression.
+    fn search(
+        &self,
+        config: &PipelineConfig,
+        limit: Option<f64>,
+        progress: &(dyn Fn(usize) + Sync),
+    ) -> TuneReport {
+        match limit {
+            Some(_) => frontier(config, progress).ranked(),
+            None => tune(config, &candidate_expressions(self.ranks, None), progress),
+        }
+    }
+
+    /// The memory/time frontier (`tune --frontier`) of one cut: the given one or the even one.
+    /// An empty frontier is an error naming the limit.
+    pub fn frontier(&self, progress: &(dyn Fn(usize) + Sync)) -> Result<Frontier, Error> {
+        let (config, _) = self.config()?;
+        let found = frontier(&config, progress);
+        if found.frontier.is_empty() {
+            return Err(Error::Option {
+                option: "--memory-limit",
+                message: format!(
+                    "no schedule fits in {} activations per rank ({} tried)",
+                    config.memory_limit().unwrap_or(f64::INFINITY),
+                    found.expressions
+                ),
+            });
+        }
+        Ok(found)
+    }
+}
+
+/// A schedule file read as `check` reads it: a PyTorch CSV (compute-only or lowered, then with
+/// its programs) or a reference JSON file, costed by `costs` (CLI syntax).
+pub fn import_schedule(path: &str, costs: &str) -> Result<(Plan, Option<ProgramSet>), Error> {
+    let (costs, comm) = parse_costs(costs)?;
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.to_string(),
+        source,
+    })?;
+    if path.ends_with(".json") {
+        Ok((read_reference(path, &text, costs, comm)?, None))
+    } else {
+        let imported = import_csv(&text, costs, comm)?;
+        Ok((imported.plan, imported.programs))
+    }
+}
