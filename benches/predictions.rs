@@ -270,7 +270,7 @@ fn tune_choices(corpus: &Corpus) {
     let config = model(5);
     let profile = profile_of(config, &[2, 3], corpus);
     let base = PipelineConfig::new(2, 8).expect("sizes");
-    let cuts = candidate_cuts(profile.model.layers, 2, 64);
+    let cuts = candidate_cuts(profile.free_layers(), 2, &profile.pinned(), 64);
     let even = profile.even_cut(2);
     let ranked = ranked_within(&base, &profile, &cuts, None);
     println!(

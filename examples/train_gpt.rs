@@ -21,8 +21,8 @@ use pipeweave_train::data::BatchShape;
 #[cfg(feature = "mpi")]
 use pipeweave_train::mpi::MpiCluster;
 use pipeweave_train::{
-    pipeline_overhead, step_timeline, Corpus, Injection, LossCurve, LrSchedule, Progress, StepLog,
-    TrainError, TrainSettings, Trainer,
+    pipeline_overhead, step_timeline, Corpus, GptProfileModel, Injection, LossCurve, LrSchedule,
+    Progress, StepLog, TrainError, TrainSettings, Trainer,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -531,20 +531,18 @@ impl Costing {
             parse_memory_limit(args.memory_limit.as_deref(), bytes_per_unit)
                 .map_err(|e| bad(e.to_string()))
         };
-        let Some(profile) = cost_profile(args)? else {
+        let Some((profile, gpt)) = cost_profile(args)? else {
             return Ok(Costing {
                 config: config.with_memory_limit(limit(None)?),
                 length: LengthCost::Linear { full: args.seq_len },
             });
         };
         // The plan keeps the profile's seconds; say so where they were measured otherwise.
-        if (profile.threads_per_rank, profile.model.microbatch_size)
-            != (threads, args.microbatch_size)
-        {
+        if (profile.threads_per_rank, gpt.microbatch_size) != (threads, args.microbatch_size) {
             eprintln!(
                 "note: the cost profile was measured with {} compute threads per rank and \
                  microbatches of {}; this run has {threads} and {} (the plan keeps its costs)",
-                profile.threads_per_rank, profile.model.microbatch_size, args.microbatch_size
+                profile.threads_per_rank, gpt.microbatch_size, args.microbatch_size
             );
         }
         let shares = match &args.layers_per_stage {
@@ -568,25 +566,33 @@ impl Costing {
     }
 }
 
-/// `--cost-profile`, read and checked to be of this run's model.
-fn cost_profile(args: &Args) -> Result<Option<Profile>, Failure> {
+/// `--cost-profile`, read and checked to be of this run's model, with the model it describes.
+fn cost_profile(args: &Args) -> Result<Option<(Profile, GptProfileModel)>, Failure> {
     let Some(path) = &args.cost_profile else {
         return Ok(None);
     };
     let text =
         std::fs::read_to_string(path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
     let profile = Profile::from_json(&text).map_err(|e| bad(format!("{}: {e}", path.display())))?;
-    let m = &profile.model;
-    if (m.layers, m.d_model, m.heads, m.seq_len)
+    let m = GptProfileModel::of(&profile).ok_or_else(|| {
+        bad(format!(
+            "{}: a profile of another model (not one of this trainer's GPT: its model needs the \
+             name `{}` or none, `blocks`, `d_model`, `heads`, `vocab`, `seq_len` and \
+             `microbatch_size`, and one free layer per block, as `--profile` writes)",
+            path.display(),
+            GptProfileModel::NAME
+        ))
+    })?;
+    if (m.blocks, m.d_model, m.heads, m.seq_len)
         != (args.layers, args.d_model, args.heads, args.seq_len)
     {
         return Err(bad(format!(
             "{}: a profile of another model ({} blocks, width {}, {} heads, seq {}; this run: {}, {}, {}, {})",
             path.display(),
-            m.layers, m.d_model, m.heads, m.seq_len, args.layers, args.d_model, args.heads, args.seq_len
+            m.blocks, m.d_model, m.heads, m.seq_len, args.layers, args.d_model, args.heads, args.seq_len
         )));
     }
-    Ok(Some(profile))
+    Ok(Some((profile, m)))
 }
 
 /// Measures every layer of the run's model on this thread, with the run's compute threads, and

@@ -26,12 +26,11 @@ pub mod request;
 pub mod tune;
 pub mod variable_length;
 
+pub use compile::{compile, Compiled};
 pub use config::{
     build_and_simulate, build_plan, build_plan_observed, build_plan_with, PipelineConfig,
 };
-pub use compile::{compile, Compiled};
 pub use error::Error;
-pub use request::{ConfigRequest, ProfileSource};
 pub use pipeweave_backends as backends;
 pub use pipeweave_core as core_ir;
 pub use pipeweave_core::{
@@ -45,6 +44,7 @@ pub use pipeweave_transforms::{
     compile_expression, Arguments, Arity, Changes, Contract, Pass, PassList, Registry, Requires,
     TransformError,
 };
+pub use request::{ConfigRequest, ProfileSource};
 
 /// What a pass of one's own needs, in one import: `use pipeweave::prelude::*;`.
 ///

@@ -119,7 +119,7 @@ impl ConfigRequest {
             Some(p) => {
                 let cuts = match &self.profile_options.layers_per_stage {
                     Some(cut) => vec![cut.clone()],
-                    None => candidate_cuts(p.model.layers, self.ranks as usize, 64),
+                    None => candidate_cuts(p.free_layers(), self.ranks as usize, &p.pinned(), 64),
                 };
                 let options = &self.profile_options;
                 let base = options.with_cores(options.with_tokens(base, &p)?, &p)?;

@@ -16,7 +16,7 @@
 use crate::config::{build_plan, PipelineConfig};
 use crate::error::Error;
 use crate::report::tidy;
-use pipeweave_core::{even_blocks, CutCosts, Profile};
+use pipeweave_core::{cut_violation, even_cut, CutCosts, PinnedEnds, Profile};
 use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -198,16 +198,24 @@ pub fn tune_cuts(
     Ok(all)
 }
 
-/// The cuts of `blocks` blocks into `ranks` shares `tune --profile` tries, the even one first
-/// (ties go to it): every other cut (in lexicographic order) where they are few (at most `limit`), else the even cut and those
-/// that move up to two blocks off each of the first and the last share (where the embedding
-/// and the head make a share heavy) onto the others, spread evenly. A share between the first
-/// and the last always keeps a block.
-pub fn candidate_cuts(blocks: usize, ranks: usize, limit: usize) -> Vec<Vec<usize>> {
+/// The cuts of `blocks` free layers (a profile's blocks, or all its layers where none is
+/// pinned) into `ranks` shares `tune --profile` tries, the even one first (ties go to it): every
+/// other cut (in lexicographic order) where they are few (at most `limit`), else the even cut and
+/// those that move up to two blocks off each of the first and the last share (where the layers
+/// pinned there, an embedding and a head, make a share heavy) onto the others, spread evenly. A
+/// share without a pinned layer always keeps a block ([`cut_violation`]).
+pub fn candidate_cuts(
+    blocks: usize,
+    ranks: usize,
+    pinned: &PinnedEnds,
+    limit: usize,
+) -> Vec<Vec<usize>> {
+    /// Every cut of `left` blocks over the shares from `k` on, share `j` taking at least
+    /// `least[j]`, appended to `prefix`; false once more than `limit` are found.
     fn all(
-        blocks: usize,
-        ranks: usize,
-        first: bool,
+        k: usize,
+        left: usize,
+        least: &[usize],
         out: &mut Vec<Vec<usize>>,
         prefix: &mut Vec<usize>,
         limit: usize,
@@ -215,20 +223,19 @@ pub fn candidate_cuts(blocks: usize, ranks: usize, limit: usize) -> Vec<Vec<usiz
         if out.len() > limit {
             return false;
         }
-        if ranks == 1 {
-            prefix.push(blocks);
+        let rest: usize = least[k + 1..].iter().sum();
+        if left < least[k] + rest {
+            return true;
+        }
+        if k + 1 == least.len() {
+            prefix.push(left);
             out.push(prefix.clone());
             prefix.pop();
             return out.len() <= limit;
         }
-        // A share between the first and the last needs a block.
-        let least = usize::from(!first);
-        for here in least..=blocks {
-            if blocks - here < (ranks - 2) {
-                break;
-            }
+        for here in least[k]..=left - rest {
             prefix.push(here);
-            let fits = all(blocks - here, ranks - 1, false, out, prefix, limit);
+            let fits = all(k + 1, left - here, least, out, prefix, limit);
             prefix.pop();
             if !fits {
                 return false;
@@ -242,9 +249,10 @@ pub fn candidate_cuts(blocks: usize, ranks: usize, limit: usize) -> Vec<Vec<usiz
     if ranks == 1 {
         return vec![vec![blocks]];
     }
-    let even = even_blocks(blocks, ranks);
+    let even = even_cut(blocks, ranks, pinned);
+    let least: Vec<usize> = (0..ranks).map(|k| pinned.least(k, ranks)).collect();
     let mut out = Vec::new();
-    if all(blocks, ranks, true, &mut out, &mut Vec::new(), limit) {
+    if all(0, blocks, &least, &mut out, &mut Vec::new(), limit) {
         // The even cut first: ties go to it.
         out.retain(|c| *c != even);
         out.insert(0, even);
@@ -252,7 +260,7 @@ pub fn candidate_cuts(blocks: usize, ranks: usize, limit: usize) -> Vec<Vec<usiz
     }
     let mut cuts = vec![even.clone()];
     let mut push = |cut: Vec<usize>| {
-        if !cuts.contains(&cut) {
+        if !cuts.contains(&cut) && cut_violation(&cut, blocks, pinned).is_none() {
             cuts.push(cut);
         }
     };
@@ -306,16 +314,27 @@ mod tests {
 
     #[test]
     fn cuts_are_every_cut_when_few_else_moves_off_the_ends() {
+        let both = PinnedEnds::new(Some("`embedding`"), Some("`head`"));
         assert_eq!(
-            candidate_cuts(3, 2, 64),
+            candidate_cuts(3, 2, &both, 64),
             [vec![1, 2], vec![0, 3], vec![2, 1], vec![3, 0]]
         );
         // The middle share keeps a block.
-        assert!(candidate_cuts(4, 3, 64)
+        assert!(candidate_cuts(4, 3, &both, 64)
             .iter()
             .all(|c| c[1] >= 1 && c.iter().sum::<usize>() == 4));
-        assert_eq!(candidate_cuts(4, 3, 64).len(), 10);
-        let many = candidate_cuts(32, 8, 64);
+        assert_eq!(candidate_cuts(4, 3, &both, 64).len(), 10);
+        // Nothing pinned: every share keeps a layer.
+        let none = PinnedEnds::none();
+        assert_eq!(
+            candidate_cuts(4, 2, &none, 64),
+            [vec![2, 2], vec![1, 3], vec![3, 1]]
+        );
+        assert_eq!(candidate_cuts(4, 3, &none, 64).len(), 3);
+        let plain = candidate_cuts(32, 8, &none, 64);
+        assert!(plain.len() > 1);
+        assert!(plain.iter().all(|c| cut_violation(c, 32, &none).is_none()));
+        let many = candidate_cuts(32, 8, &both, 64);
         assert_eq!(many[0], [4; 8]);
         assert_eq!(many.len(), 9);
         assert!(many.contains(&vec![2, 5, 5, 5, 5, 4, 4, 2]));

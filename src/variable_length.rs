@@ -31,12 +31,13 @@ pub enum LengthCost {
 }
 
 impl LengthCost {
-    /// The cost factor of sequences of `tokens` tokens.
-    pub fn scale(&self, tokens: usize) -> f64 {
-        match self {
+    /// The cost factor of sequences of `tokens` tokens (an error for a profile that gives no
+    /// sequence length).
+    pub fn scale(&self, tokens: usize) -> Result<f64, Error> {
+        Ok(match self {
             LengthCost::Linear { full } => tokens as f64 / (*full).max(1) as f64,
-            LengthCost::Profiled(profile) => profile.length_scale(tokens),
-        }
+            LengthCost::Profiled(profile) => profile.length_scale(tokens)?,
+        })
     }
 }
 
@@ -64,9 +65,9 @@ pub fn plan_for_lengths(
     let costs: Vec<f64> = (0..per_replica)
         .map(|m| {
             let longest = lengths.iter().skip(m).step_by(per_replica).max();
-            cost.scale(*longest.unwrap_or(&0)).max(1e-9)
+            Ok(cost.scale(*longest.unwrap_or(&0))?.max(1e-9))
         })
-        .collect();
+        .collect::<Result<_, Error>>()?;
     let build = |scales: &[f64]| -> Result<Plan, Error> {
         build_plan(
             expression,

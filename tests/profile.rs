@@ -1,11 +1,26 @@
 //! Measured profiles on the command line (CLI.md: `--profile`, `--layers-per-stage`, limits in
-//! bytes): costs and memory of a cut, tune choosing the cut, and the bad inputs.
+//! bytes): costs and memory of a cut, tune choosing the cut, and the bad inputs; the former
+//! format read as the current one, and a profile of any model's plain layer list.
 
 use std::process::{Command, Output};
 
+/// Our GPT's profile (`pipeweave-profile/2`, as `train_gpt --profile` writes it).
 const PROFILE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/profile_w192.json"
+);
+
+/// The same profile in the former format (`pipeweave-profile/1`).
+const PROFILE_V1: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/profile_w192_v1.json"
+);
+
+/// A hand-written profile of a model's plain list of 6 layers, none pinned to an end, with no
+/// sequence length (as a PyTorch producer may write one).
+const GENERIC: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/generic_profile_v2.json"
 );
 
 fn pipeweave(args: &[&str]) -> Output {
@@ -137,11 +152,22 @@ fn tune_chooses_a_cut_that_plan_reproduces() {
 
 #[test]
 fn bad_cuts_profiles_and_limits_exit_2_with_one_line() {
+    // A former-format profile that lists fewer layers than its model's blocks.
     let missing = std::env::temp_dir().join("pipeweave-missing-layer-profile.json");
     let mut profile: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(PROFILE).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(PROFILE_V1).unwrap()).unwrap();
     profile["layers"].as_array_mut().unwrap().remove(2);
     std::fs::write(&missing, profile.to_string()).unwrap();
+    // A current-format profile with a layer placed last in the middle of the list.
+    let misplaced = std::env::temp_dir().join("pipeweave-misplaced-layer-profile.json");
+    let mut profile: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(PROFILE).unwrap()).unwrap();
+    profile["layers"][2]["placement"] = serde_json::json!("last");
+    std::fs::write(&misplaced, profile.to_string()).unwrap();
+    // An unknown format tag.
+    let unknown = std::env::temp_dir().join("pipeweave-unknown-format-profile.json");
+    profile["format"] = serde_json::json!("pipeweave-profile/9");
+    std::fs::write(&unknown, profile.to_string()).unwrap();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["-p", "2", "--layers-per-stage", "1,2"], "sums to 3"),
         (
@@ -174,6 +200,29 @@ fn bad_cuts_profiles_and_limits_exit_2_with_one_line() {
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("5 layers listed"), "{err}");
+    for (path, expected) in [
+        (
+            &misplaced,
+            "is placed `any` after layer 2 (`block.1`) placed `last`",
+        ),
+        (
+            &unknown,
+            "format `pipeweave-profile/9` is not `pipeweave-profile/2`",
+        ),
+    ] {
+        let out = pipeweave(&[
+            "plan",
+            "f1b(gpipe)",
+            "-p",
+            "2",
+            "--profile",
+            path.to_str().unwrap(),
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(expected), "{err}");
+    }
     let out = pipeweave(&["plan", "f1b(gpipe)", "--memory-limit", "2GiB"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs a profile"));
@@ -344,6 +393,16 @@ fn train_gpt_runs_the_plan_a_profile_chose_within_its_byte_limit() {
             vec!["--cost-profile", PROFILE, "--memory-limit", "1KiB"],
             "memory",
         ),
+        (
+            "4",
+            vec!["--cost-profile", GENERIC],
+            "not one of this trainer's GPT",
+        ),
+        (
+            "3",
+            vec!["--cost-profile", PROFILE_V1],
+            "a profile of another model",
+        ),
     ];
     for (layers, extra, expected) in cases {
         let out = train_gpt(layers).args(&extra).output().unwrap();
@@ -423,4 +482,185 @@ fn more_ranks_than_cores_time_share_them() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--cores"));
     let out = pipeweave(&["plan", "f1b(gpipe)", "--cores", "2"]);
     assert_eq!(out.status.code(), Some(2), "--cores needs --profile");
+}
+
+#[test]
+fn a_former_profile_reads_as_its_current_conversion() {
+    use pipeweave::Profile;
+    use pipeweave_train::GptProfileModel;
+    let read = |path: &str| Profile::from_json(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let (v1, v2) = (read(PROFILE_V1), read(PROFILE));
+    // Everything but the model's own keys (the former ones kept as they were) is the same.
+    assert_eq!(v1.layers, v2.layers);
+    assert_eq!(v1.send, v2.send);
+    assert_eq!(
+        (
+            v1.format.as_str(),
+            v1.threads_per_rank,
+            v1.repeats,
+            v1.calibrated
+        ),
+        (
+            v2.format.as_str(),
+            v2.threads_per_rank,
+            v2.repeats,
+            v2.calibrated
+        )
+    );
+    assert_eq!(
+        (v1.seq_len(), &v1.model.microbatch_size, &v1.model.dtype),
+        (v2.seq_len(), &v2.model.microbatch_size, &v2.model.dtype)
+    );
+    assert_eq!(v1.free_layers(), 4);
+    // Both describe the same GPT.
+    let gpt = GptProfileModel::of(&v2).unwrap();
+    assert_eq!(GptProfileModel::of(&v1), Some(gpt));
+    assert_eq!(
+        (gpt.blocks, gpt.d_model, gpt.heads, gpt.vocab),
+        (4, 192, 4, 256)
+    );
+    // Written back, the former one is in the current format and reads the same.
+    let written = v1.to_json();
+    assert!(
+        written.contains("\"format\": \"pipeweave-profile/2\""),
+        "{written}"
+    );
+    assert_eq!(Profile::from_json(&written).unwrap(), v1);
+    // And plan gives the same figures from either file.
+    let with = |path: &str| {
+        json(&[
+            "plan",
+            "zero_bubble(vpp(f1b(gpipe), chunks=2))",
+            "-p",
+            "2",
+            "-m",
+            "8",
+            "--profile",
+            path,
+            "--layers-per-stage",
+            "2,2",
+            "--microbatch-tokens",
+            "64,32,16,64,64,48,64,8",
+            "--format",
+            "json",
+        ])
+    };
+    assert_eq!(with(PROFILE_V1), with(PROFILE));
+}
+
+#[test]
+fn a_plain_layer_list_of_any_model_is_cut_and_tuned() {
+    let profile: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(GENERIC).unwrap()).unwrap();
+    let plan = |cut: &str| {
+        json(&[
+            "plan",
+            "f1b(gpipe)",
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "--profile",
+            GENERIC,
+            "--layers-per-stage",
+            cut,
+            "--format",
+            "json",
+        ])
+    };
+    let planned = plan("2,4");
+    assert_eq!(planned["layers_per_stage"], serde_json::json!([2, 4]));
+    assert!(planned["bytes_per_unit"].as_f64().unwrap() > 0.0);
+    // Every layer is free: the first share is layers 0 and 1, the second 2 to 5.
+    let share = |range: std::ops::Range<usize>| {
+        ["forward", "input_grad", "weight_grad"]
+            .iter()
+            .map(|k| layer_sum(&profile, range.clone(), k))
+            .sum::<f64>()
+    };
+    let heavier = share(0..2).max(share(2..6));
+    let makespan = planned["makespan"].as_f64().unwrap();
+    assert!(makespan >= 4.0 * heavier - 1e-9, "{makespan} vs {heavier}");
+    assert!(makespan < 4.0 * heavier * 2.0, "{makespan} vs {heavier}");
+    // Without a cut, the layers even over the shares.
+    let even = json(&[
+        "plan",
+        "f1b(gpipe)",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--profile",
+        GENERIC,
+        "--format",
+        "json",
+    ]);
+    assert_eq!(even["layers_per_stage"], serde_json::json!([3, 3]));
+    // tune chooses among cuts that give every share a layer, and plan reproduces its pick.
+    let found = json(&[
+        "tune",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--profile",
+        GENERIC,
+        "--format",
+        "json",
+    ]);
+    let candidates = found["candidates"].as_array().unwrap();
+    assert!(!candidates.is_empty());
+    for c in candidates {
+        let cut: Vec<u64> = c["layers_per_stage"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .collect();
+        assert_eq!(cut.len(), 2, "{c}");
+        assert_eq!(cut.iter().sum::<u64>(), 6, "{c}");
+        assert!(cut.iter().all(|&n| n >= 1), "{c}");
+    }
+    let first = &candidates[0];
+    let again = json(&[
+        "plan",
+        first["expression"].as_str().unwrap(),
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--profile",
+        GENERIC,
+        "--layers-per-stage",
+        &cut_of(first),
+        "--format",
+        "json",
+    ]);
+    assert!(
+        (again["makespan"].as_f64().unwrap() - first["makespan"].as_f64().unwrap()).abs() < 1e-6,
+        "{again} vs {first}"
+    );
+    // Bad input, one line each: a share with no layer (nothing is pinned to the first), and
+    // pricing by tokens without the profile's sequence length.
+    for (extra, expected) in [
+        (vec!["--layers-per-stage", "0,6"], "leaves stage 0 empty"),
+        (vec!["--microbatch-tokens", "8,8,8,8"], "no seq_len"),
+    ] {
+        let mut args = vec![
+            "plan",
+            "f1b(gpipe)",
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "--profile",
+            GENERIC,
+        ];
+        args.extend(extra);
+        let out = pipeweave(&args);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
 }

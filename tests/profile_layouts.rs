@@ -4,7 +4,7 @@
 //! in position order), checked against that placement worked out here; a share that would leave
 //! a middle position empty is refused with the reason.
 
-use pipeweave::core_ir::{LayerKind, PhaseTimes, ProfiledModel, SendProfile, PROFILE_FORMAT};
+use pipeweave::core_ir::{LayerPlacement, PhaseTimes, ProfiledModel, SendProfile, PROFILE_FORMAT};
 use pipeweave::{build_plan, simulate, LayerProfile, PipelineConfig, Profile};
 use proptest::prelude::*;
 
@@ -17,14 +17,14 @@ fn synthetic(costs: &[f64], bytes: &[u64]) -> Profile {
         .zip(bytes)
         .enumerate()
         .map(|(k, (&f, &b))| {
-            let (name, kind) = match k {
-                0 => ("embedding".to_string(), LayerKind::Embedding),
-                k if k == last => ("head".to_string(), LayerKind::Head),
-                k => (format!("block.{}", k - 1), LayerKind::Block),
+            let (name, placement) = match k {
+                0 => ("embedding".to_string(), LayerPlacement::First),
+                k if k == last => ("head".to_string(), LayerPlacement::Last),
+                k => (format!("block.{}", k - 1), LayerPlacement::Any),
             };
             LayerProfile {
                 name,
-                kind,
+                placement,
                 forward: f,
                 input_grad: f,
                 weight_grad: f / 2.0,
@@ -41,13 +41,11 @@ fn synthetic(costs: &[f64], bytes: &[u64]) -> Profile {
     Profile {
         format: PROFILE_FORMAT.to_string(),
         model: ProfiledModel {
-            layers: costs.len() - 2,
-            d_model: 64,
-            heads: 4,
-            seq_len: 32,
-            microbatch_size: 2,
-            vocab: 256,
-            dtype: "f32".to_string(),
+            name: Some("synthetic".to_string()),
+            seq_len: Some(32),
+            microbatch_size: Some(2),
+            dtype: Some("f32".to_string()),
+            extra: serde_json::Map::new(),
         },
         threads_per_rank: 1,
         repeats: 3,

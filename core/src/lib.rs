@@ -35,10 +35,10 @@ pub use analysis::verify::{verify, verify_schedule, Violation, Violations};
 pub use error::{CoreError, FailureKind};
 pub use formats::grid::render_grid;
 pub use formats::profile::{
-    parse_bytes, CutCosts, LayerKind, LayerProfile, PhaseTimes, Profile, ProfiledLayout,
-    ProfiledModel, SendProfile, PROFILE_FORMAT,
+    parse_bytes, CutCosts, LayerPlacement, LayerProfile, PhaseTimes, Profile, ProfiledLayout,
+    ProfiledModel, SendProfile, PROFILE_FORMAT, PROFILE_FORMAT_V1,
 };
-pub use ir::blocks::{cut_violation, even_blocks, spread_shares};
+pub use ir::blocks::{cut_violation, even_blocks, even_cut, spread_shares, PinnedEnds};
 pub use ir::cost::{CostModel, LayoutFigures, StageCosts, StageCostsSpec, StageFigures};
 pub use ir::facts::{
     Backwards, ChunkPlacement, DualKind, Facts, Layout, LayoutKind, Pacing, Residency,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numbers
 import os
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from ._errors import Error
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import keyword
 import traceback
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ._errors import Error
 from ._plan import parse_action

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 # `<stage><NAME><microbatch>`, e.g. `2F5`, `0OFFLOAD3`; overlapped pairs are `(a;b)OVERLAP_F_B`.
 _ACTION = re.compile(r"^(\d+)([A-Z_]+?)(\d+)$")

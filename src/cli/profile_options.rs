@@ -9,14 +9,16 @@ use pipeweave_core::{parse_bytes, CutCosts, Profile};
 /// Measured costs instead of typed ones (`plan`, `run`, `tune`).
 #[derive(Clone, Debug, Args, Default)]
 pub struct ProfileArgs {
-    /// Measured layer costs (`train_gpt --profile FILE.json`): each rank's share costs the sum
-    /// of its layers (seconds), comm is one activation's send, memory is counted in the
-    /// heaviest share's activations of one microbatch (limits may then be given in bytes).
+    /// Measured layer costs (`train_gpt --profile FILE.json`, or any model's layers in the
+    /// `pipeweave-profile` format): each rank's share costs the sum of its layers (seconds),
+    /// comm is one activation's send, memory is counted in the heaviest share's activations of
+    /// one microbatch (limits may then be given in bytes).
     /// Replaces `--costs` and `--activation-memory`.
     #[arg(long, value_name = "FILE.json")]
     pub profile: Option<String>,
-    /// With --profile: blocks per rank's share, in order (the embedding on the first, the head
-    /// on the last); default as even as the block count allows (as `train_gpt` cuts).
+    /// With --profile: blocks (the profile's free layers) per rank's share, in order (layers
+    /// placed first, e.g. the embedding, on the first, those placed last, e.g. the head, on the
+    /// last); default as even as the count allows (as `train_gpt` cuts).
     #[arg(
         long,
         value_delimiter = ',',
@@ -109,15 +111,20 @@ impl ProfileArgs {
         let Some(tokens) = &self.microbatch_tokens else {
             return Ok(config);
         };
-        if let Some(&t) = tokens
-            .iter()
-            .find(|&&t| t == 0 || t > profile.model.seq_len)
-        {
+        let Some(seq_len) = profile.seq_len() else {
+            return Err(Error::Option {
+                option: "--microbatch-tokens",
+                message: "the profile's model gives no seq_len (the tokens per sequence its \
+                          layers were measured at), which pricing microbatches by their tokens \
+                          needs"
+                    .to_string(),
+            });
+        };
+        if let Some(&t) = tokens.iter().find(|&&t| t == 0 || t > seq_len) {
             return Err(Error::Option {
                 option: "--microbatch-tokens",
                 message: format!(
-                    "{t} tokens: a microbatch's sequences hold 1 to {} tokens (the profile's length)",
-                    profile.model.seq_len
+                    "{t} tokens: a microbatch's sequences hold 1 to {seq_len} tokens (the profile's length)"
                 ),
             });
         }
@@ -131,7 +138,10 @@ impl ProfileArgs {
                 ),
             });
         }
-        let scales = tokens.iter().map(|&t| profile.length_scale(t)).collect();
+        let scales = tokens
+            .iter()
+            .map(|&t| profile.length_scale(t))
+            .collect::<Result<Vec<f64>, _>>()?;
         config.with_microbatch_scales(scales)
     }
 }

@@ -13,7 +13,7 @@
 //! every step.
 
 use crate::error::TrainError;
-use pipeweave_core::{cut_violation, even_blocks, spread_shares, Problem, StageId};
+use pipeweave_core::{cut_violation, even_blocks, spread_shares, PinnedEnds, Problem, StageId};
 use pipeweave_kernels::{GptConfig, StageLayout};
 
 /// The layers of every position and the position of every stage.
@@ -156,7 +156,8 @@ fn block_starts(
         });
     }
     if layers.is_some() {
-        if let Some(reason) = cut_violation(counts, blocks) {
+        let pinned = PinnedEnds::new(Some("the embedding"), Some("the head"));
+        if let Some(reason) = cut_violation(counts, blocks, &pinned) {
             return Err(TrainError::Cut { reason });
         }
     }

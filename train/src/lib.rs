@@ -57,7 +57,7 @@ pub use data::{BatchShape, Corpus, DataPosition, GlobalBatch, Loader};
 pub use error::TrainError;
 pub use gradients::{GradSync, LocalGradients};
 pub use optim::{AdamW, AdamWConfig, OptimizerState};
-pub use profile::{calibrate, measure_profile, ProfileRequest};
+pub use profile::{calibrate, measure_profile, GptProfileModel, ProfileRequest};
 pub use progress::Progress;
 pub use schedule::LrSchedule;
 pub use stage::{GptStage, Injection, MeasuredOp};

@@ -1,14 +1,16 @@
-//! Measuring a [`Profile`]: every layer of the model (the embedding, each block, the head with
-//! the loss) run alone on this thread, its forward, input-gradient and weight-gradient times
-//! taken over several repeats (the medians are kept), its activation bytes read from what the
-//! forward saves and what the weight gradient still needs, and the time to hand one activation
-//! to another thread (the threads backend's send).
+//! Measuring a [`Profile`] of our GPT: every layer of the model (the embedding, placed first;
+//! each block, placed anywhere; the head with the loss, placed last) run alone on this thread,
+//! its forward, input-gradient and weight-gradient times taken over several repeats (the medians
+//! are kept), its activation bytes read from what the forward saves and what the weight gradient
+//! still needs, and the time to hand one activation to another thread (the threads backend's
+//! send).
 //!
 //! The layers run as one-layer [`StageModel`]s on the same primitives, shapes and thread count as
 //! the training run (`train_gpt --profile` measures after its steps, with its
 //! `--threads-per-rank`), so the figures are what a stage of those layers costs in a pipeline
 //! step, less what the pipeline adds (waits, transfers); `pipeweave plan --profile` sums them
-//! for any cut ([`Profile::cut`]).
+//! for any cut ([`Profile::cut`]). The profile describes the model as [`GptProfileModel`] (the
+//! name `gpt` and its sizes), which `train_gpt --cost-profile` checks a profile against.
 
 use crate::batch::PAD_ID;
 use crate::cut::ModelCut;
@@ -16,10 +18,93 @@ use crate::error::TrainError;
 use crate::stage::MeasuredOp;
 use candle_core::{DType, Device, Tensor};
 use pipeweave_core::{
-    LayerKind, LayerProfile, PhaseTimes, Profile, ProfiledModel, SendProfile, Task, PROFILE_FORMAT,
+    LayerPlacement, LayerProfile, PhaseTimes, Profile, ProfiledModel, SendProfile, Task,
+    PROFILE_FORMAT,
 };
 use pipeweave_kernels::{CrossEntropy, GptConfig, StageLayout, StageModel};
 use std::time::Instant;
+
+/// Our GPT as a profile describes it: the model's `name` `gpt`, its `seq_len` and
+/// `microbatch_size`, and the sizes as keys of its own (`blocks`, `d_model`, `heads`, `vocab`);
+/// what `train_gpt --cost-profile` checks a profile against. Profiles of the former format
+/// (`pipeweave-profile/1`) read the same, with no name and the blocks as `layers`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GptProfileModel {
+    /// Transformer blocks (the profile's free layers).
+    pub blocks: usize,
+    /// Model width.
+    pub d_model: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// Sequences per microbatch.
+    pub microbatch_size: usize,
+}
+
+impl GptProfileModel {
+    /// The model's `name` in profiles of our GPT.
+    pub const NAME: &'static str = "gpt";
+
+    /// The GPT `profile` was measured on, or `None` where it describes another model (another
+    /// name, a size missing, or not one free layer per block).
+    pub fn of(profile: &Profile) -> Option<GptProfileModel> {
+        let model = &profile.model;
+        if model.name.as_deref().is_some_and(|name| name != Self::NAME) {
+            return None;
+        }
+        let size = |key: &str| {
+            model
+                .extra
+                .get(key)
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|n| usize::try_from(n).ok())
+        };
+        let gpt = GptProfileModel {
+            // The former format named the blocks `layers`.
+            blocks: size("blocks").or_else(|| size("layers"))?,
+            d_model: size("d_model")?,
+            heads: size("heads")?,
+            vocab: size("vocab")?,
+            seq_len: model.seq_len?,
+            microbatch_size: model.microbatch_size?,
+        };
+        (profile.free_layers() == gpt.blocks).then_some(gpt)
+    }
+
+    /// The profile's description of this model, its elements of `dtype`.
+    pub fn describe(&self, dtype: DType) -> ProfiledModel {
+        let mut model = ProfiledModel {
+            name: Some(Self::NAME.to_string()),
+            seq_len: Some(self.seq_len),
+            microbatch_size: Some(self.microbatch_size),
+            dtype: Some(format!("{dtype:?}").to_lowercase()),
+            extra: serde_json::Map::new(),
+        };
+        for (key, value) in [
+            ("blocks", self.blocks),
+            ("d_model", self.d_model),
+            ("heads", self.heads),
+            ("vocab", self.vocab),
+        ] {
+            model.extra.insert(key.to_string(), value.into());
+        }
+        model
+    }
+}
+
+/// What a layer of our GPT is, for its inputs and its loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LayerKind {
+    /// The token and position embedding (placed first).
+    Embedding,
+    /// A transformer block.
+    Block,
+    /// The final norm, the output projection and the loss (placed last).
+    Head,
+}
 
 /// What to measure: the model, one microbatch's shape, and how often.
 #[derive(Clone, Copy, Debug)]
@@ -92,9 +177,14 @@ fn measure_layer(
         0 => None,
         half => Some(time_phases(request, &model, &name, kind, half)?.0),
     };
+    let placement = match kind {
+        LayerKind::Embedding => LayerPlacement::First,
+        LayerKind::Block => LayerPlacement::Any,
+        LayerKind::Head => LayerPlacement::Last,
+    };
     Ok(LayerProfile {
         name,
-        kind,
+        placement,
         forward: full.forward,
         input_grad: full.input_grad,
         weight_grad: full.weight_grad,
@@ -240,15 +330,15 @@ pub fn measure_profile(request: &ProfileRequest) -> Result<Profile, TrainError> 
     )?);
     Ok(Profile {
         format: PROFILE_FORMAT.to_string(),
-        model: ProfiledModel {
-            layers: blocks,
+        model: GptProfileModel {
+            blocks,
             d_model: config.d_model(),
             heads: config.n_head(),
+            vocab: config.vocab_size(),
             seq_len: request.seq_len,
             microbatch_size: request.microbatch_size,
-            vocab: config.vocab_size(),
-            dtype: format!("{:?}", request.dtype).to_lowercase(),
-        },
+        }
+        .describe(request.dtype),
         threads_per_rank: request.threads_per_rank,
         repeats: request.repeats,
         calibrated: false,
@@ -267,28 +357,14 @@ pub fn calibrate(
     measured: &[Vec<MeasuredOp>],
 ) -> Result<(), TrainError> {
     let counts = cut.layers_per_position();
-    if counts.iter().sum::<usize>() != profile.model.layers {
-        return Err(TrainError::invariant(format!(
-            "calibrating a profile of {} blocks on a cut of {}",
-            profile.model.layers,
+    // The layer indices of each position: the embedding on the first, the head on the last.
+    let members = profile.stage_layers(&counts).map_err(|e| {
+        TrainError::invariant(format!(
+            "calibrating a profile of {} blocks on a cut of {}: {e}",
+            profile.free_layers(),
             counts.iter().sum::<usize>()
-        )));
-    }
-    let positions = counts.len();
-    // The layer indices of each position: the embedding (0) on the first, the head on the last.
-    let mut members: Vec<Vec<usize>> = Vec::with_capacity(positions);
-    let mut next = 1;
-    for (k, &count) in counts.iter().enumerate() {
-        let mut layers: Vec<usize> = (next..next + count).collect();
-        next += count;
-        if k == 0 {
-            layers.insert(0, 0);
-        }
-        if k + 1 == positions {
-            layers.push(profile.layers.len() - 1);
-        }
-        members.push(layers);
-    }
+        ))
+    })?;
     type Pick = fn(&mut LayerProfile) -> &mut f64;
     type HalfPick = fn(&mut PhaseTimes) -> &mut f64;
     type IsKind = fn(&Task) -> bool;
@@ -321,12 +397,12 @@ pub fn calibrate(
                 continue;
             }
             let run = median(durations);
-            let alone: f64 = layers.iter().map(|&i| *pick(&mut profile.layers[i])).sum();
+            let alone: f64 = layers.clone().map(|i| *pick(&mut profile.layers[i])).sum();
             if alone <= 0.0 {
                 continue;
             }
             let factor = run / alone;
-            for &i in layers {
+            for i in layers.clone() {
                 let layer = &mut profile.layers[i];
                 *pick(layer) *= factor;
                 // The half-length time keeps its ratio to the full one.
@@ -377,6 +453,26 @@ mod tests {
         assert_eq!(profile.send.bytes, 2 * 16 * 32 * 4);
         let text = profile.to_json();
         assert_eq!(Profile::from_json(&text).unwrap(), profile);
+        // The embedding first, the blocks anywhere, the head last; the model described as ours.
+        let placements: Vec<LayerPlacement> = profile.layers.iter().map(|l| l.placement).collect();
+        use LayerPlacement::{Any, First, Last};
+        assert_eq!(placements, [First, Any, Any, Any, Last]);
+        assert_eq!(profile.free_layers(), 3);
+        let gpt = GptProfileModel::of(&profile).unwrap();
+        assert_eq!((gpt.blocks, gpt.d_model, gpt.heads), (3, 32, 2));
+        assert_eq!((gpt.seq_len, gpt.microbatch_size), (16, 2));
+        assert_eq!(profile.model.name.as_deref(), Some("gpt"));
+        assert_eq!(profile.model.extra["blocks"], serde_json::json!(3));
+        // Another model's profile, or one without the sizes, is not ours.
+        let mut other = profile.clone();
+        other.model.name = Some("resnet".into());
+        assert_eq!(GptProfileModel::of(&other), None);
+        let mut bare = profile.clone();
+        bare.model.extra.remove("heads");
+        assert_eq!(GptProfileModel::of(&bare), None);
+        let mut short = profile.clone();
+        short.layers.remove(1);
+        assert_eq!(GptProfileModel::of(&short), None);
     }
 
     #[test]

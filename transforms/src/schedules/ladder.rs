@@ -140,7 +140,11 @@ pub fn fastest_within(
     search: impl Fn(&Plan, f64) -> Vec<Scored> + Sync,
 ) -> Option<Vec<Vec<Task>>> {
     let key = fingerprint(plan);
-    let all = rungs(rung_step(plan), limit);
+    let step = rung_step(plan);
+    // No rank ever holds more than every microbatch of its share (two steps each): rungs above
+    // that all find what that finds, so a limit of 1e12 climbs no further.
+    let ceiling = 2.0 * step * f64::from(plan.problem().microbatches());
+    let all = rungs(step, limit.min(ceiling));
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(all.len());
@@ -192,5 +196,34 @@ mod tests {
         assert_eq!(rungs(0.5, 2.0), [0.5, 1.0, 1.5, 2.0]);
         assert_eq!(rungs(0.5, 1.2), [0.5, 1.0, 1.2]);
         assert_eq!(rungs(0.5, 0.3), [0.3]);
+    }
+
+    #[test]
+    fn huge_limits_climb_no_further_than_every_microbatch_held() {
+        let config = (4, 8);
+        let plan = crate::compile_expression("f1b(gpipe)")
+            .unwrap()
+            .run(
+                pipeweave_core::Plan::unscheduled(
+                    pipeweave_core::ProblemSpec::builder()
+                        .ranks(config.0)
+                        .microbatches(config.1)
+                        .build()
+                        .validate()
+                        .unwrap(),
+                    pipeweave_core::CostModel::uniform(4, Default::default(), 0.0).unwrap(),
+                    pipeweave_core::MemoryModel::uniform(4, Default::default()),
+                )
+                .unwrap(),
+            )
+            .unwrap();
+        let searched = std::sync::atomic::AtomicUsize::new(0);
+        let found = fastest_within(&plan, 1e12, |_, _| {
+            searched.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Vec::new()
+        });
+        assert!(found.is_none());
+        // One rung per half microbatch up to all 8 held: 16 searches, not 2e12.
+        assert!(searched.into_inner() <= 16);
     }
 }

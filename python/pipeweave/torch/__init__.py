@@ -1,0 +1,44 @@
+"""pipeweave.torch: pipeweave plans run by PyTorch's pipelining runtime.
+
+    import pipeweave, pipeweave.torch as pwt
+    plan = pipeweave.plan("zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))", ranks=P, microbatches=M)
+    parts = pwt.split(layers, plan)                                   # one nn.Sequential per stage
+    stages = [PipelineStage(parts[s], s, plan.stages, device, group=pp_group)
+              for s in plan.stages_on(rank)]
+    schedule = pwt.schedule(plan, stages, loss_fn=loss_fn)            # a torch.distributed.pipelining schedule
+    schedule.step(x, target=y, losses=losses)                         # as PyTorch's own schedules
+
+- `schedule(plan, stages, *, loss_fn, rank=None, scale_grads=True, **runtime_kwargs)`: the plan's
+  order lowered in memory by PyTorch's own passes (communication, FSDP UNSHARD/RESHARD, gradient
+  reduction) and run by `_PipelineScheduleRuntime`; the plan's recomputes and offloads are carried
+  out per (stage, microbatch). DualPipe's two routes raise `pipeweave.Error` naming DualPipeV.
+- `SavedActivationMeter`: bytes of saved activations alive on the device (and offloaded to the
+  host), with peaks; `activation_bytes(module, *inputs)`: what one forward saves.
+- `profile(layers, example_input, *, loss_fn, target=None, repeats=5, device=None)`: per layer F,
+  I, W seconds and activation bytes, and one send, as a `pipeweave.Profile`.
+- `split(layers, plan)`: the model's layers cut into the plan's stages.
+
+Supported PyTorch: 2.6 or later (the contract's floor; `pip install './python[torch]'`), tested with
+2.15 on CPU (gloo), plain and FSDP-wrapped (`fully_shard`) stages. The schedule uses the runtime's
+private in-memory loader (`_prepare_schedule_with_comms`, or `_load_actions` where older releases
+call it that) and wraps the stages' `forward_one_chunk`, `forward_maybe_with_nosync`,
+`backward_one_chunk` and `backward_weight_one_chunk` for the length of each `step`; overlapped
+F;B pairs (DualPipeV) need a release whose runtime has `OVERLAP_F_B`. Only 2.15 is tested.
+"""
+
+from ._memory import SavedActivationMeter, activation_bytes
+from ._profile import profile
+from ._schedule import DUALPIPE_V, PlanSchedule, lower_plan, schedule
+from ._split import split, stage_layer_counts
+
+__all__ = [
+    "DUALPIPE_V",
+    "PlanSchedule",
+    "SavedActivationMeter",
+    "activation_bytes",
+    "lower_plan",
+    "profile",
+    "schedule",
+    "split",
+    "stage_layer_counts",
+]

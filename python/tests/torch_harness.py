@@ -1,0 +1,405 @@
+"""Shared helpers of the pipeweave.torch tests: plans (from the installed `pipeweave.plan`), the test
+model, a single-device reference, and process groups of workers (one process per rank, gloo on
+CPU) that run many cases in one launch and write their gradients, losses and memory figures.
+
+    python torch_harness.py worker --rank R --world N --ranks P --port PORT --cases FILE --results FILE [--fsdp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.dirname(HERE)
+REPO = os.path.dirname(PYTHON_DIR)
+
+# Every expression PyTorch's runtime can express (tools/pytorch_train.py's list).
+EXPRESSIONS = [
+    "gpipe",
+    "f1b(gpipe)",
+    "vpp(gpipe, chunks=2)",
+    "vpp(f1b(gpipe), chunks=2)",
+    "vpp(f1b(gpipe), chunks=4)",
+    "vpp(f1b(gpipe), chunks=2, layout=v)",
+    "zero_bubble(f1b(gpipe), policy=h1)",
+    "zero_bubble(f1b(gpipe), policy=h2)",
+    "zero_bubble(f1b(gpipe))",
+    "zero_bubble(vpp(f1b(gpipe), chunks=2))",
+    "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
+    "dual(vpp(f1b(gpipe), chunks=2))",
+    "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
+]
+
+WIDTH = 4  # features between stages
+HIDDEN = 8  # features inside a stage
+ROWS = 2  # rows per microbatch
+TOLERANCE = 1e-6
+
+
+# ----------------------------------------------------------------------------- imports
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+def make_plan(expression: str, ranks: int, microbatches: int, **kwargs: Any) -> Any:
+    """`pipeweave.plan(expression, ranks=, microbatches=, **kwargs)` of the installed package."""
+    import pipeweave
+
+    return pipeweave.plan(expression, ranks=ranks, microbatches=microbatches, **kwargs)
+
+
+def plan_report(expression: str, ranks: int, microbatches: int, **kwargs: Any) -> Dict[str, Any]:
+    """The plan's JSON report (as `pipeweave plan --format json` prints it)."""
+    return dict(make_plan(expression, ranks, microbatches, **kwargs).report)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def stage_module(torch: Any, stage: int) -> Any:
+    """Stage `stage`'s module: Linear, Tanh, Linear, Tanh in float64, seeded by the stage."""
+    torch.manual_seed(1000 + stage)
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Linear(WIDTH, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, WIDTH), nn.Tanh()
+    ).double()
+
+
+def loss_fn(output: Any, target: Any) -> Any:
+    return ((output - target) ** 2).mean()
+
+
+def batch(torch: Any, ranks: int, microbatches: int, replica: int = 0) -> Tuple[Any, Any]:
+    generator = torch.Generator().manual_seed(ranks * 1000 + microbatches * 10 + replica)
+    shape = (microbatches * ROWS, WIDTH)
+    x = torch.randn(shape, dtype=torch.float64, generator=generator)
+    y = torch.randn(shape, dtype=torch.float64, generator=generator)
+    return x, y
+
+
+def reference(torch: Any, stages: int, ranks: int, microbatches: int, replicas: int = 1):
+    """Per parameter `stage.name` the single-device gradient (replicas averaged, divided by M),
+    and per replica the microbatches' losses."""
+    grads: Dict[str, Any] = {}
+    losses: List[List[float]] = []
+    for replica in range(replicas):
+        modules = [stage_module(torch, s) for s in range(stages)]
+        x, y = batch(torch, ranks, microbatches, replica)
+        mine = []
+        for xm, ym in zip(x.chunk(microbatches), y.chunk(microbatches)):
+            out = xm
+            for module in modules:
+                out = module(out)
+            loss = loss_fn(out, ym)
+            loss.backward()
+            mine.append(loss.item())
+        losses.append(mine)
+        for s, module in enumerate(modules):
+            for name, p in module.named_parameters():
+                g = p.grad / microbatches
+                key = f"{s}.{name}"
+                grads[key] = g if key not in grads else grads[key] + g
+    return {k: v / replicas for k, v in grads.items()}, losses
+
+
+# ----------------------------------------------------------------------------- the workers
+
+
+def weight_grad_fraction(torch: Any) -> float:
+    """Of what a middle stage's forward saves, the share still alive after PyTorch's input
+    gradient (`stage_backward_input`), kept until its weight gradient: the plans' `weight_grad`."""
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    import pipeweave.torch as pwt
+    from pipeweave.torch._memory import LEDGER
+
+    module = stage_module(torch, 1)
+    x = torch.randn(ROWS, WIDTH, dtype=torch.float64, requires_grad=True)
+    with pwt.SavedActivationMeter([module], hooks=True, exclude=[x]):
+        start = LEDGER.device_bytes
+        out = module(x)
+    total = LEDGER.device_bytes - start
+    _, groups = stage_backward_input([out], [torch.ones_like(out)], [x], module.parameters())
+    del out
+    kept = LEDGER.device_bytes - start
+    del groups
+    return kept / total
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One process of a pipeline group: runs every case of its file, writes one line per case."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage
+
+    import pipeweave.torch as pwt
+    from pipeweave._plan import Plan
+    from pipeweave.torch._memory import LEDGER
+
+    torch.set_num_threads(1)
+    with open(args.cases) as f:
+        cases = json.load(f)
+    replicas = args.world // args.ranks
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank, world_size=args.world,
+        timeout=timedelta(seconds=60),
+    )
+    mesh = init_device_mesh("cpu", (replicas, args.ranks), mesh_dim_names=("dp", "pp"))
+    pp_group = mesh["pp"].get_group()
+    pp_rank = mesh["pp"].get_local_rank()
+    replica = mesh["dp"].get_local_rank()
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+    out = open(args.results, "w")
+    for case in cases:
+        plan = Plan.from_report(case["report"])
+        mine = plan.stages_on(pp_rank)
+        modules = {}
+        for s in mine:
+            module = stage_module(torch, s)
+            if args.fsdp:
+                fully_shard(module, mesh=mesh["dp"])
+            modules[s] = module
+        stages = [PipelineStage(modules[s], s, plan.stages, torch.device("cpu"), group=pp_group) for s in mine]
+        schedule = pwt.schedule(plan, stages, loss_fn=loss_fn)
+        x, y = batch(torch, plan.ranks, plan.microbatches, replica)
+        losses: List[Any] = []
+        inputs = (x,) if 0 in mine else ()
+        target = y if plan.stages - 1 in mine else None
+        with pwt.SavedActivationMeter() as meter:
+            schedule.step(*inputs, target=target, losses=losses)
+        record: Dict[str, Any] = {"case": case["id"], "rank": pp_rank, "replica": replica}
+        if case.get("memory"):
+            # One microbatch's activations of this rank's share, from one plain forward per stage.
+            unit = 0
+            for s in mine:
+                probe = stage_module(torch, s)
+                xm = torch.randn(ROWS, WIDTH, dtype=torch.float64, requires_grad=s > 0)
+                unit += pwt.activation_bytes(probe, xm)
+            record.update(
+                peak=meter.peak_bytes - meter.start_bytes, host_peak=meter.host_peak_bytes,
+                unit=unit, left=LEDGER.device_bytes - meter.start_bytes, left_host=LEDGER.host_bytes,
+            )
+        grads = {}
+        for s, module in modules.items():
+            for name, p in module.named_parameters():
+                g = p.grad
+                if hasattr(g, "full_tensor"):
+                    g = g.full_tensor()
+                grads[f"{s}.{name}"] = [v.hex() for v in g.detach().flatten().tolist()]
+        record["grads"] = grads
+        record["losses"] = [float(l).hex() for l in losses] if target is not None else None
+        out.write(json.dumps(record) + "\n")
+        out.flush()
+    out.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- the suite's cases
+
+OFFLOAD_COSTS = {"F": 1, "I": 1, "W": 1, "offload": 0.25}
+GROUPS = [(2, "plain"), (4, "plain"), (2, "fsdp"), (4, "fsdp")]
+
+
+def residency_cases(torch: Any, ranks: int) -> List[Tuple[str, str, int, Dict[str, Any]]]:
+    """(tag, expression, microbatches, plan keywords) of the recompute and offload plans on 1F1B,
+    ZB-H1 and ZB-V, with limits that make them recompute or offload, and their plain bases (tag
+    `base`). The zero-bubble plans declare the share of activations PyTorch keeps until W
+    (`weight_grad`, measured), so their peaks are the runtime's."""
+    wg = {"total": 1, "weight_grad": round(weight_grad_fraction(torch), 4)}
+    if ranks == 2:
+        return [
+            ("residency", "recompute(f1b(gpipe), memory=1)", 4, {}),
+            ("residency", "offload(f1b(gpipe), memory=1)", 4, {"costs": OFFLOAD_COSTS}),
+        ]
+    m = 2 * ranks
+    h1 = "zero_bubble(f1b(gpipe), policy=h1)"
+    zbv = "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))"
+    return [
+        ("residency", "recompute(f1b(gpipe), memory=1)", m, {}),
+        ("residency", "offload(f1b(gpipe), memory=1)", m, {"costs": OFFLOAD_COSTS}),
+        ("residency", "recompute(f1b(gpipe), memory=2)", m, {}),
+        ("base", h1, m, {"activation_memory": wg}),
+        ("residency", f"recompute({h1}, memory=3.1)", m, {"activation_memory": wg}),
+        ("residency", f"offload({h1}, memory=3.1)", m, {"activation_memory": wg, "costs": OFFLOAD_COSTS}),
+        ("base", zbv, m, {"activation_memory": wg}),
+        ("residency", f"recompute({zbv}, memory=3)", m, {"activation_memory": wg}),
+        ("residency", f"offload({zbv}, memory=3)", m, {"activation_memory": wg, "costs": OFFLOAD_COSTS}),
+    ]
+
+
+def cases_for(torch: Any, ranks: int) -> List[Tuple[str, str, int, Dict[str, Any]]]:
+    """Every case of a group at `ranks`: each expression at M in {P, P+1, 2P}, then the
+    residency cases."""
+    cases = []
+    for expression in EXPRESSIONS:
+        for m in sorted({ranks, ranks + 1, 2 * ranks}):
+            cases.append(("expression", expression, m, {}))
+    return cases + residency_cases(torch, ranks)
+
+
+_GROUPS: Dict[Tuple[int, str], Dict[Tuple[str, str, int], Tuple[Dict[str, Any], List[Dict[str, Any]]]]] = {}
+
+
+def group(torch: Any, ranks: int, wrap: str) -> Dict[Tuple[str, str, int], Tuple[Dict[str, Any], List[Dict[str, Any]]]]:
+    """Runs every case of (ranks, wrap) in one launch (once per test session): per (tag,
+    expression, microbatches) the plan's report and the workers' records (with memory figures
+    for plain stages)."""
+    key = (ranks, wrap)
+    if key not in _GROUPS:
+        cases = []
+        for i, (tag, expression, m, kwargs) in enumerate(cases_for(torch, ranks)):
+            cases.append({"id": i, "tag": tag, "expression": expression, "microbatches": m,
+                          "memory": wrap == "plain",
+                          "report": plan_report(expression, ranks, m, **kwargs)})
+        records = run_group(cases, ranks, fsdp=wrap == "fsdp", timeout=180)
+        _GROUPS[key] = {
+            (c["tag"], c["expression"], c["microbatches"]): (c["report"], [r for r in records if r["case"] == c["id"]])
+            for c in cases
+        }
+    return _GROUPS[key]
+
+
+# ----------------------------------------------------------------------------- the parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GroupFailed(Exception):
+    pass
+
+
+def run_group(cases: Sequence[Dict[str, Any]], ranks: int, *, replicas: int = 1, fsdp: bool = False,
+              timeout: float = 150.0) -> List[Dict[str, Any]]:
+    """Runs `cases` (each with `id` and the plan's `report`) in one group of ranks x replicas
+    worker processes. Returns every worker's records; raises GroupFailed with the failing rank's
+    output when one fails or the group runs past `timeout` seconds. Every worker (and its process
+    group) is killed before this returns."""
+    workdir = tempfile.mkdtemp(prefix="pipeweave-torch-test-")
+    try:
+        case_file = os.path.join(workdir, "cases.json")
+        with open(case_file, "w") as f:
+            json.dump(list(cases), f)
+        world = ranks * replicas
+        port = free_port()
+        procs = []
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        for rank in range(world):
+            results = os.path.join(workdir, f"results{rank}.jsonl")
+            log_path = os.path.join(workdir, f"log{rank}.txt")
+            command = [sys.executable, os.path.abspath(__file__), "worker", "--rank", str(rank),
+                       "--world", str(world), "--ranks", str(ranks), "--port", str(port),
+                       "--cases", case_file, "--results", results] + (["--fsdp"] if fsdp else [])
+            log = open(log_path, "w")
+            procs.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                           start_new_session=True), results, log_path, log))
+        failure = None
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                codes = [p.poll() for p, _, _, _ in procs]
+                if all(c == 0 for c in codes):
+                    break
+                bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+                if bad:
+                    failure = f"rank {bad[0]} exited with {codes[bad[0]]}:\n{_tail(procs[bad[0]][2])}"
+                    break
+                if time.monotonic() > deadline:
+                    failure = f"the group ran past {timeout} s:\n" + "\n".join(_tail(p[2], 5) for p in procs)
+                    break
+                time.sleep(0.05)
+        finally:
+            for p, _, _, log in procs:
+                if p.poll() is None:
+                    try:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                p.wait()
+                log.close()
+        if failure:
+            raise GroupFailed(failure)
+        records: List[Dict[str, Any]] = []
+        for _, results, _, _ in procs:
+            with open(results) as f:
+                records.extend(json.loads(line) for line in f)
+        return records
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _tail(path: str, lines: int = 30) -> str:
+    try:
+        with open(path) as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no output)"
+
+
+def compare(torch: Any, report: Dict[str, Any], records: Sequence[Dict[str, Any]], replicas: int = 1) -> Tuple[float, bool]:
+    """The largest relative difference of the case's gradients and losses to one device, and
+    whether all of them are bit-identical."""
+    expected_grads, expected_losses = reference(torch, report["stages"], report["ranks"],
+                                                report["microbatches"], replicas)
+    got: Dict[str, List[List[float]]] = {}
+    losses: Dict[int, List[float]] = {}
+    for record in records:
+        for key, values in record["grads"].items():
+            got.setdefault(key, []).append([float.fromhex(v) for v in values])
+        if record["losses"] is not None:
+            losses[record["replica"]] = [float.fromhex(v) for v in record["losses"]]
+    worst, identical = 0.0, True
+    for key, expected in expected_grads.items():
+        if key not in got:
+            raise AssertionError(f"no rank returned the gradient of {key}")
+        want = expected.flatten().tolist()
+        scale = max(max(abs(v) for v in want), 1e-300)
+        for copy in got[key]:
+            assert len(copy) == len(want), f"{key}: {len(copy)} values, expected {len(want)}"
+            worst = max(worst, max(abs(a - b) for a, b in zip(copy, want)) / scale)
+            identical &= copy == want
+    for replica in range(replicas):
+        have, want = losses.get(replica), expected_losses[replica]
+        assert have is not None and len(have) == len(want), f"replica {replica}: losses {have}"
+        worst = max(worst, max(abs(a - b) / abs(b) for a, b in zip(have, want)))
+        identical &= have == want
+    return worst, identical
+
+
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="mode", required=True)
+    w = sub.add_parser("worker")
+    for name in ("rank", "world", "ranks", "port"):
+        w.add_argument(f"--{name}", type=int, required=True)
+    w.add_argument("--cases", required=True)
+    w.add_argument("--results", required=True)
+    w.add_argument("--fsdp", action="store_true")
+    args = parser.parse_args()
+    worker(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
