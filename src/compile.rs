@@ -5,7 +5,6 @@
 use crate::config::PipelineConfig;
 use crate::error::Error;
 use crate::report::PlanReport;
-use pipeweave_core::spmd::project::project_simulated;
 use pipeweave_core::{
     simulate, verify, CheckedPrograms, CutCosts, Plan, ProgramSet, ProjectionOptions, RecvPolicy,
     Simulation,
@@ -80,10 +79,9 @@ pub fn finish(
     recv: RecvPolicy,
 ) -> Result<Compiled, Error> {
     let programs = match programs {
-        Some(p) => p,
-        None => project_simulated(&plan, &simulation, projection(recv))?,
+        Some(p) => CheckedPrograms::check(plan.problem(), p)?,
+        None => CheckedPrograms::of_plan(&plan, Some(&simulation), projection(recv))?,
     };
-    let programs = CheckedPrograms::check(plan.problem(), programs)?;
     finite(&simulation)?;
     Ok(Compiled {
         plan,

@@ -60,6 +60,15 @@ pub enum Error {
     },
 }
 
+impl From<pipeweave_core::ProgramsRefused> for Error {
+    fn from(refused: pipeweave_core::ProgramsRefused) -> Error {
+        match refused {
+            pipeweave_core::ProgramsRefused::Projection(v) => Error::Verification(v),
+            pipeweave_core::ProgramsRefused::Communication(c) => Error::Communication(c),
+        }
+    }
+}
+
 impl Error {
     /// The kind of failure: a pass's bug or a run's failure keeps the kind its crate gave it;
     /// everything else here is about the user's input (expressions, options, files, imported

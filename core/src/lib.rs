@@ -50,7 +50,7 @@ pub use ir::plan::Plan;
 pub use ir::problem::{Problem, ProblemSpec, RouteSpec};
 pub use ir::slots::OpSlots;
 pub use spmd::check::{check_programs, CheckReport, CommError};
-pub use spmd::checked::CheckedPrograms;
+pub use spmd::checked::{CheckedPrograms, ProgramsRefused};
 pub use spmd::program::{
     CommGroup, CommOp, Direction, Instr, Message, ProgramSet, RankProgram, Semantics, ShapeSlot,
 };

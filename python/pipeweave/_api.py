@@ -135,21 +135,6 @@ class FrontierPoint:
     family: str = ""
 
 
-def _search_args(ranks, microbatches, costs, activation_memory, memory_limit, profile,
-                 layers_per_stage, microbatch_tokens, cores) -> Dict[str, Any]:
-    return request(
-        ranks,
-        microbatches,
-        costs=costs,
-        activation_memory=activation_memory,
-        memory_limit=memory_limit,
-        profile=profile,
-        layers_per_stage=layers_per_stage,
-        microbatch_tokens=microbatch_tokens,
-        cores=cores,
-    )
-
-
 def tune(
     ranks: int,
     microbatches: int,
@@ -168,8 +153,9 @@ def tune(
     Returns `Candidate`s, fastest first."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise Error(f"option --top: `{top!r}` must be a whole number >= 1")
-    args = _search_args(ranks, microbatches, costs, activation_memory, memory_limit, profile,
-                        layers_per_stage, microbatch_tokens, cores)
+    args = request(ranks, microbatches, costs=costs, activation_memory=activation_memory,
+                   memory_limit=memory_limit, profile=profile, layers_per_stage=layers_per_stage,
+                   microbatch_tokens=microbatch_tokens, cores=cores)
     report = json.loads(_native.tune_json(args, top))
     fields = Candidate.__dataclass_fields__
     return [Candidate(**{k: v for k, v in c.items() if k in fields}) for c in report["candidates"]]
@@ -191,8 +177,9 @@ def frontier(
     """The memory/time frontier (`pipeweave tune --frontier`): for each memory limit up to
     `memory_limit`, the fastest schedule found. Arguments as `plan`'s; `svg`: also draw it to
     that file. Returns `FrontierPoint`s, least memory first."""
-    args = _search_args(ranks, microbatches, costs, activation_memory, memory_limit, profile,
-                        layers_per_stage, microbatch_tokens, cores)
+    args = request(ranks, microbatches, costs=costs, activation_memory=activation_memory,
+                   memory_limit=memory_limit, profile=profile, layers_per_stage=layers_per_stage,
+                   microbatch_tokens=microbatch_tokens, cores=cores)
     if svg is not None and not isinstance(svg, (str, os.PathLike)):
         raise Error(f"svg= takes a file's path, got {type(svg).__name__}")
     found = json.loads(_native.frontier_json(args, None if svg is None else os.fspath(svg)))

@@ -239,6 +239,15 @@ pub enum TrainError {
     Backend(#[from] pipeweave_backends::BackendError),
 }
 
+impl From<pipeweave_core::ProgramsRefused> for TrainError {
+    fn from(refused: pipeweave_core::ProgramsRefused) -> TrainError {
+        match refused {
+            pipeweave_core::ProgramsRefused::Projection(v) => TrainError::Projection(v),
+            pipeweave_core::ProgramsRefused::Communication(c) => TrainError::Communication(c),
+        }
+    }
+}
+
 impl TrainError {
     /// The kind of failure: bad input (bad data, sizes, arguments, a checkpoint for another
     /// model or schedule), a bug (programs of a verified plan that do not project or check, an

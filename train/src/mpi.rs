@@ -375,15 +375,11 @@ impl MpiCluster {
 
 /// `plan`'s programs (training or forward-only), projected and checked.
 fn checked_programs(plan: &Plan, forward_only: bool) -> Result<CheckedPrograms, TrainError> {
-    let set = project(
-        plan,
-        ProjectionOptions {
-            recv: RecvPolicy::Early,
-            forward_only,
-        },
-    )
-    .map_err(TrainError::Projection)?;
-    CheckedPrograms::check(plan.problem(), set).map_err(TrainError::Communication)
+    let options = ProjectionOptions {
+        recv: RecvPolicy::Early,
+        forward_only,
+    };
+    Ok(CheckedPrograms::of_plan(plan, None, options)?)
 }
 
 impl Cluster for MpiCluster {

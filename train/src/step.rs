@@ -14,9 +14,7 @@ use crate::gradients::{GradSync, LocalGradients};
 use crate::stage::{GptStage, Injection, MeasuredOp};
 use candle_core::{DType, Tensor};
 use pipeweave_backends::{run_threads, StageCompute, ThreadOptions};
-use pipeweave_core::{
-    project, CheckedPrograms, Plan, Problem, ProjectionOptions, RankId, RecvPolicy,
-};
+use pipeweave_core::{CheckedPrograms, Plan, Problem, ProjectionOptions, RankId, RecvPolicy};
 use pipeweave_kernels::{GptConfig, StageModel};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -36,10 +34,8 @@ impl StepRunner {
         recv: RecvPolicy,
         forward_only: bool,
     ) -> Result<StepRunner, TrainError> {
-        let programs = project(plan, ProjectionOptions { recv, forward_only })
-            .map_err(TrainError::Projection)?;
         let checked =
-            CheckedPrograms::check(plan.problem(), programs).map_err(TrainError::Communication)?;
+            CheckedPrograms::of_plan(plan, None, ProjectionOptions { recv, forward_only })?;
         Ok(StepRunner {
             checked,
             options: ThreadOptions::default(),

@@ -1,9 +1,27 @@
 //! [`CheckedPrograms`]: a program set the communication checker accepted for its problem. The
 //! backends run nothing else, so no backend checks again: a value of this type is the proof.
+//! [`CheckedPrograms::of_plan`] is the one home of "project a plan, then check its programs",
+//! which the compile entry (the CLI, Python) and the trainers (threads, MPI) share.
 
+use crate::analysis::simulate::Simulation;
+use crate::analysis::verify::Violations;
+use crate::ir::plan::Plan;
 use crate::ir::problem::Problem;
 use crate::spmd::check::{check_programs, CheckReport, CommError};
 use crate::spmd::program::ProgramSet;
+use crate::spmd::project::{project, project_simulated, ProjectionOptions};
+
+/// Why a plan has no checked programs: the projection found it invalid, or the checker refused
+/// what the projection made (a bug of the projection, reported as the checker saw it).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ProgramsRefused {
+    /// The plan does not verify, so it cannot be projected.
+    #[error("the plan cannot be projected: {0}")]
+    Projection(#[source] Violations),
+    /// The projected programs fail the communication check.
+    #[error("communication check failed: {0}")]
+    Communication(#[source] CommError),
+}
 
 /// Programs checked for a problem ([`check_programs`]); fields private, so the only way to get
 /// one is [`CheckedPrograms::check`].
@@ -23,6 +41,21 @@ impl CheckedPrograms {
             programs,
             report,
         })
+    }
+
+    /// `plan` projected with `options` (along `simulation`'s timeline where it is the plan's
+    /// simulation, else replayed) and its programs checked.
+    pub fn of_plan(
+        plan: &Plan,
+        simulation: Option<&Simulation>,
+        options: ProjectionOptions,
+    ) -> Result<CheckedPrograms, ProgramsRefused> {
+        let programs = match simulation {
+            Some(simulation) => project_simulated(plan, simulation, options),
+            None => project(plan, options),
+        }
+        .map_err(ProgramsRefused::Projection)?;
+        CheckedPrograms::check(plan.problem(), programs).map_err(ProgramsRefused::Communication)
     }
 
     /// The problem the programs were checked for.
@@ -56,5 +89,10 @@ mod tests {
         let mut broken = set;
         broken.programs[1].instrs.remove(0);
         assert!(CheckedPrograms::check(plan.problem(), broken).is_err());
+        let of_plan = CheckedPrograms::of_plan(&plan, None, ProjectionOptions::default()).unwrap();
+        assert_eq!(of_plan.programs(), checked.programs());
+        let simulation = crate::simulate(&plan).unwrap();
+        let along = CheckedPrograms::of_plan(&plan, Some(&simulation), Default::default()).unwrap();
+        assert_eq!(along.report(), checked.report());
     }
 }
