@@ -34,6 +34,9 @@ pub struct Candidate {
     pub peak_activations: f64,
     /// The stages of the plan.
     pub stages: u32,
+    /// Whether PyTorch's pipelining runtime can run the plan (one route, no tied stages:
+    /// `pipeweave.torch.schedule`, `plan --csv`); DualPipe's two routes cannot.
+    pub pytorch: bool,
     /// With `--profile`: the blocks per rank's share this candidate was costed with (give
     /// them to `plan --layers-per-stage` and `train_gpt --layers-per-stage`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -156,6 +159,7 @@ fn evaluate(config: &PipelineConfig, expression: &str) -> Result<Candidate, Stri
         bubble_rate: tidy(sim.bubble_rate()),
         peak_activations: tidy(peak),
         stages: plan.problem().stages(),
+        pytorch: pipeweave_core::formats::csv::pytorch_expressible(plan.problem()).is_ok(),
         layers_per_stage: None,
         peak_activation_bytes: None,
     })

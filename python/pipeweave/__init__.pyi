@@ -99,6 +99,7 @@ class Candidate:
     bubble_rate: float
     peak_activations: float
     stages: int
+    pytorch: bool
     layers_per_stage: Optional[List[int]]
     peak_activation_bytes: Optional[float]
 
@@ -139,6 +140,7 @@ def tune(
     microbatch_tokens: Optional[Sequence[int]] = ...,
     cores: Optional[int] = ...,
     top: int = ...,
+    runtime: Optional[str] = ...,
 ) -> List[Candidate]: ...
 def frontier(
     ranks: int,

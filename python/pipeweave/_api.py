@@ -120,6 +120,7 @@ class Candidate:
     bubble_rate: float
     peak_activations: float
     stages: int
+    pytorch: bool = True
     layers_per_stage: Optional[List[int]] = None
     peak_activation_bytes: Optional[float] = None
 
@@ -147,18 +148,29 @@ def tune(
     microbatch_tokens: Optional[Sequence[int]] = None,
     cores: Optional[int] = None,
     top: int = 5,
+    runtime: Optional[str] = None,
 ) -> List[Candidate]:
     """Searches the schedules (and with a profile, the cuts) for the fastest that fit
-    `memory_limit`: `pipeweave tune`. Arguments as `plan`'s; `top`: how many to return.
-    Returns `Candidate`s, fastest first."""
+    `memory_limit`: `pipeweave tune`. Arguments as `plan`'s; `top`: how many to return;
+    `runtime="pytorch"`: only the schedules PyTorch's pipelining runtime can run
+    (`pipeweave.torch.schedule`: one route, so no DualPipe). Returns `Candidate`s, fastest
+    first (`Candidate.pytorch` says whether PyTorch can run it)."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise Error(f"option --top: `{top!r}` must be a whole number >= 1")
+    if runtime not in (None, "pytorch"):
+        raise Error(f"runtime= is None or \"pytorch\", got {runtime!r}")
     args = request(ranks, microbatches, costs=costs, activation_memory=activation_memory,
                    memory_limit=memory_limit, profile=profile, layers_per_stage=layers_per_stage,
                    microbatch_tokens=microbatch_tokens, cores=cores)
-    report = json.loads(_native.tune_json(args, top))
+    # Filtered before the best `top` are kept: ask for all of them.
+    report = json.loads(_native.tune_json(args, top if runtime is None else 2**31))
     fields = Candidate.__dataclass_fields__
-    return [Candidate(**{k: v for k, v in c.items() if k in fields}) for c in report["candidates"]]
+    found = [Candidate(**{k: v for k, v in c.items() if k in fields}) for c in report["candidates"]]
+    if runtime == "pytorch":
+        found = [c for c in found if c.pytorch]
+        if not found:
+            raise Error(f"no schedule PyTorch's runtime can run fits ({report['evaluated']} tried)")
+    return found[:top]
 
 
 def frontier(

@@ -204,3 +204,14 @@ def test_help_explains_each_argument():
     for thing in [pipeweave.tune, pipeweave.frontier, pipeweave.check, pipeweave.Plan,
                   pipeweave.Profile, pipeweave.register]:
         assert thing.__doc__
+
+
+def test_tune_for_pytorchs_runtime_leaves_dualpipe_out():
+    everything = pipeweave.tune(ranks=4, microbatches=8, top=100)
+    dual = [c for c in everything if not c.pytorch]
+    assert dual and all("dual(f1b" in c.expression for c in dual)
+    runnable = pipeweave.tune(ranks=4, microbatches=8, top=100, runtime="pytorch")
+    assert runnable == [c for c in everything if c.pytorch]
+    assert pipeweave.tune(ranks=4, microbatches=8, top=2, runtime="pytorch") == runnable[:2]
+    with pytest.raises(pipeweave.Error, match="runtime="):
+        pipeweave.tune(ranks=4, microbatches=8, runtime="jax")
