@@ -172,7 +172,6 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.pipelining import PipelineStage
 
     import pipeweave.torch as pwt
-    from pipeweave._plan import Plan
 
     torch.set_num_threads(1)
     with open(args.cases) as f:
@@ -432,7 +431,6 @@ def main_bench(args: argparse.Namespace) -> int:
     # tune's own top 4, as it ranks them; those PyTorch's runtime cannot run (two routes, or a
     # cut that leaves a stage without a layer) are noted, and the measured four are the first
     # four distinct runnable candidates of a longer list.
-    from pipeweave._plan import Plan
     from pipeweave.torch import stage_layer_counts
 
     def unrunnable(plan: Any, cut: Optional[List[int]]) -> str:
