@@ -172,6 +172,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.pipelining import PipelineStage
 
     import pipeweave.torch as pwt
+    from pipeweave._plan import Plan
 
     torch.set_num_threads(1)
     with open(args.cases) as f:

@@ -34,8 +34,8 @@ class _NativeFiles:
         return getattr(self._native, name)
 
 
-def _plan_of(native: Any) -> Plan:
-    return Plan(json.loads(native.report_json()), _NativeFiles(native))
+def _plan_of(native: Any, cut_given: bool = True) -> Plan:
+    return Plan(json.loads(native.report_json()), _NativeFiles(native), cut_given)
 
 
 def plan(
@@ -90,7 +90,7 @@ def plan(
         cores=cores,
     )
     native = _native.compile_plan(expression, args, recv, registrations(passes))
-    return _plan_of(native)
+    return _plan_of(native, cut_given=layers_per_stage is not None)
 
 
 def check(

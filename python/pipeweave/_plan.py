@@ -29,9 +29,18 @@ class Plan:
     whole JSON document as a dict. Build one with `pipeweave.plan(...)` or `pipeweave.check(path)`.
     """
 
-    def __init__(self, report: Dict[str, Any], native: Any = None):
+    def __init__(self, report: Dict[str, Any], native: Any = None, cut_given: bool = True):
         self._report = report
         self._native = native
+        # Whether `layers_per_stage` was asked for: without it a profiled plan spreads the
+        # layers evenly over all its stages (what `pipeweave.torch.split` then does too), while
+        # the report's `layers_per_stage` gives each rank's share of the even per-rank cut.
+        self._cut_given = cut_given
+
+    @property
+    def cut_given(self) -> bool:
+        """Whether the plan was built with an explicit `layers_per_stage`."""
+        return self._cut_given
 
     @classmethod
     def from_report(cls, report: Dict[str, Any]) -> "Plan":

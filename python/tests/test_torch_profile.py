@@ -119,7 +119,9 @@ def test_split_follows_the_plans_cut(measured):
     x, _ = example()
     want = compose(layers, x)
     for expression, ranks in (("f1b(gpipe)", 2), ("zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))", 2)):
-        plan = pipeweave.plan(expression, ranks=ranks, microbatches=4, profile=prof)
+        even = pipeweave.plan(expression, ranks=ranks, microbatches=4, profile=prof)
+        plan = pipeweave.plan(expression, ranks=ranks, microbatches=4, profile=prof,
+                              layers_per_stage=even.layers_per_stage)
         shares = plan.layers_per_stage
         assert sum(shares) == len(layers)
         parts = pwt.split(layers, plan)
@@ -149,3 +151,22 @@ def test_split_refuses_counts_that_do_not_sum():
         pwt.split(model(), plan, layers_per_stage=[2, 2, 1])
     with pytest.raises(Error, match="fewer than the plan's 4 stages"):
         pwt.split(model()[:3], H.make_plan("vpp(f1b(gpipe), chunks=2)", 2, 4))
+
+
+def test_split_without_a_cut_is_the_cut_the_plan_was_costed_with():
+    import os
+    import pipeweave
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    prof = pipeweave.Profile.load(os.path.join(root, "tests", "fixtures", "generic_profile_v2.json"))
+    layers = len(prof.layers)
+    plan = pipeweave.plan("vpp(f1b(gpipe), chunks=2)", ranks=2, microbatches=4, profile=prof)
+    assert not plan.cut_given
+    counts = pwt.stage_layer_counts(layers, plan)
+    assert counts == [(k + 1) * layers // 4 - k * layers // 4 for k in range(4)]
+    shares = [sum(c for s, c in enumerate(counts) if plan.stage_to_rank[s] == r) for r in range(2)]
+    explicit = pipeweave.plan("vpp(f1b(gpipe), chunks=2)", ranks=2, microbatches=4, profile=prof,
+                              layers_per_stage=shares)
+    assert explicit.cut_given
+    assert pwt.stage_layer_counts(layers, explicit) == counts
+    assert explicit.makespan == plan.makespan

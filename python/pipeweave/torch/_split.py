@@ -37,9 +37,10 @@ def stage_layer_counts(num_layers: int, plan: Any, layers_per_stage: Optional[Se
     """Per global stage of `plan`, how many consecutive layers it holds.
 
     `num_layers`: the model's layer count. `plan`: a `pipeweave.Plan`. `layers_per_stage`: per
-    rank's share (default: the plan's `layers_per_stage`, else the even cut over the stages).
+    rank's share (default: the `layers_per_stage` the plan was built with, else the even cut over
+    the stages, as the planner costs a profiled plan built without a cut).
     Raises `pipeweave.Error` where the counts do not fit the model or the plan."""
-    if layers_per_stage is None:
+    if layers_per_stage is None and getattr(plan, "cut_given", True):
         layers_per_stage = plan.report.get("layers_per_stage")
     owners = list(plan.stage_to_rank)
     if layers_per_stage is None:
