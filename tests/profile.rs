@@ -542,23 +542,23 @@ fn a_former_profile_reads_as_its_current_conversion() {
 fn a_plain_layer_list_of_any_model_is_cut_and_tuned() {
     let profile: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(GENERIC).unwrap()).unwrap();
-    let plan = |cut: &str| {
-        json(&[
-            "plan",
-            "f1b(gpipe)",
+    // `COMMAND [EXPRESSION] -p 2 -m 4 --profile GENERIC --format json` with `extra`.
+    let on_generic = |command: &[&str], extra: &[&str]| {
+        let mut args = command.to_vec();
+        args.extend([
             "-p",
             "2",
             "-m",
             "4",
             "--profile",
             GENERIC,
-            "--layers-per-stage",
-            cut,
             "--format",
             "json",
-        ])
+        ]);
+        args.extend(extra);
+        json(&args)
     };
-    let planned = plan("2,4");
+    let planned = on_generic(&["plan", "f1b(gpipe)"], &["--layers-per-stage", "2,4"]);
     assert_eq!(planned["layers_per_stage"], serde_json::json!([2, 4]));
     assert!(planned["bytes_per_unit"].as_f64().unwrap() > 0.0);
     // Every layer is free: the first share is layers 0 and 1, the second 2 to 5.
@@ -573,31 +573,10 @@ fn a_plain_layer_list_of_any_model_is_cut_and_tuned() {
     assert!(makespan >= 4.0 * heavier - 1e-9, "{makespan} vs {heavier}");
     assert!(makespan < 4.0 * heavier * 2.0, "{makespan} vs {heavier}");
     // Without a cut, the layers even over the shares.
-    let even = json(&[
-        "plan",
-        "f1b(gpipe)",
-        "-p",
-        "2",
-        "-m",
-        "4",
-        "--profile",
-        GENERIC,
-        "--format",
-        "json",
-    ]);
+    let even = on_generic(&["plan", "f1b(gpipe)"], &[]);
     assert_eq!(even["layers_per_stage"], serde_json::json!([3, 3]));
     // tune chooses among cuts that give every share a layer, and plan reproduces its pick.
-    let found = json(&[
-        "tune",
-        "-p",
-        "2",
-        "-m",
-        "4",
-        "--profile",
-        GENERIC,
-        "--format",
-        "json",
-    ]);
+    let found = on_generic(&["tune"], &[]);
     let candidates = found["candidates"].as_array().unwrap();
     assert!(!candidates.is_empty());
     for c in candidates {
@@ -612,20 +591,11 @@ fn a_plain_layer_list_of_any_model_is_cut_and_tuned() {
         assert!(cut.iter().all(|&n| n >= 1), "{c}");
     }
     let first = &candidates[0];
-    let again = json(&[
-        "plan",
-        first["expression"].as_str().unwrap(),
-        "-p",
-        "2",
-        "-m",
-        "4",
-        "--profile",
-        GENERIC,
-        "--layers-per-stage",
-        &cut_of(first),
-        "--format",
-        "json",
-    ]);
+    let cut = cut_of(first);
+    let again = on_generic(
+        &["plan", first["expression"].as_str().unwrap()],
+        &["--layers-per-stage", &cut],
+    );
     assert!(
         (again["makespan"].as_f64().unwrap() - first["makespan"].as_f64().unwrap()).abs() < 1e-6,
         "{again} vs {first}"
