@@ -13,6 +13,7 @@
 //!
 //! Run: `cargo run --release --example custom_pass`.
 
+use pipeweave::core_ir::TOLERANCE;
 use pipeweave::prelude::*;
 use pipeweave::{StageCostsSpec, StageMemory, StageMemorySpec};
 use std::collections::VecDeque;
@@ -80,7 +81,7 @@ fn lazy_order(order: &[Task], memory: &[StageMemory], bound: f64) -> Vec<Task> {
     for &task in order {
         match task {
             Task::Forward(w) => {
-                while held + figures(w).total() > bound + 1e-9 {
+                while held + figures(w).total() > bound + TOLERANCE {
                     let Some(oldest) = queued.pop_front() else {
                         break;
                     };

@@ -3,11 +3,10 @@
 
 use crate::error::Error;
 use pipeweave_core::{
-    simulate, simulate_on_cores, CostModel, CutCosts, MemoryModel, Plan, ProblemSpec, Profile,
-    ProfiledLayout, ReplayError, Simulation, StageCosts, StageMemory,
+    simulate, simulate_on_cores, CostModel, CutCosts, LayerLayout, MemoryModel, Plan, ProblemSpec,
+    Profile, ReplayError, Simulation, StageCosts, StageMemory,
 };
 use pipeweave_transforms::{compile_expression, Registry};
-use std::sync::Arc;
 
 /// What `pipeweave plan` needs besides the expression: sizes, costs and memory of a rank's share.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,7 +19,7 @@ pub struct PipelineConfig {
     memory_limit: Option<f64>,
     microbatch_scales: Vec<f64>,
     /// With a profile: the figures of every position of the layouts passes build.
-    layout: Option<Arc<ProfiledLayout>>,
+    layout: Option<LayerLayout>,
     /// How many ranks can compute at full speed at once (cores over threads per rank), where
     /// fewer than the ranks: they time-share ([`simulate_on_cores`]).
     shared_slots: Option<f64>,
@@ -97,7 +96,7 @@ impl PipelineConfig {
     /// by `layers_per_stage` (one count per rank's share) or evenly; comm is one activation's
     /// measured send. Memory is in units of the heaviest share's activations of one microbatch
     /// ([`CutCosts::bytes_per_unit`] bytes each). Where `vpp` gives a rank several positions,
-    /// each gets the figures of the layers the trainer places there ([`ProfiledLayout`]: the
+    /// each gets the figures of the layers the trainer places there ([`LayerLayout`]: the
     /// share spread over the rank's positions; without a cut, the blocks even over the
     /// positions), not an even part of the share.
     pub fn with_profile(
@@ -123,11 +122,11 @@ impl PipelineConfig {
         config.costs = cut.costs.clone();
         config.comm = cut.comm;
         config.memory = cut.memory.clone();
-        config.layout = Some(Arc::new(ProfiledLayout::new(
-            profile.clone(),
+        config.layout = Some(LayerLayout::new(
+            profile.table()?,
             layers_per_stage.map(<[usize]>::to_vec),
             cut.bytes_per_unit,
-        )));
+        )?);
         Ok((config, cut))
     }
 
@@ -216,7 +215,7 @@ impl PipelineConfig {
         let mut costs = CostModel::per_stage(self.costs.clone(), self.comm)?
             .with_microbatch_scales(self.microbatch_scales.clone())?;
         if let Some(layout) = &self.layout {
-            costs = costs.with_layout_figures(layout.clone());
+            costs = costs.with_layer_layout(layout.clone());
         }
         let memory = MemoryModel::per_stage(self.memory.clone());
         Ok(Plan::unscheduled(problem, costs, memory)?.with_memory_limit(self.memory_limit)?)

@@ -24,7 +24,9 @@
 //! listed first (fixed schedules before the ladder, lower rungs first, the residency stage last).
 
 use crate::config::{build_plan, PipelineConfig};
-use crate::tune::{candidate_expressions, tune, Candidate, TuneReport};
+use crate::tune::{candidate_expressions, tune_with, Candidate, TuneReport};
+use pipeweave_core::TOLERANCE;
+use pipeweave_transforms::Registry;
 use serde::Serialize;
 
 /// The inner plans whose `zero_bubble(..., policy=auto, memory=r)` runs on the ladder.
@@ -92,7 +94,7 @@ pub fn ladder(ranks: u32, total: f64, cap: Option<f64>) -> Vec<f64> {
     let top = cap.map_or(top, |c| c.min(top));
     (1..)
         .map(|k| f64::from(k) * step)
-        .take_while(|r| *r <= top + 1e-9)
+        .take_while(|r| *r <= top + TOLERANCE)
         .collect()
 }
 
@@ -156,12 +158,12 @@ pub fn residency_rungs(kept: &[FrontierPoint], total: f64, cap: Option<f64>) -> 
         .chain(knees)
         .chain(above_knee)
         .chain(cap)
-        .map(|r| ((r / step) + 1e-9).floor() * step)
-        .filter(|&r| r >= step - 1e-9 && r < last.peak_activations - 1e-9)
-        .filter(|&r| cap.is_none_or(|c| r <= c + 1e-9))
+        .map(|r| ((r / step) + TOLERANCE).floor() * step)
+        .filter(|&r| r >= step - TOLERANCE && r < last.peak_activations - TOLERANCE)
+        .filter(|&r| cap.is_none_or(|c| r <= c + TOLERANCE))
         .collect();
     rungs.sort_by(f64::total_cmp);
-    rungs.dedup_by(|a, b| (*a - *b).abs() < 1e-9);
+    rungs.dedup_by(|a, b| (*a - *b).abs() < TOLERANCE);
     rungs
 }
 
@@ -182,11 +184,11 @@ pub fn residency_expressions(
     for rung in residency_rungs(kept, total, cap) {
         let above = kept
             .iter()
-            .find(|p| p.peak_activations > rung + 1e-9)
+            .find(|p| p.peak_activations > rung + TOLERANCE)
             .unwrap_or(fastest);
         let mut bases: Vec<&str> = knees
             .iter()
-            .filter(|k| k.peak_activations > rung + 1e-9)
+            .filter(|k| k.peak_activations > rung + TOLERANCE)
             .map(|k| k.expression.as_str())
             .collect();
         if bases.is_empty() {
@@ -217,7 +219,9 @@ pub fn frontier(config: &PipelineConfig, progress: &(dyn Fn(usize) + Sync)) -> F
     let cap = config.memory_limit();
     let mut jobs = frontier_expressions(config);
     let kept_expressions: Vec<String> = jobs.iter().map(|(e, _)| e.clone()).collect();
-    let kept_report = tune(config, &kept_expressions, progress);
+    // One registry for every point: `auto`'s searches of a plan's rungs are shared across them.
+    let registry = Registry::builtin();
+    let kept_report = tune_with(&registry, config, &kept_expressions, progress);
     let family_of = |jobs: &[(String, String)], e: &str| {
         jobs.iter()
             .find(|(x, _)| x == e)
@@ -232,7 +236,7 @@ pub fn frontier(config: &PipelineConfig, progress: &(dyn Fn(usize) + Sync)) -> F
     let residency = residency_expressions(&kept_points, config.memory().total(), cap);
     let residency_expressions: Vec<String> = residency.iter().map(|(e, _)| e.clone()).collect();
     let offset = kept_expressions.len();
-    let residency_report = tune(config, &residency_expressions, &|done| {
+    let residency_report = tune_with(&registry, config, &residency_expressions, &|done| {
         progress(offset + done)
     });
     jobs.extend(residency);
@@ -284,19 +288,19 @@ fn walk(
     let evaluated = sorted(evaluated, expressions);
     let mut points: Vec<FrontierPoint> = Vec::new();
     for (family, c) in &evaluated {
-        if cap.is_some_and(|cap| c.peak_activations > cap + 1e-9) {
+        if cap.is_some_and(|cap| c.peak_activations > cap + TOLERANCE) {
             continue;
         }
         if points
             .last()
-            .is_some_and(|p| c.makespan >= p.makespan - 1e-9)
+            .is_some_and(|p| c.makespan >= p.makespan - TOLERANCE)
         {
             continue;
         }
         // A candidate at the same peak as the last point but faster replaces it.
         if points
             .last()
-            .is_some_and(|p| (p.peak_activations - c.peak_activations).abs() < 1e-9)
+            .is_some_and(|p| (p.peak_activations - c.peak_activations).abs() < TOLERANCE)
         {
             points.pop();
         }
@@ -317,7 +321,7 @@ pub fn point_within(frontier: &Frontier, limit: f64) -> Option<&FrontierPoint> {
         .frontier
         .iter()
         .rev()
-        .find(|p| p.peak_activations <= limit + 1e-9)
+        .find(|p| p.peak_activations <= limit + TOLERANCE)
 }
 
 /// The frontier as an SVG picture: makespan against peak memory, one line per ladder family,
@@ -345,7 +349,8 @@ pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
         .filter(|m| *m <= best * 3.0)
         .fold(best, f64::max);
     let min_y = best * 0.95;
-    let shown = |c: &Candidate| c.makespan <= max_y + 1e-9 && c.peak_activations <= max_x + 1e-9;
+    let shown =
+        |c: &Candidate| c.makespan <= max_y + TOLERANCE && c.peak_activations <= max_x + TOLERANCE;
     let x = |v: f64| LEFT + (v / max_x) * (W - LEFT - RIGHT);
     let y = |v: f64| TOP + (1.0 - (v - min_y) / (max_y - min_y).max(1e-9)) * (H - TOP - BOTTOM);
     let mut svg = format!(
@@ -389,7 +394,7 @@ pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
             .map(|(_, c)| (c.peak_activations, c.makespan))
             .collect();
         line.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
-        line.dedup_by(|a, b| (a.0 - b.0).abs() < 1e-9);
+        line.dedup_by(|a, b| (a.0 - b.0).abs() < TOLERANCE);
         if line.is_empty() {
             continue;
         }
@@ -450,7 +455,7 @@ pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
     }
     let mut steps = Vec::new();
     for (i, p) in frontier.frontier.iter().enumerate() {
-        if p.makespan > max_y + 1e-9 {
+        if p.makespan > max_y + TOLERANCE {
             continue;
         }
         steps.push(format!("{:.1},{:.1}", x(p.peak_activations), y(p.makespan)));
@@ -550,7 +555,7 @@ mod tests {
                 .iter()
                 .filter(|(f, c)| {
                     !RESIDENCY_PASSES.contains(&f.as_str())
-                        && c.peak_activations <= point.peak_activations + 1e-9
+                        && c.peak_activations <= point.peak_activations + TOLERANCE
                 })
                 .map(|(_, c)| c.makespan)
                 .fold(f64::INFINITY, f64::min);
@@ -592,7 +597,8 @@ mod tests {
         assert!(found
             .evaluated
             .iter()
-            .all(|(_, c)| c.peak_activations > 2.0 + 1e-9 || c.makespan >= point.makespan - 1e-9));
+            .all(|(_, c)| c.peak_activations > 2.0 + TOLERANCE
+                || c.makespan >= point.makespan - TOLERANCE));
     }
 
     #[test]

@@ -13,10 +13,11 @@
 //! V-Min (`policy=v_half`, `policy=v_min`) on the V layout; `dual` and
 //! `zero_bubble(dual(..))` on 1F1B and 2-chunk interleaving.
 
-use crate::config::{build_plan, PipelineConfig};
+use crate::config::{build_plan_with, PipelineConfig};
 use crate::error::Error;
 use crate::report::tidy;
 use pipeweave_core::{cut_violation, even_cut, CutCosts, PinnedEnds, Profile};
+use pipeweave_transforms::Registry;
 use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -93,8 +94,20 @@ pub fn candidate_expressions(ranks: u32, memory_limit: Option<f64>) -> Vec<Strin
 }
 
 /// Evaluates `expressions` under `config` on every core; `progress` is called once per
-/// finished expression with the number done so far.
+/// finished expression with the number done so far. The built-in passes of one registry build
+/// them all, so their searches share what they remember ([`tune_with`]).
 pub fn tune(
+    config: &PipelineConfig,
+    expressions: &[String],
+    progress: &(dyn Fn(usize) + Sync),
+) -> TuneReport {
+    tune_with(&Registry::builtin(), config, expressions, progress)
+}
+
+/// [`tune`] with the passes of `registry`: its `zero_bubble` passes share the registry's search
+/// cache, so a caller that tunes several lists (the frontier) pays for each search once.
+pub fn tune_with(
+    registry: &Registry,
     config: &PipelineConfig,
     expressions: &[String],
     progress: &(dyn Fn(usize) + Sync),
@@ -110,7 +123,7 @@ pub fn tune(
                 let Some(expression) = expressions.get(i) else {
                     break;
                 };
-                let outcome = evaluate(config, expression);
+                let outcome = evaluate(registry, config, expression);
                 if let Ok(mut r) = results.lock() {
                     r.push((i, outcome));
                 }
@@ -142,8 +155,12 @@ pub fn tune(
 }
 
 /// Builds and simulates one expression.
-fn evaluate(config: &PipelineConfig, expression: &str) -> Result<Candidate, String> {
-    let plan = build_plan(expression, config).map_err(|e| e.to_string())?;
+fn evaluate(
+    registry: &Registry,
+    config: &PipelineConfig,
+    expression: &str,
+) -> Result<Candidate, String> {
+    let plan = build_plan_with(registry, expression, config).map_err(|e| e.to_string())?;
     let sim = config.simulate(&plan).map_err(|e| e.to_string())?;
     let peak = sim
         .ranks()
@@ -297,6 +314,7 @@ pub fn candidate_cuts(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pipeweave_core::TOLERANCE;
 
     #[test]
     fn the_best_is_at_least_as_fast_as_every_fixed_schedule() {
@@ -355,7 +373,7 @@ mod tests {
         assert!(report
             .candidates
             .iter()
-            .all(|c| c.peak_activations <= 4.0 + 1e-9));
+            .all(|c| c.peak_activations <= 4.0 + TOLERANCE));
         assert!(report.rejected.iter().any(|(e, _)| e == "gpipe"));
     }
 }

@@ -3,10 +3,12 @@
 //! faster (1F1B or interleaving as given, ZB-H1, ZB-H2, ZB-V, V-Half, V-Min), over random sizes
 //! and costs with communication latency.
 
-use pipeweave::core_ir::max_peak;
-use pipeweave::{build_plan, simulate, PipelineConfig, StageCostsSpec};
+mod common;
+
+use common::{costed, persisted, split_costs};
+use pipeweave::core_ir::{max_peak, TOLERANCE};
+use pipeweave::{build_plan, simulate, PipelineConfig};
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 
 /// The layouts `auto` runs on, with the handcrafted schedules of each.
 const LAYOUTS: &[(&str, &[&str])] = &[
@@ -39,25 +41,11 @@ const COSTS: &[(f64, f64, f64, f64)] = &[
 ];
 
 fn config(p: u32, m: u32, (f, i, w, comm): (f64, f64, f64, f64)) -> PipelineConfig {
-    let costs = StageCostsSpec::builder()
-        .forward(f)
-        .input_grad(i)
-        .weight_grad(w)
-        .build()
-        .validate()
-        .unwrap();
-    PipelineConfig::new(p, m)
-        .unwrap()
-        .with_costs(costs, comm)
-        .unwrap()
+    costed(p, m, split_costs(f, i, w), comm)
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 24,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/auto_monotone.txt"))),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(persisted(24, "proptest-regressions/auto_monotone.txt"))]
 
     #[test]
     fn auto_never_slows_as_memory_grows_and_beats_what_fits(
@@ -85,13 +73,13 @@ proptest! {
                 continue;
             };
             let makespan = simulate(&plan).unwrap().makespan();
-            prop_assert!(max_peak(&plan) <= n + 1e-9);
+            prop_assert!(max_peak(&plan) <= n + TOLERANCE);
             if let Some((smaller, before)) = previous {
-                prop_assert!(makespan <= before + 1e-9, "P={} M={}: {} takes {} at {} but {} at {}", p, m, expression, makespan, n, before, smaller);
+                prop_assert!(makespan <= before + TOLERANCE, "P={} M={}: {} takes {} at {} but {} at {}", p, m, expression, makespan, n, before, smaller);
             }
             for (name, peak, fixed_makespan) in &fixed {
-                if *peak <= n + 1e-9 {
-                    prop_assert!(makespan <= fixed_makespan + 1e-9, "P={} M={}: {} takes {}, {} (peak {}) {}", p, m, expression, makespan, name, peak, fixed_makespan);
+                if *peak <= n + TOLERANCE {
+                    prop_assert!(makespan <= fixed_makespan + TOLERANCE, "P={} M={}: {} takes {}, {} (peak {}) {}", p, m, expression, makespan, name, peak, fixed_makespan);
                 }
             }
             previous = Some((n, makespan));

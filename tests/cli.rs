@@ -1,27 +1,27 @@
 //! The command-line contract (../shared/CLI.md): output, JSON fields, exit codes.
 
-use std::process::{Command, Output};
+mod common;
 
-fn pipeweave(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipeweave"))
-        .args(args)
-        .output()
-        .unwrap()
+use common::cli::{cli, scratch_dir, stderr, stdout, words};
+use common::read_json;
+use pipeweave::core_ir::TOLERANCE;
+
+/// The report's figures per rank `key` are `expected`.
+fn per_rank_is(report: &serde_json::Value, key: &str, expected: &[f64]) {
+    assert_eq!(report[key], serde_json::json!(expected), "{key}");
 }
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8(o.stdout.clone()).unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8(o.stderr.clone()).unwrap()
+#[test]
+fn command_lines_split_at_spaces_outside_parentheses() {
+    assert_eq!(
+        words("plan vpp(f1b(gpipe), chunks=2)  -p 4 f1b(gpipe"),
+        ["plan", "vpp(f1b(gpipe), chunks=2)", "-p", "4", "f1b(gpipe"]
+    );
 }
 
 #[test]
 fn plan_without_arguments_runs_the_documented_default() {
-    let out = pipeweave(&["plan"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let text = stdout(&out);
+    let text = cli("plan").ok();
     assert!(text.starts_with("vpp(f1b(gpipe), chunks=2)  (4 ranks, 8 stages, 8 microbatches; passes: gpipe -> f1b -> vpp)"), "{text}");
     assert!(text.contains("makespan     28.500"), "{text}");
     assert!(text.contains("bubble rate  0.1579"), "{text}");
@@ -30,20 +30,8 @@ fn plan_without_arguments_runs_the_documented_default() {
 
 #[test]
 fn json_report_has_the_contract_fields() {
-    let out = pipeweave(&[
-        "plan",
-        "f1b(gpipe)",
-        "--ranks",
-        "4",
-        "--microbatches",
-        "8",
-        "--format",
-        "json",
-        "--costs",
-        "F=1,I=1,W=1",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let json =
+        cli("plan f1b(gpipe) --ranks 4 --microbatches 8 --format json --costs F=1,I=1,W=1").json();
     for field in [
         "ranks",
         "stages",
@@ -62,100 +50,64 @@ fn json_report_has_the_contract_fields() {
     assert_eq!(json["makespan"], 33.0);
     assert_eq!(json["verified"], true);
     assert_eq!(json["passes"], serde_json::json!(["gpipe", "f1b"]));
-    assert_eq!(
-        json["peak_activations_per_rank"],
-        serde_json::json!([4.0, 3.0, 2.0, 1.0])
-    );
-    assert_eq!(
-        json["idle_per_rank"],
-        serde_json::json!([9.0, 9.0, 9.0, 9.0])
-    );
+    per_rank_is(&json, "peak_activations_per_rank", &[4.0, 3.0, 2.0, 1.0]);
+    per_rank_is(&json, "idle_per_rank", &[9.0, 9.0, 9.0, 9.0]);
     assert_eq!(json["order"][3][0], "3F0");
     assert_eq!(json["order"][3][1], "3B0");
 }
 
 #[test]
 fn bad_input_exits_2_with_one_line_naming_the_constraint() {
-    let cases: &[(&[&str], &str)] = &[
-        (
-            &["plan", "gpipe", "--ranks", "0"],
-            "ranks = 0 is out of range: must be between 1 and 4096",
-        ),
-        (&["plan", "f1b(gpipe"], "syntax error at column 10"),
-        (&["plan", "f2b(gpipe)"], "unknown pass `f2b` at column 1"),
-        (
-            &["plan", "vpp(f1b(gpipe), chunks=2, size=3)"],
-            "argument `size` at column 27",
-        ),
-        (
-            &["plan", "--costs", "F=x"],
-            "option --costs: `x` is not a number",
-        ),
-        (
-            &[
-                "plan",
-                "vpp(f1b(gpipe), chunks=2, group=4)",
-                "-p",
-                "4",
-                "-m",
-                "2",
-            ],
-            "precondition `ranks <= group <= microbatches` violated",
-        ),
-        (
-            &["plan", "gpipe", "--memory-limit", "2"],
-            "pass `gpipe` exceeds the memory limit",
-        ),
-        (
-            &["plan", "--activation-memory", "total=1,weight_grad=3"],
-            "weight_grad = 3 must lie between 0 and total = 1",
-        ),
-        (
-            &[
-                "plan",
-                "dual(vpp(f1b(gpipe), chunks=3))",
-                "-p",
-                "2",
-                "-m",
-                "8",
-            ],
-            "one chunk per rank (DualPipe) or two (DualPipeV)",
-        ),
-        (
-            &[
-                "plan",
-                "zero_bubble(dual(f1b(gpipe)), policy=h1)",
-                "-p",
-                "2",
-                "-m",
-                "4",
-            ],
-            "policies h1 and h2 need plain forwards",
-        ),
-        (
-            &["plan", "zero_bubble(f1b(gpipe), policy=auto, memory=0.5)"],
-            "auto finds a schedule within the memory limit",
-        ),
-        (&["plan", "--microbatches", "99999999999"], "invalid value"),
-    ];
-    for (args, message) in cases {
-        let out = pipeweave(args);
-        let err = stderr(&out);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(message), "{args:?}: {err}");
-        if !message.starts_with("invalid value") {
-            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    // Each command line (its words split outside parentheses) and its message.
+    let check = |line: &str, message: &str| {
+        if message.starts_with("invalid value") {
+            cli(line).exit_2_with(message);
+        } else {
+            cli(line).refused(message);
         }
-    }
+    };
+    check(
+        "plan gpipe --ranks 0",
+        "ranks = 0 is out of range: must be between 1 and 4096",
+    );
+    check("plan f1b(gpipe", "syntax error at column 10");
+    check("plan f2b(gpipe)", "unknown pass `f2b` at column 1");
+    check(
+        "plan vpp(f1b(gpipe), chunks=2, size=3)",
+        "argument `size` at column 27",
+    );
+    check("plan --costs F=x", "option --costs: `x` is not a number");
+    check(
+        "plan vpp(f1b(gpipe), chunks=2, group=4) -p 4 -m 2",
+        "precondition `ranks <= group <= microbatches` violated",
+    );
+    check(
+        "plan gpipe --memory-limit 2",
+        "pass `gpipe` exceeds the memory limit",
+    );
+    check(
+        "plan --activation-memory total=1,weight_grad=3",
+        "weight_grad = 3 must lie between 0 and total = 1",
+    );
+    check(
+        "plan dual(vpp(f1b(gpipe), chunks=3)) -p 2 -m 8",
+        "one chunk per rank (DualPipe) or two (DualPipeV)",
+    );
+    check(
+        "plan zero_bubble(dual(f1b(gpipe)), policy=h1) -p 2 -m 4",
+        "policies h1 and h2 need plain forwards",
+    );
+    check(
+        "plan zero_bubble(f1b(gpipe), policy=auto, memory=0.5)",
+        "auto finds a schedule within the memory limit",
+    );
+    check("plan --microbatches 99999999999", "invalid value");
 }
 
 #[test]
 fn a_25000_deep_expression_exits_2_with_one_line() {
     let deep = "f1b(".repeat(25_000) + "gpipe" + &")".repeat(25_000);
-    let out = pipeweave(&["plan", &deep]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = stderr(&out);
-    assert_eq!(err.lines().count(), 1, "{err}");
+    let err = cli("plan").arg(&deep).error_line();
     assert_eq!(
         err.trim_end(),
         "error: syntax error at column 257: the expression nests more than 64 calls deep"
@@ -164,69 +116,41 @@ fn a_25000_deep_expression_exits_2_with_one_line() {
 
 #[test]
 fn a_memory_limit_that_holds_is_reported() {
-    let out = pipeweave(&["plan", "f1b(gpipe)", "--memory-limit", "4"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(stdout(&out).contains("memory bound"));
+    assert!(cli("plan f1b(gpipe) --memory-limit 4")
+        .ok()
+        .contains("memory bound"));
 }
 
 #[test]
 fn the_json_file_option_writes_the_report() {
-    let dir = std::env::temp_dir().join(format!("pipeweave-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("cli");
     let path = dir.join("plan.json");
-    let out = pipeweave(&[
-        "plan",
-        "gpipe",
-        "-p",
-        "2",
-        "-m",
-        "3",
-        "--json",
-        path.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert_eq!(json["makespan"], 12.0);
+    cli("plan gpipe -p 2 -m 3 --json").arg(&path).ok();
+    assert_eq!(read_json(&path)["makespan"], 12.0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn plan_writes_svg_trace_csv_and_programs() {
-    let dir = std::env::temp_dir().join(format!("pipeweave-cli-files-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
-    let out = pipeweave(&[
-        "plan",
-        "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
-        "-p",
-        "4",
-        "-m",
-        "8",
-        "--svg",
-        &path("t.svg"),
-        "--trace",
-        &path("t.json"),
-        "--csv",
-        &path("l.csv"),
-        "--lowered",
-        "--programs",
-        &path("p.json"),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(
-        stdout(&out).contains("programs     ok (96 messages"),
-        "{}",
-        stdout(&out)
-    );
+    let dir = scratch_dir("cli-files");
+    let path = |name: &str| dir.join(name);
+    let text = cli("plan zero_bubble(dual(vpp(f1b(gpipe), chunks=2))) -p 4 -m 8 --svg")
+        .arg(path("t.svg"))
+        .line("--trace")
+        .arg(path("t.json"))
+        .line("--csv")
+        .arg(path("l.csv"))
+        .line("--lowered --programs")
+        .arg(path("p.json"))
+        .ok();
+    assert!(text.contains("programs     ok (96 messages"), "{text}");
     let svg = std::fs::read_to_string(path("t.svg")).unwrap();
     assert!(
         svg.starts_with("<svg")
             && svg.contains("makespan 27.000")
             && svg.contains("F&amp;B overlapped")
     );
-    let trace: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path("t.json")).unwrap()).unwrap();
+    let trace = read_json(path("t.json"));
     let events = trace["traceEvents"].as_array().unwrap();
     assert!(events
         .iter()
@@ -242,50 +166,29 @@ fn plan_writes_svg_trace_csv_and_programs() {
         csv.lines().all(|l| !l.split(',').any(str::is_empty)),
         "no empty cells in a lowered file"
     );
-    let programs: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path("p.json")).unwrap()).unwrap();
+    let programs = read_json(path("p.json"));
     assert_eq!(programs["programs"].as_array().unwrap().len(), 4);
     // The lowered file checks cleanly with `check`, with the same figures.
-    let checked = pipeweave(&[
-        "check",
-        &path("l.csv"),
-        "--costs",
-        "F=1,I=1,W=1",
-        "--format",
-        "json",
-    ]);
-    assert_eq!(checked.status.code(), Some(0), "{}", stderr(&checked));
-    let report: serde_json::Value = serde_json::from_str(&stdout(&checked)).unwrap();
+    let report = cli("check")
+        .arg(path("l.csv"))
+        .line("--costs F=1,I=1,W=1 --format json")
+        .json();
     assert_eq!(report["messages"], 96);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn csv_refuses_a_plan_with_two_routes_with_one_line_and_leaves_no_file() {
-    let dir = std::env::temp_dir().join(format!("pipeweave-cli-routes-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("cli-routes");
     let csv = dir.join("F.csv");
     let svg = dir.join("t.svg");
-    for lowered in [false, true] {
-        let mut args = vec![
-            "plan",
-            "zero_bubble(dual(f1b(gpipe)))",
-            "-p",
-            "4",
-            "-m",
-            "8",
-            "--csv",
-            csv.to_str().unwrap(),
-            "--svg",
-            svg.to_str().unwrap(),
-        ];
-        if lowered {
-            args.push("--lowered");
-        }
-        let out = pipeweave(&args);
-        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-        let err = stderr(&out);
-        assert_eq!(err.lines().count(), 1, "{err}");
+    for lowered in ["", "--lowered"] {
+        let err = cli("plan zero_bubble(dual(f1b(gpipe))) -p 4 -m 8 --csv")
+            .arg(&csv)
+            .line("--svg")
+            .arg(&svg)
+            .line(lowered)
+            .error_line();
         assert!(
             err.starts_with(
                 "error: PyTorch's schedule CSV cannot express this plan: the plan has 2 routes"
@@ -300,38 +203,16 @@ fn csv_refuses_a_plan_with_two_routes_with_one_line_and_leaves_no_file() {
     }
     // The report and the programs stay available for such plans.
     let programs = dir.join("p.json");
-    let out = pipeweave(&[
-        "plan",
-        "zero_bubble(dual(f1b(gpipe)))",
-        "-p",
-        "4",
-        "-m",
-        "8",
-        "--format",
-        "json",
-        "--programs",
-        programs.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    cli("plan zero_bubble(dual(f1b(gpipe))) -p 4 -m 8 --format json --programs")
+        .arg(&programs)
+        .ok();
     assert!(programs.is_file());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn lowered_csv_holds_pytorchs_parameter_actions() {
-    let out = pipeweave(&[
-        "plan",
-        "f1b(gpipe)",
-        "-p",
-        "2",
-        "-m",
-        "3",
-        "--csv",
-        "/dev/stdout",
-        "--lowered",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let text = stdout(&out);
+    let text = cli("plan f1b(gpipe) -p 2 -m 3 --csv /dev/stdout --lowered").ok();
     let rows: Vec<&str> = text.lines().take(2).collect();
     assert!(rows[0].starts_with("0UNSHARD,0F0,"), "{}", rows[0]);
     assert!(
@@ -349,52 +230,25 @@ fn lowered_csv_holds_pytorchs_parameter_actions() {
 
 #[test]
 fn check_reports_a_deadlock_with_its_cycle_and_exit_2() {
-    let dir = std::env::temp_dir().join(format!("pipeweave-cli-check-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("cli-check");
     let file = dir.join("deadlock.csv");
     std::fs::write(&file, "0F0,0B0,0F1,0B1\n1F1,1F0,1B0,1B1\n").unwrap();
-    let out = pipeweave(&["check", file.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = stderr(&out);
-    assert!(
-        err.contains("deadlock: rank 0 waits at task 1 (0B0) for 1I0"),
-        "{err}"
-    );
-    assert_eq!(err.lines().count(), 1, "{err}");
-    let reference = pipeweave(&[
-        "check",
-        "../shared/reference/dualpipe_pp4_m8.json",
-        "--costs",
-        "F=1,I=1,W=1,FB=3",
-    ]);
+    cli("check")
+        .arg(&file)
+        .refused("deadlock: rank 0 waits at task 1 (0B0) for 1I0");
     if std::path::Path::new("../shared/reference/dualpipe_pp4_m8.json").exists() {
-        assert_eq!(reference.status.code(), Some(0), "{}", stderr(&reference));
+        let text =
+            cli("check ../shared/reference/dualpipe_pp4_m8.json --costs F=1,I=1,W=1,FB=3").ok();
         // DeepSeek's figure: a mirrored stage is a copy of a chunk and takes the rank's whole
         // share, as in `plan 'zero_bubble(dual(f1b(gpipe)))'` with the same costs.
-        assert!(
-            stdout(&reference).contains("makespan     26.000"),
-            "{}",
-            stdout(&reference)
-        );
+        assert!(text.contains("makespan     26.000"), "{text}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn run_executes_on_threads_and_compares_gradients() {
-    let out = pipeweave(&[
-        "run",
-        "zero_bubble(dual(f1b(gpipe)))",
-        "-p",
-        "4",
-        "-m",
-        "8",
-        "--time-scale",
-        "0.2",
-        "--json",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let report = cli("run zero_bubble(dual(f1b(gpipe))) -p 4 -m 8 --time-scale 0.2 --json").json();
     assert_eq!(report["gradients_equal"], true);
     assert_eq!(report["backend"], "threads");
     assert_eq!(report["simulated_makespan"], 26.0);
@@ -402,17 +256,18 @@ fn run_executes_on_threads_and_compares_gradients() {
     // times as early as dependencies allow cannot take longer.
     let measured = report["measured_seconds"].as_f64().unwrap();
     let replayed = report["replayed_seconds"].as_f64().unwrap();
-    assert!(replayed > 0.0 && replayed <= measured + 1e-9, "{report}");
+    assert!(
+        replayed > 0.0 && replayed <= measured + TOLERANCE,
+        "{report}"
+    );
     let overhead = report["overhead"].as_f64().unwrap();
     assert!((overhead - measured / replayed).abs() < 1e-12, "{report}");
-    let bad = pipeweave(&["run", "f1b(gpipe)", "--time-scale", "-1"]);
-    assert_eq!(bad.status.code(), Some(2));
+    cli("run f1b(gpipe) --time-scale -1").exit_2();
 }
 
 #[test]
 fn stage_costs_files_set_uneven_costs_and_bad_ones_are_named() {
-    let dir = std::env::temp_dir().join(format!("pipeweave-cli-costs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("cli-costs");
     let json = plan_with_stage_costs(
         "f1b(gpipe)",
         "2",
@@ -422,7 +277,7 @@ fn stage_costs_files_set_uneven_costs_and_bad_ones_are_named() {
     // The slow second rank dominates: it starts at 1 and is busy 4 x 6 = 24 without a gap; then
     // rank 0's last backward (2) follows: 1 + 24 + 2.
     assert_eq!(json["makespan"], 27.0);
-    assert_eq!(json["idle_per_rank"], serde_json::json!([15.0, 3.0]));
+    per_rank_is(&json, "idle_per_rank", &[15.0, 3.0]);
     for (body, message) in [
         (
             r#"[{"F":1}]"#,
@@ -437,39 +292,16 @@ fn stage_costs_files_set_uneven_costs_and_bad_ones_are_named() {
     ] {
         let bad = dir.join("bad.json");
         std::fs::write(&bad, body).unwrap();
-        let out = pipeweave(&[
-            "plan",
-            "f1b(gpipe)",
-            "-p",
-            "2",
-            "-m",
-            "4",
-            "--stage-costs",
-            bad.to_str().unwrap(),
-        ]);
-        assert_eq!(out.status.code(), Some(2), "{body}");
-        assert!(stderr(&out).contains(message), "{body}: {}", stderr(&out));
+        cli("plan f1b(gpipe) -p 2 -m 4 --stage-costs")
+            .arg(&bad)
+            .exit_2_with(message);
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn tune_ranks_schedules_and_each_expression_gives_the_same_figures_to_plan() {
-    let out = pipeweave(&[
-        "tune",
-        "-p",
-        "4",
-        "-m",
-        "8",
-        "--memory-limit",
-        "4",
-        "--top",
-        "3",
-        "--format",
-        "json",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let report = cli("tune -p 4 -m 8 --memory-limit 4 --top 3 --format json").json();
     let candidates = report["candidates"].as_array().unwrap();
     assert_eq!(candidates.len(), 3);
     assert!(report["evaluated"].as_u64().unwrap() >= 10);
@@ -478,57 +310,32 @@ fn tune_ranks_schedules_and_each_expression_gives_the_same_figures_to_plan() {
         let makespan = c["makespan"].as_f64().unwrap();
         assert!(makespan >= last);
         last = makespan;
-        assert!(c["peak_activations"].as_f64().unwrap() <= 4.0 + 1e-9);
-        let plan = pipeweave(&[
-            "plan",
-            c["expression"].as_str().unwrap(),
-            "-p",
-            "4",
-            "-m",
-            "8",
-            "--memory-limit",
-            "4",
-            "--format",
-            "json",
-        ]);
-        let plan: serde_json::Value = serde_json::from_str(&stdout(&plan)).unwrap();
+        assert!(c["peak_activations"].as_f64().unwrap() <= 4.0 + TOLERANCE);
+        let plan = cli("plan")
+            .arg(c["expression"].as_str().unwrap())
+            .line("-p 4 -m 8 --memory-limit 4 --format json")
+            .stdout_json();
         assert_eq!(plan["makespan"], c["makespan"], "{}", c["expression"]);
         assert_eq!(plan["bubble_rate"], c["bubble_rate"], "{}", c["expression"]);
     }
-    let none = pipeweave(&["tune", "-p", "4", "-m", "8", "--memory-limit", "0.5"]);
-    assert_eq!(none.status.code(), Some(2));
-    assert!(
-        stderr(&none).contains("no schedule fits"),
-        "{}",
-        stderr(&none)
-    );
+    cli("tune -p 4 -m 8 --memory-limit 0.5").exit_2_with("no schedule fits");
 }
 
 /// The JSON report of `plan EXPR -p P -m M --stage-costs FILE` with `costs` in FILE.
 fn plan_with_stage_costs(expression: &str, p: &str, m: &str, costs: &str) -> serde_json::Value {
-    let dir = std::env::temp_dir().join(format!(
-        "pipeweave-cli-stage-costs-{}-{}",
-        std::process::id(),
+    let dir = scratch_dir(&format!(
+        "cli-stage-costs-{}",
         expression.len() + costs.len()
     ));
-    std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("costs.json");
     std::fs::write(&file, costs).unwrap();
-    let out = pipeweave(&[
-        "plan",
-        expression,
-        "-p",
-        p,
-        "-m",
-        m,
-        "--stage-costs",
-        file.to_str().unwrap(),
-        "--format",
-        "json",
-    ]);
+    let report = cli("plan")
+        .args(&[expression, "-p", p, "-m", m, "--stage-costs"])
+        .arg(&file)
+        .line("--format json")
+        .json();
     std::fs::remove_dir_all(&dir).unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    serde_json::from_str(&stdout(&out)).unwrap()
+    report
 }
 
 #[test]
@@ -544,25 +351,15 @@ fn dualpipe_overlap_with_uneven_stage_costs_costs_its_two_parts() {
 
 #[test]
 fn tune_frontier_is_monotone_each_point_reproduces_and_a_limit_picks_from_it() {
-    let dir = std::env::temp_dir().join(format!("pipeweave-cli-frontier-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // The sizes and costs of every command here.
+    const SIZES: &str = "-p 4 -m 12 --costs F=1,I=1,W=1,comm=0.1";
+    let dir = scratch_dir("cli-frontier");
     let svg = dir.join("f.svg");
-    let out = pipeweave(&[
-        "tune",
-        "-p",
-        "4",
-        "-m",
-        "12",
-        "--costs",
-        "F=1,I=1,W=1,comm=0.1",
-        "--frontier",
-        "--format",
-        "json",
-        "--svg",
-        svg.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let report = cli("tune")
+        .line(SIZES)
+        .line("--frontier --format json --svg")
+        .arg(&svg)
+        .json();
     let points = report["frontier"].as_array().unwrap();
     assert!(points.len() >= 4, "{points:?}");
     let mut last: Option<(f64, f64)> = None;
@@ -571,79 +368,47 @@ fn tune_frontier_is_monotone_each_point_reproduces_and_a_limit_picks_from_it() {
             p["memory_limit"].as_f64().unwrap(),
             p["makespan"].as_f64().unwrap(),
         );
-        assert!(p["peak_activations"].as_f64().unwrap() <= limit + 1e-9);
+        assert!(p["peak_activations"].as_f64().unwrap() <= limit + TOLERANCE);
         if let Some((l, m)) = last {
             assert!(limit > l && makespan < m, "not monotone: {points:?}");
         }
         last = Some((limit, makespan));
-        let plan = pipeweave(&[
-            "plan",
-            p["expression"].as_str().unwrap(),
-            "-p",
-            "4",
-            "-m",
-            "12",
-            "--costs",
-            "F=1,I=1,W=1,comm=0.1",
-            "--format",
-            "json",
-        ]);
-        let plan: serde_json::Value = serde_json::from_str(&stdout(&plan)).unwrap();
+        let plan = cli("plan")
+            .arg(p["expression"].as_str().unwrap())
+            .line(SIZES)
+            .line("--format json")
+            .stdout_json();
         assert_eq!(plan["makespan"], p["makespan"], "{}", p["expression"]);
     }
     assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
     // `tune --memory-limit` ranks the same search: its best is the frontier's point there.
     let middle = &points[points.len() / 2];
     let limit = middle["memory_limit"].as_f64().unwrap().to_string();
-    let tuned = pipeweave(&[
-        "tune",
-        "-p",
-        "4",
-        "-m",
-        "12",
-        "--costs",
-        "F=1,I=1,W=1,comm=0.1",
-        "--memory-limit",
-        &limit,
-        "--format",
-        "json",
-    ]);
-    let tuned: serde_json::Value = serde_json::from_str(&stdout(&tuned)).unwrap();
+    let tuned = cli("tune")
+        .line(SIZES)
+        .line("--memory-limit")
+        .arg(&limit)
+        .line("--format json")
+        .stdout_json();
     assert_eq!(tuned["candidates"][0]["makespan"], middle["makespan"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn recompute_and_offload_report_device_and_host_memory_and_their_counts() {
-    let json_of = |expression: &str| -> serde_json::Value {
-        let out = pipeweave(&[
-            "plan",
-            expression,
-            "-p",
-            "4",
-            "-m",
-            "8",
-            "--format",
-            "json",
-            "--costs",
-            "F=1,I=1,W=1,R=1.5,offload=0.5",
-        ]);
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-        serde_json::from_str(&stdout(&out)).unwrap()
+    let json_of = |expression: &str| {
+        cli("plan")
+            .arg(expression)
+            .line("-p 4 -m 8 --format json --costs F=1,I=1,W=1,R=1.5,offload=0.5")
+            .json()
     };
     let kept = json_of("f1b(gpipe)");
     assert!(kept.get("device_peak_per_rank").is_none());
     assert!(kept.get("host_peak_per_rank").is_none());
     assert!(kept.get("recomputed_ops").is_none());
     let offloaded = json_of("offload(f1b(gpipe), memory=2)");
-    assert_eq!(
-        offloaded["device_peak_per_rank"],
-        serde_json::json!([2.0, 2.0, 2.0, 1.0])
-    );
-    assert_eq!(
-        offloaded["host_peak_per_rank"],
-        serde_json::json!([3.0, 2.0, 0.0, 0.0])
-    );
+    per_rank_is(&offloaded, "device_peak_per_rank", &[2.0, 2.0, 2.0, 1.0]);
+    per_rank_is(&offloaded, "host_peak_per_rank", &[3.0, 2.0, 0.0, 0.0]);
     assert_eq!(offloaded["offloads_per_rank"][0], 6);
     assert_eq!(offloaded["memory_limit"], 2.0);
     let order = offloaded["order"][0].as_array().unwrap();
@@ -656,52 +421,22 @@ fn recompute_and_offload_report_device_and_host_memory_and_their_counts() {
     assert!(total >= 3, "{recomputed}");
 
     // Text: the extra columns, and the link rows of the grid.
-    let out = pipeweave(&[
-        "plan",
-        "offload(f1b(gpipe), memory=2)",
-        "-p",
-        "4",
-        "-m",
-        "8",
-    ]);
-    let text = stdout(&out);
+    let text = stdout(&cli("plan offload(f1b(gpipe), memory=2) -p 4 -m 8").output());
     assert!(text.contains("offloads  host peak  link busy"), "{text}");
     assert!(text.contains("   link |"), "{text}");
 
     // A limit no recompute reaches: exit 2, one line naming the constraint.
-    let out = pipeweave(&[
-        "plan",
-        "recompute(zero_bubble(f1b(gpipe), policy=h1), memory=1)",
-        "-p",
-        "4",
-        "-m",
-        "8",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = stderr(&out);
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.contains("`memory=1 reachable with pairs recomputed`"),
-        "{err}"
-    );
+    cli("plan recompute(zero_bubble(f1b(gpipe), policy=h1), memory=1) -p 4 -m 8")
+        .refused("`memory=1 reachable with pairs recomputed`");
 }
 
 #[test]
 fn csv_of_a_recompute_plan_keeps_the_compute_order_and_says_what_it_leaves_out() {
-    let dir = std::env::temp_dir().join(format!("pipeweave-residency-csv-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("residency-csv");
     let path = dir.join("plan.csv");
-    let path_text = path.to_str().unwrap();
-    let out = pipeweave(&[
-        "plan",
-        "offload(recompute(f1b(gpipe), memory=2), memory=1)",
-        "-p",
-        "4",
-        "-m",
-        "8",
-        "--csv",
-        path_text,
-    ]);
+    let out = cli("plan offload(recompute(f1b(gpipe), memory=2), memory=1) -p 4 -m 8 --csv")
+        .arg(&path)
+        .output();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let note = stderr(&out);
     assert!(
@@ -713,20 +448,9 @@ fn csv_of_a_recompute_plan_keeps_the_compute_order_and_says_what_it_leaves_out()
     assert!(!csv.contains('R') && !csv.contains('O'), "{csv}");
     // The compute order is the plain 1F1B's: PyTorch trains it as it would 1F1B.
     let plain = dir.join("plain.csv");
-    let out = pipeweave(&[
-        "plan",
-        "f1b(gpipe)",
-        "-p",
-        "4",
-        "-m",
-        "8",
-        "--csv",
-        plain.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(0));
+    cli("plan f1b(gpipe) -p 4 -m 8 --csv").arg(&plain).ok();
     assert_eq!(csv, std::fs::read_to_string(&plain).unwrap());
     // The file checks as a schedule of its own.
-    let out = pipeweave(&["check", path_text]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    cli("check").arg(&path).ok();
     std::fs::remove_dir_all(&dir).unwrap();
 }

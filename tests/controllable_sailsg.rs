@@ -4,16 +4,19 @@
 //! 16, M from P to 8P, even and odd), with their peak and span; and `auto` at their peaks no
 //! slower than them.
 
-use pipeweave::core_ir::max_peak;
+mod common;
+
+use common::{costed, field, read_json, split_costs};
+use pipeweave::core_ir::{max_peak, TOLERANCE};
 use pipeweave::transforms::schedules::controllable::{controllable_types, Controllable};
 use pipeweave::{build_plan, simulate, PipelineConfig, StageCostsSpec};
 use serde_json::Value;
-use std::path::PathBuf;
 
 fn fixture() -> Value {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/controllable_sailsg.json");
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    read_json(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/controllable_sailsg.json"
+    ))
 }
 
 /// sail-sg's digest of an order: 64-bit FNV-1a of "t:mb t:mb ...|t:mb ...".
@@ -46,6 +49,11 @@ fn expression(policy: &str) -> String {
     format!("zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v), policy={policy})")
 }
 
+/// `auto` on the V layout within `peak` activations.
+fn auto_within(peak: f64) -> String {
+    expression(&format!("auto, memory={peak}"))
+}
+
 #[test]
 fn our_orders_equal_sail_sgs_op_for_op() {
     let file = fixture();
@@ -54,10 +62,7 @@ fn our_orders_equal_sail_sgs_op_for_op() {
     let mut full = 0;
     for case in cases {
         let (kind, name) = kind_of(case);
-        let (p, m) = (
-            case["ranks"].as_u64().unwrap() as u32,
-            case["microbatches"].as_u64().unwrap() as u32,
-        );
+        let (p, m) = (field(case, "ranks"), field(case, "microbatches"));
         assert!(
             case.get("error").is_none(),
             "sail-sg's generator ran everywhere here"
@@ -96,10 +101,7 @@ fn the_pass_gives_sail_sgs_peak_and_span_at_unit_costs() {
     let file = fixture();
     for case in file["cases"].as_array().unwrap() {
         let (_, name) = kind_of(case);
-        let (p, m) = (
-            case["ranks"].as_u64().unwrap() as u32,
-            case["microbatches"].as_u64().unwrap() as u32,
-        );
+        let (p, m) = (field(case, "ranks"), field(case, "microbatches"));
         if p > 8 || m % 3 != 0 {
             continue; // a sample: the orders are checked everywhere above
         }
@@ -127,9 +129,7 @@ fn the_issues_figures_at_8_ranks_and_32_microbatches() {
         let plan = build_plan(&expression(policy), &config).unwrap();
         assert_eq!(max_peak(&plan), peak, "{policy}");
         assert_eq!(simulate(&plan).unwrap().makespan(), makespan, "{policy}");
-        let auto =
-            format!("zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v), policy=auto, memory={peak})");
-        let auto = build_plan(&auto, &config).unwrap();
+        let auto = build_plan(&auto_within(peak), &config).unwrap();
         assert!(max_peak(&auto) <= peak);
         assert!(
             simulate(&auto).unwrap().makespan() <= makespan,
@@ -141,21 +141,11 @@ fn the_issues_figures_at_8_ranks_and_32_microbatches() {
 /// The cost settings of the issue: unit costs, unit costs with comm 0.1, the Zero Bubble paper's
 /// 1.5B row with its communication.
 fn cost_settings() -> Vec<(&'static str, StageCostsSpec, f64)> {
-    let unit = || {
-        StageCostsSpec::builder()
-            .forward(1.0)
-            .input_grad(1.0)
-            .weight_grad(1.0)
-            .build()
-    };
-    let paper = StageCostsSpec::builder()
-        .forward(18522.0)
-        .input_grad(18086.0)
-        .weight_grad(9337.0)
-        .build();
+    let unit = split_costs(1.0, 1.0, 1.0);
+    let paper = split_costs(18522.0, 18086.0, 9337.0);
     vec![
-        ("unit", unit(), 0.0),
-        ("unit comm 0.1", unit(), 0.1),
+        ("unit", unit, 0.0),
+        ("unit comm 0.1", unit, 0.1),
         ("paper", paper, 601.0),
     ]
 }
@@ -166,22 +156,16 @@ fn auto_dominates(every: u32) {
     for (label, costs, comm) in cost_settings() {
         for p in [4u32, 8, 16] {
             for m in (p..=8 * p).step_by(every as usize) {
-                let config = PipelineConfig::new(p, m)
-                    .unwrap()
-                    .with_costs(costs.validate().unwrap(), comm)
-                    .unwrap();
+                let config = costed(p, m, costs, comm);
                 for policy in ["v_half", "v_min"] {
                     let theirs = build_plan(&expression(policy), &config).unwrap();
                     let peak = max_peak(&theirs);
                     let makespan = simulate(&theirs).unwrap().makespan();
-                    let auto = format!(
-                        "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v), policy=auto, memory={peak})"
-                    );
-                    let auto = build_plan(&auto, &config).unwrap();
+                    let auto = build_plan(&auto_within(peak), &config).unwrap();
                     let ours = simulate(&auto).unwrap().makespan();
-                    assert!(max_peak(&auto) <= peak + 1e-9);
+                    assert!(max_peak(&auto) <= peak + TOLERANCE);
                     assert!(
-                        ours <= makespan + 1e-9,
+                        ours <= makespan + TOLERANCE,
                         "{label} P={p} M={m}: auto at {policy}'s peak {peak} takes {ours}, {policy} {makespan}"
                     );
                 }

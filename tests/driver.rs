@@ -1,11 +1,10 @@
 //! The pass driver: order rules, preconditions, observation, and blame of a broken pass by name.
 
 use pipeweave::core_ir::{ChunkPlacement, LayoutKind, Pacing};
-use pipeweave::transforms::passes::{GPipe, Interleave, OneForwardOneBackward};
+use pipeweave::transforms::passes::{F1b, Gpipe, Vpp};
 use pipeweave::transforms::{Changes, Contract, Pass, Requires};
-use pipeweave::{
-    CostModel, MemoryModel, PassList, PipelineConfig, Plan, ProblemSpec, StageCosts, TransformError,
-};
+use pipeweave::{PassList, PipelineConfig, Plan, ProblemSpec, StageCosts, TransformError};
+use pipeweave_core::testing::unscheduled_on;
 
 /// A pass that drops the last task of rank 0: always produces an incomplete plan.
 struct DropLast;
@@ -42,16 +41,12 @@ fn start(ranks: u32, microbatches: u32) -> Plan {
 }
 
 fn vpp2() -> Box<dyn Pass> {
-    Box::new(Interleave::new(2, None, ChunkPlacement::Standard).unwrap())
+    Box::new(Vpp::new(2, None, ChunkPlacement::Standard).unwrap())
 }
 
 #[test]
 fn a_broken_pass_is_blamed_by_name() {
-    let passes = PassList::new(vec![
-        Box::new(GPipe),
-        Box::new(OneForwardOneBackward),
-        Box::new(DropLast),
-    ]);
+    let passes = PassList::new(vec![Box::new(Gpipe), Box::new(F1b), Box::new(DropLast)]);
     let err = passes.run(start(4, 8)).unwrap_err();
     match &err {
         TransformError::PassBroke { pass, violations } => {
@@ -72,11 +67,7 @@ fn a_broken_pass_is_blamed_by_name() {
 
 #[test]
 fn passes_out_of_the_clients_order_are_rejected() {
-    let passes = PassList::new(vec![
-        Box::new(GPipe),
-        vpp2(),
-        Box::new(OneForwardOneBackward),
-    ]);
+    let passes = PassList::new(vec![Box::new(Gpipe), vpp2(), Box::new(F1b)]);
     let err = passes.run(start(2, 4)).unwrap_err();
     assert_eq!(
         err,
@@ -87,12 +78,12 @@ fn passes_out_of_the_clients_order_are_rejected() {
             found: "the interleaved (2 chunks, standard placement) layout".into(),
         }
     );
-    let twice = PassList::new(vec![Box::new(GPipe), vpp2(), vpp2()]);
+    let twice = PassList::new(vec![Box::new(Gpipe), vpp2(), vpp2()]);
     assert!(matches!(
         twice.run(start(2, 4)),
         Err(TransformError::OutOfOrder { .. })
     ));
-    let no_baseline = PassList::new(vec![Box::new(OneForwardOneBackward)]);
+    let no_baseline = PassList::new(vec![Box::new(F1b)]);
     let err = no_baseline.run(start(2, 4)).unwrap_err();
     assert!(
         err.to_string()
@@ -103,11 +94,7 @@ fn passes_out_of_the_clients_order_are_rejected() {
 
 #[test]
 fn the_observer_sees_every_verified_intermediate_plan() {
-    let passes = PassList::new(vec![
-        Box::new(GPipe),
-        Box::new(OneForwardOneBackward),
-        vpp2(),
-    ]);
+    let passes = PassList::new(vec![Box::new(Gpipe), Box::new(F1b), vpp2()]);
     let mut seen = Vec::new();
     let plan = passes
         .run_observed(start(4, 8), &mut |name, plan| {
@@ -134,17 +121,12 @@ fn preconditions_name_the_constraint_and_values() {
         .build()
         .validate()
         .unwrap();
-    let plan = Plan::unscheduled(
-        problem,
-        CostModel::uniform(4, StageCosts::default(), 0.0).unwrap(),
-        MemoryModel::uniform(4, Default::default()),
-    )
-    .unwrap();
-    let gpipe_only = PassList::new(vec![Box::new(GPipe)])
+    let plan = unscheduled_on(problem, StageCosts::default());
+    let gpipe_only = PassList::new(vec![Box::new(Gpipe)])
         .run(plan.clone())
         .unwrap();
     assert_eq!(gpipe_only.task_count(), 32);
-    let err = PassList::new(vec![Box::new(GPipe), Box::new(OneForwardOneBackward)])
+    let err = PassList::new(vec![Box::new(Gpipe), Box::new(F1b)])
         .run(plan)
         .unwrap_err();
     assert_eq!(
@@ -153,17 +135,13 @@ fn preconditions_name_the_constraint_and_values() {
          violated: the problem has 4 stages on 2 ranks with 1 route(s)"
     );
     // Megatron's rules bind an explicit group; without one, sizes Megatron refuses still run.
-    assert!(PassList::new(vec![
-        Box::new(GPipe),
-        Box::new(OneForwardOneBackward),
-        vpp2(),
-    ])
-    .run(start(4, 2))
-    .is_ok());
+    assert!(PassList::new(vec![Box::new(Gpipe), Box::new(F1b), vpp2(),])
+        .run(start(4, 2))
+        .is_ok());
     let err = PassList::new(vec![
-        Box::new(GPipe),
-        Box::new(OneForwardOneBackward),
-        Box::new(Interleave::new(2, Some(4), ChunkPlacement::Standard).unwrap()),
+        Box::new(Gpipe),
+        Box::new(F1b),
+        Box::new(Vpp::new(2, Some(4), ChunkPlacement::Standard).unwrap()),
     ])
     .run(start(4, 2))
     .unwrap_err();
@@ -172,9 +150,9 @@ fn preconditions_name_the_constraint_and_values() {
         "pass `vpp` precondition `ranks <= group <= microbatches` violated: ranks = 4, group = 4, microbatches = 2"
     );
     let err = PassList::new(vec![
-        Box::new(GPipe),
-        Box::new(OneForwardOneBackward),
-        Box::new(Interleave::new(2, Some(4), ChunkPlacement::Standard).unwrap()),
+        Box::new(Gpipe),
+        Box::new(F1b),
+        Box::new(Vpp::new(2, Some(4), ChunkPlacement::Standard).unwrap()),
     ])
     .run(start(4, 10))
     .unwrap_err();
@@ -183,7 +161,7 @@ fn preconditions_name_the_constraint_and_values() {
             .contains("the last group has 2 < 4 microbatches"),
         "{err}"
     );
-    let err = PassList::new(vec![Box::new(GPipe), Box::new(GPipe)])
+    let err = PassList::new(vec![Box::new(Gpipe), Box::new(Gpipe)])
         .run(start(2, 2))
         .unwrap_err();
     assert!(matches!(err, TransformError::OutOfOrder { .. }), "{err}");
@@ -227,7 +205,7 @@ impl Pass for Fussy {
 
 #[test]
 fn the_driver_names_the_pass_on_its_errors_and_the_registry_checks_names() {
-    let passes = PassList::new(vec![Box::new(GPipe), Box::new(Fussy)]);
+    let passes = PassList::new(vec![Box::new(Gpipe), Box::new(Fussy)]);
     let err = passes.run(start(2, 2)).unwrap_err().to_string();
     assert_eq!(
         err,

@@ -2,12 +2,16 @@
 //! verifies after every pass, projects to programs the checker accepts, is never slower than the
 //! 1F1B plan it starts from (with `zero_bubble` too), and keeps its documented memory budget.
 
-use pipeweave::core_ir::{check_programs, project, DualKind, ProjectionOptions, RecvPolicy};
+mod common;
+
+use common::{costed, persisted};
+use pipeweave::core_ir::{
+    check_programs, project, DualKind, ProjectionOptions, RecvPolicy, TOLERANCE,
+};
 use pipeweave::{
     build_plan_observed, simulate, verify, Layout, PipelineConfig, Plan, StageCostsSpec,
 };
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 
 /// Integer costs of a rank's share: F, I, W, optionally a fused B and an overlapped FB, and the
 /// cross-rank latency.
@@ -25,17 +29,11 @@ fn config(p: u32, m: u32, c: Costs) -> PipelineConfig {
     let spec = StageCostsSpec::builder()
         .forward(c.f.into())
         .input_grad(c.i.into())
-        .weight_grad(c.w.into());
-    let spec = match (c.b, c.fb) {
-        (Some(b), Some(fb)) => spec.full_backward(b.into()).overlapped(fb.into()).build(),
-        (Some(b), None) => spec.full_backward(b.into()).build(),
-        (None, Some(fb)) => spec.overlapped(fb.into()).build(),
-        (None, None) => spec.build(),
-    };
-    PipelineConfig::new(p, m)
-        .unwrap()
-        .with_costs(spec.validate().unwrap(), c.comm.into())
-        .unwrap()
+        .weight_grad(c.w.into())
+        .full_backward_opt(c.b.map(f64::from))
+        .overlapped_opt(c.fb.map(f64::from))
+        .build();
+    costed(p, m, spec, c.comm.into())
 }
 
 /// Builds `expr`, checking that every intermediate plan verifies and the final plan's programs
@@ -63,12 +61,7 @@ fn makespan(plan: &Plan) -> f64 {
 }
 
 fn peak(plan: &Plan) -> f64 {
-    simulate(plan)
-        .unwrap()
-        .ranks()
-        .iter()
-        .map(|r| r.peak_activations)
-        .fold(0.0, f64::max)
+    common::peak(&simulate(plan).unwrap())
 }
 
 /// Whether DeepSeek's own DualPipe order applies.
@@ -91,14 +84,14 @@ fn never_slower(p: u32, m: u32, costs: Costs) -> Result<(), TestCaseError> {
     // those are their parts' sums, as in DeepSeek's own figures.
     if !deepseek(p, m) || (costs.b.is_none() && costs.fb.is_none()) {
         prop_assert!(
-            dual_time <= f1b_time + 1e-9,
+            dual_time <= f1b_time + TOLERANCE,
             "{}: dual {} > f1b {}",
             at,
             dual_time,
             f1b_time
         );
         prop_assert!(
-            zb_time <= f1b_time + 1e-9,
+            zb_time <= f1b_time + TOLERANCE,
             "{}: zero_bubble(dual) {} > f1b {}",
             at,
             zb_time,
@@ -108,7 +101,7 @@ fn never_slower(p: u32, m: u32, costs: Costs) -> Result<(), TestCaseError> {
     if !deepseek(p, m) {
         // Counter-flow: zero_bubble's search starts from dual's order; memory within P + 1.
         prop_assert!(
-            zb_time <= dual_time + 1e-9,
+            zb_time <= dual_time + TOLERANCE,
             "{}: zero_bubble(dual) {} > dual {}",
             at,
             zb_time,
@@ -116,7 +109,7 @@ fn never_slower(p: u32, m: u32, costs: Costs) -> Result<(), TestCaseError> {
         );
         for plan in [&dual, &zero_bubble] {
             prop_assert!(
-                peak(plan) <= f64::from(p + 1) + 1e-9,
+                peak(plan) <= f64::from(p + 1) + TOLERANCE,
                 "{}: peak {} > P + 1",
                 at,
                 peak(plan)
@@ -166,11 +159,7 @@ fn even_sizes() -> impl Strategy<Value = (u32, u32)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 128,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/dual_sizes.txt"))),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(persisted(128, "proptest-regressions/dual_sizes.txt"))]
 
     /// Even P, every M up to 4P, random integer costs with and without latency.
     #[test]

@@ -1,11 +1,15 @@
 //! End-to-end execution on the threaded backend: every schedule gives the single-device gradients
 //! (1e-12 relative, f64), and a failing or panicking rank stops the whole run, quickly, with an
-//! error that names it.
+//! error that names it; a compute that cannot honour a program's residency instructions is
+//! refused before anything runs.
 
 use pipeweave::backends::numeric::{total_gradients, AffineModel, AffineStage};
-use pipeweave::backends::{run_threads, BackendError, StageCompute, StageError, ThreadOptions};
+use pipeweave::backends::{
+    run_threads, BackendError, Capabilities, Capability, StageCompute, StageError, ThreadOptions,
+};
 use pipeweave::core_ir::{project, CheckedPrograms, ProjectionOptions, RecvPolicy};
 use pipeweave::{build_plan, PipelineConfig, StageCostsSpec, Task, Work};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 const EXPRESSIONS: &[&str] = &[
@@ -259,4 +263,135 @@ fn unchecked_programs_cannot_be_run() {
     programs.programs.pop();
     let err = CheckedPrograms::check(plan.problem(), programs).unwrap_err();
     assert_eq!(err.to_string(), "1 programs for 2 ranks");
+}
+
+/// The affine stage declaring recompute only, counting the calls it gets.
+struct RecomputeOnly<'a> {
+    inner: AffineStage,
+    calls: &'a AtomicUsize,
+}
+
+impl StageCompute for RecomputeOnly<'_> {
+    type Tensor = f64;
+    fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, StageError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.forward(work, input)
+    }
+    fn loss(&mut self, work: Work, output: f64) -> Result<f64, StageError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.loss(work, output)
+    }
+    fn backward_input(&mut self, work: Work, grad: f64) -> Result<Option<f64>, StageError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.backward_input(work, grad)
+    }
+    fn backward_weight(&mut self, work: Work) -> Result<(), StageError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.backward_weight(work)
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            recompute: true,
+            offload: false,
+        }
+    }
+    fn drop_activations(&mut self, work: Work) -> Result<(), StageError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.drop_activations(work)
+    }
+    fn recompute(&mut self, work: Work) -> Result<(), StageError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.recompute(work)
+    }
+}
+
+#[test]
+fn a_compute_without_offload_is_refused_an_offload_plan_before_anything_runs() {
+    let costs = StageCostsSpec::builder()
+        .forward(1.0)
+        .input_grad(1.2)
+        .weight_grad(0.7)
+        .offload(0.25)
+        .build()
+        .validate()
+        .unwrap();
+    let config = PipelineConfig::new(4, 8)
+        .unwrap()
+        .with_costs(costs, 0.05)
+        .unwrap();
+    let plan = build_plan("offload(f1b(gpipe), memory=2)", &config).unwrap();
+    assert!(plan.facts().residency.offloaded);
+    let model = AffineModel::new(plan.problem());
+    let checked = CheckedPrograms::of_plan(&plan, None, ProjectionOptions::default()).unwrap();
+    let calls = AtomicUsize::new(0);
+    let err = run_threads(
+        &checked,
+        |_| RecomputeOnly {
+            inner: model.stage(no_delay),
+            calls: &calls,
+        },
+        ThreadOptions::default(),
+    )
+    .err()
+    .expect("the run is refused");
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "an instruction ran");
+    match &err {
+        BackendError::Unsupported {
+            rank,
+            instr,
+            what,
+            capability,
+        } => {
+            assert_eq!(*capability, Capability::Offload);
+            let program = &checked.programs().programs[rank.index()];
+            assert_eq!(what, &program.instrs[*instr].to_string());
+            assert!(what.starts_with("offload("), "{what}");
+        }
+        other => panic!("expected the refusal of offload, got {other}"),
+    }
+    assert_eq!(err.kind(), pipeweave::core_ir::FailureKind::BadInput);
+    let text = err.to_string();
+    assert!(text.contains("does not support"), "{text}");
+    // The affine stage declares offload: the same programs run to the single-device gradients.
+    let stages = run_threads(
+        &checked,
+        |_| model.stage(no_delay),
+        ThreadOptions::default(),
+    )
+    .unwrap();
+    let reference = model.sequential_gradients(plan.problem());
+    assert!(AffineModel::max_relative_error(&total_gradients(&stages), &reference) <= 1e-12);
+}
+
+#[test]
+fn a_compute_without_recompute_is_refused_a_recompute_plan() {
+    let plan = build_plan(
+        "recompute(f1b(gpipe), memory=2)",
+        &PipelineConfig::new(4, 8).unwrap(),
+    )
+    .unwrap();
+    assert!(plan.facts().residency.recomputed);
+    let model = AffineModel::new(plan.problem());
+    let checked = CheckedPrograms::of_plan(&plan, None, ProjectionOptions::default()).unwrap();
+    // `Faulty` declares no capability (the default).
+    let err = run_threads(
+        &checked,
+        |_| Faulty {
+            inner: model.stage(no_delay),
+            at: None,
+            panic: false,
+        },
+        ThreadOptions::default(),
+    )
+    .err()
+    .expect("the run is refused");
+    match &err {
+        BackendError::Unsupported {
+            capability, what, ..
+        } => {
+            assert_eq!(*capability, Capability::Recompute);
+            assert!(what.starts_with("drop("), "{what}");
+        }
+        other => panic!("expected the refusal of recompute, got {other}"),
+    }
 }

@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use pipeweave::core_ir::TOLERANCE;
 use pipeweave::{build_plan, simulate, PipelineConfig, Simulation, StageCostsSpec};
 use serde_json::Value;
 
@@ -13,33 +14,19 @@ use serde_json::Value;
 fn config(file: &Value, per_stage_factor: f64, memory_limit: Option<f64>) -> PipelineConfig {
     let c = &file["expect"]["costs"];
     let get = |k: &str| c[k].as_f64().map(|v| v * per_stage_factor);
-    let f = get("F").unwrap();
-    let i = get("I").unwrap();
-    let w = get("W").unwrap();
-    let builder = StageCostsSpec::builder()
-        .forward(f)
-        .input_grad(i)
-        .weight_grad(w);
-    let costs = match get("OVERLAP_F_B") {
-        Some(fb) => builder.overlapped(fb).build(),
-        None => builder.build(),
-    }
-    .validate()
-    .unwrap();
-    PipelineConfig::new(field(file, "ranks"), field(file, "microbatches"))
-        .unwrap()
-        .with_costs(costs, c["comm"].as_f64().unwrap_or(0.0))
-        .unwrap()
-        .with_memory_limit(memory_limit)
+    let costs = StageCostsSpec::builder()
+        .forward(get("F").unwrap())
+        .input_grad(get("I").unwrap())
+        .weight_grad(get("W").unwrap())
+        .overlapped_opt(get("OVERLAP_F_B"))
+        .build();
+    let comm = c["comm"].as_f64().unwrap_or(0.0);
+    let (ranks, microbatches) = (field(file, "ranks"), field(file, "microbatches"));
+    costed(ranks, microbatches, costs, comm).with_memory_limit(memory_limit)
 }
 
 fn numbers(file: &Value, key: &str) -> Vec<f64> {
-    file["expect"][key]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect()
+    f64s(&file["expect"][key])
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -55,30 +42,20 @@ fn assert_figures(name: &str, sim: &Simulation, file: &Value, peak_factor: f64) 
         "{name}: makespan {} != {expect_makespan}",
         sim.makespan()
     );
-    for (r, (ours, theirs)) in sim
-        .ranks()
-        .iter()
-        .zip(numbers(file, "idle_per_rank"))
-        .enumerate()
-    {
-        assert!(
-            close(ours.idle, theirs),
-            "{name}: rank {r} idle {} != {theirs}",
-            ours.idle
-        );
-    }
-    for (r, (ours, theirs)) in sim
-        .ranks()
-        .iter()
-        .zip(numbers(file, "peak_activations_per_rank"))
-        .enumerate()
-    {
-        assert!(
-            close(ours.peak_activations * peak_factor, theirs),
-            "{name}: rank {r} peak {} != {theirs}",
-            ours.peak_activations
-        );
-    }
+    // Rank by rank, ours (in the file's units) against the file's `key`.
+    let per_rank = |what: &str, key: &str, ours: Vec<f64>| {
+        for (r, (ours, theirs)) in ours.into_iter().zip(numbers(file, key)).enumerate() {
+            assert!(
+                close(ours, theirs),
+                "{name}: rank {r} {what} {ours} != {theirs}"
+            );
+        }
+    };
+    let figures = sim.ranks().iter();
+    let idle = figures.clone().map(|r| r.idle).collect();
+    per_rank("idle", "idle_per_rank", idle);
+    let peaks = figures.map(|r| r.peak_activations * peak_factor).collect();
+    per_rank("peak", "peak_activations_per_rank", peaks);
     if let Some(rate) = file["expect"]["bubble_rate"].as_f64() {
         assert!(
             (sim.bubble_rate() - rate).abs() < 1e-5,
@@ -155,9 +132,7 @@ fn zb_v_and_zb_2p_are_matched_or_beaten_at_no_more_memory() {
         let files = references(prefix);
         assert!(!files.is_empty());
         for (name, file) in files {
-            let theirs_peak = numbers(&file, "peak_activations_per_rank")
-                .into_iter()
-                .fold(0.0, f64::max);
+            let theirs_peak = max_of(&file["expect"]["peak_activations_per_rank"]);
             let plan = build_plan(expr, &config(&file, 1.0, Some(theirs_peak))).unwrap();
             let sim = simulate(&plan).unwrap();
             let theirs = file["expect"]["makespan"].as_f64().unwrap();
@@ -168,7 +143,7 @@ fn zb_v_and_zb_2p_are_matched_or_beaten_at_no_more_memory() {
             );
             for (r, figures) in sim.ranks().iter().enumerate() {
                 assert!(
-                    figures.peak_activations <= theirs_peak + 1e-9,
+                    figures.peak_activations <= theirs_peak + TOLERANCE,
                     "{name}: rank {r} peak {}",
                     figures.peak_activations
                 );

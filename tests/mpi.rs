@@ -8,9 +8,11 @@
 //! stalled one with who waits on whom (each waiting rank's instruction and message).
 #![cfg(feature = "mpi")]
 
+mod common;
 #[path = "common/mpi_jobs.rs"]
 mod mpi_jobs;
 
+use common::cli::words;
 use mpi_jobs::{kill_a_rank_and_expect_the_job_to_end, mpirun_command};
 use pipeweave::backends::mpi::rsmpi;
 use pipeweave::backends::mpi::wire::{WireDType, WirePayload};
@@ -27,15 +29,16 @@ use std::time::{Duration, Instant};
 /// One `mpirun` at a time: the machine may have few cores, and jobs would slow each other down.
 static MPIRUN: Mutex<()> = Mutex::new(());
 
-/// Runs `program args` on `np` processes under `mpirun` (killed after two minutes).
-fn mpirun(np: usize, program: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+/// Runs `program` with the words of `line` on `np` processes under `mpirun` (killed after two
+/// minutes).
+fn mpirun(np: usize, program: &str, line: &str, env: &[(&str, &str)]) -> Output {
     let _one = MPIRUN.lock().unwrap_or_else(|e| e.into_inner());
     let mut command = mpirun_command(np);
     for (key, value) in env {
         command.arg("-x").arg(format!("{key}={value}"));
         command.env(key, value);
     }
-    command.arg(program).args(args);
+    command.arg(program).args(words(line));
     command
         .output()
         .expect("mpirun runs (install Open MPI: .ci/mpi)")
@@ -48,22 +51,8 @@ fn text(bytes: &[u8]) -> String {
 /// `pipeweave run EXPR --backend mpi` on 4 processes: exit 0 and equal gradients.
 fn gradients_are_equal(expression: &str) {
     let start = Instant::now();
-    let out = mpirun(
-        4,
-        env!("CARGO_BIN_EXE_pipeweave"),
-        &[
-            "run",
-            expression,
-            "-p",
-            "4",
-            "-m",
-            "8",
-            "--backend",
-            "mpi",
-            "--json",
-        ],
-        &[],
-    );
+    let line = format!("run {expression} -p 4 -m 8 --backend mpi --json");
+    let out = mpirun(4, env!("CARGO_BIN_EXE_pipeweave"), &line, &[]);
     let stdout = text(&out.stdout);
     assert!(
         out.status.success(),
@@ -110,21 +99,8 @@ fn zero_bubble_v_gives_the_single_device_gradients() {
 
 #[test]
 fn a_world_of_another_size_is_one_line_and_exit_2() {
-    let out = mpirun(
-        2,
-        env!("CARGO_BIN_EXE_pipeweave"),
-        &[
-            "run",
-            "f1b(gpipe)",
-            "-p",
-            "4",
-            "-m",
-            "8",
-            "--backend",
-            "mpi",
-        ],
-        &[],
-    );
+    let line = "run f1b(gpipe) -p 4 -m 8 --backend mpi";
+    let out = mpirun(2, env!("CARGO_BIN_EXE_pipeweave"), line, &[]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
     let ours: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
@@ -144,23 +120,33 @@ fn child(scenario: &str) -> (Output, f64) {
     let out = mpirun(
         2,
         exe,
-        &[
-            "mpi_child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ],
+        "mpi_child --exact --ignored --nocapture --test-threads=1",
         &[("PIPEWEAVE_MPI_SCENARIO", scenario)],
     );
     (out, start.elapsed().as_secs_f64())
 }
 
-#[test]
-fn a_wrong_message_or_element_type_is_reported_naming_both() {
-    let (out, _) = child("wrong_message");
+/// [`child`] with `scenario`, which succeeds: its stdout.
+fn child_succeeds(scenario: &str) -> String {
+    let (out, _) = child(scenario);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    stdout
+}
+
+/// [`child`] with `scenario`, which fails within 45 s (a rank asleep in its stage would take a
+/// minute): its stderr.
+fn child_fails(scenario: &str) -> String {
+    let (out, seconds) = child(scenario);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(seconds < 45.0, "{seconds} s");
+    stderr
+}
+
+#[test]
+fn a_wrong_message_or_element_type_is_reported_naming_both() {
+    let stdout = child_succeeds("wrong_message");
     assert!(
         stdout.contains(
             "rank 1 got: expected act(stage 0 -> 1, mb 0) from rank 0, got act(stage 0 -> 1, mb 1)"
@@ -177,9 +163,7 @@ fn a_wrong_message_or_element_type_is_reported_naming_both() {
 
 #[test]
 fn large_payloads_cross_in_one_group() {
-    let (out, _) = child("large");
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let stdout = child_succeeds("large");
     for rank in 0..2 {
         assert!(
             stdout.contains(&format!("rank {rank} received 1048576 floats")),
@@ -190,9 +174,7 @@ fn large_payloads_cross_in_one_group() {
 
 #[test]
 fn ranks_given_different_programs_stop_before_running() {
-    let (out, _) = child("fingerprint");
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let stdout = child_succeeds("fingerprint");
     for rank in 0..2 {
         let line = format!(
             "rank {rank} got: rank {rank}, instruction 0 (before the program): the ranks were \
@@ -206,9 +188,8 @@ fn ranks_given_different_programs_stop_before_running() {
 
 #[test]
 fn a_stalled_rank_ends_the_job_with_who_waits_for_what() {
-    let (out, seconds) = child("timeout");
-    let stderr = text(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
+    // Rank 0 sleeps for a minute: the abort, not its end, stops the job.
+    let stderr = child_fails("timeout");
     // Rank 1 times out, asks every rank where it stands, and reports who waits on whom: itself
     // on rank 0, which (asleep in its stage) does not answer.
     assert!(
@@ -218,21 +199,16 @@ fn a_stalled_rank_ends_the_job_with_who_waits_for_what() {
         ),
         "{stderr}"
     );
-    // Rank 0 sleeps for a minute: the abort, not its end, stopped the job.
-    assert!(seconds < 45.0, "{seconds} s");
 }
 
 #[test]
 fn a_failing_stage_aborts_every_rank() {
-    let (out, seconds) = child("stage_error");
-    let stderr = text(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
+    let stderr = child_fails("stage_error");
     assert!(
         stderr.contains("the stage failed: injected failure")
             && stderr.contains("error: rank 1, instruction "),
         "{stderr}"
     );
-    assert!(seconds < 45.0, "{seconds} s");
 }
 
 /// A stage that stalls in its first forward (rank 0) or fails in its first input-gradient
@@ -400,18 +376,9 @@ fn a_rank_killed_from_outside_ends_the_job_within_ten_seconds() {
     // A run that would take about 13 s: 33 units of 0.4 s at 4 ranks and 8 microbatches.
     let mut job = mpirun_command(4)
         .arg(env!("CARGO_BIN_EXE_pipeweave"))
-        .args([
-            "run",
-            "f1b(gpipe)",
-            "-p",
-            "4",
-            "-m",
-            "8",
-            "--backend",
-            "mpi",
-            "--time-scale",
-            "400",
-        ])
+        .args(words(
+            "run f1b(gpipe) -p 4 -m 8 --backend mpi --time-scale 400",
+        ))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -2,7 +2,12 @@
 //! bytes): costs and memory of a cut, tune choosing the cut, and the bad inputs; the former
 //! format read as the current one, and a profile of any model's plain layer list.
 
-use std::process::{Command, Output};
+mod common;
+
+use common::cli::{cli, stderr, words, Cli};
+use common::{max_of, read_json, u64s};
+use pipeweave::core_ir::TOLERANCE;
+use std::process::Command;
 
 /// Our GPT's profile (`pipeweave-profile/2`, as `train_gpt --profile` writes it).
 const PROFILE: &str = concat!(
@@ -23,22 +28,15 @@ const GENERIC: &str = concat!(
     "/tests/fixtures/generic_profile_v2.json"
 );
 
-fn pipeweave(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipeweave"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn json(args: &[&str]) -> serde_json::Value {
-    let out = pipeweave(args);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+/// The JSON report of `COMMAND SIZES --profile PROFILE --format json` with `extra`, which exits 0.
+fn profiled(command: Cli, sizes: &str, profile: &str, extra: &[&str]) -> serde_json::Value {
+    command
+        .line(sizes)
+        .line("--profile")
+        .arg(profile)
+        .line("--format json")
+        .args(extra)
+        .json()
 }
 
 /// `tune -p 2 -m 8 --profile PROFILE --format json` with `extra`.
@@ -48,19 +46,7 @@ fn tune(extra: &[&str]) -> serde_json::Value {
 
 /// `tune -p RANKS -m 8 --profile PROFILE --format json` with `extra`.
 fn tune_on(ranks: &str, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec![
-        "tune",
-        "-p",
-        ranks,
-        "-m",
-        "8",
-        "--profile",
-        PROFILE,
-        "--format",
-        "json",
-    ];
-    args.extend(extra);
-    json(&args)
+    profiled(cli("tune"), &format!("-p {ranks} -m 8"), PROFILE, extra)
 }
 
 /// `plan EXPRESSION -p 2 -m 8 --profile PROFILE --layers-per-stage CUT --format json`.
@@ -70,20 +56,20 @@ fn plan(expression: &str, cut: &str) -> serde_json::Value {
 
 /// `plan EXPRESSION -p RANKS -m 8 --profile PROFILE --format json` with `extra`.
 fn plan_on(expression: &str, ranks: &str, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec![
-        "plan",
-        expression,
-        "-p",
-        ranks,
-        "-m",
-        "8",
-        "--profile",
-        PROFILE,
-        "--format",
-        "json",
-    ];
-    args.extend(extra);
-    json(&args)
+    let command = cli("plan").arg(expression);
+    profiled(command, &format!("-p {ranks} -m 8"), PROFILE, extra)
+}
+
+/// The command exits 2 with one line (up to surrounding white space) that contains `expected`.
+fn refused(command: Cli, expected: &str) {
+    let err = command.exit_2();
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains(expected), "{command:?}: {err}");
+}
+
+/// Two reports' makespans are equal up to the figures' rounding.
+fn same_makespan(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    (a["makespan"].as_f64().unwrap() - b["makespan"].as_f64().unwrap()).abs() < 1e-6
 }
 
 /// A tune candidate's `--layers-per-stage` as the option takes it.
@@ -104,26 +90,48 @@ fn layer_sum(profile: &serde_json::Value, range: std::ops::Range<usize>, key: &s
         .sum()
 }
 
+/// The time F, I and W of the layers in `range` take for one microbatch.
+fn share_work(profile: &serde_json::Value, range: std::ops::Range<usize>) -> f64 {
+    ["forward", "input_grad", "weight_grad"]
+        .iter()
+        .map(|k| layer_sum(profile, range.clone(), k))
+        .sum()
+}
+
+/// The report's makespan, checked against the work `W` of the heavier of two shares (the layers
+/// in `shares` of `profile`) over `microbatches`: at least `microbatches · W`, less than
+/// `microbatches · W · slack`.
+fn makespan_of_shares(
+    report: &serde_json::Value,
+    profile: &serde_json::Value,
+    shares: [std::ops::Range<usize>; 2],
+    microbatches: f64,
+    slack: f64,
+) -> f64 {
+    let [first, second] = shares;
+    let heavier = share_work(profile, first).max(share_work(profile, second));
+    let makespan = report["makespan"].as_f64().unwrap();
+    assert!(
+        makespan >= microbatches * heavier - TOLERANCE,
+        "{makespan} vs {heavier}"
+    );
+    assert!(
+        makespan < microbatches * heavier * slack,
+        "{makespan} vs {heavier}"
+    );
+    makespan
+}
+
 #[test]
 fn a_cut_is_costed_by_its_layers_and_reports_bytes() {
-    let profile: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(PROFILE).unwrap()).unwrap();
+    let profile = read_json(PROFILE);
     let even = plan("f1b(gpipe)", "2,2");
     assert_eq!(even["layers_per_stage"], serde_json::json!([2, 2]));
     assert!(even["bytes_per_unit"].as_f64().unwrap() > 0.0);
     let bytes = even["peak_activation_bytes_per_rank"].as_array().unwrap();
     assert_eq!(bytes.len(), 2);
     // 1F1B's makespan on 2 ranks is bounded below by the heavier share's M·(F+I+W).
-    let share = |range| {
-        ["forward", "input_grad", "weight_grad"]
-            .iter()
-            .map(|k| layer_sum(&profile, std::ops::Range::clone(&range), k))
-            .sum::<f64>()
-    };
-    let heavier = share(0..3).max(share(3..6));
-    let makespan = even["makespan"].as_f64().unwrap();
-    assert!(makespan >= 8.0 * heavier - 1e-9, "{makespan} vs {heavier}");
-    assert!(makespan < 8.0 * heavier * 1.5, "{makespan} vs {heavier}");
+    let makespan = makespan_of_shares(&even, &profile, [0..3, 3..6], 8.0, 1.5);
     // A lopsided cut is slower.
     assert!(plan("f1b(gpipe)", "0,4")["makespan"].as_f64().unwrap() > makespan);
 }
@@ -133,13 +141,7 @@ fn tune_chooses_a_cut_that_plan_reproduces() {
     let found = tune(&["--top", "3"]);
     let first = &found["candidates"][0];
     let again = plan(first["expression"].as_str().unwrap(), &cut_of(first));
-    let close = |a: &serde_json::Value, b: &serde_json::Value| {
-        (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 1e-6
-    };
-    assert!(
-        close(&again["makespan"], &first["makespan"]),
-        "{again} vs {first}"
-    );
+    assert!(same_makespan(&again, first), "{again} vs {first}");
     // Every candidate fits a limit given in bytes.
     let limited = tune(&["--memory-limit", "16MiB"]);
     for c in limited["candidates"].as_array().unwrap() {
@@ -154,109 +156,63 @@ fn tune_chooses_a_cut_that_plan_reproduces() {
 fn bad_cuts_profiles_and_limits_exit_2_with_one_line() {
     // A former-format profile that lists fewer layers than its model's blocks.
     let missing = std::env::temp_dir().join("pipeweave-missing-layer-profile.json");
-    let mut profile: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(PROFILE_V1).unwrap()).unwrap();
+    let mut profile = read_json(PROFILE_V1);
     profile["layers"].as_array_mut().unwrap().remove(2);
     std::fs::write(&missing, profile.to_string()).unwrap();
     // A current-format profile with a layer placed last in the middle of the list.
     let misplaced = std::env::temp_dir().join("pipeweave-misplaced-layer-profile.json");
-    let mut profile: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(PROFILE).unwrap()).unwrap();
+    let mut profile = read_json(PROFILE);
     profile["layers"][2]["placement"] = serde_json::json!("last");
     std::fs::write(&misplaced, profile.to_string()).unwrap();
     // An unknown format tag.
     let unknown = std::env::temp_dir().join("pipeweave-unknown-format-profile.json");
     profile["format"] = serde_json::json!("pipeweave-profile/9");
     std::fs::write(&unknown, profile.to_string()).unwrap();
-    let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["-p", "2", "--layers-per-stage", "1,2"], "sums to 3"),
-        (
-            vec!["-p", "2", "--layers-per-stage", "1,1,2"],
-            "3 counts for 2 ranks",
-        ),
-        (
-            vec!["-p", "3", "--layers-per-stage", "2,0,2"],
-            "leaves stage 1 empty",
-        ),
-        (vec!["-p", "2", "--memory-limit", "1KiB"], "memory"),
-    ];
-    for (extra, expected) in cases {
-        let mut args = vec!["plan", "f1b(gpipe)", "-m", "8", "--profile", PROFILE];
-        args.extend(extra.iter().copied());
-        let out = pipeweave(&args);
-        let err = String::from_utf8_lossy(&out.stderr).to_string();
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(err.contains(expected), "{args:?}: {err}");
-    }
-    for (path, expected) in [
-        (&missing, "5 layers listed"),
-        (
-            &misplaced,
-            "is placed `any` after layer 2 (`block.1`) placed `last`",
-        ),
-        (
-            &unknown,
-            "format `pipeweave-profile/9` is not `pipeweave-profile/2`",
-        ),
-    ] {
-        let out = pipeweave(&[
-            "plan",
-            "f1b(gpipe)",
-            "-p",
-            "2",
-            "--profile",
-            path.to_str().unwrap(),
-        ]);
-        let err = String::from_utf8_lossy(&out.stderr).to_string();
-        assert_eq!(out.status.code(), Some(2), "{err}");
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(err.contains(expected), "{err}");
-    }
-    let out = pipeweave(&["plan", "f1b(gpipe)", "--memory-limit", "2GiB"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("needs a profile"));
-    let out = pipeweave(&[
-        "tune",
-        "-p",
-        "2",
-        "--profile",
-        PROFILE,
-        "--memory-limit",
-        "1KiB",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no schedule fits"));
-    let out = pipeweave(&["plan", "f1b(gpipe)", "--layers-per-stage", "2,2"]);
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "--layers-per-stage needs --profile"
+    // Options after `plan f1b(gpipe) -m 8 --profile PROFILE`.
+    let check = |extra: &str, expected: &str| {
+        let command = cli("plan f1b(gpipe) -m 8 --profile").arg(PROFILE);
+        refused(command.line(extra), expected);
+    };
+    check("-p 2 --layers-per-stage 1,2", "sums to 3");
+    check("-p 2 --layers-per-stage 1,1,2", "3 counts for 2 ranks");
+    check("-p 3 --layers-per-stage 2,0,2", "leaves stage 1 empty");
+    check("-p 2 --memory-limit 1KiB", "memory");
+    // The profile of `plan f1b(gpipe) -p 2 --profile PROFILE`.
+    let check = |path: &std::path::Path, expected: &str| {
+        refused(cli("plan f1b(gpipe) -p 2 --profile").arg(path), expected);
+    };
+    check(&missing, "5 layers listed");
+    check(
+        &misplaced,
+        "is placed `any` after layer 2 (`block.1`) placed `last`",
     );
+    check(
+        &unknown,
+        "format `pipeweave-profile/9` is not `pipeweave-profile/2`",
+    );
+    cli("plan f1b(gpipe) --memory-limit 2GiB").exit_2_with("needs a profile");
+    cli("tune -p 2 --profile")
+        .arg(PROFILE)
+        .line("--memory-limit 1KiB")
+        .exit_2_with("no schedule fits");
+    // --layers-per-stage needs --profile.
+    cli("plan f1b(gpipe) --layers-per-stage 2,2").exit_2();
 }
 
 #[test]
 fn microbatch_tokens_price_each_microbatch_by_the_per_token_model() {
     let makespan = |profile: &str, tokens: Option<&str>| {
-        let mut args = vec![
-            "plan",
-            "f1b(gpipe)",
-            "-p",
-            "2",
-            "-m",
-            "4",
-            "--profile",
-            profile,
-            "--format",
-            "json",
-        ];
-        if let Some(t) = tokens {
-            args.extend(["--microbatch-tokens", t]);
-        }
-        json(&args)["makespan"].as_f64().unwrap()
+        let extra = match tokens {
+            Some(t) => vec!["--microbatch-tokens", t],
+            None => vec![],
+        };
+        let command = cli("plan f1b(gpipe)");
+        profiled(command, "-p 2 -m 4", profile, &extra)["makespan"]
+            .as_f64()
+            .unwrap()
     };
     let full = makespan(PROFILE, None);
-    assert!((makespan(PROFILE, Some("64,64,64,64")) - full).abs() < 1e-9);
+    assert!((makespan(PROFILE, Some("64,64,64,64")) - full).abs() < TOLERANCE);
     // Each phase a linear part and a quadratic one (fitted from the half-length times): half
     // the tokens cost at most about half the time (the sends' latency does not shrink) and more
     // than a quarter.
@@ -264,8 +220,7 @@ fn microbatch_tokens_price_each_microbatch_by_the_per_token_model() {
     assert!(half < 0.51 * full && half > 0.25 * full, "{half} vs {full}");
     assert!(makespan(PROFILE, Some("64,16,32,64")) < full);
     // A profile measured at one length: linear in the tokens.
-    let mut one_length: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(PROFILE).unwrap()).unwrap();
+    let mut one_length = read_json(PROFILE);
     for layer in one_length["layers"].as_array_mut().unwrap() {
         layer.as_object_mut().unwrap().remove("half_length");
     }
@@ -276,19 +231,9 @@ fn microbatch_tokens_price_each_microbatch_by_the_per_token_model() {
     let half = makespan(path, Some("32,32,32,32"));
     assert!((half - full / 2.0).abs() < 0.01 * full, "{half} vs {full}");
     for bad in ["64,64,64", "64,64,64,65", "0,64,64,64"] {
-        let out = pipeweave(&[
-            "plan",
-            "f1b(gpipe)",
-            "-p",
-            "2",
-            "-m",
-            "4",
-            "--profile",
-            PROFILE,
-            "--microbatch-tokens",
-            bad,
-        ]);
-        assert_eq!(out.status.code(), Some(2), "{bad}");
+        cli("plan f1b(gpipe) -p 2 -m 4 --profile")
+            .args(&[PROFILE, "--microbatch-tokens", bad])
+            .exit_2();
     }
 }
 
@@ -303,36 +248,11 @@ fn train_gpt(layers: &str) -> Command {
     assert!(path.exists(), "{} is missing", path.display());
     let mut command = Command::new(path);
     // The profile's model, 2 ranks, 8 microbatches, one step.
-    command.args([
-        "--layers",
-        layers,
-        "--d-model",
-        "192",
-        "--heads",
-        "4",
-        "--seq-len",
-        "64",
-        "--microbatch-size",
-        "4",
-        "--microbatches",
-        "8",
-        "--ranks",
-        "2",
-        "--steps",
-        "1",
-        "--threads-per-rank",
-        "1",
-    ]);
+    command.args(["--layers", layers]).args(words(
+        "--d-model 192 --heads 4 --seq-len 64 --microbatch-size 4 --microbatches 8 --ranks 2 \
+         --steps 1 --threads-per-rank 1",
+    ));
     command
-}
-
-fn max_of(values: &serde_json::Value) -> f64 {
-    values
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .fold(0.0, f64::max)
 }
 
 #[test]
@@ -354,7 +274,7 @@ fn train_gpt_runs_the_plan_a_profile_chose_within_its_byte_limit() {
         .args(["--layers-per-stage", "2,2", "--memory-limit", &limit_text])
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let err = stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{err}");
     let peaks: Vec<f64> = err
         .lines()
@@ -396,7 +316,7 @@ fn train_gpt_runs_the_plan_a_profile_chose_within_its_byte_limit() {
     ];
     for (layers, extra, expected) in cases {
         let out = train_gpt(layers).args(&extra).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        let err = stderr(&out);
         assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
         assert!(err.contains(expected), "{extra:?}: {err}");
     }
@@ -404,22 +324,10 @@ fn train_gpt_runs_the_plan_a_profile_chose_within_its_byte_limit() {
 
 #[test]
 fn a_share_that_leaves_an_interleaved_position_empty_exits_2() {
-    let out = pipeweave(&[
-        "plan",
-        "vpp(f1b(gpipe), chunks=2)",
-        "-p",
-        "2",
-        "-m",
-        "8",
-        "--profile",
-        PROFILE,
-        "--layers-per-stage",
-        "1,3",
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("spread over the 4 positions"), "{err}");
+    let command = cli("plan vpp(f1b(gpipe), chunks=2) -p 2 -m 8 --profile")
+        .arg(PROFILE)
+        .line("--layers-per-stage 1,3");
+    refused(command, "spread over the 4 positions");
 }
 
 #[test]
@@ -429,13 +337,7 @@ fn more_ranks_than_cores_time_share_them() {
             .as_f64()
             .unwrap()
     };
-    let profile: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(PROFILE).unwrap()).unwrap();
-    let work: f64 = ["forward", "input_grad", "weight_grad"]
-        .iter()
-        .map(|k| layer_sum(&profile, 0..6, k))
-        .sum::<f64>()
-        * 8.0;
+    let work = share_work(&read_json(PROFILE), 0..6) * 8.0;
     let own = makespan(&[]);
     let shared = makespan(&["--cores", "2"]);
     // The profile ran one compute thread per rank: two cores hold two busy ranks at once, so
@@ -453,25 +355,14 @@ fn more_ranks_than_cores_time_share_them() {
         &["--layers-per-stage", &cut, "--cores", "2"],
     );
     let tuned = first["makespan"].as_f64().unwrap();
-    assert!(
-        (again["makespan"].as_f64().unwrap() - tuned).abs() < 1e-6,
-        "{again} vs {first}"
-    );
+    assert!(same_makespan(&again, first), "{again} vs {first}");
     assert!(tuned >= work / 2.0 * 0.99, "{tuned}");
-    let out = pipeweave(&[
-        "plan",
-        "f1b(gpipe)",
-        "-p",
-        "4",
-        "--profile",
-        PROFILE,
-        "--cores",
-        "0",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--cores"));
-    let out = pipeweave(&["plan", "f1b(gpipe)", "--cores", "2"]);
-    assert_eq!(out.status.code(), Some(2), "--cores needs --profile");
+    cli("plan f1b(gpipe) -p 4 --profile")
+        .arg(PROFILE)
+        .line("--cores 0")
+        .exit_2_with("--cores");
+    // --cores needs --profile.
+    cli("plan f1b(gpipe) --cores 2").exit_2();
 }
 
 #[test]
@@ -518,60 +409,26 @@ fn a_former_profile_reads_as_its_current_conversion() {
     assert_eq!(Profile::from_json(&written).unwrap(), v1);
     // And plan gives the same figures from either file.
     let with = |path: &str| {
-        json(&[
-            "plan",
-            "zero_bubble(vpp(f1b(gpipe), chunks=2))",
-            "-p",
-            "2",
-            "-m",
-            "8",
-            "--profile",
-            path,
-            "--layers-per-stage",
-            "2,2",
-            "--microbatch-tokens",
-            "64,32,16,64,64,48,64,8",
-            "--format",
-            "json",
-        ])
+        cli("plan zero_bubble(vpp(f1b(gpipe), chunks=2)) -p 2 -m 8 --profile")
+            .arg(path)
+            .line("--layers-per-stage 2,2 --microbatch-tokens 64,32,16,64,64,48,64,8 --format json")
+            .json()
     };
     assert_eq!(with(PROFILE_V1), with(PROFILE));
 }
 
 #[test]
 fn a_plain_layer_list_of_any_model_is_cut_and_tuned() {
-    let profile: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(GENERIC).unwrap()).unwrap();
+    let profile = read_json(GENERIC);
     // `COMMAND [EXPRESSION] -p 2 -m 4 --profile GENERIC --format json` with `extra`.
     let on_generic = |command: &[&str], extra: &[&str]| {
-        let mut args = command.to_vec();
-        args.extend([
-            "-p",
-            "2",
-            "-m",
-            "4",
-            "--profile",
-            GENERIC,
-            "--format",
-            "json",
-        ]);
-        args.extend(extra);
-        json(&args)
+        profiled(cli("").args(command), "-p 2 -m 4", GENERIC, extra)
     };
     let planned = on_generic(&["plan", "f1b(gpipe)"], &["--layers-per-stage", "2,4"]);
     assert_eq!(planned["layers_per_stage"], serde_json::json!([2, 4]));
     assert!(planned["bytes_per_unit"].as_f64().unwrap() > 0.0);
     // Every layer is free: the first share is layers 0 and 1, the second 2 to 5.
-    let share = |range: std::ops::Range<usize>| {
-        ["forward", "input_grad", "weight_grad"]
-            .iter()
-            .map(|k| layer_sum(&profile, range.clone(), k))
-            .sum::<f64>()
-    };
-    let heavier = share(0..2).max(share(2..6));
-    let makespan = planned["makespan"].as_f64().unwrap();
-    assert!(makespan >= 4.0 * heavier - 1e-9, "{makespan} vs {heavier}");
-    assert!(makespan < 4.0 * heavier * 2.0, "{makespan} vs {heavier}");
+    makespan_of_shares(&planned, &profile, [0..2, 2..6], 4.0, 2.0);
     // Without a cut, the layers even over the shares.
     let even = on_generic(&["plan", "f1b(gpipe)"], &[]);
     assert_eq!(even["layers_per_stage"], serde_json::json!([3, 3]));
@@ -580,12 +437,7 @@ fn a_plain_layer_list_of_any_model_is_cut_and_tuned() {
     let candidates = found["candidates"].as_array().unwrap();
     assert!(!candidates.is_empty());
     for c in candidates {
-        let cut: Vec<u64> = c["layers_per_stage"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|n| n.as_u64().unwrap())
-            .collect();
+        let cut = u64s(&c["layers_per_stage"]);
         assert_eq!(cut.len(), 2, "{c}");
         assert_eq!(cut.iter().sum::<u64>(), 6, "{c}");
         assert!(cut.iter().all(|&n| n >= 1), "{c}");
@@ -596,31 +448,14 @@ fn a_plain_layer_list_of_any_model_is_cut_and_tuned() {
         &["plan", first["expression"].as_str().unwrap()],
         &["--layers-per-stage", &cut],
     );
-    assert!(
-        (again["makespan"].as_f64().unwrap() - first["makespan"].as_f64().unwrap()).abs() < 1e-6,
-        "{again} vs {first}"
-    );
+    assert!(same_makespan(&again, first), "{again} vs {first}");
     // Bad input, one line each: a share with no layer (nothing is pinned to the first), and
     // pricing by tokens without the profile's sequence length.
     for (extra, expected) in [
-        (vec!["--layers-per-stage", "0,6"], "leaves stage 0 empty"),
-        (vec!["--microbatch-tokens", "8,8,8,8"], "no seq_len"),
+        ("--layers-per-stage 0,6", "leaves stage 0 empty"),
+        ("--microbatch-tokens 8,8,8,8", "no seq_len"),
     ] {
-        let mut args = vec![
-            "plan",
-            "f1b(gpipe)",
-            "-p",
-            "2",
-            "-m",
-            "4",
-            "--profile",
-            GENERIC,
-        ];
-        args.extend(extra);
-        let out = pipeweave(&args);
-        let err = String::from_utf8_lossy(&out.stderr).to_string();
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(err.contains(expected), "{args:?}: {err}");
+        let command = cli("plan f1b(gpipe) -p 2 -m 4 --profile").arg(GENERIC);
+        refused(command.line(extra), expected);
     }
 }

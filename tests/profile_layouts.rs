@@ -4,7 +4,9 @@
 //! in position order), checked against that placement worked out here; a share that would leave
 //! a middle position empty is refused with the reason.
 
-use pipeweave::core_ir::{LayerPlacement, PhaseTimes, ProfiledModel, SendProfile, PROFILE_FORMAT};
+use pipeweave::core_ir::{
+    LayerPlacement, PhaseTimes, ProfiledModel, SendProfile, PROFILE_FORMAT, TOLERANCE,
+};
 use pipeweave::{build_plan, simulate, LayerProfile, PipelineConfig, Profile};
 use proptest::prelude::*;
 
@@ -147,11 +149,11 @@ proptest! {
         for (k, &stage) in route.iter().enumerate() {
             let c = plan.costs().stage(stage).unwrap();
             prop_assert!(
-                (c.forward() - expected[k]).abs() < 1e-9,
+                (c.forward() - expected[k]).abs() < TOLERANCE,
                 "position {k} (counts {counts:?}): F {} vs {}", c.forward(), expected[k]
             );
-            prop_assert!((c.input_grad() - expected[k]).abs() < 1e-9);
-            prop_assert!((c.weight_grad() - expected[k] / 2.0).abs() < 1e-9);
+            prop_assert!((c.input_grad() - expected[k]).abs() < TOLERANCE);
+            prop_assert!((c.weight_grad() - expected[k] / 2.0).abs() < TOLERANCE);
             per_rank[owner(k)] += c.forward() + c.input_grad() + c.weight_grad();
             // Charged the larger of what F and I leave (I's here), in the cut's units.
             let m = plan.memory().stages()[stage.index()];
@@ -163,6 +165,6 @@ proptest! {
             .iter()
             .map(|work| f64::from(2 * ranks) * work)
             .fold(0.0, f64::max);
-        prop_assert!(sim.makespan() >= busiest - 1e-9);
+        prop_assert!(sim.makespan() >= busiest - TOLERANCE);
     }
 }

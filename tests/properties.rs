@@ -3,11 +3,11 @@
 
 mod common;
 
-use common::{close, uniform_config};
+use common::{close, persisted, uniform_config};
+use pipeweave::core_ir::TOLERANCE;
 use pipeweave::Error;
 use pipeweave::{build_plan, simulate, TransformError};
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 
 /// Whether Megatron accepts this interleaving (its rules on the group size).
 fn megatron_accepts(p: u32, m: u32, g: u32) -> bool {
@@ -15,11 +15,7 @@ fn megatron_accepts(p: u32, m: u32, g: u32) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 512,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/properties.txt"))),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(persisted(512, "proptest-regressions/properties.txt"))]
 
     #[test]
     fn interleaving_takes_every_microbatch_count(p in 1u32..=8, m in 1u32..=40, v in 1u32..=4) {
@@ -30,7 +26,7 @@ proptest! {
         if m >= p && v >= 2 {
             let one_group = build_plan(&format!("vpp(f1b(gpipe), chunks={v}, group={m})"), &c).unwrap();
             let one_group = simulate(&one_group).unwrap();
-            prop_assert!(sim.makespan() <= one_group.makespan() + 1e-9, "{} > {}", sim.makespan(), one_group.makespan());
+            prop_assert!(sim.makespan() <= one_group.makespan() + TOLERANCE, "{} > {}", sim.makespan(), one_group.makespan());
         }
         if v == 2 {
             build_plan("zero_bubble(vpp(f1b(gpipe), chunks=2))", &c).unwrap();
@@ -44,7 +40,7 @@ proptest! {
         for expr in ["dual(vpp(f1b(gpipe), chunks=2))", "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))"] {
             let plan = build_plan(expr, &c).unwrap();
             let makespan = simulate(&plan).unwrap().makespan();
-            prop_assert!(makespan <= f1b + 1e-9, "{}: {} > {}", expr, makespan, f1b);
+            prop_assert!(makespan <= f1b + TOLERANCE, "{}: {} > {}", expr, makespan, f1b);
         }
     }
 

@@ -3,17 +3,13 @@
 
 mod common;
 
-use common::{close, uniform_config};
+use common::{close, peak, persisted, uniform_config};
+use pipeweave::core_ir::TOLERANCE;
 use pipeweave::{build_plan, simulate};
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 360,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/properties_zero_bubble.txt"))),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(persisted(360, "proptest-regressions/properties_zero_bubble.txt"))]
 
     /// DualPipe under uniform costs (F = I = W, F&B = F + B, as in DeepSeek's own figures): idle
     /// per rank (makespan - busy) is (PP/2 - 1)(F&B + B - 3W), peak PP + 1.
@@ -68,7 +64,7 @@ proptest! {
         let expected = f64::from(p - 1) * (f + i - w);
         for (r, figures) in sim.ranks().iter().enumerate() {
             prop_assert!(close(figures.idle, expected), "P={} M={} rank {}: idle {} != {}", p, m, r, figures.idle, expected);
-            prop_assert!(figures.peak_activations <= f64::from(p.min(m)) + 1e-9);
+            prop_assert!(figures.peak_activations <= f64::from(p.min(m)) + TOLERANCE);
         }
     }
 
@@ -103,15 +99,15 @@ proptest! {
         // On dual plans auto never does worse than DeepSeek's order.
         let deepseek = simulate(&build_plan("zero_bubble(dual(vpp(f1b(gpipe), chunks=2, layout=v)))", &c).unwrap()).unwrap();
         let auto_dual = simulate(&build_plan("zero_bubble(dual(vpp(f1b(gpipe), chunks=2, layout=v)), policy=auto)", &c).unwrap()).unwrap();
-        prop_assert!(auto_dual.max_span() <= deepseek.max_span() + 1e-9, "auto {} worse than DeepSeek {}", auto_dual.max_span(), deepseek.max_span());
+        prop_assert!(auto_dual.max_span() <= deepseek.max_span() + TOLERANCE, "auto {} worse than DeepSeek {}", auto_dual.max_span(), deepseek.max_span());
         let h1 = simulate(&build_plan("zero_bubble(f1b(gpipe), policy=h1)", &c).unwrap()).unwrap();
-        let h1_peak = h1.ranks().iter().map(|r| r.peak_activations).fold(0.0, f64::max);
+        let h1_peak = peak(&h1);
         let limit = h1_peak + f64::from(slack);
         let auto = build_plan(&format!("zero_bubble(f1b(gpipe), policy=auto, memory={limit})"), &c).unwrap();
         let auto_sim = simulate(&auto).unwrap();
         for figures in auto_sim.ranks() {
-            prop_assert!(figures.peak_activations <= limit + 1e-9);
+            prop_assert!(figures.peak_activations <= limit + TOLERANCE);
         }
-        prop_assert!(auto_sim.max_span() <= h1.max_span() + 1e-9, "auto {} worse than h1 {}", auto_sim.max_span(), h1.max_span());
+        prop_assert!(auto_sim.max_span() <= h1.max_span() + TOLERANCE, "auto {} worse than h1 {}", auto_sim.max_span(), h1.max_span());
     }
 }

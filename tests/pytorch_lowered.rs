@@ -4,12 +4,15 @@
 //! their communication checked as PyTorch runs it and their parameter actions in order, and
 //! their figures are the closed forms of the schedules they are.
 
-use pipeweave::core_ir::check_programs;
+mod common;
+
+use common::cli::cli;
+use common::read_json;
 use pipeweave::core_ir::formats::csv::import_csv;
+use pipeweave::core_ir::{check_programs, TOLERANCE};
 use pipeweave::{simulate, verify, StageCosts};
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::Command;
 
 const CLASSES: [&str; 7] = [
     "ScheduleGPipe",
@@ -26,8 +29,7 @@ fn dir() -> PathBuf {
 }
 
 fn index() -> Value {
-    let text = std::fs::read_to_string(dir().join("index.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+    read_json(dir().join("index.json"))
 }
 
 fn names(index: &Value, key: &str) -> Vec<String> {
@@ -119,7 +121,7 @@ fn check_accepts_every_lowered_dump_of_pytorch_with_its_figures() {
         };
         if let Some(expected) = expected {
             assert!(
-                (makespan - expected).abs() < 1e-9,
+                (makespan - expected).abs() < TOLERANCE,
                 "{name}: makespan {makespan}, expected {expected}"
             );
         }
@@ -129,17 +131,7 @@ fn check_accepts_every_lowered_dump_of_pytorch_with_its_figures() {
 #[test]
 fn the_cli_checks_a_dump_and_names_its_parameter_actions() {
     let path = dir().join("ScheduleDualPipeV_pp4_m8.csv");
-    let out = Command::new(env!("CARGO_BIN_EXE_pipeweave"))
-        .args(["check", path.to_str().unwrap(), "--format", "json"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = cli("check").arg(path).line("--format json").json();
     assert_eq!(
         report["parameter_actions"],
         serde_json::json!(["unshard/reshard", "gradient reduction"])

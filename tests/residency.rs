@@ -4,15 +4,17 @@
 
 use pipeweave::backends::numeric::{total_gradients, AffineModel};
 use pipeweave::backends::{run_threads, ThreadOptions};
+mod common;
+
+use common::{costed, persisted};
 use pipeweave::core_ir::{
-    check_programs, max_peak, project, CheckedPrograms, ProjectionOptions, RecvPolicy,
+    check_programs, max_peak, project, CheckedPrograms, ProjectionOptions, RecvPolicy, TOLERANCE,
 };
 use pipeweave::{
     build_plan, simulate, Error, PipelineConfig, StageCostsSpec, StageMemorySpec, Task,
     TransformError,
 };
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 use std::time::Duration;
 
 /// The schedules recompute and offload wrap: every built-in family.
@@ -51,27 +53,17 @@ fn config(p: u32, m: u32, transfer: f64, comm: f64, weight_grad: f64) -> Pipelin
         .input_grad(1.2)
         .weight_grad(0.7)
         .offload(transfer)
-        .build()
-        .validate()
-        .unwrap();
+        .build();
     let memory = StageMemorySpec::builder()
         .weight_grad(weight_grad)
         .build()
         .validate()
         .unwrap();
-    PipelineConfig::new(p, m)
-        .unwrap()
-        .with_costs(costs, comm)
-        .unwrap()
-        .with_memory(memory)
+    costed(p, m, costs, comm).with_memory(memory)
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 256,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/residency.txt"))),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(persisted(256, "proptest-regressions/residency.txt"))]
 
     #[test]
     fn recompute_and_offload_fit_verify_check_and_run(
@@ -102,7 +94,7 @@ proptest! {
             }
             Err(other) => return Err(TestCaseError::fail(format!("{expression}: {other}"))),
         };
-        prop_assert!(max_peak(&plan) <= limit + 1e-9, "{}: peak {} above {}", expression, max_peak(&plan), limit);
+        prop_assert!(max_peak(&plan) <= limit + TOLERANCE, "{}: peak {} above {}", expression, max_peak(&plan), limit);
         if kind < 2 && limit >= peak {
             prop_assert_eq!(plan.orders(), plain.orders(), "{} changed a plan that fits", expression);
         }

@@ -1,9 +1,11 @@
 //! No input panics: random expressions, sizes and option strings give a value or a typed error.
 
+mod common;
+
+use common::persisted;
 use pipeweave::cli::{parse_activation_memory, parse_costs};
 use pipeweave::{build_plan, compile_expression, PipelineConfig};
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 
 const PIECES: &[&str] = &[
     "gpipe",
@@ -39,11 +41,7 @@ fn expression() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 6000,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/robustness.txt"))),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(persisted(6000, "proptest-regressions/robustness.txt"))]
 
     #[test]
     fn random_expressions_never_panic(text in expression(), p in 0u32..=6, m in 0u32..=12) {
@@ -109,11 +107,7 @@ fn csv_text() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 4000,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/robustness_csv.txt"))),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(persisted(4000, "proptest-regressions/robustness_csv.txt"))]
 
     /// Any CSV-like text imports, verifies, projects and checks to a value or a typed error.
     #[test]

@@ -34,6 +34,20 @@ fn with_orders(base: &Plan, orders: &[&str]) -> Plan {
         .unwrap()
 }
 
+/// The violations of 1F1B at 2 ranks and 2 microbatches with `orders` instead of its own.
+fn violations_of(orders: &[&str]) -> Vec<Violation> {
+    violations(&with_orders(&plan("f1b(gpipe)", 2, 2), orders))
+}
+
+/// [`violations_of`] `orders`, as text, are `expected`.
+fn check(orders: &[&str], expected: &[&str]) {
+    let text: Vec<String> = violations_of(orders)
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    assert_eq!(text, expected, "{orders:?}");
+}
+
 #[test]
 fn sound_plans_verify() {
     for expr in ["gpipe", "f1b(gpipe)", "vpp(f1b(gpipe), chunks=2)"] {
@@ -43,68 +57,52 @@ fn sound_plans_verify() {
 
 #[test]
 fn a_missing_op_is_named_with_its_owner() {
-    let base = plan("f1b(gpipe)", 2, 2);
-    let broken = with_orders(&base, &["0F0 0F1 0B0 0B1", "1F0 1B0 1F1"]);
-    let v = violations(&broken);
-    assert_eq!(v.len(), 2, "{v:?}");
-    assert_eq!(
-        v[0].to_string(),
-        "op 1I1 (stage 1, microbatch 1) is missing from rank 1"
-    );
-    assert_eq!(
-        v[1].to_string(),
-        "op 1W1 (stage 1, microbatch 1) is missing from rank 1"
+    check(
+        &["0F0 0F1 0B0 0B1", "1F0 1B0 1F1"],
+        &[
+            "op 1I1 (stage 1, microbatch 1) is missing from rank 1",
+            "op 1W1 (stage 1, microbatch 1) is missing from rank 1",
+        ],
     );
 }
 
 #[test]
 fn a_duplicate_and_a_misplaced_op_are_named() {
-    let base = plan("f1b(gpipe)", 2, 2);
-    let broken = with_orders(&base, &["0F0 0F1 0B0 0B1 0F1", "1F0 1B0 1F1 1B1"]);
-    let v = violations(&broken);
+    let duplicated = ["0F0 0F1 0B0 0B1 0F1", "1F0 1B0 1F1 1B1"];
+    let v = violations_of(&duplicated);
     assert!(
         matches!(v.as_slice(), [Violation::Duplicate { .. }]),
         "{v:?}"
     );
-    assert_eq!(
-        v[0].to_string(),
-        "op 0F1 (stage 0, microbatch 1) runs twice: on rank 0 and again on rank 0"
+    check(
+        &duplicated,
+        &["op 0F1 (stage 0, microbatch 1) runs twice: on rank 0 and again on rank 0"],
     );
-
-    let moved = with_orders(&base, &["0F0 0F1 1F0 0B0 0B1", "1B0 1F1 1B1"]);
-    let v = violations(&moved);
-    assert_eq!(v.len(), 1, "{v:?}");
-    assert_eq!(
-        v[0].to_string(),
-        "op 1F0 runs on rank 0, but stage 1 is placed on rank 1"
+    check(
+        &["0F0 0F1 1F0 0B0 0B1", "1B0 1F1 1B1"],
+        &["op 1F0 runs on rank 0, but stage 1 is placed on rank 1"],
     );
 }
 
 #[test]
 fn out_of_range_ids_are_rejected() {
-    let base = plan("f1b(gpipe)", 2, 2);
-    let broken = with_orders(&base, &["0F0 0F1 0B0 0B1 0F9", "1F0 1B0 1F1 1B1 7F0"]);
-    let text: Vec<String> = violations(&broken).iter().map(|v| v.to_string()).collect();
-    assert_eq!(
-        text,
-        [
+    check(
+        &["0F0 0F1 0B0 0B1 0F9", "1F0 1B0 1F1 1B1 7F0"],
+        &[
             "op 0F9 at position 4 on rank 0: microbatch 9 is out of range (the plan has 2 microbatches)",
             "op 7F0 at position 4 on rank 1: stage 7 is out of range (the plan has 2 stages)",
-        ]
+        ],
     );
 }
 
 #[test]
 fn a_backward_before_its_forward_on_one_rank_breaks_dependency_order() {
-    let base = plan("f1b(gpipe)", 2, 2);
-    let broken = with_orders(&base, &["0F0 0F1 0B0 0B1", "1B0 1F0 1F1 1B1"]);
-    let v = violations(&broken);
+    let v = violations_of(&["0F0 0F1 0B0 0B1", "1B0 1F0 1F1 1B1"]);
     assert_eq!(
         v[0].to_string(),
         "on rank 1, op 1I0 (stage 1) runs before 1F0, which it depends on"
     );
-    let w_first = with_orders(&base, &["0F0 0F1 0W0 0I0 0B1", "1F0 1B0 1F1 1B1"]);
-    let v = violations(&w_first);
+    let v = violations_of(&["0F0 0F1 0W0 0I0 0B1", "1F0 1B0 1F1 1B1"]);
     assert!(
         matches!(&v[..], [Violation::DependencyOrder { needs, .. }] if needs.to_string() == "0I0"),
         "{v:?}"
@@ -113,9 +111,7 @@ fn a_backward_before_its_forward_on_one_rank_breaks_dependency_order() {
 
 #[test]
 fn a_cross_rank_cycle_is_reported_with_every_waiting_rank() {
-    let base = plan("f1b(gpipe)", 2, 2);
-    let broken = with_orders(&base, &["0F0 0B0 0F1 0B1", "1F1 1F0 1B0 1B1"]);
-    let v = violations(&broken);
+    let v = violations_of(&["0F0 0B0 0F1 0B1", "1F1 1F0 1B0 1B1"]);
     let [Violation::Cycle(waits)] = v.as_slice() else {
         panic!("expected a cycle, got {v:?}")
     };

@@ -5,19 +5,21 @@
 //! per-rank span the paper's bubble rate is measured on) at no more peak memory. The fixture holds
 //! the figures of sail-sg's own code, run by `tools/zbv_sailsg.py` (its docstring says how).
 
-use pipeweave::{build_plan, simulate, PipelineConfig, Simulation, StageCostsSpec};
+mod common;
+
+use common::{costed, peak, read_json, split_costs};
+use pipeweave::core_ir::TOLERANCE;
+use pipeweave::{build_plan, simulate, Simulation};
 use serde_json::Value;
 
 /// The expression `pipeweave plan` users write for ZB-V.
 const ZB_V: &str = "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))";
 
 fn fixture() -> Value {
-    let path = concat!(
+    read_json(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/zbv_sailsg.json"
-    );
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_json::from_str(&text).unwrap()
+    ))
 }
 
 fn number(value: &Value, key: &str) -> f64 {
@@ -29,36 +31,23 @@ fn number(value: &Value, key: &str) -> f64 {
 /// Our ZB-V of one fixture configuration, simulated.
 fn ours(config: &Value) -> Simulation {
     let costs = &config["costs"];
-    let share = StageCostsSpec::builder()
-        .forward(number(costs, "F"))
-        .input_grad(number(costs, "I"))
-        .weight_grad(number(costs, "W"))
-        .build()
-        .validate()
-        .unwrap();
+    let share = split_costs(number(costs, "F"), number(costs, "I"), number(costs, "W"));
     let ranks = number(config, "ranks") as u32;
     let microbatches = number(config, "microbatches") as u32;
-    let pipeline = PipelineConfig::new(ranks, microbatches)
-        .unwrap()
-        .with_costs(share, number(costs, "comm"))
-        .unwrap();
+    let pipeline = costed(ranks, microbatches, share, number(costs, "comm"));
     simulate(&build_plan(ZB_V, &pipeline).unwrap()).unwrap()
 }
 
 /// `ours <= theirs` up to floating-point noise (figures reach 1e7 in the paper's microseconds).
 fn at_most(ours: f64, theirs: f64) -> bool {
-    ours <= theirs + 1e-9 * (1.0 + theirs.abs())
+    ours <= theirs + TOLERANCE * (1.0 + theirs.abs())
 }
 
 /// Ours against every version of sail-sg's scheduler that schedules the configuration.
 fn check(config: &Value) {
     let name = config["name"].as_str().unwrap();
     let sim = ours(config);
-    let peak = sim
-        .ranks()
-        .iter()
-        .map(|r| r.peak_activations)
-        .fold(0.0, f64::max);
+    let peak = peak(&sim);
     let versions = config["sailsg"].as_object().unwrap();
     let mut compared = 0;
     for (version, theirs) in versions.iter().filter(|(_, v)| !v.is_null()) {
@@ -131,7 +120,7 @@ fn the_paper_s_zbv_column_is_matched_or_beaten() {
         let ours = ours(row).bubble_rate();
         let paper = number(&row["sailsg"]["arxiv"], "bubble_rate");
         assert!(
-            ours <= paper + 1e-9,
+            ours <= paper + TOLERANCE,
             "{}: bubble rate {ours} > {paper}",
             row["name"]
         );

@@ -1,9 +1,90 @@
 //! The stage-compute trait: what a backend asks of the model. Tensors are opaque to the
 //! interpreter; a scalar model, candle tensors or GPU buffers all fit.
+//!
+//! The residency instructions (drop and recompute, offload and reload) are capabilities: a
+//! compute declares the ones it implements ([`StageCompute::capabilities`], none by default), and
+//! the interpreter refuses a program that needs one it lacks before it runs any instruction
+//! ([`crate::BackendError::Unsupported`]), so a plan counting on a memory saving never runs
+//! without it.
 
-use pipeweave_core::{StageId, Work};
+use pipeweave_core::{Instr, StageId, Task, Work};
+use std::fmt;
 
 use crate::stage_error::StageError;
+
+/// A residency capability a program may need of its compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Capability {
+    /// Drop a forward's saved state to its input and rebuild it before the backward
+    /// (`Instr::Drop`, `Task::Recompute`).
+    Recompute,
+    /// Move a forward's saved state to host memory and back (`Instr::Offload`, `Instr::Reload`,
+    /// `Task::Offload`, `Task::Reload`).
+    Offload,
+}
+
+impl Capability {
+    /// The capability `instr` needs, if any.
+    pub fn needed_by(instr: &Instr) -> Option<Capability> {
+        match instr {
+            Instr::Drop(_) | Instr::Compute(Task::Recompute(_)) => Some(Capability::Recompute),
+            Instr::Offload(_)
+            | Instr::Reload(_)
+            | Instr::Compute(Task::Offload(_))
+            | Instr::Compute(Task::Reload(_)) => Some(Capability::Offload),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Capability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Capability::Recompute => "recompute (drop and recompute)",
+            Capability::Offload => "offload (offload and reload)",
+        })
+    }
+}
+
+/// The residency capabilities a compute implements ([`StageCompute::capabilities`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Capabilities {
+    /// [`StageCompute::drop_activations`] and [`StageCompute::recompute`] are implemented.
+    pub recompute: bool,
+    /// [`StageCompute::offload`] and [`StageCompute::reload`] are implemented.
+    pub offload: bool,
+}
+
+impl Capabilities {
+    /// No residency instruction: the default of every compute.
+    pub const NONE: Capabilities = Capabilities {
+        recompute: false,
+        offload: false,
+    };
+
+    /// Every residency instruction.
+    pub const ALL: Capabilities = Capabilities {
+        recompute: true,
+        offload: true,
+    };
+
+    /// Whether `capability` is among these.
+    pub fn supports(self, capability: Capability) -> bool {
+        match capability {
+            Capability::Recompute => self.recompute,
+            Capability::Offload => self.offload,
+        }
+    }
+
+    /// The first instruction of `instrs` (its index, the capability) these lack, if any.
+    pub fn first_unsupported(self, instrs: &[Instr]) -> Option<(usize, Capability)> {
+        instrs.iter().enumerate().find_map(|(index, instr)| {
+            Capability::needed_by(instr)
+                .filter(|&c| !self.supports(c))
+                .map(|c| (index, c))
+        })
+    }
+}
 
 /// One rank's share of the model: the computations of the stages it holds.
 ///
@@ -67,29 +148,39 @@ pub trait StageCompute {
     /// The forward output of `work` was sent; its data may be released.
     fn free_output(&mut self, _work: Work) {}
 
+    /// The residency instructions this compute implements. The default is
+    /// [`Capabilities::NONE`]: a program with a drop, recompute, offload or reload is refused
+    /// before it runs ([`crate::BackendError::Unsupported`]). A compute that overrides the
+    /// methods of a capability declares it here.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+    }
+
     /// The forward of `work` just ran and the plan recomputes it before its backward: release
     /// what the forward saved except what [`StageCompute::recompute`] needs (the stage input).
-    /// The default keeps everything: results stay right, and no memory is saved.
-    fn drop_activations(&mut self, _work: Work) -> Result<(), StageError> {
-        Ok(())
+    /// Called only when [`StageCompute::capabilities`] declares `recompute`; the default is an
+    /// error (a compute that declares the capability implements it).
+    fn drop_activations(&mut self, work: Work) -> Result<(), StageError> {
+        Err(not_implemented("drop", work))
     }
 
     /// Rebuilds what the forward of `work` saved from what [`StageCompute::drop_activations`]
-    /// kept (runs the forward again). The default has nothing to rebuild (its drop kept all).
-    fn recompute(&mut self, _work: Work) -> Result<(), StageError> {
-        Ok(())
+    /// kept (runs the forward again). Called only with the `recompute` capability; the default
+    /// is an error.
+    fn recompute(&mut self, work: Work) -> Result<(), StageError> {
+        Err(not_implemented("recompute", work))
     }
 
-    /// Moves what the forward of `work` saved to the rank's host memory. The default keeps it
-    /// where it is.
-    fn offload(&mut self, _work: Work) -> Result<(), StageError> {
-        Ok(())
+    /// Moves what the forward of `work` saved to the rank's host memory. Called only with the
+    /// `offload` capability; the default is an error.
+    fn offload(&mut self, work: Work) -> Result<(), StageError> {
+        Err(not_implemented("offload", work))
     }
 
-    /// Moves what [`StageCompute::offload`] moved back for the backward of `work`. The default
-    /// has nothing to move.
-    fn reload(&mut self, _work: Work) -> Result<(), StageError> {
-        Ok(())
+    /// Moves what [`StageCompute::offload`] moved back for the backward of `work`. Called only
+    /// with the `offload` capability; the default is an error.
+    fn reload(&mut self, work: Work) -> Result<(), StageError> {
+        Err(not_implemented("reload", work))
     }
 
     /// The next compute finishes the weight gradients of `stage` on this rank: start its
@@ -102,4 +193,13 @@ pub trait StageCompute {
     fn flush(&mut self) -> Result<(), StageError> {
         Ok(())
     }
+}
+
+/// The error of a residency method a compute declared but did not implement.
+fn not_implemented(what: &str, work: Work) -> StageError {
+    StageError::bug(format!(
+        "{what} of stage {} microbatch {}: the compute declares the capability but does not \
+         implement it",
+        work.stage, work.microbatch
+    ))
 }

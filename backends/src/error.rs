@@ -2,6 +2,7 @@
 
 use pipeweave_core::{CommError, FailureKind, Message, RankId};
 
+use crate::compute::Capability;
 use crate::stage_error::StageError;
 use thiserror::Error;
 
@@ -11,6 +12,23 @@ pub enum BackendError {
     /// The programs failed the communication check; nothing ran.
     #[error("the programs were not run: communication check failed: {0}")]
     Unchecked(#[from] CommError),
+    /// The program needs a residency capability its rank's compute does not declare
+    /// ([`crate::StageCompute::capabilities`]); nothing ran (no instruction of any rank, on
+    /// threads; on MPI, none of this rank's).
+    #[error(
+        "rank {rank}, instruction {instr} ({what}): the program needs {capability}, which the \
+         rank's stage compute does not support; nothing ran"
+    )]
+    Unsupported {
+        /// The rank.
+        rank: RankId,
+        /// The index of the first instruction that needs the capability.
+        instr: usize,
+        /// That instruction.
+        what: String,
+        /// The capability.
+        capability: Capability,
+    },
     /// A stage's computation returned an error.
     #[error("rank {rank}, instruction {instr} ({what}): the stage failed: {source}")]
     Stage {
@@ -119,13 +137,16 @@ fn waiting_for(waiting: &Option<(RankId, Message)>) -> String {
 }
 
 impl BackendError {
-    /// The kind of failure: a stage's own kind; [`FailureKind::Bug`] for programs that fail the
+    /// The kind of failure: a stage's own kind; [`FailureKind::BadInput`] for a program that
+    /// needs a capability its compute lacks (the plan asks what the model cannot do);
+    /// [`FailureKind::Bug`] for programs that fail the
     /// check, a panic, a missing tensor or a protocol mismatch (the programs or the stage are
     /// wrong); [`FailureKind::Failed`] for a transport failure or a rank stopped by another's;
     /// [`FailureKind::Timeout`] for a receive past the limit or a stall.
     pub fn kind(&self) -> FailureKind {
         match self {
             BackendError::Stage { source, .. } => source.kind(),
+            BackendError::Unsupported { .. } => FailureKind::BadInput,
             BackendError::Unchecked(_)
             | BackendError::Panicked { .. }
             | BackendError::Program { .. }

@@ -2,17 +2,23 @@
 //!
 //! It keeps the tensors in flight by (stage, microbatch): inputs of forwards (received or handed
 //! over from a local stage), forward outputs waiting to be sent or to feed the loss, gradients
-//! arriving for backwards, and input gradients waiting to be sent. [`RankRun::dispatch`] maps each
+//! arriving for backwards, and input gradients waiting to be sent. `RankRun::dispatch` maps each
 //! instruction to one call: computes to the [`StageCompute`], a communication group to one
 //! [`Transport::exchange`] (every send and receive posted together, as the checker certifies),
 //! markers to their hooks; the program ends with [`Transport::finish`]. Every call into the
-//! stage or the transport goes through [`RankRun::guarded`], so an error or a panic there becomes a
+//! stage or the transport goes through `RankRun::guarded`, so an error or a panic there becomes a
 //! [`BackendError`] naming the rank and the instruction.
+//!
+//! It runs only a [`CheckedRank`]: one rank's program of a [`pipeweave_core::CheckedPrograms`],
+//! which only the checker makes, so no program reaches a backend unchecked. Before the first
+//! instruction, [`check_capabilities`] refuses a program with residency instructions the compute
+//! does not declare ([`BackendError::Unsupported`]).
 
 use crate::compute::StageCompute;
 use crate::error::BackendError;
 use crate::stage_error::StageError;
 use crate::transport::{Incoming, Outgoing, Transport, TransportFailure};
+pub use pipeweave_core::spmd::checked::CheckedRank;
 use pipeweave_core::{
     CommGroup, CommOp, Direction, Instr, Problem, RankId, RankProgram, Task, Work,
 };
@@ -86,7 +92,8 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-/// One rank's run of its program.
+/// One rank's run of its checked program (made by [`run_rank`] only, after
+/// [`check_capabilities`]).
 pub struct RankRun<'a, C: StageCompute, T> {
     program: &'a RankProgram,
     problem: &'a Problem,
@@ -95,10 +102,66 @@ pub struct RankRun<'a, C: StageCompute, T> {
     tensors: Tensors<C::Tensor>,
 }
 
-/// Runs `program` (a rank of a checked program set of `problem`) to its end.
+/// Refuses `program` when it has a residency instruction (drop, recompute, offload, reload) that
+/// `compute` does not declare in [`StageCompute::capabilities`]: the error names the rank, the
+/// capability and the first instruction needing it. Calls nothing of the compute but
+/// `capabilities`.
+pub fn check_capabilities<C: StageCompute + ?Sized>(
+    program: CheckedRank<'_>,
+    compute: &C,
+) -> Result<(), BackendError> {
+    let instrs = &program.program().instrs;
+    match compute.capabilities().first_unsupported(instrs) {
+        None => Ok(()),
+        Some((instr, capability)) => Err(BackendError::Unsupported {
+            rank: program.rank(),
+            instr,
+            what: instrs[instr].to_string(),
+            capability,
+        }),
+    }
+}
+
+/// Runs `program` (a rank of a checked program set, with its problem) to its end, after
+/// [`check_capabilities`] (a refusal runs nothing).
+///
+/// Only a checked program runs: a plain [`RankProgram`] is not a [`CheckedRank`], so this does
+/// not compile:
+///
+/// ```compile_fail,E0308
+/// use pipeweave_backends::interpreter::run_rank;
+/// use pipeweave_backends::numeric::AffineModel;
+/// use pipeweave_backends::threads::channel_transports;
+/// use pipeweave_core::{Problem, RankProgram};
+///
+/// fn unchecked(problem: &Problem, program: &RankProgram) {
+///     let mut stage = AffineModel::new(problem).stage(|_| std::time::Duration::ZERO);
+///     let mut transport = channel_transports::<f64>(1, std::time::Duration::from_secs(1))
+///         .pop()
+///         .unwrap();
+///     let _ = run_rank(program, &mut stage, &mut transport);
+/// }
+/// ```
+///
+/// while a program of a [`pipeweave_core::CheckedPrograms`] does:
+///
+/// ```
+/// use pipeweave_backends::interpreter::run_rank;
+/// use pipeweave_backends::numeric::AffineModel;
+/// use pipeweave_backends::threads::channel_transports;
+/// use pipeweave_core::CheckedPrograms;
+///
+/// fn checked(programs: &CheckedPrograms) {
+///     let problem = programs.problem();
+///     let mut transports =
+///         channel_transports::<f64>(problem.ranks() as usize, std::time::Duration::from_secs(1));
+///     let rank = programs.ranks().next().unwrap();
+///     let mut stage = AffineModel::new(problem).stage(|_| std::time::Duration::ZERO);
+///     let _ = run_rank(rank, &mut stage, &mut transports[0]);
+/// }
+/// ```
 pub fn run_rank<C, T>(
-    program: &RankProgram,
-    problem: &Problem,
+    program: CheckedRank<'_>,
     compute: &mut C,
     transport: &mut T,
 ) -> Result<(), BackendError>
@@ -106,9 +169,10 @@ where
     C: StageCompute,
     T: Transport<C::Tensor>,
 {
+    check_capabilities(program, compute)?;
     RankRun {
-        program,
-        problem,
+        program: program.program(),
+        problem: program.problem(),
         compute,
         transport,
         tensors: Tensors::new(),
@@ -400,11 +464,12 @@ fn fault_error(rank: RankId, instr: usize, what: String, fault: Fault) -> Backen
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pipeweave_core::{project, ProjectionOptions, StageId};
+    use crate::compute::{Capabilities, Capability};
+    use pipeweave_core::{CheckedPrograms, ProjectionOptions, StageId};
     use pipeweave_core::{CostModel, MemoryModel, Plan, ProblemSpec, StageCosts};
 
-    /// A one-rank, two-stage plan whose programs need no transport.
-    fn local_program() -> (Problem, RankProgram) {
+    /// A one-rank, two-stage plan of `order` whose programs need no transport, checked.
+    fn local_programs(order: &[&str]) -> CheckedPrograms {
         let problem = ProblemSpec::builder()
             .ranks(1)
             .microbatches(1)
@@ -412,10 +477,7 @@ mod tests {
             .build()
             .validate()
             .unwrap();
-        let order = ["0F0", "1F0", "1B0", "0B0"]
-            .iter()
-            .map(|t| t.parse().unwrap())
-            .collect();
+        let order = order.iter().map(|t| t.parse().unwrap()).collect();
         let plan = Plan::new(
             problem.clone(),
             CostModel::uniform(2, StageCosts::default(), 0.0).unwrap(),
@@ -423,8 +485,11 @@ mod tests {
             vec![order],
         )
         .unwrap();
-        let set = project(&plan, ProjectionOptions::default()).unwrap();
-        (problem, set.programs[0].clone())
+        CheckedPrograms::of_plan(&plan, None, ProjectionOptions::default()).unwrap()
+    }
+
+    fn local_program() -> CheckedPrograms {
+        local_programs(&["0F0", "1F0", "1B0", "0B0"])
     }
 
     /// A stage that counts calls and can fail or panic in one hook.
@@ -432,6 +497,7 @@ mod tests {
     struct Counting {
         calls: Vec<String>,
         panic_in: Option<&'static str>,
+        capabilities: Capabilities,
     }
 
     impl Counting {
@@ -472,6 +538,25 @@ mod tests {
             self.hook("flush");
             Ok(())
         }
+        fn capabilities(&self) -> Capabilities {
+            self.capabilities
+        }
+        fn drop_activations(&mut self, _: Work) -> Result<(), StageError> {
+            self.hook("drop");
+            Ok(())
+        }
+        fn recompute(&mut self, _: Work) -> Result<(), StageError> {
+            self.hook("recompute");
+            Ok(())
+        }
+        fn offload(&mut self, _: Work) -> Result<(), StageError> {
+            self.hook("offload");
+            Ok(())
+        }
+        fn reload(&mut self, _: Work) -> Result<(), StageError> {
+            self.hook("reload");
+            Ok(())
+        }
     }
 
     /// A transport for programs that never communicate: any call is a bug.
@@ -492,9 +577,10 @@ mod tests {
 
     #[test]
     fn every_instruction_reaches_its_hook_and_a_transport_panic_names_the_end() {
-        let (problem, program) = local_program();
+        let programs = local_program();
         let mut stage = Counting::default();
-        let err = run_rank(&program, &problem, &mut stage, &mut Silent).unwrap_err();
+        let rank = programs.ranks().next().unwrap();
+        let err = run_rank(rank, &mut stage, &mut Silent).unwrap_err();
         assert_eq!(stage.calls.iter().filter(|c| *c == "forward").count(), 2);
         assert!(stage.calls.contains(&"grad_sync".to_string()));
         assert_eq!(stage.calls.last().unwrap(), "flush");
@@ -511,7 +597,8 @@ mod tests {
 
     #[test]
     fn a_panic_in_any_hook_names_the_rank_and_instruction() {
-        let (problem, program) = local_program();
+        let programs = local_program();
+        let rank = programs.ranks().next().unwrap();
         for hook in [
             "forward",
             "loss",
@@ -524,11 +611,70 @@ mod tests {
                 panic_in: Some(hook),
                 ..Counting::default()
             };
-            let err = run_rank(&program, &problem, &mut stage, &mut Silent).unwrap_err();
+            let err = run_rank(rank, &mut stage, &mut Silent).unwrap_err();
             let text = err.to_string();
             assert!(text.starts_with("rank 0, instruction "), "{hook}: {text}");
             assert!(text.contains(&format!("{hook} broke")), "{hook}: {text}");
             assert!(text.contains("the stage panicked"), "{hook}: {text}");
+        }
+    }
+
+    #[test]
+    fn a_program_needing_a_capability_the_compute_lacks_runs_nothing() {
+        let offloading = local_programs(&["0F0", "1F0", "0OFFLOAD0", "1B0", "0RELOAD0", "0B0"]);
+        let recomputing = local_programs(&["0F0", "1F0", "1B0", "0R0", "0B0"]);
+        for (programs, capability, what) in [
+            (&offloading, Capability::Offload, "offload"),
+            (&recomputing, Capability::Recompute, "drop"),
+        ] {
+            let rank = programs.ranks().next().unwrap();
+            let supported = match capability {
+                Capability::Offload => Capabilities {
+                    recompute: true,
+                    offload: false,
+                },
+                Capability::Recompute => Capabilities {
+                    recompute: false,
+                    offload: true,
+                },
+            };
+            for capabilities in [Capabilities::NONE, supported] {
+                let mut stage = Counting {
+                    capabilities,
+                    ..Counting::default()
+                };
+                let err = run_rank(rank, &mut stage, &mut Silent).unwrap_err();
+                assert!(stage.calls.is_empty(), "{:?}", stage.calls);
+                match &err {
+                    BackendError::Unsupported {
+                        rank,
+                        instr,
+                        what: instruction,
+                        capability: refused,
+                    } => {
+                        assert_eq!(rank.get(), 0);
+                        assert_eq!(*refused, capability);
+                        assert!(instruction.starts_with(what), "{instruction}");
+                        assert_eq!(
+                            Capability::needed_by(&programs.programs().programs[0].instrs[*instr]),
+                            Some(capability)
+                        );
+                    }
+                    other => panic!("expected a refusal, got {other}"),
+                }
+                assert_eq!(err.kind(), pipeweave_core::FailureKind::BadInput);
+                let text = err.to_string();
+                assert!(text.starts_with("rank 0, instruction "), "{text}");
+                assert!(text.contains("does not support"), "{text}");
+            }
+            // Declared, the capability's hooks run (and the silent transport fails at the end).
+            let mut stage = Counting {
+                capabilities: Capabilities::ALL,
+                ..Counting::default()
+            };
+            let err = run_rank(rank, &mut stage, &mut Silent).unwrap_err();
+            assert!(matches!(err, BackendError::Panicked { .. }), "{err}");
+            assert!(stage.calls.iter().any(|c| c == what), "{:?}", stage.calls);
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The MPI backend (cargo feature `mpi`): one process per rank, started by `mpirun -np P`; every
-//! process runs its own rank's program with the one interpreter ([`crate::interpreter::run_rank`])
-//! over an [`MpiTransport`]. Threads and MPI differ only in the transport.
+//! process runs its own rank's checked program ([`crate::CheckedRank`]) with the one interpreter
+//! ([`crate::interpreter::run_rank`]) over an [`MpiTransport`]. Threads and MPI differ only in the
+//! transport.
 //!
 //! # A communication group on MPI
 //! [`Transport::exchange`] gets one group of the program (batched semantics, certified by the
@@ -33,7 +34,10 @@
 //! and the serialised programs (64-bit FNV-1a of their JSON, so it does not depend on the build)
 //! and all-gathers the hashes: if any rank's differs from rank 0's, every rank returns the same
 //! error naming the ranks that differ, and nothing runs. So does a world whose size is not the
-//! programs' rank count, and programs that fail the checker.
+//! programs' rank count; programs that fail the checker never get here (only a
+//! [`CheckedPrograms`] is accepted). A rank whose compute lacks a residency capability its program
+//! needs refuses before its first instruction ([`BackendError::Unsupported`]) and, like any
+//! failing rank, aborts the job.
 //!
 //! # Failures and timeouts
 //! A rank whose own run fails (its stage returns an error or panics, a message is wrong, a receive
@@ -53,9 +57,17 @@
 //! A process killed from outside (SIGKILL, a lost node) is left to `mpirun`, which ends the job.
 //! Data parallelism (a communicator per pipeline, the gradient reduction) is the caller's: it
 //! passes any communicator (e.g. one split from the world), sets up the programs once with
-//! [`agree_on_programs`], runs them with [`crate::interpreter::run_rank`] over an
+//! [`agree_on_programs`] (which returns this rank's [`crate::CheckedRank`]), runs it with
+//! [`crate::interpreter::run_rank`] over an
 //! [`MpiTransport`] (or its own transport around one) and exchanges its own messages through a
 //! [`Mailbox`]. [`run_mpi`] does all of it for one run of one program set.
+//!
+//! [`Transport::exchange`]: crate::Transport::exchange
+//! [`Transport::finish`]: crate::Transport::finish
+//! [`TransportFailure::Unexpected`]: crate::TransportFailure::Unexpected
+//! [`TransportFailure::Broken`]: crate::TransportFailure::Broken
+//! [`TransportFailure::Timeout`]: crate::TransportFailure::Timeout
+//! [`TransportFailure::Stalled`]: crate::TransportFailure::Stalled
 
 mod fingerprint;
 mod inflight;
@@ -72,7 +84,7 @@ pub use wire::{WireDType, WirePayload};
 
 use crate::compute::StageCompute;
 use crate::error::BackendError;
-use crate::interpreter::run_rank;
+use crate::interpreter::{run_rank, CheckedRank};
 use ::mpi::collective::CommunicatorCollectives;
 use ::mpi::topology::{Communicator, SimpleCommunicator};
 use fingerprint::compare_fingerprints;
@@ -119,15 +131,16 @@ pub fn failure_report(error: &BackendError, program: &RankProgram) -> String {
 }
 
 /// Makes sure every rank of `comm` is about to run the same checked programs, and returns this
-/// rank's (collective: every rank calls it with the programs it built and checked itself).
+/// rank's checked program, borrowed from `checked` (collective: every rank calls it with the
+/// programs it built and checked itself).
 ///
 /// The fingerprints of the problem and the programs are all-gathered and compared, and the
 /// communicator's size is compared with the programs' rank count; either failing returns the same
 /// error on every rank.
-pub fn agree_on_programs(
+pub fn agree_on_programs<'a>(
     comm: &SimpleCommunicator,
-    checked: &CheckedPrograms,
-) -> Result<RankProgram, BackendError> {
+    checked: &'a CheckedPrograms,
+) -> Result<CheckedRank<'a>, BackendError> {
     let (problem, programs) = (checked.problem(), checked.programs());
     // MPI ranks and sizes are non-negative `int`s.
     let rank = RankId::new(u32::try_from(comm.rank()).unwrap_or(0));
@@ -149,11 +162,8 @@ pub fn agree_on_programs(
             programs.programs.len()
         )));
     }
-    programs
-        .programs
-        .iter()
-        .find(|p| p.rank == rank)
-        .cloned()
+    checked
+        .rank(rank)
         .ok_or_else(|| before(format!("the programs have none for rank {rank}")))
 }
 
@@ -164,8 +174,9 @@ pub fn agree_on_programs(
 /// and compared, and the world's size is compared with the programs' rank count; either failing
 /// returns the same error on every rank, and nothing runs. Then the
 /// rank's program runs to its end and `Ok(())` returns (the computed gradients are in `compute`).
-/// If this rank's run fails, the error is printed on stderr and the whole job is aborted
-/// (`MPI_Abort` with [`FAILURE_STATUS`]): this function does not return then.
+/// If this rank's run fails (a refusal of its compute's capabilities included), the error is
+/// printed on stderr and the whole job is aborted (`MPI_Abort` with [`FAILURE_STATUS`]): this
+/// function does not return then.
 pub fn run_mpi<C>(
     comm: &SimpleCommunicator,
     checked: &CheckedPrograms,
@@ -176,13 +187,12 @@ where
     C: StageCompute,
     C::Tensor: WirePayload,
 {
-    let problem = checked.problem();
     let program = agree_on_programs(comm, checked)?;
     let mut transport = MpiTransport::new(comm, options.receive_timeout);
-    match run_rank(&program, problem, compute, &mut transport) {
+    match run_rank(program, compute, &mut transport) {
         Ok(()) => Ok(()),
         Err(error) => {
-            eprintln!("{}", failure_report(&error, &program));
+            eprintln!("{}", failure_report(&error, program.program()));
             transport.abort_world(FAILURE_STATUS)
         }
     }

@@ -7,7 +7,7 @@
 //! accumulates the same gradients in whatever order the schedule runs. The two must agree to
 //! rounding.
 //!
-//! A stage honours the residency instructions as the simulator models them: a drop keeps the
+//! A stage declares and honours every residency instruction as the simulator models them: a drop keeps the
 //! forward's input only and a recompute (spending its time) restores the activation; an offload
 //! moves the activation to a host store and a reload brings it back, each a transfer on the rank's
 //! host link, which runs beside the computes (one transfer at a time, in the program's order): a
@@ -15,7 +15,7 @@
 //! before it, and a backward for its reload. A backward that finds its activation dropped or on
 //! the host is an error.
 
-use crate::compute::StageCompute;
+use crate::compute::{Capabilities, StageCompute};
 use crate::stage_error::StageError;
 use crate::timing::sleep_until;
 use pipeweave_core::{Problem, StageId, Task, Work};
@@ -372,6 +372,11 @@ impl StageCompute for AffineStage {
             let grad_input = stage.backward(backward, grad_output)?;
             Ok((output, grad_input))
         })
+    }
+
+    /// Every residency instruction (see the module doc).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL
     }
 
     fn drop_activations(&mut self, work: Work) -> Result<(), StageError> {

@@ -5,11 +5,12 @@
 //! limit. When a rank fails (its stage returns an error or panics, or a message is wrong) it raises
 //! the shared abort flag; every other rank stops at its next receive, so the run ends within one
 //! poll interval of the last computation in flight, and the error of the first failing rank is
-//! returned.
+//! returned. A program needing a residency capability its rank's compute lacks is refused before
+//! any thread starts ([`crate::interpreter::check_capabilities`]).
 
 use crate::compute::StageCompute;
 use crate::error::BackendError;
-use crate::interpreter::run_rank;
+use crate::interpreter::{check_capabilities, run_rank};
 use crate::transport::{Incoming, Outgoing, Transport, TransportFailure};
 use pipeweave_core::{CheckedPrograms, Message, RankId};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -200,7 +201,9 @@ pub fn channel_transports<T>(ranks: usize, timeout: Duration) -> Vec<ChannelTran
 
 /// Runs checked programs on one thread per rank with the stage computes made by
 /// `make_compute`. Returns the computes (holding, say, their gradients) in rank order, or the
-/// error of the first rank that failed.
+/// error of the first rank that failed. Every rank's program is first checked against its
+/// compute's capabilities: the first refusal ([`BackendError::Unsupported`]) returns before any
+/// rank runs an instruction.
 pub fn run_threads<C, F>(
     checked: &CheckedPrograms,
     make_compute: F,
@@ -210,21 +213,22 @@ where
     C: StageCompute + Send,
     F: Fn(RankId) -> C,
 {
-    let (problem, programs) = (checked.problem(), checked.programs());
-    let ranks = programs.programs.len();
-    let transports = channel_transports::<C::Tensor>(ranks, options.receive_timeout);
+    let ranks = checked.ranks().len();
     let computes: Vec<C> = (0..ranks)
         .map(|r| make_compute(RankId::new(r as u32)))
         .collect();
+    for (program, compute) in checked.ranks().zip(&computes) {
+        check_capabilities(program, compute)?;
+    }
+    let transports = channel_transports::<C::Tensor>(ranks, options.receive_timeout);
     let results: Vec<(C, Result<(), BackendError>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = programs
-            .programs
-            .iter()
+        let handles: Vec<_> = checked
+            .ranks()
             .zip(transports)
             .zip(computes)
             .map(|((program, mut transport), mut compute)| {
                 scope.spawn(move || {
-                    let result = run_rank(program, problem, &mut compute, &mut transport);
+                    let result = run_rank(program, &mut compute, &mut transport);
                     if result.is_err() {
                         transport.abort();
                     }

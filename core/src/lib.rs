@@ -23,8 +23,9 @@ pub mod error;
 pub mod formats;
 pub mod ir;
 pub mod spmd;
-#[cfg(test)]
-mod testing;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+pub mod tolerance;
 
 pub use analysis::peak::{held_during, held_per_task, max_peak, peak_per_rank, RankPeak};
 pub use analysis::replay::{Blocked, ReplayError};
@@ -35,15 +36,19 @@ pub use analysis::verify::{verify, verify_schedule, Violation, Violations};
 pub use error::{CoreError, FailureKind};
 pub use formats::grid::render_grid;
 pub use formats::profile::{
-    parse_bytes, CutCosts, LayerPlacement, LayerProfile, PhaseTimes, Profile, ProfiledLayout,
-    ProfiledModel, SendProfile, PROFILE_FORMAT, PROFILE_FORMAT_V1,
+    parse_bytes, LayerProfile, Profile, ProfiledModel, SendProfile, PROFILE_FORMAT,
+    PROFILE_FORMAT_V1,
 };
 pub use ir::blocks::{cut_violation, even_blocks, even_cut, spread_shares, PinnedEnds};
-pub use ir::cost::{CostModel, LayoutFigures, StageCosts, StageCostsSpec, StageFigures};
+pub use ir::cost::{CostModel, StageCosts, StageCostsSpec};
 pub use ir::facts::{
     Backwards, ChunkPlacement, DualKind, Facts, Layout, LayoutKind, Pacing, Residency,
 };
 pub use ir::ids::{MicrobatchId, RankId, StageId};
+pub use ir::layers::{
+    CutCosts, LayerCosts, LayerCostsSpec, LayerLayout, LayerPlacement, LayerTable, PhaseTimes,
+    StageFigures,
+};
 pub use ir::memory::{MemoryModel, StageMemory, StageMemorySpec};
 pub use ir::op::{Op, OpKind, Task, TaskKind, Work};
 pub use ir::plan::Plan;
@@ -55,3 +60,4 @@ pub use spmd::program::{
     CommGroup, CommOp, Direction, Instr, Message, ProgramSet, RankProgram, Semantics, ShapeSlot,
 };
 pub use spmd::project::{project, ProjectionOptions, RecvPolicy};
+pub use tolerance::TOLERANCE;

@@ -47,7 +47,7 @@ use pipeweave::backends::{run_threads, ThreadOptions};
 use pipeweave::core_ir::formats::csv::{compute_csv, import_csv, lowered_csv};
 use pipeweave::core_ir::{
     check_programs, project, CheckedPrograms, CommOp, Direction, Instr, Message, ProgramSet,
-    ProjectionOptions, RecvPolicy, Semantics,
+    ProjectionOptions, RecvPolicy, Semantics, TOLERANCE,
 };
 use pipeweave::{
     build_plan, simulate, verify, MicrobatchId, PipelineConfig, Plan, RankId, StageCosts,
@@ -620,7 +620,7 @@ pub fn run_programs_checker(data: &[u8]) {
         let reference = model.sequential_gradients(problem);
         let error = AffineModel::max_relative_error(&total_gradients(&stages), &reference);
         assert!(
-            error <= 1e-9,
+            error <= TOLERANCE,
             "{context}: programs the checker accepts give wrong gradients (relative error {error})"
         );
     }

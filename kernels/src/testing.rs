@@ -1,7 +1,8 @@
 //! Test helpers: seeded random tensors, relative errors, the split backward of a layer run end
 //! to end, and error-cause unwrapping.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
 
 use crate::error::KernelError;
 use crate::init::{NormalSampler, SplitMix64};
@@ -90,18 +91,18 @@ pub(crate) fn assert_bit_identical(what: &str, actual: &Tensor, expected: &Tenso
 }
 
 /// What a layer's split backward produced: output, input gradient, weight gradients.
-pub(crate) struct SplitRun {
+pub(crate) struct SplitRun<G> {
     pub output: Tensor,
-    pub grad_input: Tensor,
+    pub grad_input: G,
     pub grad_weights: Vec<Tensor>,
 }
 
 /// Runs forward, backward_input and backward_weight of `layer` on `input` and `grad_output`.
-pub(crate) fn run_split<L: Layer<InputGrad = Tensor>>(
+pub(crate) fn run_split<L: Layer>(
     layer: &L,
     input: &Tensor,
     grad_output: impl Fn(&Tensor) -> Tensor,
-) -> SplitRun {
+) -> SplitRun<L::InputGrad> {
     let ops = ops();
     let (output, saved) = layer.forward(&ops, input).expect("forward");
     let grad = grad_output(&output);
@@ -118,6 +119,62 @@ pub(crate) fn run_split<L: Layer<InputGrad = Tensor>>(
     }
 }
 
+/// A layer's input gradient as the oracle checks see it: a tensor, or none where the input
+/// (token ids) has no gradient.
+pub(crate) trait InputGradient {
+    /// The gradient, if the input has one.
+    fn tensor(&self) -> Option<&Tensor>;
+}
+
+impl InputGradient for Tensor {
+    fn tensor(&self) -> Option<&Tensor> {
+        Some(self)
+    }
+}
+
+impl InputGradient for () {
+    fn tensor(&self) -> Option<&Tensor> {
+        None
+    }
+}
+
+/// Asserts that `$value` matches `$pattern`; on failure shows `$shown` (by default the value, a
+/// [`KernelError`]): `assert_matches!(root_cause(&err), KernelError::Shape { .. }, err)`.
+macro_rules! assert_matches {
+    ($value:expr, $pattern:pat $(,)?) => {{
+        let value = &$value;
+        assert!(matches!(value, $pattern), "{value}");
+    }};
+    ($value:expr, $pattern:pat, $shown:expr $(,)?) => {
+        assert!(matches!($value, $pattern), "{}", $shown)
+    };
+}
+pub(crate) use assert_matches;
+
+/// The `(layer, tensor)` a [`KernelError::Shape`] names; fails the test on any other error.
+pub(crate) fn shape_error(err: &KernelError) -> (&'static str, &'static str) {
+    match err {
+        KernelError::Shape { layer, tensor, .. } => (layer, tensor),
+        other => panic!("expected a shape error, got: {other}"),
+    }
+}
+
+/// The `(layer, tensor)` a [`KernelError::DType`] names; fails the test on any other error.
+pub(crate) fn dtype_error(err: &KernelError) -> (&'static str, &'static str) {
+    match err {
+        KernelError::DType { layer, tensor, .. } => (layer, tensor),
+        other => panic!("expected a dtype error, got: {other}"),
+    }
+}
+
+/// The field a [`KernelError::InvalidArgument`] names; fails the test on any other error.
+pub(crate) fn invalid_argument(err: &KernelError) -> &'static str {
+    match err {
+        KernelError::InvalidArgument { field, .. } => field,
+        other => panic!("expected an invalid argument, got: {other}"),
+    }
+}
+
 /// The innermost error under any [`KernelError::At`] wrappers.
 pub(crate) fn root_cause(error: &KernelError) -> &KernelError {
     match error {
@@ -126,49 +183,107 @@ pub(crate) fn root_cause(error: &KernelError) -> &KernelError {
     }
 }
 
+/// The seed of the random output gradient of [`check_layer_against_oracle`].
+const GRAD_SEED: u64 = 0x5EED;
+
 /// Checks a layer's output, input gradient and weight gradients against candle's autograd on
 /// `oracle(input, params)`, with a random output gradient; returns the largest relative error.
 /// `params` are the layer's parameter values in its order.
-pub(crate) fn check_layer_against_oracle<L: Layer<InputGrad = Tensor>>(
+pub(crate) fn check_layer_against_oracle<L: Layer>(
     name: &str,
     layer: &L,
     input: &Tensor,
     params: &[Tensor],
     oracle: impl Fn(&Tensor, &[Tensor]) -> candle_core::Result<Tensor>,
-) -> f64 {
-    let input_var = crate::oracle::vars(std::slice::from_ref(input)).remove(0);
+) -> f64
+where
+    L::InputGrad: InputGradient,
+{
+    check_layer_against_oracle_seeded(name, layer, input, params, GRAD_SEED, oracle)
+}
+
+/// As [`check_layer_against_oracle`], with the output gradient drawn from `grad_seed`. An input
+/// that is not a float tensor (token ids) is not differentiated, and the layer must return no
+/// input gradient for it.
+pub(crate) fn check_layer_against_oracle_seeded<L: Layer>(
+    name: &str,
+    layer: &L,
+    input: &Tensor,
+    params: &[Tensor],
+    grad_seed: u64,
+    oracle: impl Fn(&Tensor, &[Tensor]) -> candle_core::Result<Tensor>,
+) -> f64
+where
+    L::InputGrad: InputGradient,
+{
+    let input_var = input
+        .dtype()
+        .is_float()
+        .then(|| crate::oracle::vars(std::slice::from_ref(input)).remove(0));
+    let oracle_input = input_var.as_ref().map_or(input, |var| var.as_tensor());
     let param_vars = crate::oracle::vars(params);
     let param_tensors: Vec<Tensor> = param_vars.iter().map(|v| v.as_tensor().clone()).collect();
-    let expected = oracle(input_var.as_tensor(), &param_tensors).expect("oracle forward");
-    let grad_output = random(0x5EED, expected.dims(), 1.0, expected.dtype());
+    let expected = oracle(oracle_input, &param_tensors).expect("oracle forward");
+    let grad_output = random(grad_seed, expected.dims(), 1.0, expected.dtype());
     let grads = (&expected * &grad_output)
         .and_then(|t| t.sum_all())
         .and_then(|loss| loss.backward())
         .expect("oracle backward");
     let run = run_split(layer, input, |_| grad_output.clone());
     let mut worst = assert_close(&format!("{name} output"), &run.output, &expected);
-    let expected_dx = grads.get(input_var.as_tensor()).expect("input gradient");
-    worst = worst.max(assert_close(
-        &format!("{name} d(input)"),
-        &run.grad_input,
-        expected_dx,
-    ));
+    match (run.grad_input.tensor(), &input_var) {
+        (Some(actual), Some(var)) => {
+            let expected_dx = grads.get(var.as_tensor()).expect("input gradient");
+            let what = format!("{name} d(input)");
+            worst = worst.max(assert_close(&what, actual, expected_dx));
+        }
+        (None, None) => {}
+        _ => panic!("{name}: an input gradient exactly for a float input"),
+    }
+    let names: Vec<String> = layer.parameters().into_iter().map(|(n, _)| n).collect();
+    let param_worst =
+        assert_parameter_gradients(name, &names, &run.grad_weights, &grads, &param_vars);
+    worst.max(param_worst)
+}
+
+/// Checks a layer with heads (width 8, 2 heads), built by `build(params, n_head)` from
+/// `params(width, dtype)`, against candle's autograd on `oracle(input, params, n_head)` in every
+/// dtype, on a random `[2, 5, 8]` input.
+pub(crate) fn check_multi_head_layer<L: Layer<InputGrad = Tensor>>(
+    name: &str,
+    params: impl Fn(usize, DType) -> Vec<Tensor>,
+    build: impl Fn(&[Tensor], usize) -> L,
+    oracle: impl Fn(&Tensor, &[Tensor], usize) -> candle_core::Result<Tensor>,
+) {
+    for dtype in DTYPES {
+        let (d, n_head) = (8, 2);
+        let p = params(d, dtype);
+        let input = random(5, &[2, 5, d], 1.0, dtype);
+        check_layer_against_oracle(name, &build(&p, n_head), &input, &p, |x, p| {
+            oracle(x, p, n_head)
+        });
+    }
+}
+
+/// Asserts `actual` holds one gradient per parameter (`names`, `vars`: in order), each agreeing
+/// with candle's gradient of the parameter's variable in `grads`; returns the largest relative
+/// error.
+pub(crate) fn assert_parameter_gradients(
+    what: &str,
+    names: &[String],
+    actual: &[Tensor],
+    grads: &GradStore,
+    vars: &[Var],
+) -> f64 {
     assert_eq!(
-        run.grad_weights.len(),
-        params.len(),
-        "{name}: one gradient per parameter"
+        actual.len(),
+        vars.len(),
+        "{what}: one gradient per parameter"
     );
-    for ((param_name, _), (actual, var)) in layer
-        .parameters()
-        .iter()
-        .zip(run.grad_weights.iter().zip(&param_vars))
-    {
-        let expected_dw = grads.get(var.as_tensor()).expect("parameter gradient");
-        worst = worst.max(assert_close(
-            &format!("{name} d({param_name})"),
-            actual,
-            expected_dw,
-        ));
+    let mut worst = 0.0f64;
+    for (name, (actual, var)) in names.iter().zip(actual.iter().zip(vars)) {
+        let expected = grads.get(var.as_tensor()).expect("parameter gradient");
+        worst = worst.max(assert_close(&format!("{what} d({name})"), actual, expected));
     }
     worst
 }

@@ -1,9 +1,15 @@
-//! Shared helpers of the integration tests: reading `../shared/reference` files.
+//! Shared helpers of the integration tests: reading `../shared/reference` files and other JSON
+//! fixtures, building configs from costs, the persisted proptest config, and (in [`cli`]) running
+//! the `pipeweave` binary.
 #![allow(dead_code)]
 
-use pipeweave::{Plan, Task};
+pub mod cli;
+
+use pipeweave::core_ir::TOLERANCE;
+use pipeweave::{PipelineConfig, Plan, Simulation, StageCostsSpec, Task};
+use proptest::test_runner::{Config as ProptestConfig, FileFailurePersistence};
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The folder with the peers' reference schedules.
 pub fn reference_dir() -> PathBuf {
@@ -19,16 +25,21 @@ pub fn reference_dir() -> PathBuf {
     panic!("../shared/reference is missing next to the checkout");
 }
 
-/// Reads one reference file.
-pub fn reference(name: &str) -> Value {
-    let path = reference_dir().join(name);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+/// Reads and parses a JSON file.
+pub fn read_json(path: impl AsRef<Path>) -> Value {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
 }
 
-/// All reference files whose name starts with `prefix`.
-pub fn references(prefix: &str) -> Vec<(String, Value)> {
-    let mut names: Vec<String> = std::fs::read_dir(reference_dir())
+/// Reads one reference file.
+pub fn reference(name: &str) -> Value {
+    read_json(reference_dir().join(name))
+}
+
+/// The JSON files of `dir` whose name starts with `prefix`, by name.
+pub fn json_files(dir: &Path, prefix: &str) -> Vec<(String, Value)> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with(prefix) && n.ends_with(".json"))
@@ -37,10 +48,40 @@ pub fn references(prefix: &str) -> Vec<(String, Value)> {
     names
         .into_iter()
         .map(|n| {
-            let v = reference(&n);
+            let v = read_json(dir.join(&n));
             (n, v)
         })
         .collect()
+}
+
+/// All reference files whose name starts with `prefix`.
+pub fn references(prefix: &str) -> Vec<(String, Value)> {
+    json_files(&reference_dir(), prefix)
+}
+
+/// A JSON array of numbers.
+pub fn f64s(values: &Value) -> Vec<f64> {
+    values
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect()
+}
+
+/// A JSON array of non-negative integers.
+pub fn u64s(values: &Value) -> Vec<u64> {
+    values
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect()
+}
+
+/// The largest of a JSON array of numbers (0 for none).
+pub fn max_of(values: &Value) -> f64 {
+    f64s(values).into_iter().fold(0.0, f64::max)
 }
 
 /// Expands tasks into atomic ops as text (`B` becomes `I` then `W`), the form in which two
@@ -92,11 +133,9 @@ pub fn assert_same_order(name: &str, plan: &Plan, file: &Value) {
         .iter()
         .map(|r| r.get())
         .collect();
-    let expected: Vec<u32> = file["stage_to_rank"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
+    let expected: Vec<u32> = u64s(&file["stage_to_rank"])
+        .into_iter()
+        .map(|r| r as u32)
         .collect();
     assert_eq!(placement, expected, "{name}: placement");
     for (rank, (ours, theirs)) in plan_orders(plan)
@@ -108,6 +147,23 @@ pub fn assert_same_order(name: &str, plan: &Plan, file: &Value) {
     }
 }
 
+/// F, I and W of a rank's share, the other durations their defaults.
+pub fn split_costs(f: f64, i: f64, w: f64) -> StageCostsSpec {
+    StageCostsSpec::builder()
+        .forward(f)
+        .input_grad(i)
+        .weight_grad(w)
+        .build()
+}
+
+/// `ranks` x `microbatches` with `costs` (validated here) and latency `comm`.
+pub fn costed(ranks: u32, microbatches: u32, costs: StageCostsSpec, comm: f64) -> PipelineConfig {
+    PipelineConfig::new(ranks, microbatches)
+        .unwrap()
+        .with_costs(costs.validate().unwrap(), comm)
+        .unwrap()
+}
+
 /// `ranks` x `microbatches` with uniform costs F, I, W (and F&B when given), no latency.
 pub fn uniform_config(
     ranks: u32,
@@ -116,24 +172,35 @@ pub fn uniform_config(
     i: f64,
     w: f64,
     fb: Option<f64>,
-) -> pipeweave::PipelineConfig {
-    let builder = pipeweave::StageCostsSpec::builder()
+) -> PipelineConfig {
+    let costs = StageCostsSpec::builder()
         .forward(f)
         .input_grad(i)
-        .weight_grad(w);
-    let costs = match fb {
-        Some(fb) => builder.overlapped(fb).build(),
-        None => builder.build(),
-    }
-    .validate()
-    .unwrap();
-    pipeweave::PipelineConfig::new(ranks, microbatches)
-        .unwrap()
-        .with_costs(costs, 0.0)
-        .unwrap()
+        .weight_grad(w)
+        .overlapped_opt(fb)
+        .build();
+    costed(ranks, microbatches, costs, 0.0)
+}
+
+/// The highest peak of activations over the ranks of a simulation.
+pub fn peak(sim: &Simulation) -> f64 {
+    sim.ranks()
+        .iter()
+        .map(|r| r.peak_activations)
+        .fold(0.0, f64::max)
 }
 
 /// Equal up to floating-point noise.
 pub fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()))
+    (a - b).abs() <= TOLERANCE * (1.0 + a.abs().max(b.abs()))
+}
+
+/// `cases` random cases, failures kept in (and replayed from) `path`, e.g.
+/// `"proptest-regressions/properties.txt"`.
+pub fn persisted(cases: u32, path: &'static str) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(path))),
+        ..ProptestConfig::default()
+    }
 }

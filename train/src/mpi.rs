@@ -6,7 +6,8 @@
 //!   [`MpiTransport`] (pipeline payloads are [`WireTensor`]s: the tensor's element type and shape
 //!   travel in the message header and are checked on receipt). Both program sets (training and
 //!   forward-only evaluation) are agreed on before the first step (checked once, then
-//!   [`agree_on_programs`]: fingerprints compared), and a step's own plan
+//!   [`agree_on_programs`]: fingerprints compared; the cluster keeps the checked sets and runs
+//!   its rank's [`pipeweave_backends::CheckedRank`] of them), and a step's own plan
 //!   ([`Cluster::set_plan`], variable-length microbatches) the same way when every process
 //!   switches to it.
 //! - **Gradients.** A stage's weight gradients go to an ordered reduction
@@ -40,9 +41,7 @@ use pipeweave_backends::mpi::rsmpi;
 use pipeweave_backends::mpi::{agree_on_programs, Mailbox, MpiTransport, FAILURE_STATUS};
 use pipeweave_backends::mpi::{WireDType, WirePayload};
 use pipeweave_backends::{Incoming, Outgoing, StageError, Transport, TransportFailure};
-use pipeweave_core::{
-    project, CheckedPrograms, Plan, Problem, ProjectionOptions, RankId, RankProgram, RecvPolicy,
-};
+use pipeweave_core::{CheckedPrograms, Plan, Problem, ProjectionOptions, RankId, RecvPolicy};
 use pipeweave_kernels::GptConfig;
 use rsmpi::collective::{CommunicatorCollectives, Root, SystemOperation};
 use rsmpi::topology::{Color, Communicator, SimpleCommunicator};
@@ -223,8 +222,10 @@ pub struct MpiCluster {
     replica: u32,
     rank: RankId,
     problem: Problem,
-    program: RankProgram,
-    eval_program: RankProgram,
+    /// The training programs (this rank's agreed on by the pipeline).
+    programs: CheckedPrograms,
+    /// The forward-only programs (agreed on too).
+    eval_programs: CheckedPrograms,
     transport: MpiTransport,
     mailbox: Mailbox,
     owners: GradientOwners,
@@ -266,21 +267,23 @@ impl MpiCluster {
             .ok_or_else(|| TrainError::Mpi {
                 what: "MPI gave no pipeline communicator".into(),
             })?;
-        let program = agree_on_programs(&pipeline, &checked_programs(plan, false)?)?;
-        let eval_program = agree_on_programs(&pipeline, &checked_programs(plan, true)?)?;
+        let programs = checked_programs(plan, false)?;
+        let rank = agree_on_programs(&pipeline, &programs)?.rank();
+        let eval_programs = checked_programs(plan, true)?;
+        agree_on_programs(&pipeline, &eval_programs)?;
         let cut = ModelCut::new(config, &problem)?;
         Ok(MpiCluster {
             world: world.duplicate(),
             transport: MpiTransport::new(&pipeline, timeout),
             mailbox: Mailbox::new(world),
             owners: GradientOwners::new(&problem, &cut, replicas),
-            rank: program.rank,
+            rank,
             pipeline,
             world_rank,
             replica,
             problem,
-            program,
-            eval_program,
+            programs,
+            eval_programs,
             deterministic,
         })
     }
@@ -289,7 +292,7 @@ impl MpiCluster {
     /// processes of this one's pipeline (collective: all of them call it at the same step with
     /// the same plan, as the trainer's per-step plans do: every process prices the same
     /// lengths).
-    fn agree_on(&self, plan: &Plan) -> Result<RankProgram, TrainError> {
+    fn agree_on(&self, plan: &Plan) -> Result<CheckedPrograms, TrainError> {
         if plan.problem() != &self.problem {
             return Err(TrainError::invalid(
                 "plan",
@@ -297,10 +300,9 @@ impl MpiCluster {
                 "a step's plan must keep the run's problem (ranks, stages, microbatches, routes)",
             ));
         }
-        Ok(agree_on_programs(
-            &self.pipeline,
-            &checked_programs(plan, false)?,
-        )?)
+        let programs = checked_programs(plan, false)?;
+        agree_on_programs(&self.pipeline, &programs)?;
+        Ok(programs)
     }
 
     /// This process's rank in the world.
@@ -320,25 +322,32 @@ impl MpiCluster {
         }
     }
 
-    /// Runs `program` with `stage` over the pipeline (and the reduction, when training).
+    /// Runs this rank's checked program (training or forward-only) with `stage` over the pipeline
+    /// (and the reduction, when training).
     fn run(
         &mut self,
         forward_only: bool,
         stage: &mut GptStage,
         reduction: Option<&SharedReduction>,
     ) -> Result<(), TrainError> {
-        let program = if forward_only {
-            &self.eval_program
+        let programs = if forward_only {
+            &self.eval_programs
         } else {
-            &self.program
+            &self.programs
         };
+        let program = programs.rank(self.rank).ok_or_else(|| {
+            TrainError::invariant(format!(
+                "the agreed programs have none for rank {}",
+                self.rank
+            ))
+        })?;
         let mut transport = StepTransport {
             inner: &mut self.transport,
             mailbox: &mut self.mailbox,
             reduction,
             world_rank: self.world_rank,
         };
-        run_rank(program, &self.problem, stage, &mut transport).map_err(TrainError::from)
+        run_rank(program, stage, &mut transport).map_err(TrainError::from)
     }
 
     /// Every microbatch's loss, added in microbatch order: each process fills the slots of the
@@ -384,7 +393,7 @@ fn checked_programs(plan: &Plan, forward_only: bool) -> Result<CheckedPrograms, 
 
 impl Cluster for MpiCluster {
     fn set_plan(&mut self, plan: &Plan) -> Result<(), TrainError> {
-        self.program = self.agree_on(plan).map_err(|e| self.located(e))?;
+        self.programs = self.agree_on(plan).map_err(|e| self.located(e))?;
         Ok(())
     }
 

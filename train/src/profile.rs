@@ -419,6 +419,7 @@ pub fn calibrate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pipeweave_core::TOLERANCE;
 
     /// A small model's request: `blocks` blocks of width 32, 2 sequences of 16 tokens.
     fn request(blocks: usize, repeats: usize) -> ProfileRequest {
@@ -510,9 +511,9 @@ mod tests {
         calibrate(&mut profile, &cut, &measured).unwrap();
         assert!(profile.calibrated);
         let stage0 = profile.layers[0].forward + profile.layers[1].forward;
-        assert!((stage0 - 2.0).abs() < 1e-9, "{stage0}");
+        assert!((stage0 - 2.0).abs() < TOLERANCE, "{stage0}");
         let share = |p: &Profile| p.layers[1].forward / (p.layers[0].forward + p.layers[1].forward);
-        assert!((share(&profile) - share(&alone)).abs() < 1e-9);
+        assert!((share(&profile) - share(&alone)).abs() < TOLERANCE);
         // Unmeasured kinds and positions keep their figures.
         assert_eq!(profile.layers[1].input_grad, alone.layers[1].input_grad);
         assert_eq!(profile.layers[3].forward, alone.layers[3].forward);

@@ -1,5 +1,6 @@
 //! [`GptStage`]: one rank's share of a GPT as a [`StageCompute`], honouring every marker of the
-//! projected programs.
+//! projected programs (it declares every residency capability,
+//! [`pipeweave_backends::Capabilities::ALL`]).
 //!
 //! - forward: token ids from the step's batch on a route's first stage, else the received hidden
 //!   state; the saved state waits for the backward (only the input, with recompute);
@@ -28,7 +29,7 @@ use crate::cut::ModelCut;
 use crate::error::TrainError;
 use crate::gradients::GradSync;
 use candle_core::Tensor;
-use pipeweave_backends::{StageCompute, StageError};
+use pipeweave_backends::{Capabilities, StageCompute, StageError};
 use pipeweave_core::{FailureKind, Problem, RankId, StageId, Task, Work};
 use pipeweave_kernels::{
     CrossEntropy, HostSaved, KernelError, StageModel, StagePendingWeightGrad, StageSaved,
@@ -422,6 +423,11 @@ impl StageCompute for GptStage {
 
     fn free_output(&mut self, work: Work) {
         self.release(Table::Output, work);
+    }
+
+    /// Drop and recompute, offload and reload: every residency instruction.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL
     }
 
     fn drop_activations(&mut self, work: Work) -> Result<(), StageError> {

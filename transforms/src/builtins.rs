@@ -1,16 +1,18 @@
 //! The built-in passes' names and arguments in the expression language: `gpipe`, `f1b`,
 //! `vpp(chunks, group, layout)`, `dual`, `zero_bubble(policy, memory)`, `recompute(memory)`,
 //! `offload(memory)`. [`Registry::builtin`] holds them; users add their own passes to such a
-//! registry.
+//! registry. What a pass's constructor refuses becomes an error about the argument, at its column
+//! where it has one, reading `constraint violated: details`.
 
 use crate::driver::PassList;
 use crate::error::TransformError;
 use crate::expr::Node;
 use crate::pass::Pass;
 use crate::passes::{
-    Dual, GPipe, Interleave, Offload, OneForwardOneBackward, Policy, Recompute, ZeroBubble,
+    Dual, F1b, Gpipe, Offload, Policy, Recompute, Relief, ReliefStrategy, Vpp, ZeroBubble,
 };
 use crate::registry::{Arguments, Arity, Factory, Registry};
+use crate::schedules::cache::SearchCache;
 use crate::schedules::controllable::Controllable;
 use pipeweave_core::ChunkPlacement;
 
@@ -29,27 +31,34 @@ pub fn compile_expression(text: &str) -> Result<PassList, TransformError> {
 }
 
 /// Adds `gpipe`, `f1b`, `vpp`, `dual`, `zero_bubble`, `recompute` and `offload` to `registry`.
+/// The `zero_bubble` passes it builds share one [`SearchCache`], so the expressions one registry
+/// compiles share what their searches remember.
 pub fn register_builtins(registry: &mut Registry) {
+    let cache = SearchCache::new();
     let entries: [(&str, Arity, Factory); 7] = [
         (
-            GPipe::NAME,
+            Gpipe::NAME,
             Arity::Baseline,
-            Box::new(no_arguments(|| Box::new(GPipe))),
+            Box::new(no_arguments(|| Box::new(Gpipe))),
         ),
         (
-            OneForwardOneBackward::NAME,
+            F1b::NAME,
             Arity::Rewrite,
-            Box::new(no_arguments(|| Box::new(OneForwardOneBackward))),
+            Box::new(no_arguments(|| Box::new(F1b))),
         ),
-        (Interleave::NAME, Arity::Rewrite, Box::new(vpp)),
+        (Vpp::NAME, Arity::Rewrite, Box::new(vpp)),
         (
             Dual::NAME,
             Arity::Rewrite,
             Box::new(no_arguments(|| Box::new(Dual))),
         ),
-        (ZeroBubble::NAME, Arity::Rewrite, Box::new(zero_bubble)),
-        (Recompute::NAME, Arity::Rewrite, Box::new(recompute)),
-        (Offload::NAME, Arity::Rewrite, Box::new(offload)),
+        (
+            ZeroBubble::NAME,
+            Arity::Rewrite,
+            Box::new(move |args: &Arguments| zero_bubble(args, &cache)),
+        ),
+        (Recompute::NAME, Arity::Rewrite, Box::new(relief(Recompute))),
+        (Offload::NAME, Arity::Rewrite, Box::new(relief(Offload))),
     ];
     for (name, arity, factory) in entries {
         registry
@@ -77,23 +86,19 @@ fn vpp(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
         Some((_, "v")) => ChunkPlacement::V,
         _ => ChunkPlacement::Standard,
     };
-    let pass = Interleave::new(chunks, group, placement).map_err(|e| match e {
-        TransformError::Precondition {
-            constraint,
-            details,
-            ..
-        } => args.bad(
-            &constraint,
-            args.column(),
-            &format!("{constraint} violated: {details}"),
-        ),
+    // A refused argument is named by the rule it breaks (which names the arguments).
+    let pass = Vpp::new(chunks, group, placement).map_err(|e| match e {
+        TransformError::Precondition { ref constraint, .. } => {
+            let rule = constraint.clone();
+            refused(args, &rule, args.column(), e)
+        }
         other => other,
     })?;
     Ok(Box::new(pass))
 }
 
 /// `zero_bubble(schedule, policy=h1|h2|auto|auto(N)|deepseek|v_half|v_min, memory=N)`.
-fn zero_bubble(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
+fn zero_bubble(args: &Arguments, cache: &SearchCache) -> Result<Box<dyn Pass>, TransformError> {
     args.allow_only(&["policy", "memory"])?;
     let memory = args.number("memory")?;
     let expected = "expected h1, h2, auto, auto(N), deepseek, v_half or v_min";
@@ -129,25 +134,85 @@ fn zero_bubble(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
             "a memory limit applies to policy=auto only",
         ));
     }
-    let pass =
-        ZeroBubble::new(policy).map_err(|e| args.bad("memory", args.column(), &e.to_string()))?;
+    let pass = ZeroBubble::new(policy)
+        .map_err(|e| refused(args, "memory", memory_column(args), e))?
+        .with_cache(cache.clone());
     Ok(Box::new(pass))
 }
 
-/// `recompute(schedule, memory=N)`.
-fn recompute(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
-    args.allow_only(&["memory"])?;
-    let memory = args.number("memory")?;
-    let column = args.value("memory").map_or(args.column(), |(c, _)| c);
-    let pass = Recompute::new(memory).map_err(|e| args.bad("memory", column, &e.to_string()))?;
-    Ok(Box::new(pass))
+/// `recompute(schedule, memory=N)` and `offload(schedule, memory=N)`: the relief pass with
+/// `strategy`.
+fn relief<S: ReliefStrategy>(
+    strategy: S,
+) -> impl Fn(&Arguments) -> Result<Box<dyn Pass>, TransformError> {
+    move |args: &Arguments| {
+        args.allow_only(&["memory"])?;
+        let memory = args.number("memory")?;
+        let pass = Relief::new(strategy, memory)
+            .map_err(|e| refused(args, "memory", memory_column(args), e))?;
+        Ok(Box::new(pass))
+    }
 }
 
-/// `offload(schedule, memory=N)`.
-fn offload(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
-    args.allow_only(&["memory"])?;
-    let memory = args.number("memory")?;
-    let column = args.value("memory").map_or(args.column(), |(c, _)| c);
-    let pass = Offload::new(memory).map_err(|e| args.bad("memory", column, &e.to_string()))?;
-    Ok(Box::new(pass))
+/// The column of the `memory` argument, else of the call.
+fn memory_column(args: &Arguments) -> usize {
+    args.value("memory").map_or(args.column(), |(c, _)| c)
+}
+
+/// What a pass's constructor refused, as an error about `argument` at `column`: a precondition
+/// reads `constraint violated: details` (the argument error names the pass, once).
+fn refused(
+    args: &Arguments,
+    argument: &str,
+    column: usize,
+    error: TransformError,
+) -> TransformError {
+    match error {
+        TransformError::Precondition {
+            constraint,
+            details,
+            ..
+        } => args.bad(
+            argument,
+            column,
+            &format!("{constraint} violated: {details}"),
+        ),
+        other => args.bad(argument, column, &other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_arguments_name_the_pass_once() {
+        for (text, message) in [
+            (
+                "recompute(f1b(gpipe), memory=0)",
+                "pass `recompute`, argument `memory` at column 23: memory > 0 violated: \
+                 memory=0 is not a positive number of activations",
+            ),
+            (
+                "offload(f1b(gpipe), memory=-1)",
+                "pass `offload`, argument `memory` at column 21: memory > 0 violated: \
+                 memory=-1 is not a positive number of activations",
+            ),
+            (
+                "zero_bubble(f1b(gpipe), memory=0)",
+                "pass `zero_bubble`, argument `memory` at column 25: memory > 0 violated: \
+                 memory = 0",
+            ),
+        ] {
+            let err = compile_expression(text).unwrap_err().to_string();
+            assert_eq!(err, message, "{text}");
+        }
+        // Built directly, outside any expression, the pass still names itself.
+        let err = Relief::new(Recompute, Some(f64::NAN)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "pass `recompute` precondition `memory > 0` violated: memory=NaN is not a positive \
+             number of activations"
+        );
+    }
 }

@@ -222,12 +222,7 @@ fn check_requirements(
     let unmet = match (requires.unmet(&plan.facts()), established) {
         (Some(unmet), _) => unmet,
         (None, Some((by, kind))) => Unmet::Layout {
-            needs: requires
-                .layout
-                .iter()
-                .map(|k| k.describe())
-                .collect::<Vec<_>>()
-                .join(" or "),
+            needs: requires.layouts(),
             found: format!("{} (which `{by}` establishes)", kind.describe()),
         },
         (None, None) => return Ok(()),
@@ -292,7 +287,8 @@ fn verify_after(pass: &str, plan: &Plan, last: bool) -> Result<(), TransformErro
 mod tests {
     use super::*;
     use crate::pass::{Contract, Pass};
-    use pipeweave_core::{LayoutKind, Pacing, StageCosts};
+    use crate::testing::tasks;
+    use pipeweave_core::{LayoutKind, Pacing, StageCosts, Task};
 
     /// A test pass: a contract and a rewrite given as a closure.
     struct Probe {
@@ -314,18 +310,7 @@ mod tests {
     }
 
     fn unscheduled() -> Plan {
-        let problem = pipeweave_core::ProblemSpec::builder()
-            .ranks(2)
-            .microbatches(2)
-            .build()
-            .validate()
-            .unwrap();
-        Plan::unscheduled(
-            problem,
-            CostModel::uniform(2, StageCosts::default(), 0.0).unwrap(),
-            MemoryModel::uniform(2, Default::default()),
-        )
-        .unwrap()
+        crate::testing::unscheduled(2, 2, StageCosts::default())
     }
 
     fn probe(requires: Requires, changes: Changes, rewrite: fn(Plan) -> Plan) -> Box<dyn Pass> {
@@ -376,11 +361,7 @@ mod tests {
             }
         );
         assert!(err.is_pass_bug());
-        let declared = Changes {
-            pacing: true,
-            ..Changes::default()
-        };
-        let plan = PassList::new(vec![probe(Requires::ANY, declared, complete)])
+        let plan = PassList::new(vec![pacing(complete)])
             .run(unscheduled())
             .unwrap();
         assert_eq!(plan.passes(), ["probe"]);
@@ -388,26 +369,14 @@ mod tests {
 
     #[test]
     fn a_plan_that_fails_verification_is_a_broken_pass() {
-        let declared = Changes {
-            pacing: true,
-            ..Changes::default()
-        };
-        let err = PassList::new(vec![probe(Requires::ANY, declared, half)])
+        let err = PassList::new(vec![pacing(half)])
             .run(unscheduled())
             .unwrap_err();
         assert!(matches!(err, TransformError::PassBroke { .. }), "{err}");
     }
 
-    /// Both ranks' four tasks: a complete plan.
-    fn complete(plan: Plan) -> Plan {
-        let orders = (0..2)
-            .map(|r| {
-                ["F0", "F1", "B0", "B1"]
-                    .iter()
-                    .map(|t| format!("{r}{t}").parse().unwrap())
-                    .collect()
-            })
-            .collect();
+    /// `plan` with `orders` of custom pacing.
+    fn custom(plan: Plan, orders: Vec<Vec<Task>>) -> Plan {
         let facts = Facts {
             pacing: Pacing::Custom,
             ..plan.facts()
@@ -415,14 +384,17 @@ mod tests {
         plan.reshaped(None, orders, facts).unwrap()
     }
 
+    /// Both ranks' four tasks: a complete plan.
+    fn complete(plan: Plan) -> Plan {
+        custom(
+            plan,
+            vec![tasks("0F0 0F1 0B0 0B1"), tasks("1F0 1F1 1B0 1B1")],
+        )
+    }
+
     /// Rank 1's order left empty: a plan that fails verification.
     fn half(plan: Plan) -> Plan {
-        let orders = vec![vec!["0F0".parse().unwrap()], vec![]];
-        let facts = Facts {
-            pacing: Pacing::Custom,
-            ..plan.facts()
-        };
-        plan.reshaped(None, orders, facts).unwrap()
+        custom(plan, vec![tasks("0F0"), vec![]])
     }
 
     /// A pass that rewrites the pacing, declaring it.

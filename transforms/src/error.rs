@@ -133,13 +133,17 @@ pub enum TransformError {
 }
 
 impl TransformError {
-    /// A precondition error of the pass that returns it: the driver puts the pass's name on it.
+    /// A precondition error of the pass that returns it, without the pass's name: the driver puts
+    /// it on the errors of a rewrite and the registry on those of a factory ([`Self::of_pass`]).
+    /// Code that runs outside both (a pass's constructor) names its pass with
+    /// [`Self::precondition`].
     pub fn unmet(constraint: &str, details: impl Into<String>) -> Self {
         TransformError::precondition("", constraint, details)
     }
 
-    /// The error with `pass` named where a pass's rewrite returned it without its name (or a
-    /// precondition error with another name): the driver calls this on every error of a rewrite.
+    /// The error with `pass` named where a pass's rewrite or factory returned it without its name
+    /// (or a precondition error with another name): the driver calls this on every error of a
+    /// rewrite, the registry on every error of a factory.
     pub fn of_pass(self, pass: &str) -> Self {
         match self {
             TransformError::Precondition {

@@ -3,9 +3,12 @@
 //! - [`pass`]: the `Pass` trait (name, contract, rewrite) and the contracts;
 //! - [`driver`]: runs a pass list, checking each contract, verifying after every pass and blaming
 //!   a broken pass by name;
-//! - [`passes`]: the built-ins, one file per pass (`gpipe`, `f1b`, `vpp`, `dual`, `zero_bubble`);
+//! - [`passes`]: the built-ins, one file per pass, each type named as its file and its expression
+//!   name (`Gpipe`, `F1b`, `Vpp`, `Dual`, `ZeroBubble`; `recompute` and `offload` are
+//!   [`passes::Relief`] with the [`passes::Recompute`] or [`passes::Offload`] strategy);
 //! - [`schedules`]: order generators the passes share (DualPipe phases, Zero Bubble's lagged Ws,
-//!   ZB-V, the list scheduler of `auto`, its local search and score);
+//!   ZB-V, the list scheduler of `auto`, its local search and score, the relief loop of
+//!   `recompute` and `offload`);
 //! - [`expr`], [`registry`] and [`builtins`]: the expression language
 //!   `vpp(f1b(gpipe), chunks=2)`, the registry of pass names (open to users' passes) and the
 //!   built-ins' entries in it;
@@ -30,3 +33,24 @@ pub use driver::PassList;
 pub use error::TransformError;
 pub use pass::{Changes, Contract, Pass, Requires};
 pub use registry::{Arguments, Arity, Factory, Registry};
+
+/// Fixtures of the unit tests: core's shared fixtures ([`pipeweave_core::testing`], through the
+/// dev-dependency's feature `testing`) and the plans the built-in passes make of them.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::builtins::compile_expression;
+    use crate::error::TransformError;
+    use pipeweave_core::{Plan, StageCosts};
+
+    pub use pipeweave_core::testing::{tasks, unscheduled};
+
+    /// The plan `expression` (built-in passes) builds from [`unscheduled`].
+    pub fn built(
+        expression: &str,
+        ranks: u32,
+        microbatches: u32,
+        costs: StageCosts,
+    ) -> Result<Plan, TransformError> {
+        compile_expression(expression)?.run(unscheduled(ranks, microbatches, costs))
+    }
+}

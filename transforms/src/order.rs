@@ -73,12 +73,7 @@ pub fn warmup_merge_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tasks(text: &str) -> Vec<Task> {
-        text.split_whitespace()
-            .map(|t| t.parse().unwrap())
-            .collect()
-    }
+    use crate::testing::tasks;
 
     #[test]
     fn merge_has_warmup_steady_and_cooldown() {

@@ -9,7 +9,8 @@
 //! The rewrite is one call. An earlier version had two, a `prepare` that checked the plan and an
 //! `apply` that used what it computed. The driver always called them back to back, and no
 //! caller ever needed one without the other, so a pass now splits its work however it likes
-//! inside `rewrite` (the built-ins keep private `prepare` and `apply` methods).
+//! inside `rewrite` (`zero_bubble` keeps private `prepare` and `apply` steps, `vpp` a private
+//! `check`).
 //!
 //! The built-ins keep the client's order `zero_bubble(dual(vpp(f1b(gpipe))))` through their
 //! contracts alone: `gpipe` needs an unscheduled plan and leaves fill-drain pacing; `f1b` needs
@@ -23,7 +24,6 @@
 
 use crate::error::TransformError;
 use pipeweave_core::{Facts, LayoutKind, Pacing, Plan, Residency};
-use std::fmt::Write;
 
 /// The facts a pass needs of its input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,16 +74,16 @@ impl Requires {
         residency: Requires::ANY_RESIDENCY,
     };
 
+    /// The accepted layouts, as errors name them (`... or ...`).
+    pub fn layouts(&self) -> String {
+        or_list(self.layout, |kind| kind.describe().to_string())
+    }
+
     /// The first requirement `facts` break, as (what is needed, what the plan has), checking the
     /// pacing, then the backwards, then the residency, then the layout.
     pub fn unmet(&self, facts: &Facts) -> Option<Unmet> {
         if !self.pacing.contains(&facts.pacing) {
-            let needed = self
-                .pacing
-                .iter()
-                .map(|p| p.to_string())
-                .collect::<Vec<_>>()
-                .join(" or ");
+            let needed = or_list(self.pacing, Pacing::to_string);
             return Some(Unmet::Pacing {
                 needs: format!("{needed} pacing"),
                 found: format!("{} pacing", facts.pacing),
@@ -96,32 +96,24 @@ impl Requires {
             });
         }
         if !self.residency.contains(&facts.residency) {
-            let needed = self
-                .residency
-                .iter()
-                .map(|r| r.to_string())
-                .collect::<Vec<_>>()
-                .join(" or ");
             return Some(Unmet::Pacing {
-                needs: needed,
+                needs: or_list(self.residency, Residency::to_string),
                 found: facts.residency.to_string(),
             });
         }
         if !self.layout.contains(&facts.layout.kind()) {
-            let mut needs = String::new();
-            for (i, kind) in self.layout.iter().enumerate() {
-                if i > 0 {
-                    needs.push_str(" or ");
-                }
-                let _ = write!(needs, "{}", kind.describe());
-            }
             return Some(Unmet::Layout {
-                needs,
+                needs: self.layouts(),
                 found: format!("the {} layout", facts.layout),
             });
         }
         None
     }
+}
+
+/// `items` named by `name`, joined by ` or `.
+fn or_list<T>(items: &[T], name: impl Fn(&T) -> String) -> String {
+    items.iter().map(name).collect::<Vec<_>>().join(" or ")
 }
 
 /// A broken requirement.

@@ -3,9 +3,11 @@
 //!
 //! `vpp(f1b(gpipe), chunks=2)` is sugar for the list `[gpipe, f1b, vpp(chunks=2)]`: the innermost
 //! call runs first. Each name maps to a factory that builds the pass from its keyword arguments
-//! ([`Arguments`]); an unknown name or argument is an error, never ignored. `Registry::builtin`
-//! ([`crate::builtins`]) holds the five built-in passes; a user's crate adds its own with [`Registry::register`] and
-//! composes them with the built-ins in the same expressions.
+//! ([`Arguments`]); an unknown name or argument is an error, never ignored, and an error a
+//! factory returns without its pass's name (a precondition written with
+//! [`TransformError::unmet`]) gets it. `Registry::builtin` ([`crate::builtins`]) holds the seven
+//! built-in passes; a user's crate adds its own with [`Registry::register`] and composes them
+//! with the built-ins in the same expressions.
 
 use crate::driver::PassList;
 use crate::error::TransformError;
@@ -123,7 +125,8 @@ impl Registry {
                 &format!("{} is a baseline and rewrites no schedule", call.name),
             )),
             _ => {
-                let pass = (entry.factory)(&args)?;
+                // A factory's errors name its pass, as the driver names a rewrite's.
+                let pass = (entry.factory)(&args).map_err(|e| e.of_pass(&call.name))?;
                 // The registry's name and the pass's own must be one.
                 if pass.name() != call.name {
                     return Err(TransformError::MisnamedPass {
@@ -363,7 +366,7 @@ mod tests {
     fn users_register_passes_under_new_names_once() {
         let mut registry = Registry::builtin();
         let factory = || -> Factory {
-            Box::new(|_: &Arguments| Ok(Box::new(passes::GPipe) as Box<dyn Pass>))
+            Box::new(|_: &Arguments| Ok(Box::new(passes::Gpipe) as Box<dyn Pass>))
         };
         registry
             .register("my_base", Arity::Baseline, factory())
@@ -391,6 +394,19 @@ mod tests {
                 "known passes: dual, f1b, gpipe, my_base, offload, recompute, vpp, zero_bubble"
             ),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn a_factory_precondition_names_its_pass() {
+        let mut registry = Registry::empty();
+        let refuse: Factory =
+            Box::new(|_: &Arguments| Err(TransformError::unmet("size >= 1", "size = 0")));
+        registry.register("fussy", Arity::Baseline, refuse).unwrap();
+        let err = registry.compile_expression("fussy").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "pass `fussy` precondition `size >= 1` violated: size = 0"
         );
     }
 }

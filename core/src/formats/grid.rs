@@ -11,6 +11,7 @@ use crate::analysis::simulate::Simulation;
 use crate::ir::ids::push_decimal;
 use crate::ir::op::{Task, TaskKind};
 use crate::ir::plan::Plan;
+use crate::tolerance::TOLERANCE;
 use std::fmt::Write;
 
 /// Widest grid drawn; longer schedules are drawn with a coarser quantum.
@@ -74,7 +75,7 @@ pub fn render_grid(plan: &Plan, simulation: &Simulation) -> String {
     if makespan / quantum > MAX_COLUMNS as f64 {
         quantum = makespan / MAX_COLUMNS as f64;
     }
-    let columns = ((makespan / quantum) - 1e-9).ceil().max(1.0) as usize;
+    let columns = ((makespan / quantum) - TOLERANCE).ceil().max(1.0) as usize;
     let width = timeline
         .iter()
         .flatten()
@@ -99,8 +100,8 @@ pub fn render_grid(plan: &Plan, simulation: &Simulation) -> String {
                 if t.task.on_link() != link {
                     continue;
                 }
-                let first = ((t.start / quantum) + 1e-9).floor() as usize;
-                let last = (((t.end / quantum) - 1e-9).ceil() as usize).max(first + 1);
+                let first = ((t.start / quantum) + TOLERANCE).floor() as usize;
+                let last = (((t.end / quantum) - TOLERANCE).ceil() as usize).max(first + 1);
                 for (c, cell) in row
                     .iter_mut()
                     .enumerate()

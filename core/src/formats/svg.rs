@@ -7,6 +7,7 @@ use crate::analysis::replay::TimedTask;
 use crate::analysis::simulate::Simulation;
 use crate::ir::op::TaskKind;
 use crate::ir::plan::Plan;
+use crate::tolerance::TOLERANCE;
 use std::fmt::Write;
 
 const ROW_HEIGHT: f64 = 30.0;
@@ -222,7 +223,7 @@ fn time_axis(out: &mut String, frame: &Frame) {
     let axis_y = TOP + frame.ranks as f64 * ROW_HEIGHT + 4.0;
     let step = nice_step(frame.makespan);
     let mut tick = 0.0;
-    while tick <= frame.makespan + 1e-9 {
+    while tick <= frame.makespan + TOLERANCE {
         let x = LEFT + tick * frame.scale;
         let _ = writeln!(
             out,

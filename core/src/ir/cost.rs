@@ -7,13 +7,17 @@
 //! activations of the stage between device and host, one way, over the rank's host link;
 //! defaults to F). `comm` is added to every dependency edge whose two ops run on different
 //! ranks. Every figure is finite and non-negative.
+//!
+//! A model may also carry the [`LayerLayout`] its stages were cut from (a profile's layers), so
+//! that a pass reshaping the problem prices each new position by its own layers. Costs are plain
+//! data: a [`CostModel`] compares and hashes by its figures (each `f64` by its bits; validation
+//! turns `-0` into `0`), so a plan's costs can be fingerprinted by hashing them.
 
 use crate::error::CoreError;
 use crate::ir::ids::{MicrobatchId, StageId};
-use crate::ir::memory::StageMemory;
+use crate::ir::layers::LayerLayout;
 use crate::ir::op::{Op, OpKind, Task, Work};
-use crate::ir::problem::Problem;
-use std::fmt::Debug;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use typed_builder::TypedBuilder;
 
@@ -43,8 +47,8 @@ pub struct StageCostsSpec {
     offload: Option<f64>,
 }
 
-/// Validated durations of one stage's ops.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// Validated durations of one stage's ops (compared and hashed by their bits).
+#[derive(Clone, Copy, Debug)]
 pub struct StageCosts {
     forward: f64,
     input_grad: f64,
@@ -59,7 +63,8 @@ pub struct StageCosts {
 
 fn check_duration(stage: &str, name: &str, value: f64) -> Result<f64, CoreError> {
     if value.is_finite() && value >= 0.0 {
-        Ok(value)
+        // `-0` as `0`, so that comparing bits is comparing numbers.
+        Ok(value.abs())
     } else {
         Err(CoreError::InvalidModel {
             model: "cost model",
@@ -156,6 +161,33 @@ impl StageCosts {
             offload: self.offload / k,
         }
     }
+
+    fn key(&self) -> ([u64; 7], bool) {
+        let figures = [
+            self.forward,
+            self.input_grad,
+            self.weight_grad,
+            self.full_backward,
+            self.overlapped,
+            self.recompute,
+            self.offload,
+        ];
+        (figures.map(f64::to_bits), self.overlapped_given)
+    }
+}
+
+impl PartialEq for StageCosts {
+    fn eq(&self, other: &StageCosts) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for StageCosts {}
+
+impl Hash for StageCosts {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
 }
 
 impl Default for StageCosts {
@@ -167,42 +199,45 @@ impl Default for StageCosts {
     }
 }
 
-/// Every stage's costs and activation memory.
-pub type StageFigures = (Vec<StageCosts>, Vec<StageMemory>);
-
-/// Where the figures of a reshaped problem's stages come from when a pass would otherwise divide
-/// a rank's share evenly among its chunks: a measured profile knows which layers each position
-/// holds (`vpp` asks it for every stage of the interleaved or V problem it builds).
-pub trait LayoutFigures: Debug + Send + Sync {
-    /// The costs and activation memory of every stage of `problem` (one entry per stage, in the
-    /// units of the model it came with); `Ok(None)` to divide evenly, an error where the layers
-    /// cannot be placed on `problem`'s positions.
-    fn stages_of(&self, problem: &Problem) -> Result<Option<StageFigures>, CoreError>;
-}
-
 /// Validated costs of every stage plus the cross-rank latency, optionally a factor per
 /// microbatch (variable-length microbatches: microbatch `m`'s ops on every stage take
-/// `scale[m]` times the stage's figures; transfers keep `comm`) and the [`LayoutFigures`] of
-/// reshaped problems.
+/// `scale[m]` times the stage's figures; transfers keep `comm`) and the [`LayerLayout`] the
+/// stages were cut from, which prices the stages of reshaped problems. Compared and hashed as
+/// data (the layout by value; it is shared between clones).
 #[derive(Clone, Debug)]
 pub struct CostModel {
     stages: Vec<StageCosts>,
     comm: f64,
     microbatch_scales: Vec<f64>,
-    layout: Option<Arc<dyn LayoutFigures>>,
+    layers: Option<Arc<LayerLayout>>,
 }
 
 impl PartialEq for CostModel {
-    /// Equal figures, and the same source of layout figures (the same object, or none).
+    /// The same figures, bit for bit, and the same layer layout (or none).
     fn eq(&self, other: &CostModel) -> bool {
         self.stages == other.stages
-            && self.comm == other.comm
-            && self.microbatch_scales == other.microbatch_scales
-            && match (&self.layout, &other.layout) {
-                (None, None) => true,
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                _ => false,
-            }
+            && self.comm.to_bits() == other.comm.to_bits()
+            && self.microbatch_scales.len() == other.microbatch_scales.len()
+            && self
+                .microbatch_scales
+                .iter()
+                .zip(&other.microbatch_scales)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+            && self.layers == other.layers
+    }
+}
+
+impl Eq for CostModel {}
+
+impl Hash for CostModel {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.stages.hash(state);
+        self.comm.to_bits().hash(state);
+        self.microbatch_scales.len().hash(state);
+        for scale in &self.microbatch_scales {
+            scale.to_bits().hash(state);
+        }
+        self.layers.hash(state);
     }
 }
 
@@ -219,19 +254,21 @@ impl CostModel {
             stages,
             comm,
             microbatch_scales: Vec::new(),
-            layout: None,
+            layers: None,
         })
     }
 
-    /// The same model, with `layout` giving the figures of the problems passes reshape it into.
-    pub fn with_layout_figures(mut self, layout: Arc<dyn LayoutFigures>) -> CostModel {
-        self.layout = Some(layout);
+    /// The same model, with `layers` (the cut its stages come from) giving the figures of the
+    /// problems passes reshape it into ([`LayerLayout::stages_of`]).
+    pub fn with_layer_layout(mut self, layers: LayerLayout) -> CostModel {
+        self.layers = Some(Arc::new(layers));
         self
     }
 
-    /// Where a reshaped problem's figures come from, if anywhere.
-    pub fn layout_figures(&self) -> Option<&dyn LayoutFigures> {
-        self.layout.as_deref()
+    /// The layer layout the stages were cut from, if any: where a reshaped problem's figures
+    /// come from.
+    pub fn layer_layout(&self) -> Option<&LayerLayout> {
+        self.layers.as_deref()
     }
 
     /// The same model with microbatch `m`'s ops scaled by `scales[m]` (finite, > 0; empty for
@@ -252,14 +289,14 @@ impl CostModel {
         Ok(self)
     }
 
-    /// The same latency, microbatch scales and layout figures over other stages (a pass that
+    /// The same latency, microbatch scales and layer layout over other stages (a pass that
     /// changes the layout keeps what is not per stage).
     pub fn with_stages(&self, stages: Vec<StageCosts>) -> CostModel {
         CostModel {
             stages,
             comm: self.comm,
             microbatch_scales: self.microbatch_scales.clone(),
-            layout: self.layout.clone(),
+            layers: self.layers.clone(),
         }
     }
 

@@ -8,9 +8,13 @@
 //! count activations. `checkpoint` is what a forward whose activations are dropped for a later
 //! recompute keeps (its stage input; default 0, the usual approximation: a stage's input is small
 //! beside the activations inside it).
+//!
+//! The figures are plain data: [`StageMemory`] and [`MemoryModel`] compare and hash by their bits
+//! (validation turns `-0` into `0`, so that is comparing the numbers).
 
 use crate::error::CoreError;
 use crate::ir::op::OpKind;
+use std::hash::{Hash, Hasher};
 use typed_builder::TypedBuilder;
 
 /// One stage's activation figures as a user writes them.
@@ -28,8 +32,8 @@ pub struct StageMemorySpec {
 }
 
 /// Validated activation figures of one stage (`0 <= weight_grad <= total`,
-/// `0 <= checkpoint <= total`, finite).
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// `0 <= checkpoint <= total`, finite; compared and hashed by their bits).
+#[derive(Clone, Copy, Debug)]
 pub struct StageMemory {
     total: f64,
     weight_grad: f64,
@@ -55,10 +59,11 @@ impl StageMemorySpec {
                 "checkpoint = {checkpoint} must lie between 0 and total = {total}"
             )));
         }
+        // `-0` as `0` (every figure is >= 0 here), so that comparing bits is comparing numbers.
         Ok(StageMemory {
-            total,
-            weight_grad,
-            checkpoint,
+            total: total.abs(),
+            weight_grad: weight_grad.abs(),
+            checkpoint: checkpoint.abs(),
         })
     }
 }
@@ -106,6 +111,24 @@ impl StageMemory {
             OpKind::WeightGrad => -self.weight_grad,
         }
     }
+
+    fn key(&self) -> [u64; 3] {
+        [self.total, self.weight_grad, self.checkpoint].map(f64::to_bits)
+    }
+}
+
+impl PartialEq for StageMemory {
+    fn eq(&self, other: &StageMemory) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for StageMemory {}
+
+impl Hash for StageMemory {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
 }
 
 impl Default for StageMemory {
@@ -117,8 +140,8 @@ impl Default for StageMemory {
     }
 }
 
-/// Validated activation figures of every stage.
-#[derive(Clone, Debug, PartialEq)]
+/// Validated activation figures of every stage (compared and hashed as data).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MemoryModel {
     stages: Vec<StageMemory>,
 }

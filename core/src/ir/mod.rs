@@ -1,13 +1,15 @@
 //! The plan IR: typed ids, ops and tasks, the problem, the cost and memory models (and how a
-//! model's blocks are cut into stages), typed facts, the dependency rule, the op numbering and
-//! the plan itself. Nothing here analyses a plan; the
-//! analyses ([`crate::analysis`]) and the SPMD projection ([`crate::spmd`]) build on it.
+//! model's blocks are cut into stages), a model's layers as plain data and what a cut of them
+//! costs ([`layers`]), typed facts, the dependency rule, the op numbering and the plan itself.
+//! Nothing here analyses a plan; the analyses ([`crate::analysis`]) and the SPMD projection
+//! ([`crate::spmd`]) build on it.
 
 pub mod blocks;
 pub mod cost;
 pub mod deps;
 pub mod facts;
 pub mod ids;
+pub mod layers;
 pub mod memory;
 pub mod op;
 pub mod plan;

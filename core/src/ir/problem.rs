@@ -56,7 +56,7 @@ pub struct ProblemSpec {
 }
 
 /// One validated route.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Route {
     first: MicrobatchId,
     end: MicrobatchId,
@@ -111,7 +111,7 @@ impl Route {
 
 /// A validated problem description. Fields are private; it can only come from
 /// [`ProblemSpec::validate`], so every instance is consistent.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Problem {
     ranks: u32,
     microbatches: u32,

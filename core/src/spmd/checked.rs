@@ -2,13 +2,16 @@
 //! backends run nothing else, so no backend checks again: a value of this type is the proof.
 //! [`CheckedPrograms::of_plan`] is the one home of "project a plan, then check its programs",
 //! which the compile entry (the CLI, Python) and the trainers (threads, MPI) share.
+//! [`CheckedRank`] is one rank's program of such a set, borrowed from it: what the backends'
+//! interpreter runs, so a plain [`RankProgram`] never reaches it.
 
 use crate::analysis::simulate::Simulation;
 use crate::analysis::verify::Violations;
+use crate::ir::ids::RankId;
 use crate::ir::plan::Plan;
 use crate::ir::problem::Problem;
 use crate::spmd::check::{check_programs, CheckReport, CommError};
-use crate::spmd::program::ProgramSet;
+use crate::spmd::program::{ProgramSet, RankProgram};
 use crate::spmd::project::{project, project_simulated, ProjectionOptions};
 
 /// Why a plan has no checked programs: the projection found it invalid, or the checker refused
@@ -72,6 +75,45 @@ impl CheckedPrograms {
     pub fn report(&self) -> &CheckReport {
         &self.report
     }
+
+    /// The checked program of `rank`, with the problem (None when the set has none for it).
+    pub fn rank(&self, rank: RankId) -> Option<CheckedRank<'_>> {
+        self.ranks().find(|r| r.rank() == rank)
+    }
+
+    /// Every rank's checked program, in the set's (rank) order.
+    pub fn ranks(&self) -> impl ExactSizeIterator<Item = CheckedRank<'_>> + '_ {
+        self.programs.programs.iter().map(|program| CheckedRank {
+            problem: &self.problem,
+            program,
+        })
+    }
+}
+
+/// One rank's program of a [`CheckedPrograms`], with the problem it was checked for. Its fields
+/// are private and it is made only by [`CheckedPrograms::rank`] and [`CheckedPrograms::ranks`], so
+/// holding one proves the program passed the checker as part of its whole set.
+#[derive(Clone, Copy, Debug)]
+pub struct CheckedRank<'a> {
+    problem: &'a Problem,
+    program: &'a RankProgram,
+}
+
+impl<'a> CheckedRank<'a> {
+    /// The rank.
+    pub fn rank(&self) -> RankId {
+        self.program.rank
+    }
+
+    /// The problem the set was checked for.
+    pub fn problem(&self) -> &'a Problem {
+        self.problem
+    }
+
+    /// The rank's program.
+    pub fn program(&self) -> &'a RankProgram {
+        self.program
+    }
 }
 
 #[cfg(test)]
@@ -94,5 +136,14 @@ mod tests {
         let simulation = crate::simulate(&plan).unwrap();
         let along = CheckedPrograms::of_plan(&plan, Some(&simulation), Default::default()).unwrap();
         assert_eq!(along.report(), checked.report());
+        let ranks: Vec<_> = checked.ranks().collect();
+        assert_eq!(ranks.len(), 2);
+        for (r, program) in ranks.iter().zip(&checked.programs().programs) {
+            assert_eq!(r.program(), program);
+            assert_eq!(r.problem(), checked.problem());
+        }
+        let one = checked.rank(RankId::new(1)).unwrap();
+        assert_eq!(one.rank(), RankId::new(1));
+        assert!(checked.rank(RankId::new(2)).is_none());
     }
 }

@@ -10,7 +10,7 @@
 use candle_core::{DType, Tensor};
 
 use super::linear::{LinearPendingWeightGrad, LinearSaved};
-use super::{prefixed, Layer, Linear, ParameterSlots};
+use super::{composite, composite_weights, held_tensors, Layer, Linear};
 use crate::check;
 use crate::error::{KernelError, Result};
 use crate::primitives::Primitives;
@@ -52,9 +52,9 @@ impl Attention {
     /// Attention from `c_attn: d -> 3d`, `c_proj: d -> d` and `n_head` dividing `d`.
     pub fn new(c_attn: Linear, c_proj: Linear, n_head: usize) -> Result<Self> {
         let width = c_attn.in_features();
-        check::shape_is(LAYER, "c_attn.weight", c_attn.weight(), &[width, 3 * width])?;
-        check::shape_is(LAYER, "c_proj.weight", c_proj.weight(), &[width, width])?;
-        check::dtype_is(LAYER, "c_proj.weight", c_proj.weight(), c_attn.dtype())?;
+        check::named(LAYER, "c_attn.weight", c_attn.weight()).shape_is(&[width, 3 * width])?;
+        check::named(LAYER, "c_proj.weight", c_proj.weight())
+            .shaped_like(&[width, width], c_attn.dtype())?;
         if n_head == 0 || width % n_head != 0 {
             return Err(KernelError::InvalidArgument {
                 field: "n_head",
@@ -122,9 +122,9 @@ impl Layer for Attention {
     type InputGrad = Tensor;
 
     fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, AttentionSaved)> {
-        check::rank_is(LAYER, "input", input, 3, "[B, T, d]")?;
-        check::last_dim_is(LAYER, "input", input, self.width())?;
-        check::dtype_is(LAYER, "input", input, self.dtype())?;
+        let checked = check::named(LAYER, "input", input);
+        checked.rank_is(3, "[B, T, d]")?;
+        checked.width_and_dtype(self.width(), self.dtype())?;
         let (qkv, c_attn) = self.c_attn.forward(ops, input)?;
         let (context, core) = self.attend(ops, qkv)?;
         let (output, c_proj) = self.c_proj.forward(ops, &context)?;
@@ -148,75 +148,21 @@ impl Layer for Attention {
         Ok((grad_input, AttentionPendingWeightGrad { c_attn, c_proj }))
     }
 
-    fn backward_weight(
-        &self,
-        ops: &dyn Primitives,
-        pending: AttentionPendingWeightGrad,
-    ) -> Result<Vec<Tensor>> {
-        let mut grads = self.c_attn.backward_weight(ops, pending.c_attn)?;
-        grads.extend(self.c_proj.backward_weight(ops, pending.c_proj)?);
-        Ok(grads)
-    }
-
-    fn parameters(&self) -> Vec<(String, Tensor)> {
-        let mut params = prefixed("c_attn", self.c_attn.parameters());
-        params.extend(prefixed("c_proj", self.c_proj.parameters()));
-        params
-    }
+    composite_weights!();
 }
 
-impl ParameterSlots for Attention {
-    fn parameter_slots(&mut self) -> Vec<&mut Tensor> {
-        let mut slots = self.c_attn.parameter_slots();
-        slots.extend(self.c_proj.parameter_slots());
-        slots
-    }
-}
-
-impl crate::layers::SavedTensorsMut for CoreSaved {
-    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
-        out.push(&mut self.qkv);
-        out.push(&mut self.probs);
-    }
-}
-
-impl crate::layers::HeldTensors for CoreSaved {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        out.push(&self.qkv);
-        out.push(&self.probs);
-    }
-}
-
-impl crate::layers::SavedTensorsMut for AttentionSaved {
-    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
-        self.c_attn.tensors_mut(out);
-        self.core.tensors_mut(out);
-        self.c_proj.tensors_mut(out);
-    }
-}
-
-impl crate::layers::HeldTensors for AttentionSaved {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        self.c_attn.tensors(out);
-        self.core.tensors(out);
-        self.c_proj.tensors(out);
-    }
-}
-
-impl crate::layers::HeldTensors for AttentionPendingWeightGrad {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        self.c_attn.tensors(out);
-        self.c_proj.tensors(out);
-    }
-}
+composite!(Attention: AttentionPendingWeightGrad { c_attn, c_proj });
+held_tensors!(mut CoreSaved { qkv, probs });
+held_tensors!(mut AttentionSaved { c_attn, core, c_proj });
+held_tensors!(AttentionPendingWeightGrad { c_attn, c_proj });
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::oracle;
     use crate::testing::{
-        assert_matches_finite_difference, check_layer_against_oracle, finite_difference, ops,
-        random, run_split, weighted_sum, DTYPES,
+        assert_matches_finite_difference, check_multi_head_layer, finite_difference,
+        invalid_argument, ops, random, run_split, shape_error, weighted_sum,
     };
 
     fn params(d: usize, dtype: DType) -> Vec<Tensor> {
@@ -236,14 +182,7 @@ mod tests {
 
     #[test]
     fn matches_candle_autograd() {
-        for dtype in DTYPES {
-            let (d, n_head) = (8, 2);
-            let p = params(d, dtype);
-            let input = random(5, &[2, 5, d], 1.0, dtype);
-            check_layer_against_oracle("Attention", &build(&p, n_head), &input, &p, |x, p| {
-                oracle::attention(x, p, n_head)
-            });
-        }
+        check_multi_head_layer("Attention", params, build, oracle::attention);
     }
 
     #[test]
@@ -289,29 +228,11 @@ mod tests {
         let attention = build(&params(8, DType::F64), 2);
         let flat = random(5, &[4, 8], 1.0, DType::F64);
         let err = attention.forward(&ops(), &flat).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                KernelError::Shape {
-                    layer: "Attention",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_eq!(shape_error(&err), ("Attention", "input"));
         let p = params(8, DType::F64);
         let c_attn = Linear::new(p[0].clone(), p[1].clone()).unwrap();
         let c_proj = Linear::new(p[2].clone(), p[3].clone()).unwrap();
         let err = Attention::new(c_attn, c_proj, 3).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                KernelError::InvalidArgument {
-                    field: "n_head",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_eq!(invalid_argument(&err), "n_head");
     }
 }

@@ -11,7 +11,7 @@ use candle_core::{DType, Tensor};
 use super::attention::{AttentionPendingWeightGrad, AttentionSaved};
 use super::layer_norm::{LayerNormPendingWeightGrad, LayerNormSaved};
 use super::mlp::{MlpPendingWeightGrad, MlpSaved};
-use super::{prefixed, Attention, Layer, LayerNorm, Mlp, ParameterSlots};
+use super::{composite, composite_weights, held_tensors, Attention, Layer, LayerNorm, Mlp};
 use crate::check;
 use crate::error::Result;
 use crate::primitives::Primitives;
@@ -56,8 +56,7 @@ impl Block {
             ("ln_2.weight", ln_2.features(), ln_2.dtype()),
             ("mlp.c_fc.weight", mlp.width(), mlp.dtype()),
         ] {
-            check_width(name, features, width)?;
-            check_dtype(name, layer_dtype, dtype)?;
+            check_agrees(name, (features, layer_dtype), (width, dtype))?;
         }
         Ok(Block {
             ln_1,
@@ -78,28 +77,56 @@ impl Block {
     }
 }
 
-fn check_width(name: &'static str, features: usize, width: usize) -> Result<()> {
-    if features == width {
-        return Ok(());
+/// Fails unless a sub-layer's `(width, dtype)` (named by its first parameter) is the attention's.
+fn check_agrees(
+    name: &'static str,
+    (features, actual): (usize, DType),
+    (width, expected): (usize, DType),
+) -> Result<()> {
+    if features != width {
+        return Err(crate::KernelError::Shape {
+            layer: LAYER,
+            tensor: name,
+            actual: vec![features],
+            expected: format!("width {width} (the attention's)"),
+        });
     }
-    Err(crate::KernelError::Shape {
-        layer: LAYER,
-        tensor: name,
-        actual: vec![features],
-        expected: format!("width {width} (the attention's)"),
-    })
+    if actual != expected {
+        return Err(crate::KernelError::DType {
+            layer: LAYER,
+            tensor: name,
+            actual,
+            expected: format!("{expected:?} (the attention's)"),
+        });
+    }
+    Ok(())
 }
 
-fn check_dtype(name: &'static str, actual: DType, expected: DType) -> Result<()> {
-    if actual == expected {
-        return Ok(());
-    }
-    Err(crate::KernelError::DType {
-        layer: LAYER,
-        tensor: name,
-        actual,
-        expected: format!("{expected:?} (the attention's)"),
-    })
+/// `x + sub(norm(x))`, one pre-norm residual half of the block: the output and the states of
+/// `norm` and `sub`.
+fn residual<S: Layer<InputGrad = Tensor>>(
+    ops: &dyn Primitives,
+    norm: &LayerNorm,
+    sub: &S,
+    x: &Tensor,
+) -> Result<(Tensor, LayerNormSaved, S::Saved)> {
+    let (normed, norm_saved) = norm.forward(ops, x)?;
+    let (branch, sub_saved) = sub.forward(ops, &normed)?;
+    Ok((ops.add(x, &branch)?, norm_saved, sub_saved))
+}
+
+/// The input backward of [`residual`], `dx = dy + norm'(sub'(dy))`: the input gradient and the
+/// pending states of `norm` and `sub`.
+fn residual_backward<S: Layer<InputGrad = Tensor>>(
+    ops: &dyn Primitives,
+    norm: &LayerNorm,
+    sub: &S,
+    (norm_saved, sub_saved): (LayerNormSaved, S::Saved),
+    grad: &Tensor,
+) -> Result<(Tensor, LayerNormPendingWeightGrad, S::PendingWeightGrad)> {
+    let (grad_normed, sub_pending) = sub.backward_input(ops, sub_saved, grad)?;
+    let (grad_from_branch, norm_pending) = norm.backward_input(ops, norm_saved, &grad_normed)?;
+    Ok((ops.add(grad, &grad_from_branch)?, norm_pending, sub_pending))
 }
 
 impl Layer for Block {
@@ -108,13 +135,9 @@ impl Layer for Block {
     type InputGrad = Tensor;
 
     fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, BlockSaved)> {
-        check::rank_is(LAYER, "input", input, 3, "[B, T, d]")?;
-        let (normed_1, ln_1) = self.ln_1.forward(ops, input)?;
-        let (attended, attn) = self.attn.forward(ops, &normed_1)?;
-        let hidden = ops.add(input, &attended)?;
-        let (normed_2, ln_2) = self.ln_2.forward(ops, &hidden)?;
-        let (transformed, mlp) = self.mlp.forward(ops, &normed_2)?;
-        let output = ops.add(&hidden, &transformed)?;
+        check::named(LAYER, "input", input).rank_is(3, "[B, T, d]")?;
+        let (hidden, ln_1, attn) = residual(ops, &self.ln_1, &self.attn, input)?;
+        let (output, ln_2, mlp) = residual(ops, &self.ln_2, &self.mlp, &hidden)?;
         let saved = BlockSaved {
             ln_1,
             attn,
@@ -132,12 +155,12 @@ impl Layer for Block {
         grad_output: &Tensor,
     ) -> Result<(Tensor, BlockPendingWeightGrad)> {
         check::grad_matches(LAYER, grad_output, &saved.output_dims, self.dtype())?;
-        let (grad_normed_2, mlp) = self.mlp.backward_input(ops, saved.mlp, grad_output)?;
-        let (grad_from_mlp, ln_2) = self.ln_2.backward_input(ops, saved.ln_2, &grad_normed_2)?;
-        let grad_hidden = ops.add(grad_output, &grad_from_mlp)?;
-        let (grad_normed_1, attn) = self.attn.backward_input(ops, saved.attn, &grad_hidden)?;
-        let (grad_from_attn, ln_1) = self.ln_1.backward_input(ops, saved.ln_1, &grad_normed_1)?;
-        let grad_input = ops.add(&grad_hidden, &grad_from_attn)?;
+        let mlp_half = (saved.ln_2, saved.mlp);
+        let (grad_hidden, ln_2, mlp) =
+            residual_backward(ops, &self.ln_2, &self.mlp, mlp_half, grad_output)?;
+        let attn_half = (saved.ln_1, saved.attn);
+        let (grad_input, ln_1, attn) =
+            residual_backward(ops, &self.ln_1, &self.attn, attn_half, &grad_hidden)?;
         let pending = BlockPendingWeightGrad {
             ln_1,
             attn,
@@ -147,70 +170,24 @@ impl Layer for Block {
         Ok((grad_input, pending))
     }
 
-    fn backward_weight(
-        &self,
-        ops: &dyn Primitives,
-        pending: BlockPendingWeightGrad,
-    ) -> Result<Vec<Tensor>> {
-        let mut grads = self.ln_1.backward_weight(ops, pending.ln_1)?;
-        grads.extend(self.attn.backward_weight(ops, pending.attn)?);
-        grads.extend(self.ln_2.backward_weight(ops, pending.ln_2)?);
-        grads.extend(self.mlp.backward_weight(ops, pending.mlp)?);
-        Ok(grads)
-    }
-
-    fn parameters(&self) -> Vec<(String, Tensor)> {
-        let mut params = prefixed("ln_1", self.ln_1.parameters());
-        params.extend(prefixed("attn", self.attn.parameters()));
-        params.extend(prefixed("ln_2", self.ln_2.parameters()));
-        params.extend(prefixed("mlp", self.mlp.parameters()));
-        params
-    }
+    composite_weights!();
 }
 
-impl ParameterSlots for Block {
-    fn parameter_slots(&mut self) -> Vec<&mut Tensor> {
-        let mut slots = self.ln_1.parameter_slots();
-        slots.extend(self.attn.parameter_slots());
-        slots.extend(self.ln_2.parameter_slots());
-        slots.extend(self.mlp.parameter_slots());
-        slots
-    }
-}
-
-impl crate::layers::SavedTensorsMut for BlockSaved {
-    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
-        self.ln_1.tensors_mut(out);
-        self.attn.tensors_mut(out);
-        self.ln_2.tensors_mut(out);
-        self.mlp.tensors_mut(out);
-    }
-}
-
-impl crate::layers::HeldTensors for BlockSaved {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        self.ln_1.tensors(out);
-        self.attn.tensors(out);
-        self.ln_2.tensors(out);
-        self.mlp.tensors(out);
-    }
-}
-
-impl crate::layers::HeldTensors for BlockPendingWeightGrad {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        self.ln_1.tensors(out);
-        self.attn.tensors(out);
-        self.ln_2.tensors(out);
-        self.mlp.tensors(out);
-    }
-}
+composite!(Block: BlockPendingWeightGrad { ln_1, attn, ln_2, mlp });
+held_tensors!(mut BlockSaved { ln_1, attn, ln_2, mlp });
+held_tensors!(BlockPendingWeightGrad {
+    ln_1,
+    attn,
+    ln_2,
+    mlp
+});
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::layers::Linear;
     use crate::oracle;
-    use crate::testing::{check_layer_against_oracle, random, DTYPES};
+    use crate::testing::{check_multi_head_layer, random};
 
     /// Random block parameters (in Hugging Face order) of width `d`.
     pub(crate) fn params(d: usize, dtype: DType) -> Vec<Tensor> {
@@ -252,14 +229,7 @@ mod tests {
 
     #[test]
     fn matches_candle_autograd() {
-        for dtype in DTYPES {
-            let (d, n_head) = (8, 2);
-            let p = params(d, dtype);
-            let input = random(5, &[2, 5, d], 1.0, dtype);
-            check_layer_against_oracle("Block", &build(&p, n_head), &input, &p, |x, p| {
-                oracle::block(x, p, n_head)
-            });
-        }
+        check_multi_head_layer("Block", params, build, oracle::block);
     }
 
     #[test]

@@ -100,16 +100,17 @@ pub fn count_non_padding(
     targets: &Tensor,
     pad_id: Option<u32>,
 ) -> Result<usize> {
-    check::dtype_is(LAYER, "targets", targets, DType::U32)?;
+    check::named(LAYER, "targets", targets).dtype_is(DType::U32)?;
     let values = ops.u32_values(targets)?;
     Ok(values.iter().filter(|&&id| Some(id) != pad_id).count())
 }
 
 /// Checks logits `[.., V]` against targets `[..]`; returns the number of rows and `V`.
 fn check_logits_and_targets(logits: &Tensor, targets: &Tensor) -> Result<(usize, usize)> {
-    check::supported_float(LAYER, "logits", logits)?;
-    check::non_empty(LAYER, "logits", logits)?;
-    check::dtype_is(LAYER, "targets", targets, DType::U32)?;
+    let checked = check::named(LAYER, "logits", logits);
+    checked.supported_float()?;
+    checked.non_empty()?;
+    check::named(LAYER, "targets", targets).dtype_is(DType::U32)?;
     let (leading, vocab_size) = match logits.dims().split_last() {
         Some((&vocab_size, leading)) if !leading.is_empty() => (leading, vocab_size),
         _ => {
@@ -121,7 +122,7 @@ fn check_logits_and_targets(logits: &Tensor, targets: &Tensor) -> Result<(usize,
             })
         }
     };
-    check::shape_is(LAYER, "targets", targets, leading)?;
+    check::named(LAYER, "targets", targets).shape_is(leading)?;
     Ok((targets.elem_count(), vocab_size))
 }
 
@@ -141,8 +142,8 @@ mod tests {
     use super::*;
     use crate::oracle;
     use crate::testing::{
-        assert_close, assert_matches_finite_difference, finite_difference, ops, random, random_ids,
-        values, DTYPES,
+        assert_close, assert_matches, assert_matches_finite_difference, finite_difference,
+        invalid_argument, ops, random, random_ids, shape_error, values, DTYPES,
     };
     use candle_core::Device;
 
@@ -269,44 +270,23 @@ mod tests {
         let ce = CrossEntropy::new(Some(PAD));
         let bad = Tensor::new(&[[0u32, 12, PAD]], &Device::Cpu).unwrap();
         let err = ce.loss_and_grad(&ops(), &logits, &bad, 1.0).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                KernelError::TokenOutOfRange {
-                    id: 12,
-                    position: 1,
-                    ..
-                }
-            ),
-            "{err}"
+        assert_matches!(
+            err,
+            KernelError::TokenOutOfRange {
+                id: 12,
+                position: 1,
+                ..
+            }
         );
         let good = Tensor::new(&[[0u32, 1, PAD]], &Device::Cpu).unwrap();
         for normalizer in [0.0, -1.0, f64::NAN] {
             let err = ce
                 .loss_and_grad(&ops(), &logits, &good, normalizer)
                 .unwrap_err();
-            assert!(
-                matches!(
-                    err,
-                    KernelError::InvalidArgument {
-                        field: "normalizer",
-                        ..
-                    }
-                ),
-                "{err}"
-            );
+            assert_eq!(invalid_argument(&err), "normalizer");
         }
         let short = Tensor::new(&[[0u32, 1]], &Device::Cpu).unwrap();
         let err = ce.loss_and_grad(&ops(), &logits, &short, 1.0).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                KernelError::Shape {
-                    tensor: "targets",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_eq!(shape_error(&err), ("CrossEntropy", "targets"));
     }
 }

@@ -7,7 +7,7 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{Layer, ParameterSlots};
+use super::{held_tensors, parameters, Layer, NamedParameters};
 use crate::check;
 use crate::error::{KernelError, Result};
 use crate::primitives::Primitives;
@@ -40,13 +40,10 @@ pub struct EmbeddingPendingWeightGrad {
 impl Embedding {
     /// An embedding from `wte: [V, d]` and `wpe: [T_max, d]` (F32 or F64, same dtype).
     pub fn new(wte: Tensor, wpe: Tensor) -> Result<Self> {
-        check::supported_float(LAYER, "wte.weight", &wte)?;
-        check::rank_is(LAYER, "wte.weight", &wte, 2, "[V, d]")?;
-        check::non_empty(LAYER, "wte.weight", &wte)?;
-        check::rank_is(LAYER, "wpe.weight", &wpe, 2, "[T_max, d]")?;
-        check::non_empty(LAYER, "wpe.weight", &wpe)?;
-        check::last_dim_is(LAYER, "wpe.weight", &wpe, wte.dims()[1])?;
-        check::dtype_is(LAYER, "wpe.weight", &wpe, wte.dtype())?;
+        check::named(LAYER, "wte.weight", &wte).first_parameter(2, "[V, d]")?;
+        let checked = check::named(LAYER, "wpe.weight", &wpe);
+        checked.parameter(2, "[T_max, d]")?;
+        checked.width_and_dtype(wte.dims()[1], wte.dtype())?;
         Ok(Embedding { wte, wpe })
     }
 
@@ -72,9 +69,10 @@ impl Embedding {
 
     /// Checks the token ids `[B, T]` (shape, length, range) and returns `(B, T)`.
     fn check_ids(&self, ops: &dyn Primitives, ids: &Tensor) -> Result<(usize, usize)> {
-        check::dtype_is(LAYER, "token_ids", ids, DType::U32)?;
-        check::rank_is(LAYER, "token_ids", ids, 2, "[B, T]")?;
-        check::non_empty(LAYER, "token_ids", ids)?;
+        let checked = check::named(LAYER, "token_ids", ids);
+        checked.dtype_is(DType::U32)?;
+        checked.rank_is(2, "[B, T]")?;
+        checked.non_empty()?;
         let (batch, seq_len) = (ids.dims()[0], ids.dims()[1]);
         if seq_len > self.max_seq_len() {
             return Err(KernelError::SequenceTooLong {
@@ -149,46 +147,26 @@ impl Layer for Embedding {
     }
 
     fn parameters(&self) -> Vec<(String, Tensor)> {
-        vec![
-            ("wte.weight".into(), self.wte.clone()),
-            ("wpe.weight".into(), self.wpe.clone()),
-        ]
+        self.named_parameters()
     }
 }
 
-impl ParameterSlots for Embedding {
-    fn parameter_slots(&mut self) -> Vec<&mut Tensor> {
-        vec![&mut self.wte, &mut self.wpe]
-    }
-}
-
-impl crate::layers::SavedTensorsMut for EmbeddingSaved {
-    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
-        out.push(&mut self.token_ids);
-        out.push(&mut self.position_ids);
-    }
-}
-
-impl crate::layers::HeldTensors for EmbeddingSaved {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        out.push(&self.token_ids);
-        out.push(&self.position_ids);
-    }
-}
-
-impl crate::layers::HeldTensors for EmbeddingPendingWeightGrad {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        out.push(&self.token_ids);
-        out.push(&self.position_ids);
-        out.push(&self.grad_rows);
-    }
-}
+parameters!(Embedding { "wte.weight" => wte, "wpe.weight" => wpe });
+held_tensors!(mut EmbeddingSaved { token_ids, position_ids });
+held_tensors!(EmbeddingPendingWeightGrad {
+    token_ids,
+    position_ids,
+    grad_rows
+});
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::oracle;
-    use crate::testing::{assert_close, ops, random, random_ids, DTYPES};
+    use crate::testing::{
+        assert_matches, check_layer_against_oracle_seeded, dtype_error, ops, random, random_ids,
+        shape_error, DTYPES,
+    };
 
     fn build(dtype: DType) -> (Embedding, Vec<Tensor>) {
         let p = vec![
@@ -204,29 +182,9 @@ mod tests {
             let (layer, p) = build(dtype);
             // Repeated ids exercise the scatter-add.
             let ids = random_ids(3, &[3, 5], 4);
-            let vars = oracle::vars(&p);
-            let expected =
-                oracle::embedding(&ids, vars[0].as_tensor(), vars[1].as_tensor()).unwrap();
-            let grad_output = random(4, expected.dims(), 1.0, dtype);
-            let grads = (&expected * &grad_output)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-
-            let (output, saved) = layer.forward(&ops(), &ids).unwrap();
-            let ((), pending) = layer.backward_input(&ops(), saved, &grad_output).unwrap();
-            let grad_weights = layer.backward_weight(&ops(), pending).unwrap();
-            assert_close("Embedding output", &output, &expected);
-            for ((name, _), (actual, var)) in layer
-                .parameters()
-                .iter()
-                .zip(grad_weights.iter().zip(&vars))
-            {
-                let expected = grads.get(var.as_tensor()).unwrap();
-                assert_close(&format!("Embedding d({name})"), actual, expected);
-            }
+            check_layer_against_oracle_seeded("Embedding", &layer, &ids, &p, 4, |ids, p| {
+                oracle::embedding(ids, &p[0], &p[1])
+            });
         }
     }
 
@@ -235,54 +193,30 @@ mod tests {
         let (layer, _) = build(DType::F64);
         let bad_id = Tensor::new(&[[1u32, 10, 2]], &candle_core::Device::Cpu).unwrap();
         let err = layer.forward(&ops(), &bad_id).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                KernelError::TokenOutOfRange {
-                    id: 10,
-                    position: 1,
-                    vocab_size: 10,
-                    ..
-                }
-            ),
-            "{err}"
+        assert_matches!(
+            err,
+            KernelError::TokenOutOfRange {
+                id: 10,
+                position: 1,
+                vocab_size: 10,
+                ..
+            }
         );
         let too_long = random_ids(3, &[1, 8], 10);
         let err = layer.forward(&ops(), &too_long).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                KernelError::SequenceTooLong {
-                    seq_len: 8,
-                    max_seq_len: 7,
-                    ..
-                }
-            ),
-            "{err}"
+        assert_matches!(
+            err,
+            KernelError::SequenceTooLong {
+                seq_len: 8,
+                max_seq_len: 7,
+                ..
+            }
         );
         let flat = random_ids(3, &[6], 10);
         let err = layer.forward(&ops(), &flat).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                KernelError::Shape {
-                    tensor: "token_ids",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_eq!(shape_error(&err), ("Embedding", "token_ids"));
         let float_ids = random(3, &[1, 3], 1.0, DType::F64);
         let err = layer.forward(&ops(), &float_ids).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                KernelError::DType {
-                    tensor: "token_ids",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_eq!(dtype_error(&err), ("Embedding", "token_ids"));
     }
 }

@@ -3,7 +3,7 @@
 
 use candle_core::Tensor;
 
-use super::Layer;
+use super::{held_tensors, Layer};
 use crate::check;
 use crate::error::Result;
 use crate::primitives::Primitives;
@@ -26,7 +26,7 @@ impl Layer for Gelu {
     type InputGrad = Tensor;
 
     fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, GeluSaved)> {
-        check::supported_float(LAYER, "input", input)?;
+        check::named(LAYER, "input", input).supported_float()?;
         let output = ops.gelu_new(input)?;
         Ok((
             output,
@@ -55,17 +55,7 @@ impl Layer for Gelu {
     }
 }
 
-impl crate::layers::SavedTensorsMut for GeluSaved {
-    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
-        out.push(&mut self.input);
-    }
-}
-
-impl crate::layers::HeldTensors for GeluSaved {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        out.push(&self.input);
-    }
-}
+held_tensors!(mut GeluSaved { input });
 
 #[cfg(test)]
 mod tests {

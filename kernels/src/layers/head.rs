@@ -7,7 +7,7 @@
 use candle_core::{DType, Tensor};
 
 use super::layer_norm::{LayerNormPendingWeightGrad, LayerNormSaved};
-use super::{prefixed, Layer, LayerNorm, ParameterSlots};
+use super::{concat_grads, held_tensors, parameters, Layer, LayerNorm, NamedParameters};
 use crate::check;
 use crate::error::Result;
 use crate::primitives::Primitives;
@@ -40,10 +40,9 @@ pub struct HeadPendingWeightGrad {
 impl Head {
     /// A head from the final layer norm (width `d`) and `lm_head: [V, d]`.
     pub fn new(ln_f: LayerNorm, lm_head: Tensor) -> Result<Self> {
-        check::rank_is(LAYER, "lm_head.weight", &lm_head, 2, "[V, d]")?;
-        check::non_empty(LAYER, "lm_head.weight", &lm_head)?;
-        check::last_dim_is(LAYER, "lm_head.weight", &lm_head, ln_f.features())?;
-        check::dtype_is(LAYER, "lm_head.weight", &lm_head, ln_f.dtype())?;
+        let checked = check::named(LAYER, "lm_head.weight", &lm_head);
+        checked.parameter(2, "[V, d]")?;
+        checked.width_and_dtype(ln_f.features(), ln_f.dtype())?;
         Ok(Head { ln_f, lm_head })
     }
 
@@ -69,7 +68,7 @@ impl Layer for Head {
     type InputGrad = Tensor;
 
     fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, HeadSaved)> {
-        check::rank_is(LAYER, "input", input, 3, "[B, T, d]")?;
+        check::named(LAYER, "input", input).rank_is(3, "[B, T, d]")?;
         let (normed, ln_f) = self.ln_f.forward(ops, input)?;
         let (batch, seq_len) = (input.dims()[0], input.dims()[1]);
         let normed_rows = ops.reshape(&normed, &[batch * seq_len, self.width()])?;
@@ -109,47 +108,24 @@ impl Layer for Head {
         ops: &dyn Primitives,
         pending: HeadPendingWeightGrad,
     ) -> Result<Vec<Tensor>> {
-        let mut grads = self.ln_f.backward_weight(ops, pending.ln_f)?;
-        grads.push(ops.matmul_transpose_a(&pending.grad_rows, &pending.normed_rows)?);
-        Ok(grads)
+        Ok(concat_grads([
+            self.ln_f.backward_weight(ops, pending.ln_f)?,
+            vec![ops.matmul_transpose_a(&pending.grad_rows, &pending.normed_rows)?],
+        ]))
     }
 
     fn parameters(&self) -> Vec<(String, Tensor)> {
-        let mut params = prefixed("ln_f", self.ln_f.parameters());
-        params.push(("lm_head.weight".into(), self.lm_head.clone()));
-        params
+        self.named_parameters()
     }
 }
 
-impl ParameterSlots for Head {
-    fn parameter_slots(&mut self) -> Vec<&mut Tensor> {
-        let mut slots = self.ln_f.parameter_slots();
-        slots.push(&mut self.lm_head);
-        slots
-    }
-}
-
-impl crate::layers::SavedTensorsMut for HeadSaved {
-    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
-        out.push(&mut self.normed_rows);
-        self.ln_f.tensors_mut(out);
-    }
-}
-
-impl crate::layers::HeldTensors for HeadSaved {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        out.push(&self.normed_rows);
-        self.ln_f.tensors(out);
-    }
-}
-
-impl crate::layers::HeldTensors for HeadPendingWeightGrad {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        out.push(&self.normed_rows);
-        out.push(&self.grad_rows);
-        self.ln_f.tensors(out);
-    }
-}
+parameters!(Head { "ln_f" => ln_f, "lm_head.weight" => lm_head });
+held_tensors!(mut HeadSaved { normed_rows, ln_f });
+held_tensors!(HeadPendingWeightGrad {
+    normed_rows,
+    grad_rows,
+    ln_f
+});
 
 #[cfg(test)]
 mod tests {

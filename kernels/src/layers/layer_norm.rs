@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{Layer, ParameterSlots};
+use super::{held_tensors, parameters, Layer, NamedParameters};
 use crate::check;
 use crate::error::Result;
 use crate::primitives::Primitives;
@@ -40,11 +40,8 @@ impl LayerNorm {
 
     /// A layer norm from `weight: [n]` and `bias: [n]` (F32 or F64, same dtype).
     pub fn new(weight: Tensor, bias: Tensor) -> Result<Self> {
-        check::supported_float(LAYER, "weight", &weight)?;
-        check::rank_is(LAYER, "weight", &weight, 1, "[n]")?;
-        check::non_empty(LAYER, "weight", &weight)?;
-        check::shape_is(LAYER, "bias", &bias, weight.dims())?;
-        check::dtype_is(LAYER, "bias", &bias, weight.dtype())?;
+        check::named(LAYER, "weight", &weight).first_parameter(1, "[n]")?;
+        check::named(LAYER, "bias", &bias).shaped_like(weight.dims(), weight.dtype())?;
         Ok(LayerNorm { weight, bias })
     }
 
@@ -65,9 +62,7 @@ impl Layer for LayerNorm {
     type InputGrad = Tensor;
 
     fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, LayerNormSaved)> {
-        check::dtype_is(LAYER, "input", input, self.dtype())?;
-        check::last_dim_is(LAYER, "input", input, self.features())?;
-        check::non_empty(LAYER, "input", input)?;
+        check::named(LAYER, "input", input).rows_of(self.features(), self.dtype())?;
         let out = ops.layer_norm(input, &self.weight, &self.bias, Self::EPS)?;
         let saved = LayerNormSaved {
             normalized: out.normalized,
@@ -107,39 +102,16 @@ impl Layer for LayerNorm {
     }
 
     fn parameters(&self) -> Vec<(String, Tensor)> {
-        vec![
-            ("weight".into(), self.weight.clone()),
-            ("bias".into(), self.bias.clone()),
-        ]
+        self.named_parameters()
     }
 }
 
-impl ParameterSlots for LayerNorm {
-    fn parameter_slots(&mut self) -> Vec<&mut Tensor> {
-        vec![&mut self.weight, &mut self.bias]
-    }
-}
-
-impl crate::layers::SavedTensorsMut for LayerNormSaved {
-    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
-        out.push(&mut self.normalized);
-        out.push(&mut self.rstd);
-    }
-}
-
-impl crate::layers::HeldTensors for LayerNormSaved {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        out.push(&self.normalized);
-        out.push(&self.rstd);
-    }
-}
-
-impl crate::layers::HeldTensors for LayerNormPendingWeightGrad {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        out.push(&self.normalized);
-        out.push(&self.grad_output);
-    }
-}
+parameters!(LayerNorm { "weight" => weight, "bias" => bias });
+held_tensors!(mut LayerNormSaved { normalized, rstd });
+held_tensors!(LayerNormPendingWeightGrad {
+    normalized,
+    grad_output
+});
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{with_last_dim, Layer, ParameterSlots};
+use super::{held_tensors, parameters, with_last_dim, Layer, NamedParameters};
 use crate::check;
 use crate::error::Result;
 use crate::primitives::Primitives;
@@ -38,12 +38,9 @@ pub struct LinearPendingWeightGrad {
 impl Linear {
     /// A linear layer from `weight: [in, out]` and `bias: [out]` (F32 or F64, same dtype).
     pub fn new(weight: Tensor, bias: Tensor) -> Result<Self> {
-        check::supported_float(LAYER, "weight", &weight)?;
-        check::rank_is(LAYER, "weight", &weight, 2, "[in, out]")?;
-        check::non_empty(LAYER, "weight", &weight)?;
+        check::named(LAYER, "weight", &weight).first_parameter(2, "[in, out]")?;
         let out_features = weight.dims()[1];
-        check::shape_is(LAYER, "bias", &bias, &[out_features])?;
-        check::dtype_is(LAYER, "bias", &bias, weight.dtype())?;
+        check::named(LAYER, "bias", &bias).shaped_like(&[out_features], weight.dtype())?;
         Ok(Linear { weight, bias })
     }
 
@@ -74,9 +71,7 @@ impl Linear {
 
     /// Checks an input `[.., in]` and returns its number of rows.
     fn check_input(&self, input: &Tensor) -> Result<usize> {
-        check::dtype_is(LAYER, "input", input, self.dtype())?;
-        check::last_dim_is(LAYER, "input", input, self.in_features())?;
-        check::non_empty(LAYER, "input", input)?;
+        check::named(LAYER, "input", input).rows_of(self.in_features(), self.dtype())?;
         Ok(input.elem_count() / self.in_features())
     }
 }
@@ -129,44 +124,25 @@ impl Layer for Linear {
     }
 
     fn parameters(&self) -> Vec<(String, Tensor)> {
-        vec![
-            ("weight".into(), self.weight.clone()),
-            ("bias".into(), self.bias.clone()),
-        ]
+        self.named_parameters()
     }
 }
 
-impl ParameterSlots for Linear {
-    fn parameter_slots(&mut self) -> Vec<&mut Tensor> {
-        vec![&mut self.weight, &mut self.bias]
-    }
-}
-
-impl crate::layers::SavedTensorsMut for LinearSaved {
-    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
-        out.push(&mut self.input_rows);
-    }
-}
-
-impl crate::layers::HeldTensors for LinearSaved {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        out.push(&self.input_rows);
-    }
-}
-
-impl crate::layers::HeldTensors for LinearPendingWeightGrad {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        out.push(&self.input_rows);
-        out.push(&self.grad_rows);
-    }
-}
+parameters!(Linear { "weight" => weight, "bias" => bias });
+held_tensors!(mut LinearSaved { input_rows });
+held_tensors!(LinearPendingWeightGrad {
+    input_rows,
+    grad_rows
+});
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::error::KernelError;
     use crate::oracle;
-    use crate::testing::{check_layer_against_oracle, ops, random, DTYPES};
+    use crate::testing::{
+        assert_matches, check_layer_against_oracle, ops, random, shape_error, DTYPES,
+    };
 
     fn params(dtype: DType) -> Vec<Tensor> {
         vec![random(1, &[5, 7], 0.5, dtype), random(2, &[7], 0.5, dtype)]
@@ -190,24 +166,12 @@ mod tests {
         let layer = Linear::new(p[0].clone(), p[1].clone()).unwrap();
         let wrong_width = random(3, &[2, 4], 1.0, DType::F64);
         let err = layer.forward(&ops(), &wrong_width).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                KernelError::Shape {
-                    tensor: "input",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_eq!(shape_error(&err), ("Linear", "input"));
         let wrong_dtype = random(3, &[2, 5], 1.0, DType::F32);
         let err = layer.forward(&ops(), &wrong_dtype).unwrap_err();
-        assert!(matches!(err, KernelError::DType { .. }), "{err}");
+        assert_matches!(err, KernelError::DType { .. });
         let err = Linear::new(p[0].clone(), random(2, &[5], 1.0, DType::F64)).unwrap_err();
-        assert!(
-            matches!(err, KernelError::Shape { tensor: "bias", .. }),
-            "{err}"
-        );
+        assert_eq!(shape_error(&err), ("Linear", "bias"));
 
         let (_, saved) = layer
             .forward(&ops(), &random(3, &[2, 5], 1.0, DType::F64))
@@ -216,15 +180,6 @@ mod tests {
         let err = layer
             .backward_input(&ops(), saved, &wrong_grad)
             .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                KernelError::Shape {
-                    tensor: "grad_output",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert_eq!(shape_error(&err), ("Linear", "grad_output"));
     }
 }

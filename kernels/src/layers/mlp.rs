@@ -7,7 +7,7 @@ use candle_core::{DType, Tensor};
 
 use super::gelu::GeluSaved;
 use super::linear::{LinearPendingWeightGrad, LinearSaved};
-use super::{prefixed, Gelu, Layer, Linear, ParameterSlots};
+use super::{composite, composite_weights, held_tensors, Gelu, Layer, Linear};
 use crate::check;
 use crate::error::Result;
 use crate::primitives::Primitives;
@@ -40,8 +40,8 @@ impl Mlp {
     /// An MLP from `c_fc: d -> h` and `c_proj: h -> d`.
     pub fn new(c_fc: Linear, c_proj: Linear) -> Result<Self> {
         let (width, hidden) = (c_fc.in_features(), c_fc.out_features());
-        check::shape_is(LAYER, "c_proj.weight", c_proj.weight(), &[hidden, width])?;
-        check::dtype_is(LAYER, "c_proj.weight", c_proj.weight(), c_fc.dtype())?;
+        check::named(LAYER, "c_proj.weight", c_proj.weight())
+            .shaped_like(&[hidden, width], c_fc.dtype())?;
         Ok(Mlp { c_fc, c_proj })
     }
 
@@ -86,53 +86,12 @@ impl Layer for Mlp {
         Ok((grad_input, MlpPendingWeightGrad { c_fc, c_proj }))
     }
 
-    fn backward_weight(
-        &self,
-        ops: &dyn Primitives,
-        pending: MlpPendingWeightGrad,
-    ) -> Result<Vec<Tensor>> {
-        let mut grads = self.c_fc.backward_weight(ops, pending.c_fc)?;
-        grads.extend(self.c_proj.backward_weight(ops, pending.c_proj)?);
-        Ok(grads)
-    }
-
-    fn parameters(&self) -> Vec<(String, Tensor)> {
-        let mut params = prefixed("c_fc", self.c_fc.parameters());
-        params.extend(prefixed("c_proj", self.c_proj.parameters()));
-        params
-    }
+    composite_weights!();
 }
 
-impl ParameterSlots for Mlp {
-    fn parameter_slots(&mut self) -> Vec<&mut Tensor> {
-        let mut slots = self.c_fc.parameter_slots();
-        slots.extend(self.c_proj.parameter_slots());
-        slots
-    }
-}
-
-impl crate::layers::SavedTensorsMut for MlpSaved {
-    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
-        self.c_fc.tensors_mut(out);
-        self.gelu.tensors_mut(out);
-        self.c_proj.tensors_mut(out);
-    }
-}
-
-impl crate::layers::HeldTensors for MlpSaved {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        self.c_fc.tensors(out);
-        self.gelu.tensors(out);
-        self.c_proj.tensors(out);
-    }
-}
-
-impl crate::layers::HeldTensors for MlpPendingWeightGrad {
-    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        self.c_fc.tensors(out);
-        self.c_proj.tensors(out);
-    }
-}
+composite!(Mlp: MlpPendingWeightGrad { c_fc, c_proj });
+held_tensors!(mut MlpSaved { c_fc, gelu, c_proj });
+held_tensors!(MlpPendingWeightGrad { c_fc, c_proj });
 
 #[cfg(test)]
 mod tests {

@@ -103,16 +103,123 @@ pub trait Layer {
     fn parameters(&self) -> Vec<(String, Tensor)>;
 }
 
-/// Prefixes the local parameter names of a sub-layer with `prefix.`.
-pub(crate) fn prefixed(prefix: &str, params: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
-    params
-        .into_iter()
-        .map(|(name, tensor)| (format!("{prefix}.{name}"), tensor))
-        .collect()
+/// `prefix.name`, or `name` alone when `prefix` is empty (a top-level parameter).
+pub(crate) fn joined(prefix: &str, name: &str) -> String {
+    match prefix.is_empty() {
+        true => name.to_string(),
+        false => format!("{prefix}.{name}"),
+    }
+}
+
+/// A layer's parameters with their names, in the order of [`Layer::parameters`] (a [`Tensor`] is
+/// one parameter named by its prefix). Implemented from one declaration per layer, [`parameters!`],
+/// together with [`ParameterSlots`], so that names, slots and gradients cannot fall out of order.
+pub(crate) trait NamedParameters {
+    /// Pushes every parameter, its local name prefixed with `prefix.` (unless `prefix` is empty).
+    fn push_parameters(&self, prefix: &str, out: &mut Vec<(String, Tensor)>);
+
+    /// The parameters with their local names, in order.
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        self.push_parameters("", &mut out);
+        out
+    }
 }
 
 /// Mutable access to a layer's parameter tensors, in the order of [`Layer::parameters`], for
 /// [`crate::StageModel::set_parameters`], which checks shapes and dtypes before writing.
+pub(crate) trait ParameterSlots {
+    /// Pushes every parameter tensor, mutably.
+    fn push_slots<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>);
+}
+
+impl NamedParameters for Tensor {
+    fn push_parameters(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        out.push((prefix.to_string(), self.clone()));
+    }
+}
+
+impl ParameterSlots for Tensor {
+    fn push_slots<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+        out.push(self);
+    }
+}
+
+/// Implements [`NamedParameters`] and [`ParameterSlots`] for a layer from its parameter fields in
+/// order, each a tensor or a sub-layer, with its local name: `parameters!(Linear { "weight" =>
+/// weight, "bias" => bias })`.
+macro_rules! parameters {
+    ($layer:ty { $($name:expr => $field:ident),+ $(,)? }) => {
+        impl $crate::layers::NamedParameters for $layer {
+            fn push_parameters(&self, prefix: &str, out: &mut Vec<(String, candle_core::Tensor)>) {
+                $($crate::layers::NamedParameters::push_parameters(
+                    &self.$field,
+                    &$crate::layers::joined(prefix, $name),
+                    out,
+                );)+
+            }
+        }
+
+        impl $crate::layers::ParameterSlots for $layer {
+            fn push_slots<'a>(&'a mut self, out: &mut Vec<&'a mut candle_core::Tensor>) {
+                $($crate::layers::ParameterSlots::push_slots(&mut self.$field, out);)+
+            }
+        }
+    };
+}
+pub(crate) use parameters;
+
+/// Declares a composite layer from its sub-layer fields in parameter order, each also a field of
+/// its pending state holding that sub-layer's: `composite!(Mlp: MlpPendingWeightGrad { c_fc,
+/// c_proj })`. Implements [`NamedParameters`] and [`ParameterSlots`] (the sub-layers' parameters
+/// prefixed with the field names) and the weight gradients in the same order, the sub-layers'
+/// one after another, which [`composite_weights!`] makes the layer's
+/// [`Layer::backward_weight`].
+macro_rules! composite {
+    ($layer:ident: $pending:ident { $($part:ident),+ $(,)? }) => {
+        $crate::layers::parameters!($layer { $(stringify!($part) => $part),+ });
+
+        impl $layer {
+            /// The sub-layers' weight gradients, one after another.
+            fn composite_backward_weight(
+                &self,
+                ops: &dyn $crate::primitives::Primitives,
+                pending: $pending,
+            ) -> $crate::error::Result<Vec<candle_core::Tensor>> {
+                Ok($crate::layers::concat_grads([
+                    $($crate::layers::Layer::backward_weight(&self.$part, ops, pending.$part)?),+
+                ]))
+            }
+        }
+    };
+}
+pub(crate) use composite;
+
+/// Inside the [`Layer`] impl of a layer declared with [`composite!`]: its
+/// [`Layer::backward_weight`] and [`Layer::parameters`].
+macro_rules! composite_weights {
+    () => {
+        fn backward_weight(
+            &self,
+            ops: &dyn $crate::primitives::Primitives,
+            pending: Self::PendingWeightGrad,
+        ) -> $crate::error::Result<Vec<candle_core::Tensor>> {
+            self.composite_backward_weight(ops, pending)
+        }
+
+        fn parameters(&self) -> Vec<(String, candle_core::Tensor)> {
+            $crate::layers::NamedParameters::named_parameters(self)
+        }
+    };
+}
+pub(crate) use composite_weights;
+
+/// A composite layer's weight gradients: its parts' gradients one after another, in the order of
+/// [`Layer::parameters`].
+pub(crate) fn concat_grads<const N: usize>(parts: [Vec<Tensor>; N]) -> Vec<Tensor> {
+    parts.into_iter().flatten().collect()
+}
+
 /// The tensors a saved or pending state keeps alive (its memory, counted once per tensor).
 pub(crate) trait HeldTensors {
     /// Pushes every tensor held.
@@ -126,19 +233,101 @@ pub(crate) trait SavedTensorsMut {
     fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>);
 }
 
-/// Bytes of distinct tensors among `tensors`.
-pub(crate) fn distinct_bytes(tensors: &[&Tensor]) -> usize {
+/// Implements [`HeldTensors`] for a state from what holds its tensors, in order: the fields of a
+/// struct (`held_tensors!(LinearPendingWeightGrad { input_rows, grad_rows })`, generic ones
+/// bounded by the trait) or the one field of each variant of an enum (`held_tensors!(mut enum
+/// Kind { Full(states), InputOnly(input) })`), each a tensor, a sub-layer's state, or an `Option`
+/// or `Vec` of them. With `mut` first, implements [`SavedTensorsMut`] too, in the same order.
+macro_rules! held_tensors {
+    ($state:ident $(<$($generic:ident),+>)? { $($field:ident),+ $(,)? }) => {
+        impl$(<$($generic: $crate::layers::HeldTensors),+>)? $crate::layers::HeldTensors
+            for $state$(<$($generic),+>)?
+        {
+            fn tensors<'a>(&'a self, out: &mut Vec<&'a candle_core::Tensor>) {
+                $($crate::layers::HeldTensors::tensors(&self.$field, out);)+
+            }
+        }
+    };
+    (mut $state:ident $(<$($generic:ident),+>)? { $($field:ident),+ $(,)? }) => {
+        $crate::layers::held_tensors!($state$(<$($generic),+>)? { $($field),+ });
+
+        impl$(<$($generic: $crate::layers::SavedTensorsMut),+>)? $crate::layers::SavedTensorsMut
+            for $state$(<$($generic),+>)?
+        {
+            fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut candle_core::Tensor>) {
+                $($crate::layers::SavedTensorsMut::tensors_mut(&mut self.$field, out);)+
+            }
+        }
+    };
+    (mut enum $state:ident { $($variant:ident($inner:ident)),+ $(,)? }) => {
+        impl $crate::layers::HeldTensors for $state {
+            fn tensors<'a>(&'a self, out: &mut Vec<&'a candle_core::Tensor>) {
+                match self {
+                    $($state::$variant($inner) => $crate::layers::HeldTensors::tensors($inner, out),)+
+                }
+            }
+        }
+
+        impl $crate::layers::SavedTensorsMut for $state {
+            fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut candle_core::Tensor>) {
+                match self {
+                    $($state::$variant($inner) => {
+                        $crate::layers::SavedTensorsMut::tensors_mut($inner, out)
+                    })+
+                }
+            }
+        }
+    };
+}
+pub(crate) use held_tensors;
+
+/// Implements [`HeldTensors`], [`SavedTensorsMut`] and [`ParameterSlots`] for containers of states
+/// or layers (a stage's optional embedding and head, its blocks): their elements', in order.
+macro_rules! containers {
+    ($($container:ident),+) => {$(
+        impl<T: HeldTensors> HeldTensors for $container<T> {
+            fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+                self.iter().for_each(|inner| inner.tensors(out));
+            }
+        }
+
+        impl<T: SavedTensorsMut> SavedTensorsMut for $container<T> {
+            fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+                self.iter_mut().for_each(|inner| inner.tensors_mut(out));
+            }
+        }
+
+        impl<T: ParameterSlots> ParameterSlots for $container<T> {
+            fn push_slots<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+                self.iter_mut().for_each(|inner| inner.push_slots(out));
+            }
+        }
+    )+};
+}
+containers!(Option, Vec);
+
+impl HeldTensors for Tensor {
+    fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
+        out.push(self);
+    }
+}
+
+impl SavedTensorsMut for Tensor {
+    fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+        out.push(self);
+    }
+}
+
+/// Bytes of the distinct tensors `state` holds.
+pub(crate) fn held_bytes(state: &impl HeldTensors) -> usize {
+    let mut tensors = Vec::new();
+    state.tensors(&mut tensors);
     let mut seen = std::collections::HashSet::new();
     tensors
         .iter()
         .filter(|t| seen.insert(t.id()))
         .map(|t| t.elem_count() * t.dtype().size_in_bytes())
         .sum()
-}
-
-pub(crate) trait ParameterSlots {
-    /// The parameter tensors, in order.
-    fn parameter_slots(&mut self) -> Vec<&mut Tensor>;
 }
 
 /// `dims` with its last entry replaced by `last` (unchanged when `dims` is empty).

@@ -129,6 +129,30 @@ fn product_into<T: Real>(
     Some(())
 }
 
+/// `dst`'s `T × T` block of the (batch, head) pair `pair`: `scale · a · bᵀ` for the `T × D` matrix
+/// `a` (placed in its slice as said) and the head `b` of `qkv` whose rows start at `b_offset`.
+fn times_head_transposed<T: Real>(
+    h: Heads,
+    dst: &mut Output<T>,
+    pair: usize,
+    (a, a_at): (&[T], Strided),
+    qkv: &[T],
+    b_offset: usize,
+    scale: T,
+) -> Option<()> {
+    let t = h.seq;
+    product_into(
+        (t, t, h.head_dim),
+        dst.slots(),
+        Strided::rows(pair * t * t, t),
+        a,
+        a_at,
+        qkv,
+        Strided::transposed(b_offset, 3 * h.width()),
+        scale,
+    )
+}
+
 /// Causal attention on `qkv`: `(context [B, T, H·D], probs [B, H, T, T])` with `probs` the
 /// causal softmax of `scale · q·kᵀ` per head and the context `probs · v`, heads side by side.
 /// None when `qkv` does not hold `B·T·3·H·D` elements.
@@ -142,16 +166,8 @@ pub(crate) fn attention<T: Real>(qkv: &[T], h: Heads, scale: T) -> Option<(Vec<T
     let mut scores = Output::new(h.batch * h.heads * block);
     for (pair, b, head) in h.pairs() {
         let base = b * t * row + head * d;
-        product_into(
-            (t, t, d),
-            scores.slots(),
-            Strided::rows(pair * block, t),
-            qkv,
-            Strided::rows(base, row),
-            qkv,
-            Strided::transposed(base + width, row),
-            scale,
-        )?;
+        let query = (qkv, Strided::rows(base, row));
+        times_head_transposed(h, &mut scores, pair, query, qkv, base + width, scale)?;
     }
     // SAFETY: the products wrote every `T × T` block, one per (batch, head) pair.
     let scores = unsafe { scores.assume_written() };
@@ -200,16 +216,9 @@ pub(crate) fn attention_backward<T: Real>(
     for (pair, b, head) in h.pairs() {
         let (base, context_at) = (b * t * row + head * d, b * t * width + head * d);
         // grad_probs = grad_context_h · vᵀ
-        product_into(
-            (t, t, d),
-            grad_probs.slots(),
-            Strided::rows(pair * block, t),
-            grad_context,
-            Strided::rows(context_at, width),
-            qkv,
-            Strided::transposed(base + 2 * width, row),
-            T::ONE,
-        )?;
+        let grad_context_h = (grad_context, Strided::rows(context_at, width));
+        let value = base + 2 * width;
+        times_head_transposed(h, &mut grad_probs, pair, grad_context_h, qkv, value, T::ONE)?;
         // grad_v = probsᵀ · grad_context_h
         product_into(
             (t, d, t),

@@ -52,120 +52,141 @@ pub struct CrossEntropyOutput {
     pub grad_logits: Tensor,
 }
 
-/// The primitive ops of the layers. Float tensors share one dtype (F32 or F64); ids are U32.
-///
-/// "Rows" are the vectors along the last dimension; "leading dimensions" are all the others.
-pub trait Primitives: std::fmt::Debug + Send + Sync {
-    /// The device the ops run on; new tensors are created there.
-    fn device(&self) -> &Device;
+/// Declares [`Primitives`] from its ops' docs and signatures, and implements it for
+/// [`TimedPrimitives`], each op there the inner implementation's, timed under the op's name: one
+/// list of the ops for the trait and its timed wrapper.
+macro_rules! primitives {
+    (
+        $(#[$trait_doc:meta])*
+        pub trait Primitives {
+            $(#[$device_doc:meta])*
+            fn device(&self) -> &Device;
+            $(
+                $(#[$doc:meta])*
+                fn $op:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;
+            )+
+        }
+    ) => {
+        $(#[$trait_doc])*
+        pub trait Primitives: std::fmt::Debug + Send + Sync {
+            $(#[$device_doc])*
+            fn device(&self) -> &Device;
+            $(
+                $(#[$doc])*
+                fn $op(&self $(, $arg: $ty)*) -> $ret;
+            )+
+        }
 
-    // ---- host transfer ----
+        impl<P: Primitives> Primitives for TimedPrimitives<P> {
+            fn device(&self) -> &Device {
+                self.inner.device()
+            }
 
-    /// A float tensor of `dtype` holding `values` (row-major) with shape `shape`.
-    fn float_tensor(&self, values: &[f64], shape: &[usize], dtype: DType) -> Result<Tensor>;
-    /// A U32 tensor holding `values` (row-major) with shape `shape`.
-    fn u32_tensor(&self, values: &[u32], shape: &[usize]) -> Result<Tensor>;
-    /// The values of a U32 tensor, row-major.
-    fn u32_values(&self, ids: &Tensor) -> Result<Vec<u32>>;
-    /// The values of a float tensor, row-major, widened to f64.
-    fn f64_values(&self, x: &Tensor) -> Result<Vec<f64>>;
+            $(
+                fn $op(&self $(, $arg: $ty)*) -> $ret {
+                    self.timed(stringify!($op), || self.inner.$op($($arg),*))
+                }
+            )+
+        }
+    };
+}
 
-    // ---- layout ----
+primitives! {
+    /// The primitive ops of the layers. Float tensors share one dtype (F32 or F64); ids are U32.
+    ///
+    /// "Rows" are the vectors along the last dimension; "leading dimensions" are all the others.
+    pub trait Primitives {
+        /// The device the ops run on; new tensors are created there.
+        fn device(&self) -> &Device;
 
-    /// The same elements (row-major) with a new shape of equal element count.
-    fn reshape(&self, x: &Tensor, shape: &[usize]) -> Result<Tensor>;
+        // ---- host transfer ----
 
-    // ---- linear algebra ----
+        /// A float tensor of `dtype` holding `values` (row-major) with shape `shape`.
+        fn float_tensor(&self, values: &[f64], shape: &[usize], dtype: DType) -> Result<Tensor>;
+        /// A U32 tensor holding `values` (row-major) with shape `shape`.
+        fn u32_tensor(&self, values: &[u32], shape: &[usize]) -> Result<Tensor>;
+        /// The values of a U32 tensor, row-major.
+        fn u32_values(&self, ids: &Tensor) -> Result<Vec<u32>>;
+        /// The values of a float tensor, row-major, widened to f64.
+        fn f64_values(&self, x: &Tensor) -> Result<Vec<f64>>;
 
-    /// `a · b` for `a: [.., m, k]`, `b: [.., k, n]` with equal leading dimensions.
-    fn matmul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
-    /// `a · bᵀ` for `a: [.., m, k]`, `b: [.., n, k]`.
-    fn matmul_transpose_b(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
-    /// `aᵀ · b` for `a: [.., k, m]`, `b: [.., k, n]`.
-    fn matmul_transpose_a(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
-    /// `a · b + row` for `a: [.., m, k]`, `b: [.., k, n]`, `row: [n]` added to every output row
-    /// (an affine layer's product and bias in one pass).
-    fn matmul_add_row(&self, a: &Tensor, b: &Tensor, row: &Tensor) -> Result<Tensor>;
+        // ---- layout ----
 
-    // ---- elementwise and reductions ----
+        /// The same elements (row-major) with a new shape of equal element count.
+        fn reshape(&self, x: &Tensor, shape: &[usize]) -> Result<Tensor>;
 
-    /// `a + b`, equal shapes.
-    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
-    /// `x + row` with `row: [n]` broadcast over the leading dimensions of `x: [.., n]`.
-    fn add_row(&self, x: &Tensor, row: &Tensor) -> Result<Tensor>;
-    /// `a ⊙ b`, equal shapes.
-    fn mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
-    /// `factor · x`.
-    fn scale(&self, x: &Tensor, factor: f64) -> Result<Tensor>;
-    /// Sum over all leading dimensions: `[.., n] -> [n]`.
-    fn sum_leading(&self, x: &Tensor) -> Result<Tensor>;
+        // ---- linear algebra ----
 
-    // ---- layer norm ----
+        /// `a · b` for `a: [.., m, k]`, `b: [.., k, n]` with equal leading dimensions.
+        fn matmul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+        /// `a · bᵀ` for `a: [.., m, k]`, `b: [.., n, k]`.
+        fn matmul_transpose_b(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+        /// `aᵀ · b` for `a: [.., k, m]`, `b: [.., k, n]`.
+        fn matmul_transpose_a(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+        /// `a · b + row` for `a: [.., m, k]`, `b: [.., k, n]`, `row: [n]` added to every output
+        /// row (an affine layer's product and bias in one pass).
+        fn matmul_add_row(&self, a: &Tensor, b: &Tensor, row: &Tensor) -> Result<Tensor>;
 
-    /// Layer norm over the last dimension with affine `weight`, `bias` (`[n]`).
-    fn layer_norm(
-        &self,
-        x: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
-        eps: f64,
-    ) -> Result<LayerNormOutput>;
-    /// Gradient of the input: `rstd · (g - mean(g) - x̂ · mean(g ⊙ x̂))` with `g = grad_y ⊙ weight`.
-    fn layer_norm_backward_input(
-        &self,
-        grad_y: &Tensor,
-        weight: &Tensor,
-        normalized: &Tensor,
-        rstd: &Tensor,
-    ) -> Result<Tensor>;
-    /// Gradients of `(weight, bias)`: `(Σ grad_y ⊙ x̂, Σ grad_y)` over the leading dimensions.
-    fn layer_norm_backward_weight(
-        &self,
-        grad_y: &Tensor,
-        normalized: &Tensor,
-    ) -> Result<(Tensor, Tensor)>;
+        // ---- elementwise and reductions ----
 
-    // ---- attention ----
+        /// `a + b`, equal shapes.
+        fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+        /// `x + row` with `row: [n]` broadcast over the leading dimensions of `x: [.., n]`.
+        fn add_row(&self, x: &Tensor, row: &Tensor) -> Result<Tensor>;
+        /// `a ⊙ b`, equal shapes.
+        fn mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+        /// `factor · x`.
+        fn scale(&self, x: &Tensor, factor: f64) -> Result<Tensor>;
+        /// Sum over all leading dimensions: `[.., n] -> [n]`.
+        fn sum_leading(&self, x: &Tensor) -> Result<Tensor>;
 
-    /// Causal multi-head attention on `qkv: [B, T, 3·H·D]` (query, key and value along the last
-    /// dimension, `n_head` heads of width `D` inside each): `(context, probs)` with `probs:
-    /// [B, H, T, T]` the softmax of `scale · q·kᵀ` per head with keys after the query masked out
-    /// (a causal decoder), and `context: [B, T, H·D]` the heads' `probs · v` side by side.
-    fn causal_attention(&self, qkv: &Tensor, n_head: usize, scale: f64) -> Result<AttentionOutput>;
-    /// The gradient of `qkv` (`[B, T, 3·H·D]`) from the context's gradient `grad_context`
-    /// (`[B, T, H·D]`), given the forward's `qkv` and `probs`.
-    fn causal_attention_backward(
-        &self,
-        qkv: &Tensor,
-        probs: &Tensor,
-        grad_context: &Tensor,
-        n_head: usize,
-        scale: f64,
-    ) -> Result<Tensor>;
+        // ---- layer norm ----
 
-    // ---- activation ----
+        /// Layer norm over the last dimension with affine `weight`, `bias` (`[n]`).
+        fn layer_norm(&self, x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64)
+            -> Result<LayerNormOutput>;
+        /// Gradient of the input: `rstd · (g - mean(g) - x̂ · mean(g ⊙ x̂))` with
+        /// `g = grad_y ⊙ weight`.
+        fn layer_norm_backward_input(&self, grad_y: &Tensor, weight: &Tensor, normalized: &Tensor,
+            rstd: &Tensor) -> Result<Tensor>;
+        /// Gradients of `(weight, bias)`: `(Σ grad_y ⊙ x̂, Σ grad_y)` over the leading
+        /// dimensions.
+        fn layer_norm_backward_weight(&self, grad_y: &Tensor, normalized: &Tensor)
+            -> Result<(Tensor, Tensor)>;
 
-    /// GPT-2's `gelu_new`: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
-    fn gelu_new(&self, x: &Tensor) -> Result<Tensor>;
-    /// `grad_y ⊙ gelu_new'(x)`.
-    fn gelu_new_backward(&self, x: &Tensor, grad_y: &Tensor) -> Result<Tensor>;
+        // ---- attention ----
 
-    // ---- embedding ----
+        /// Causal multi-head attention on `qkv: [B, T, 3·H·D]` (query, key and value along the
+        /// last dimension, `n_head` heads of width `D` inside each): `(context, probs)` with
+        /// `probs: [B, H, T, T]` the softmax of `scale · q·kᵀ` per head with keys after the query
+        /// masked out (a causal decoder), and `context: [B, T, H·D]` the heads' `probs · v` side
+        /// by side.
+        fn causal_attention(&self, qkv: &Tensor, n_head: usize, scale: f64)
+            -> Result<AttentionOutput>;
+        /// The gradient of `qkv` (`[B, T, 3·H·D]`) from the context's gradient `grad_context`
+        /// (`[B, T, H·D]`), given the forward's `qkv` and `probs`.
+        fn causal_attention_backward(&self, qkv: &Tensor, probs: &Tensor, grad_context: &Tensor,
+            n_head: usize, scale: f64) -> Result<Tensor>;
 
-    /// `table[ids[i]]` for `table: [V, n]`, `ids: [N]` (all `< V`): `[N, n]`.
-    fn gather_rows(&self, table: &Tensor, ids: &Tensor) -> Result<Tensor>;
-    /// A `[n_rows, n]` zero tensor with `rows[i]` added to row `ids[i]`, for `i` in order.
-    fn scatter_add_rows(&self, rows: &Tensor, ids: &Tensor, n_rows: usize) -> Result<Tensor>;
+        // ---- activation ----
 
-    // ---- loss ----
+        /// GPT-2's `gelu_new`: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+        fn gelu_new(&self, x: &Tensor) -> Result<Tensor>;
+        /// `grad_y ⊙ gelu_new'(x)`.
+        fn gelu_new_backward(&self, x: &Tensor, grad_y: &Tensor) -> Result<Tensor>;
 
-    /// Weighted token cross-entropy with a numerically stable log-softmax, for
-    /// `logits: [N, V]`, `targets: [N]` (U32, all `< V`) and `weights: [N]` (logits' dtype).
-    fn cross_entropy(
-        &self,
-        logits: &Tensor,
-        targets: &Tensor,
-        weights: &Tensor,
-        grad_scale: f64,
-    ) -> Result<CrossEntropyOutput>;
+        // ---- embedding ----
+
+        /// `table[ids[i]]` for `table: [V, n]`, `ids: [N]` (all `< V`): `[N, n]`.
+        fn gather_rows(&self, table: &Tensor, ids: &Tensor) -> Result<Tensor>;
+        /// A `[n_rows, n]` zero tensor with `rows[i]` added to row `ids[i]`, for `i` in order.
+        fn scatter_add_rows(&self, rows: &Tensor, ids: &Tensor, n_rows: usize) -> Result<Tensor>;
+
+        // ---- loss ----
+
+        /// Weighted token cross-entropy with a numerically stable log-softmax, for
+        /// `logits: [N, V]`, `targets: [N]` (U32, all `< V`) and `weights: [N]` (logits' dtype).
+        fn cross_entropy(&self, logits: &Tensor, targets: &Tensor, weights: &Tensor,
+            grad_scale: f64) -> Result<CrossEntropyOutput>;
+    }
 }

@@ -47,9 +47,25 @@ pub(crate) trait Real:
     }
 }
 
+/// The items of [`Real`] that F32 and F64 implement alike: the constants, and `exp` and `sqrt`
+/// from the standard library.
+macro_rules! library_real {
+    ($float:ident) => {
+        const ZERO: Self = 0.0;
+        const ONE: Self = 1.0;
+        #[inline(always)]
+        fn exp(self) -> Self {
+            $float::exp(self)
+        }
+        #[inline(always)]
+        fn sqrt(self) -> Self {
+            $float::sqrt(self)
+        }
+    };
+}
+
 impl Real for f32 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
+    library_real!(f32);
     #[inline(always)]
     fn of(x: f64) -> Self {
         x as f32
@@ -57,14 +73,6 @@ impl Real for f32 {
     #[inline(always)]
     fn wide(self) -> f64 {
         f64::from(self)
-    }
-    #[inline(always)]
-    fn exp(self) -> Self {
-        f32::exp(self)
-    }
-    #[inline(always)]
-    fn sqrt(self) -> Self {
-        f32::sqrt(self)
     }
     #[inline(always)]
     fn tanh(self) -> Self {
@@ -109,8 +117,7 @@ impl Real for f32 {
 }
 
 impl Real for f64 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
+    library_real!(f64);
     #[inline(always)]
     fn of(x: f64) -> Self {
         x
@@ -118,14 +125,6 @@ impl Real for f64 {
     #[inline(always)]
     fn wide(self) -> f64 {
         self
-    }
-    #[inline(always)]
-    fn exp(self) -> Self {
-        f64::exp(self)
-    }
-    #[inline(always)]
-    fn sqrt(self) -> Self {
-        f64::sqrt(self)
     }
     #[inline(always)]
     fn tanh(self) -> Self {

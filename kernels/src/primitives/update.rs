@@ -224,6 +224,7 @@ fn composite_update(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{dtype_error, shape_error};
 
     fn step() -> AdamWStep {
         AdamWStep {
@@ -311,14 +312,8 @@ mod tests {
         let short = Tensor::zeros((3,), DType::F32, &Device::Cpu).unwrap();
         let wide = Tensor::zeros((2, 3), DType::F64, &Device::Cpu).unwrap();
         let err = adamw_update(&p, &p, &short, &p, &step()).unwrap_err();
-        assert!(
-            matches!(err, KernelError::Shape { tensor: "m", .. }),
-            "{err}"
-        );
+        assert_eq!(shape_error(&err), ("adamw_update", "m"));
         let err = adamw_update(&p, &p, &p, &wide, &step()).unwrap_err();
-        assert!(
-            matches!(err, KernelError::DType { tensor: "v", .. }),
-            "{err}"
-        );
+        assert_eq!(dtype_error(&err), ("adamw_update", "v"));
     }
 }

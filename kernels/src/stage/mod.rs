@@ -28,7 +28,9 @@ use crate::init::{block_prefix, ParameterFactory};
 use crate::layers::block::{BlockPendingWeightGrad, BlockSaved};
 use crate::layers::embedding::{EmbeddingPendingWeightGrad, EmbeddingSaved};
 use crate::layers::head::{HeadPendingWeightGrad, HeadSaved};
-use crate::layers::{Block, Embedding, Head, Layer, ParameterSlots};
+use crate::layers::{
+    held_bytes, held_tensors, Block, Embedding, Head, Layer, NamedParameters, ParameterSlots,
+};
 use crate::primitives::{CpuPrimitives, Primitives};
 
 const LAYER: &str = "StageModel";
@@ -104,13 +106,34 @@ pub struct StageModel {
     head: Option<Head>,
 }
 
-/// The saved states of every layer of a stage, in forward order.
+/// One entry per layer of a stage, in forward order: the layers' saved states or their pending
+/// weight-gradient states.
 #[derive(Debug)]
-struct LayerStates {
-    embedding: Option<EmbeddingSaved>,
-    blocks: Vec<BlockSaved>,
-    head: Option<HeadSaved>,
+struct PerLayer<E, B, H> {
+    embedding: Option<E>,
+    blocks: Vec<B>,
+    head: Option<H>,
 }
+
+impl<E, B, H> PerLayer<E, B, H> {
+    fn empty() -> Self {
+        PerLayer {
+            embedding: None,
+            blocks: Vec::new(),
+            head: None,
+        }
+    }
+
+    /// Whether there is an embedding entry, the number of block entries, whether there is a head
+    /// entry.
+    fn layout(&self) -> (bool, usize, bool) {
+        let (embedding, head) = (self.embedding.is_some(), self.head.is_some());
+        (embedding, self.blocks.len(), head)
+    }
+}
+
+/// The saved states of every layer of a stage, in forward order.
+type LayerStates = PerLayer<EmbeddingSaved, BlockSaved, HeadSaved>;
 
 #[derive(Debug)]
 enum SavedKind {
@@ -127,49 +150,26 @@ pub struct StageSaved {
 /// What [`StageModel::backward_weight`] needs, per layer.
 #[derive(Debug)]
 pub struct StagePendingWeightGrad {
-    embedding: Option<EmbeddingPendingWeightGrad>,
-    blocks: Vec<BlockPendingWeightGrad>,
-    head: Option<HeadPendingWeightGrad>,
+    layers: PerLayer<EmbeddingPendingWeightGrad, BlockPendingWeightGrad, HeadPendingWeightGrad>,
 }
+
+held_tensors!(mut PerLayer<E, B, H> { embedding, blocks, head });
+held_tensors!(mut StageSaved { kind });
+held_tensors!(StagePendingWeightGrad { layers });
+
+held_tensors!(mut enum SavedKind { Full(states), InputOnly(input) });
 
 impl StageSaved {
     /// Bytes of the distinct tensors this state keeps for the backward (activation memory).
     pub fn held_bytes(&self) -> usize {
-        use crate::layers::HeldTensors;
-        let mut tensors: Vec<&Tensor> = Vec::new();
-        match &self.kind {
-            SavedKind::InputOnly(input) => tensors.push(input),
-            SavedKind::Full(states) => {
-                if let Some(e) = &states.embedding {
-                    e.tensors(&mut tensors);
-                }
-                for b in &states.blocks {
-                    b.tensors(&mut tensors);
-                }
-                if let Some(h) = &states.head {
-                    h.tensors(&mut tensors);
-                }
-            }
-        }
-        crate::layers::distinct_bytes(&tensors)
+        held_bytes(self)
     }
 }
 
 impl StagePendingWeightGrad {
     /// Bytes of the distinct tensors kept until the weight gradient.
     pub fn held_bytes(&self) -> usize {
-        use crate::layers::HeldTensors;
-        let mut tensors: Vec<&Tensor> = Vec::new();
-        if let Some(e) = &self.embedding {
-            e.tensors(&mut tensors);
-        }
-        for b in &self.blocks {
-            b.tensors(&mut tensors);
-        }
-        if let Some(h) = &self.head {
-            h.tensors(&mut tensors);
-        }
-        crate::layers::distinct_bytes(&tensors)
+        held_bytes(self)
     }
 }
 
@@ -283,31 +283,23 @@ impl StageModel {
             SavedKind::Full(states) => states,
             SavedKind::InputOnly(input) => self.run_layers(&input, true)?.1,
         };
-        self.check_layer_count(
-            "saved",
-            states.embedding.is_some(),
-            states.blocks.len(),
-            states.head.is_some(),
-        )?;
+        self.check_layer_count("saved", states.layout())?;
         let ops = self.ops.as_ref();
         let mut grad = grad_output.clone();
         let head = match (&self.head, states.head) {
-            (Some(layer), Some(saved)) => {
-                let (grad_input, pending) = layer
-                    .backward_input(ops, saved, &grad)
-                    .map_err(|e| e.at(HEAD_LOCATION))?;
-                grad = grad_input;
-                Some(pending)
-            }
+            (Some(layer), Some(saved)) => Some(backward_input_at(
+                ops,
+                layer,
+                saved,
+                &mut grad,
+                HEAD_LOCATION,
+            )?),
             _ => None,
         };
         let mut blocks = Vec::with_capacity(self.blocks.len());
         for (offset, (layer, saved)) in self.blocks.iter().zip(states.blocks).enumerate().rev() {
-            let (grad_input, pending) = layer
-                .backward_input(ops, saved, &grad)
-                .map_err(|e| e.at(self.block_location(offset)))?;
-            grad = grad_input;
-            blocks.push(pending);
+            let location = self.block_location(offset);
+            blocks.push(backward_input_at(ops, layer, saved, &mut grad, &location)?);
         }
         blocks.reverse();
         let (grad_input, embedding) = match (&self.embedding, states.embedding) {
@@ -319,22 +311,18 @@ impl StageModel {
             }
             _ => (Some(grad), None),
         };
-        let pending = StagePendingWeightGrad {
+        let layers = PerLayer {
             embedding,
             blocks,
             head,
         };
-        Ok((grad_input, pending))
+        Ok((grad_input, StagePendingWeightGrad { layers }))
     }
 
     /// The weight gradients, one per parameter in the order of [`StageModel::parameters`].
     pub fn backward_weight(&self, pending: StagePendingWeightGrad) -> Result<Vec<Tensor>> {
-        self.check_layer_count(
-            "pending",
-            pending.embedding.is_some(),
-            pending.blocks.len(),
-            pending.head.is_some(),
-        )?;
+        let pending = pending.layers;
+        self.check_layer_count("pending", pending.layout())?;
         let ops = self.ops.as_ref();
         let mut grads = Vec::new();
         if let (Some(layer), Some(pending)) = (&self.embedding, pending.embedding) {
@@ -356,16 +344,10 @@ impl StageModel {
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
         let mut params = Vec::new();
         if let Some(embedding) = &self.embedding {
-            params.extend(crate::layers::prefixed(
-                "transformer",
-                embedding.parameters(),
-            ));
+            embedding.push_parameters("transformer", &mut params);
         }
         for (offset, block) in self.blocks.iter().enumerate() {
-            params.extend(crate::layers::prefixed(
-                &self.block_location(offset),
-                block.parameters(),
-            ));
+            block.push_parameters(&self.block_location(offset), &mut params);
         }
         if let Some(head) = &self.head {
             params.extend(head.parameters().into_iter().map(|(name, tensor)| {
@@ -399,28 +381,18 @@ impl StageModel {
             });
         }
         for ((name, old), new) in current.iter().zip(&values) {
-            check::shape_is(LAYER, "parameter", new, old.dims()).map_err(|e| e.at(name))?;
-            check::dtype_is(LAYER, "parameter", new, self.dtype).map_err(|e| e.at(name))?;
+            check::named(LAYER, "parameter", new)
+                .shaped_like(old.dims(), self.dtype)
+                .map_err(|e| e.at(name))?;
         }
-        for (slot, value) in self.parameter_slots().into_iter().zip(values) {
+        let mut slots = Vec::new();
+        self.embedding.push_slots(&mut slots);
+        self.blocks.push_slots(&mut slots);
+        self.head.push_slots(&mut slots);
+        for (slot, value) in slots.into_iter().zip(values) {
             *slot = value;
         }
         Ok(())
-    }
-
-    /// Every parameter tensor, in order.
-    fn parameter_slots(&mut self) -> Vec<&mut Tensor> {
-        let mut slots = Vec::new();
-        if let Some(embedding) = &mut self.embedding {
-            slots.extend(embedding.parameter_slots());
-        }
-        for block in &mut self.blocks {
-            slots.extend(block.parameter_slots());
-        }
-        if let Some(head) = &mut self.head {
-            slots.extend(head.parameter_slots());
-        }
-        slots
     }
 
     /// The GPT-2 name of the stage's block at `offset` (its global index is shifted).
@@ -432,9 +404,7 @@ impl StageModel {
     fn check_layer_count(
         &self,
         field: &'static str,
-        has_embedding: bool,
-        blocks: usize,
-        has_head: bool,
+        (has_embedding, blocks, has_head): (bool, usize, bool),
     ) -> Result<()> {
         let matches = has_embedding == self.embedding.is_some()
             && blocks == self.blocks.len()
@@ -456,10 +426,10 @@ impl StageModel {
         if self.embedding.is_some() {
             return Ok(()); // the embedding checks its ids itself
         }
-        check::rank_is(LAYER, "input", input, 3, "[B, T, d] hidden states")?;
-        check::last_dim_is(LAYER, "input", input, self.config.d_model())?;
-        check::dtype_is(LAYER, "input", input, self.dtype)?;
-        check::non_empty(LAYER, "input", input)?;
+        let checked = check::named(LAYER, "input", input);
+        checked.rank_is(3, "[B, T, d] hidden states")?;
+        checked.width_and_dtype(self.config.d_model(), self.dtype)?;
+        checked.non_empty()?;
         let seq_len = input.dims()[1];
         if seq_len > self.config.max_seq_len() {
             return Err(KernelError::SequenceTooLong {
@@ -475,37 +445,52 @@ impl StageModel {
     fn run_layers(&self, input: &Tensor, keep_states: bool) -> Result<(Tensor, LayerStates)> {
         self.check_input(input)?;
         let ops = self.ops.as_ref();
-        let mut states = LayerStates {
-            embedding: None,
-            blocks: Vec::new(),
-            head: None,
-        };
+        let mut states = LayerStates::empty();
         let mut hidden = input.clone();
         if let Some(embedding) = &self.embedding {
-            let (output, saved) = embedding
-                .forward(ops, &hidden)
-                .map_err(|e| e.at(EMBEDDING_LOCATION))?;
-            hidden = output;
+            let saved = forward_at(ops, embedding, &mut hidden, EMBEDDING_LOCATION)?;
             states.embedding = keep_states.then_some(saved);
         }
         for (offset, block) in self.blocks.iter().enumerate() {
-            let (output, saved) = block
-                .forward(ops, &hidden)
-                .map_err(|e| e.at(self.block_location(offset)))?;
-            hidden = output;
+            let saved = forward_at(ops, block, &mut hidden, &self.block_location(offset))?;
             if keep_states {
                 states.blocks.push(saved);
             }
         }
         if let Some(head) = &self.head {
-            let (output, saved) = head
-                .forward(ops, &hidden)
-                .map_err(|e| e.at(HEAD_LOCATION))?;
-            hidden = output;
+            let saved = forward_at(ops, head, &mut hidden, HEAD_LOCATION)?;
             states.head = keep_states.then_some(saved);
         }
         Ok((hidden, states))
     }
+}
+
+/// `layer`'s forward on `hidden`, which becomes the output; errors located at `location`.
+fn forward_at<L: Layer>(
+    ops: &dyn Primitives,
+    layer: &L,
+    hidden: &mut Tensor,
+    location: &str,
+) -> Result<L::Saved> {
+    let (output, saved) = layer.forward(ops, hidden).map_err(|e| e.at(location))?;
+    *hidden = output;
+    Ok(saved)
+}
+
+/// `layer`'s input backward from `grad`, which becomes the input gradient; errors located at
+/// `location`.
+fn backward_input_at<L: Layer<InputGrad = Tensor>>(
+    ops: &dyn Primitives,
+    layer: &L,
+    saved: L::Saved,
+    grad: &mut Tensor,
+    location: &str,
+) -> Result<L::PendingWeightGrad> {
+    let (grad_input, pending) = layer
+        .backward_input(ops, saved, grad)
+        .map_err(|e| e.at(location))?;
+    *grad = grad_input;
+    Ok(pending)
 }
 
 fn check_dtype(dtype: DType) -> Result<()> {

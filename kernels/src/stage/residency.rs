@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 
-use super::{LayerStates, SavedKind, StageModel, StageSaved};
+use super::{SavedKind, StageModel, StageSaved};
 use crate::error::{KernelError, Result};
 use crate::layers::SavedTensorsMut;
 
@@ -105,7 +105,7 @@ impl HostSaved {
             .iter()
             .map(|c| c.to_device(&device))
             .collect::<Result<Vec<_>>>()?;
-        for (tensor, &copy) in shell.tensors_mut().into_iter().zip(&slots) {
+        for (tensor, &copy) in shell.tensor_slots().into_iter().zip(&slots) {
             *tensor = restored[copy].clone();
         }
         Ok(shell)
@@ -115,26 +115,9 @@ impl HostSaved {
 impl StageSaved {
     /// Every tensor slot of the state, mutably (the same tensors [`StageSaved::held_bytes`]
     /// counts).
-    fn tensors_mut(&mut self) -> Vec<&mut Tensor> {
-        let mut out: Vec<&mut Tensor> = Vec::new();
-        match &mut self.kind {
-            SavedKind::InputOnly(input) => out.push(input),
-            SavedKind::Full(LayerStates {
-                embedding,
-                blocks,
-                head,
-            }) => {
-                if let Some(e) = embedding {
-                    e.tensors_mut(&mut out);
-                }
-                for b in blocks {
-                    b.tensors_mut(&mut out);
-                }
-                if let Some(h) = head {
-                    h.tensors_mut(&mut out);
-                }
-            }
-        }
+    fn tensor_slots(&mut self) -> Vec<&mut Tensor> {
+        let mut out = Vec::new();
+        self.tensors_mut(&mut out);
         out
     }
 
@@ -151,7 +134,7 @@ impl StageSaved {
         let mut device = Device::Cpu;
         let placeholder = Tensor::zeros(0, DType::F32, &Device::Cpu)
             .map_err(KernelError::backend("copy to host"))?;
-        for tensor in self.tensors_mut() {
+        for tensor in self.tensor_slots() {
             device = tensor.device().clone();
             let copy = match seen.get(&tensor.id()) {
                 Some(&k) => k,

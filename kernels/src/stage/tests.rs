@@ -6,12 +6,28 @@ use candle_core::{DType, Device, Tensor};
 use super::*;
 use crate::layers::CrossEntropy;
 use crate::oracle;
-use crate::testing::{assert_bit_identical, assert_close, random, random_ids, root_cause, DTYPES};
+use crate::testing::{
+    assert_bit_identical, assert_close, assert_matches, assert_parameter_gradients,
+    invalid_argument, random, random_ids, root_cause, shape_error, DTYPES,
+};
 
 const PAD: u32 = 256;
 
 fn config() -> GptConfig {
     GptConfig::new(2, 8, 2, 8).unwrap()
+}
+
+/// The whole model of [`config`] in one stage, initialised from `seed`.
+fn whole_model(seed: u64, dtype: DType) -> StageModel {
+    StageModel::new(config(), StageLayout::whole_model(&config()), seed, dtype).unwrap()
+}
+
+/// Asserts the two gradient lists hold the same number of tensors, each with the same bits.
+fn assert_all_bit_identical(what: &str, actual: &[Tensor], expected: &[Tensor]) {
+    assert_eq!(actual.len(), expected.len(), "{what}: counts differ");
+    for (a, b) in expected.iter().zip(actual) {
+        assert_bit_identical(what, b, a);
+    }
 }
 
 /// Token ids `[2, 6]` and targets with three padding positions.
@@ -89,8 +105,7 @@ fn whole_model_matches_candle_autograd() {
     let (ids, targets) = batch();
     let normalizer = 9.0;
     for dtype in DTYPES {
-        let model =
-            StageModel::new(config(), StageLayout::whole_model(&config()), 7, dtype).unwrap();
+        let model = whole_model(7, dtype);
         let ours = step(&[&model], &ids, &targets, normalizer);
 
         let named = model.parameters();
@@ -105,11 +120,8 @@ fn whole_model_matches_candle_autograd() {
             .to_dtype(dtype)
             .unwrap();
         assert_close("StageModel loss sum", &ours_loss, &loss_sum);
-        assert_eq!(ours.grads.len(), named.len());
-        for ((name, _), (actual, var)) in named.iter().zip(ours.grads.iter().zip(&vars)) {
-            let expected = grads.get(var.as_tensor()).unwrap();
-            assert_close(&format!("StageModel d({name})"), actual, expected);
-        }
+        let names = model.parameter_names();
+        assert_parameter_gradients("StageModel", &names, &ours.grads, &grads, &vars);
     }
 }
 
@@ -117,15 +129,12 @@ fn whole_model_matches_candle_autograd() {
 fn recompute_is_bit_identical() {
     let (ids, targets) = batch();
     for dtype in DTYPES {
-        let model =
-            StageModel::new(config(), StageLayout::whole_model(&config()), 3, dtype).unwrap();
+        let model = whole_model(3, dtype);
         let recomputing = model.clone().with_recompute(true);
         let plain = step(&[&model], &ids, &targets, 9.0);
         let again = step(&[&recomputing], &ids, &targets, 9.0);
         assert_eq!(plain.loss_sum.to_bits(), again.loss_sum.to_bits());
-        for (a, b) in plain.grads.iter().zip(&again.grads) {
-            assert_bit_identical("recomputed weight gradient", b, a);
-        }
+        assert_all_bit_identical("recomputed weight gradient", &again.grads, &plain.grads);
 
         // A middle stage: the input gradient too.
         let layout = StageLayout::new(&config(), false, 0..2, false).unwrap();
@@ -140,9 +149,7 @@ fn recompute_is_bit_identical() {
         let (dx, dw) = run(&middle);
         let (dx_again, dw_again) = run(&middle.clone().with_recompute(true));
         assert_bit_identical("recomputed input gradient", &dx_again, &dx);
-        for (a, b) in dw.iter().zip(&dw_again) {
-            assert_bit_identical("recomputed weight gradient", b, a);
-        }
+        assert_all_bit_identical("recomputed weight gradient", &dw_again, &dw);
     }
 }
 
@@ -189,9 +196,7 @@ fn dropped_and_offloaded_states_give_bit_identical_gradients() {
                 }
             }
             for other in [&dw_r, &dw_o] {
-                for (a, b) in dw.iter().zip(other) {
-                    assert_bit_identical("weight gradient", b, a);
-                }
+                assert_all_bit_identical("weight gradient", other, &dw);
             }
         }
     }
@@ -201,8 +206,7 @@ fn dropped_and_offloaded_states_give_bit_identical_gradients() {
 fn two_stages_equal_one() {
     let (ids, targets) = batch();
     for dtype in DTYPES {
-        let whole =
-            StageModel::new(config(), StageLayout::whole_model(&config()), 5, dtype).unwrap();
+        let whole = whole_model(5, dtype);
         let first = StageLayout::new(&config(), true, 0..1, false).unwrap();
         let last = StageLayout::new(&config(), false, 1..2, true).unwrap();
         let stage_0 = StageModel::new(config(), first, 5, dtype).unwrap();
@@ -213,17 +217,13 @@ fn two_stages_equal_one() {
         let one = step(&[&whole], &ids, &targets, 9.0);
         let two = step(&[&stage_0, &stage_1], &ids, &targets, 9.0);
         assert_eq!(one.loss_sum.to_bits(), two.loss_sum.to_bits());
-        assert_eq!(one.grads.len(), two.grads.len());
-        for (a, b) in one.grads.iter().zip(&two.grads) {
-            assert_bit_identical("split-stage gradient", b, a);
-        }
+        assert_all_bit_identical("split-stage gradient", &two.grads, &one.grads);
     }
 }
 
 #[test]
 fn microbatch_gradients_sum_to_the_batch_gradient() {
-    let model =
-        StageModel::new(config(), StageLayout::whole_model(&config()), 9, DType::F64).unwrap();
+    let model = whole_model(9, DType::F64);
     let (ids, targets) = batch();
     let normalizer =
         crate::layers::count_non_padding(model.primitives(), &targets, Some(PAD)).unwrap() as f64;
@@ -242,8 +242,7 @@ fn microbatch_gradients_sum_to_the_batch_gradient() {
 
 #[test]
 fn padding_targets_do_not_change_gradients() {
-    let model =
-        StageModel::new(config(), StageLayout::whole_model(&config()), 9, DType::F64).unwrap();
+    let model = whole_model(9, DType::F64);
     let (ids, targets) = batch();
     let with_pad = step(&[&model], &ids, &targets, 9.0);
     // Changing the *inputs* at positions after the last real target of a row cannot matter
@@ -359,15 +358,14 @@ fn a_stage_without_layers_passes_through() {
 
 #[test]
 fn set_parameters_replaces_and_validates() {
-    let mut model =
-        StageModel::new(config(), StageLayout::whole_model(&config()), 0, DType::F64).unwrap();
+    let mut model = whole_model(0, DType::F64);
     let mut values: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
     values[3] = values[3].affine(2.0, 1.0).unwrap();
     model.set_parameters(values.clone()).unwrap();
     assert_bit_identical("replaced", &model.parameters()[3].1, &values[3]);
 
     let err = model.set_parameters(values[1..].to_vec()).unwrap_err();
-    assert!(matches!(err, KernelError::ParameterCount { .. }), "{err}");
+    assert_matches!(err, KernelError::ParameterCount { .. });
     let mut wrong = values.clone();
     wrong[4] = random(1, &[3], 1.0, DType::F64);
     let err = model.set_parameters(wrong).unwrap_err();
@@ -375,41 +373,30 @@ fn set_parameters_replaces_and_validates() {
         err.to_string().contains(&model.parameter_names()[4]),
         "{err}"
     );
-    assert!(
-        matches!(root_cause(&err), KernelError::Shape { .. }),
-        "{err}"
-    );
+    assert_matches!(root_cause(&err), KernelError::Shape { .. }, err);
     let mut wrong = values;
     wrong[0] = wrong[0].to_dtype(DType::F32).unwrap();
     let err = model.set_parameters(wrong).unwrap_err();
-    assert!(
-        matches!(root_cause(&err), KernelError::DType { .. }),
-        "{err}"
-    );
+    assert_matches!(root_cause(&err), KernelError::DType { .. }, err);
 }
 
 #[test]
 fn bad_inputs_are_typed_errors() {
-    let whole =
-        StageModel::new(config(), StageLayout::whole_model(&config()), 0, DType::F32).unwrap();
+    let whole = whole_model(0, DType::F32);
     let bad_id = Tensor::new(&[[3u32, 256, 1]], &Device::Cpu).unwrap();
     let err = whole.forward(&bad_id).unwrap_err();
     assert!(err.to_string().contains("transformer.wte/wpe"), "{err}");
-    assert!(
-        matches!(
-            root_cause(&err),
-            KernelError::TokenOutOfRange { id: 256, .. }
-        ),
-        "{err}"
+    assert_matches!(
+        root_cause(&err),
+        KernelError::TokenOutOfRange { id: 256, .. },
+        err
     );
     let too_long = random_ids(1, &[1, 9], 256);
     let err = whole.forward(&too_long).unwrap_err();
-    assert!(
-        matches!(
-            root_cause(&err),
-            KernelError::SequenceTooLong { seq_len: 9, .. }
-        ),
-        "{err}"
+    assert_matches!(
+        root_cause(&err),
+        KernelError::SequenceTooLong { seq_len: 9, .. },
+        err
     );
 
     let layout = StageLayout::new(&config(), false, 0..2, true).unwrap();
@@ -417,24 +404,15 @@ fn bad_inputs_are_typed_errors() {
     let err = rest
         .forward(&random(1, &[2, 3, 7], 1.0, DType::F32))
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            KernelError::Shape {
-                tensor: "input",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_eq!(shape_error(&err), ("StageModel", "input"));
     let err = rest
         .forward(&random(1, &[2, 9, 8], 1.0, DType::F32))
         .unwrap_err();
-    assert!(matches!(err, KernelError::SequenceTooLong { .. }), "{err}");
+    assert_matches!(err, KernelError::SequenceTooLong { .. });
     let err = rest
         .forward(&random(1, &[2, 3, 8], 1.0, DType::F64))
         .unwrap_err();
-    assert!(matches!(err, KernelError::DType { .. }), "{err}");
+    assert_matches!(err, KernelError::DType { .. });
 
     let (logits, saved) = rest
         .forward(&random(1, &[2, 3, 8], 1.0, DType::F32))
@@ -445,50 +423,21 @@ fn bad_inputs_are_typed_errors() {
         err.to_string().contains("transformer.ln_f/lm_head"),
         "{err}"
     );
-    assert!(
-        matches!(
-            root_cause(&err),
-            KernelError::Shape {
-                tensor: "grad_output",
-                ..
-            }
-        ),
+    assert_eq!(
+        shape_error(root_cause(&err)),
+        ("Head", "grad_output"),
         "{err}"
     );
 
     let (_, foreign) = whole.forward(&random_ids(1, &[2, 3], 256)).unwrap();
     let err = rest.backward_input(foreign, &logits).unwrap_err();
-    assert!(
-        matches!(err, KernelError::InvalidArgument { field: "saved", .. }),
-        "{err}"
-    );
+    assert_eq!(invalid_argument(&err), "saved");
 
     let err = StageLayout::new(&config(), false, 1..3, false).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            KernelError::InvalidArgument {
-                field: "blocks",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_eq!(invalid_argument(&err), "blocks");
     let err =
         StageModel::new(config(), StageLayout::whole_model(&config()), 0, DType::U32).unwrap_err();
-    assert!(
-        matches!(err, KernelError::InvalidArgument { field: "dtype", .. }),
-        "{err}"
-    );
+    assert_eq!(invalid_argument(&err), "dtype");
     let err = GptConfig::new(2, 10, 4, 8).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            KernelError::InvalidArgument {
-                field: "n_head",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_eq!(invalid_argument(&err), "n_head");
 }

@@ -60,18 +60,24 @@
 //! rank  3 | .  .  .  F0 B0 ~  F1 B1 ~  F2 B2 ~  .  .  .  .  .  .         rank  3 | f1 f2 .  F0 B0 ~  .  .  .  .  b1 ~  .  b2 ~
 //! ```
 
+use super::relaid;
 use crate::error::TransformError;
 use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::counterflow;
 use crate::schedules::dualpipe::DualShape;
 use pipeweave_core::{
-    simulate, CostModel, DualKind, Facts, Layout, LayoutKind, MemoryModel, Pacing, Plan, Problem,
+    simulate, CostModel, DualKind, Layout, LayoutKind, MemoryModel, Pacing, Plan, Problem,
     ProblemSpec, StageCosts, StageMemory, Task,
 };
 
-/// The bidirectional pass.
+/// The bidirectional pass, `dual`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Dual;
+
+impl Dual {
+    /// The pass's name: in expressions, the registry and errors.
+    pub const NAME: &'static str = "dual";
+}
 
 /// Which bidirectional pipeline a plan becomes, from its layout.
 fn shape_of(plan: &Plan) -> Result<DualShape, TransformError> {
@@ -146,23 +152,6 @@ fn reshape(
     Ok((problem, costs, MemoryModel::per_stage(memory)))
 }
 
-/// What [`Dual::prepare`] decided.
-pub enum Prepared {
-    /// The plan stays as it is: one microbatch cannot fill two routes, or no counter-flow order
-    /// is both as fast as the input's 1F1B and within the memory budget (uneven stage costs, a
-    /// tight declared limit).
-    Keep,
-    /// The plan moves to the bidirectional layout with these orders.
-    Bidirectional {
-        /// DualPipe or DualPipeV.
-        kind: DualKind,
-        /// The new problem and models (boxed: `Keep` carries nothing).
-        layout: Box<(Problem, CostModel, MemoryModel)>,
-        /// Every rank's order.
-        orders: Vec<Vec<Task>>,
-    },
-}
-
 /// The input plan moved to the bidirectional layout, with empty orders (what the order
 /// generators read: routes, placement, costs, memory limit).
 fn bidirectional(
@@ -171,13 +160,13 @@ fn bidirectional(
     layout: (Problem, CostModel, MemoryModel),
 ) -> Result<Plan, TransformError> {
     let ranks = layout.0.ranks() as usize;
-    let facts = Facts {
-        layout: Layout::Dual(kind),
-        ..plan.facts()
-    };
-    plan.clone()
-        .reshaped(Some(layout), vec![Vec::new(); ranks], facts)
-        .map_err(|e| TransformError::core("dual: building the layout", e))
+    relaid(
+        "dual: building the layout",
+        plan.clone(),
+        layout,
+        Layout::Dual(kind),
+        vec![Vec::new(); ranks],
+    )
 }
 
 /// The counter-flow orders of `dual` (DualPipe's layout below DeepSeek's sizes) if one is no
@@ -186,11 +175,6 @@ fn counter_flow(input: &Plan, dual: &Plan, shape: DualShape) -> Option<Vec<Vec<T
     // The driver verified the input, so it simulates; should it not, nothing is promised.
     let bound = simulate(input).ok()?.makespan();
     counterflow::best(dual, false, Some(bound), Some(shape.memory_budget(dual)))
-}
-
-impl Dual {
-    /// The pass's name: in expressions, the registry and errors.
-    pub const NAME: &'static str = "dual";
 }
 
 impl Pass for Dual {
@@ -215,80 +199,41 @@ impl Pass for Dual {
         }
     }
 
+    /// The plan stays as it is where one microbatch cannot fill two routes, or where no
+    /// counter-flow order is both as fast as the input's 1F1B and within the memory budget
+    /// (uneven stage costs, a tight declared limit).
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
-        let prepared = self.prepare(&plan)?;
-        self.apply(plan, prepared)
-    }
-}
-
-/// The two steps of [`Dual`]'s rewrite: the checks and what the rewrite needs, then the rewrite.
-impl Dual {
-    fn prepare(&self, plan: &Plan) -> Result<Prepared, TransformError> {
-        let shape = shape_of(plan)?;
+        let shape = shape_of(&plan)?;
         if !shape.v && shape.microbatches < 2 {
-            return Ok(Prepared::Keep);
+            return Ok(plan);
         }
         let kind = if shape.v {
             DualKind::DualPipeV
         } else {
             DualKind::DualPipe
         };
-        let layout = reshape(plan, shape)?;
-        let dual = bidirectional(plan, kind, layout.clone())?;
+        let dual = bidirectional(&plan, kind, reshape(&plan, shape)?)?;
         let orders = if shape.v || shape.deepseek_applies() {
             shape.orders(&dual, false)
         } else {
-            match counter_flow(plan, &dual, shape) {
+            match counter_flow(&plan, &dual, shape) {
                 Some(orders) => orders,
-                None => return Ok(Prepared::Keep),
+                None => return Ok(plan),
             }
         };
-        Ok(Prepared::Bidirectional {
-            kind,
-            layout: Box::new(layout),
-            orders,
-        })
-    }
-
-    fn apply(&self, plan: Plan, prepared: Prepared) -> Result<Plan, TransformError> {
-        let Prepared::Bidirectional {
-            kind,
-            layout,
-            orders,
-        } = prepared
-        else {
-            return Ok(plan);
-        };
-        let facts = Facts {
-            layout: Layout::Dual(kind),
-            ..plan.facts()
-        };
-        plan.reshaped(Some(*layout), orders, facts)
+        dual.with_orders(orders)
             .map_err(|e| TransformError::core(Self::NAME, e))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::compile_expression;
-    use pipeweave_core::{
-        simulate, CostModel, DualKind, Layout, MemoryModel, Plan, ProblemSpec, StageCosts,
-    };
+    use crate::testing::built;
+    use pipeweave_core::{simulate, DualKind, Layout, Plan, StageCosts};
 
     /// `expr` at P x M with unit costs (F = I = W = 1, so B = 2) and no latency.
     fn plan(expr: &str, p: u32, m: u32) -> Plan {
-        let problem = ProblemSpec::builder()
-            .ranks(p)
-            .microbatches(m)
-            .build()
-            .validate()
-            .unwrap();
-        let costs = CostModel::uniform(p, StageCosts::default(), 0.0).unwrap();
-        let plan = Plan::unscheduled(problem, costs, MemoryModel::uniform(p, Default::default()));
-        compile_expression(expr)
-            .unwrap()
-            .run(plan.unwrap())
-            .unwrap()
+        built(expr, p, m, StageCosts::default()).unwrap()
     }
 
     /// `dual(f1b(gpipe))` at P x M has `layout` and `makespan`, no more than 1F1B's.

@@ -16,21 +16,22 @@
 //! rank 1 | .  F0 F1 F2 B0 ~  B1 ~  B2 ~  .  .        rank 1 | .  F0 B0 ~  F1 B1 ~  F2 B2 ~  .
 //! ```
 
+use super::repaced;
 use crate::error::TransformError;
 use crate::order::warmup_merge;
 use crate::pass::{Changes, Contract, Pass, Requires};
-use pipeweave_core::{Facts, LayoutKind, Pacing, Plan, Task};
+use pipeweave_core::{LayoutKind, Pacing, Plan, Task};
 
-/// The 1F1B pass.
+/// The 1F1B pass, `f1b`.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct OneForwardOneBackward;
+pub struct F1b;
 
-impl OneForwardOneBackward {
+impl F1b {
     /// The pass's name: in expressions, the registry and errors.
     pub const NAME: &'static str = "f1b";
 }
 
-impl Pass for OneForwardOneBackward {
+impl Pass for F1b {
     fn name(&self) -> &str {
         Self::NAME
     }
@@ -63,11 +64,6 @@ impl Pass for OneForwardOneBackward {
                 warmup_merge(&forwards, &backwards, ranks - r - 1)
             })
             .collect();
-        let facts = Facts {
-            pacing: Pacing::OneForwardOneBackward,
-            ..plan.facts()
-        };
-        plan.reshaped(None, orders, facts)
-            .map_err(|e| TransformError::core(Self::NAME, e))
+        repaced(Self::NAME, plan, orders, Pacing::OneForwardOneBackward)
     }
 }

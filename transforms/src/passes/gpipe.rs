@@ -13,21 +13,22 @@
 //! rank 1 | .  F0 F1 F2 B0 ~  B1 ~  B2 ~  .  .
 //! ```
 
+use super::repaced;
 use crate::error::TransformError;
 use crate::order::fill_drain;
 use crate::pass::{Changes, Contract, Pass, Requires};
-use pipeweave_core::{Facts, LayoutKind, Pacing, Plan};
+use pipeweave_core::{LayoutKind, Pacing, Plan};
 
-/// The GPipe baseline pass.
+/// The GPipe baseline pass, `gpipe`.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct GPipe;
+pub struct Gpipe;
 
-impl GPipe {
+impl Gpipe {
     /// The pass's name: in expressions, the registry and errors.
     pub const NAME: &'static str = "gpipe";
 }
 
-impl Pass for GPipe {
+impl Pass for Gpipe {
     fn name(&self) -> &str {
         Self::NAME
     }
@@ -50,11 +51,6 @@ impl Pass for GPipe {
 
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
         let orders = fill_drain(plan.problem());
-        let facts = Facts {
-            pacing: Pacing::FillDrain,
-            ..plan.facts()
-        };
-        plan.reshaped(None, orders, facts)
-            .map_err(|e| TransformError::core(Self::NAME, e))
+        repaced(Self::NAME, plan, orders, Pacing::FillDrain)
     }
 }

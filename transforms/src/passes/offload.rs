@@ -14,17 +14,20 @@
 //! and reloaded right after the last task of its window that breaks the limit (as early as memory
 //! allows, so the transfer has the most time to finish before the backward). Each is estimated by
 //! the stalls its transfers would cause (the next allocation waiting for the offload, the backward
-//! for the reload) beyond those tasks' slack, the cheapest is kept (where one pair cannot free the excess, the cheapest
-//! that can together); repeated until the plan fits. While breaks remain, a reload lands late (right after the last break of its
-//! window, often right before its backward); once the plan fits, each reload in turn moves as
-//! early as the limit allows, or to where it is issued just in time for its backward, where a
-//! simulation shows the plan no slower for it.
+//! for the reload) beyond those tasks' slack, and the cheapest are taken until the break fits;
+//! every break of the rank in one sweep, then the plan is simulated again for the next rank's
+//! estimates; repeated until the plan fits. While breaks remain, a reload lands late (right after
+//! the last break of its window, often right before its backward); once the plan fits, each
+//! reload in turn moves as early as the limit allows, or to where it is issued just in time for
+//! its backward, where a simulation shows the plan no slower for it.
 //!
+//! The pass is [`Relief<Offload>`](super::Relief) (`relief.rs`: the argument, the contract and
+//! the limit it shares with `recompute`); this file holds the strategy.
 //! Requires: a scheduled plan (any pacing but unscheduled), any layout, split or whole backwards,
 //! no offload yet (recomputed pairs are left as they are). May change: the orders, the residency
 //! fact, the declared memory limit (`N`, or the lower of `N` and `--memory-limit`).
-//! Preconditions: a limit (`memory=N` or a declared one) that offloading can reach: the error
-//! names the least it reaches on the plan.
+//! Preconditions: `N > 0`; a limit (`memory=N` or a declared one) that offloading can reach: the
+//! error names the least it reaches on the plan.
 //!
 //! 1F1B at 2 ranks and 3 microbatches, `memory=1`, unit costs (transfers too), after; the rows
 //! under each rank are its link (`O` offload, `L` reload). A forward waits for the offload before
@@ -36,41 +39,14 @@
 //!    link | .  .  .  .  .  .  .  .  .  .  .  .  .  .  .
 //! ```
 
-use crate::error::TransformError;
-use crate::pass::{Changes, Contract, Pass, Requires};
-use crate::schedules::relief::{
-    floor, issued_at, memory_argument, relieve, reordered, stuck_error, target_limit, Proposal,
-    Step, Window,
-};
-use pipeweave_core::{
-    held_during, simulate, LayoutKind, OpKind, Pacing, Plan, RankId, Residency, Simulation, Task,
-};
+use super::relief::ReliefStrategy;
+use crate::schedules::relief::{issued_at, reordered, Proposal, Step, Window, EPSILON};
+use pipeweave_core::{held_during, simulate, OpKind, Plan, RankId, Residency, Simulation, Task};
 
-/// Differences below this are floating-point noise.
-const EPSILON: f64 = 1e-9;
-
-/// Proposals simulated per step: the estimate of a transfer's stalls ranks them as well as a
-/// simulation does (measured over 1F1B and ZB-V, unit and latency costs), at a third of the time.
-const TRIES: usize = 1;
-
-/// The offload pass.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Offload {
-    memory: Option<f64>,
-}
-
-impl Offload {
-    /// The pass's name: in expressions, the registry and errors.
-    pub const NAME: &'static str = "offload";
-
-    /// The pass fitting `memory` activations per rank on the device (None: the plan's declared
-    /// limit).
-    pub fn new(memory: Option<f64>) -> Result<Offload, TransformError> {
-        Ok(Offload {
-            memory: memory_argument(memory)?,
-        })
-    }
-}
+/// The offload strategy: `offload` is [`Relief<Offload>`](super::Relief), built with
+/// `Relief::new(Offload, memory)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Offload;
 
 /// The offload of `window`'s pair right after its forward and its reload before the task at
 /// `reload_at`.
@@ -88,95 +64,72 @@ fn start_of(simulation: &Simulation, rank: usize, position: usize) -> f64 {
         .map_or(f64::INFINITY, |t| t.start)
 }
 
-/// One proposal per candidate: offloaded after its forward, reloaded after the last break of its
-/// window; estimated by the stalls its transfers would cause on an idle link.
-fn propose(step: &Step<'_>) -> Vec<Proposal> {
-    let costs = step.plan.costs();
-    let memory = step.plan.memory().stages();
-    let timeline = &step.simulation.timeline()[step.at.rank];
-    let order = step.order();
-    step.candidates
-        .iter()
-        .map(|window| {
-            let transfer = costs.task_duration(&Task::Offload(window.work));
-            let reload_at = step.last_break_in(window) + 1;
-            let offloaded = timeline[window.forward].end + transfer;
-            let fence_stall = (window.forward + 1..order.len())
-                .find(|&p| order[p].allocates())
-                .map_or(0.0, |p| {
-                    let waits = offloaded - start_of(step.simulation, step.at.rank, p);
-                    (waits - step.slack[p]).max(0.0)
-                });
-            let issued = issued_at(step.simulation, step.at.rank, reload_at);
-            let backward = start_of(step.simulation, step.at.rank, window.backward);
-            let reload_stall =
-                (issued + transfer - backward - step.slack[window.backward]).max(0.0);
-            let estimate = fence_stall + reload_stall;
-            Proposal {
-                estimate,
-                relieves: memory[window.work.stage.index()].total(),
-                frees: window.forward + 1..reload_at,
-                work: window.work,
-                inserted: transfers(window, reload_at),
-            }
-        })
-        .collect()
-}
+impl ReliefStrategy for Offload {
+    const NAME: &'static str = "offload";
+    const DONE: &'static str = "offloaded";
+    /// One: the estimate of a transfer's stalls ranks them as well as a simulation does
+    /// (measured over 1F1B and ZB-V, unit and latency costs), at a third of the time.
+    const TRIES: usize = 1;
+    /// Kept, or recomputed (left as they are).
+    const ACCEPTS: &'static [Residency] = &[
+        Residency::KEPT,
+        Residency {
+            recomputed: true,
+            offloaded: false,
+        },
+    ];
 
-impl Pass for Offload {
-    fn name(&self) -> &str {
-        Self::NAME
+    /// One proposal per candidate: offloaded after its forward, reloaded after the last break of
+    /// its window; estimated by the stalls its transfers would cause on an idle link.
+    fn propose(&self, step: &Step<'_>) -> Vec<Proposal> {
+        let costs = step.plan.costs();
+        let memory = step.plan.memory().stages();
+        let timeline = &step.simulation.timeline()[step.at.rank];
+        let order = step.order();
+        step.candidates
+            .iter()
+            .map(|window| {
+                let transfer = costs.task_duration(&Task::Offload(window.work));
+                let reload_at = step.last_break_in(window) + 1;
+                let offloaded = timeline[window.forward].end + transfer;
+                let fence_stall = (window.forward + 1..order.len())
+                    .find(|&p| order[p].allocates())
+                    .map_or(0.0, |p| {
+                        let waits = offloaded - start_of(step.simulation, step.at.rank, p);
+                        (waits - step.slack[p]).max(0.0)
+                    });
+                let issued = issued_at(step.simulation, step.at.rank, reload_at);
+                let backward = start_of(step.simulation, step.at.rank, window.backward);
+                let reload_stall =
+                    (issued + transfer - backward - step.slack[window.backward]).max(0.0);
+                Proposal {
+                    estimate: fence_stall + reload_stall,
+                    relieves: memory[window.work.stage.index()].total(),
+                    frees: window.forward + 1..reload_at,
+                    work: window.work,
+                    inserted: transfers(window, reload_at),
+                }
+            })
+            .collect()
     }
 
-    fn contract(&self) -> Contract {
-        Contract::new(
-            Requires {
-                pacing: &[
-                    Pacing::FillDrain,
-                    Pacing::OneForwardOneBackward,
-                    Pacing::Custom,
-                ],
-                layout: LayoutKind::ALL,
-                whole_backwards: false,
-                residency: &[
-                    Residency::KEPT,
-                    Residency {
-                        recomputed: true,
-                        offloaded: false,
-                    },
-                ],
-            },
-            Changes {
-                residency: true,
-                memory_limit: true,
-                ..Changes::default()
-            },
-        )
+    fn relieve_whole(&self, window: &Window) -> Vec<(usize, Task)> {
+        transfers(window, window.backward)
     }
 
-    fn describe(&self) -> String {
-        match self.memory {
-            Some(m) => format!("offload(memory={m})"),
-            None => "offload".to_string(),
-        }
-    }
-
-    fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
-        let limit = target_limit(self.memory, &plan)?;
-        let fitted = relieve(plan.clone(), limit, TRIES, propose).map_err(|stuck| {
-            let least = floor(&plan, |w| transfers(w, w.backward));
-            stuck_error("offloaded", limit, &stuck, least)
-        })?;
-        hoist_reloads(fitted, limit)
+    /// Each reload moved as early as the limit allows where the plan is no slower for it (see
+    /// the module doc).
+    fn finish(&self, plan: Plan, limit: f64) -> Plan {
+        hoist_reloads(plan, limit)
     }
 }
 
 /// Moves each reload (rank by rank, in order) earlier where the limit allows and a simulation
 /// shows the plan no slower: to the earliest place the memory allows, else to the last place
 /// from which it is issued early enough to end before its backward starts.
-fn hoist_reloads(mut plan: Plan, limit: f64) -> Result<Plan, TransformError> {
+fn hoist_reloads(mut plan: Plan, limit: f64) -> Plan {
     let Ok(mut current) = simulate(&plan) else {
-        return Ok(plan);
+        return plan;
     };
     for rank in 0..plan.orders().len() {
         let mut position = 0;
@@ -238,17 +191,14 @@ fn hoist_reloads(mut plan: Plan, limit: f64) -> Result<Plan, TransformError> {
             position += usize::from(!moved);
         }
     }
-    plan.with_memory_limit(Some(limit))
-        .map_err(|e| TransformError::core("", e))
+    plan
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::builtins::compile_expression;
-    use pipeweave_core::{
-        max_peak, peak_per_rank, simulate, CostModel, MemoryModel, ProblemSpec, StageCostsSpec,
-    };
+    use crate::error::TransformError;
+    use crate::testing::built;
+    use pipeweave_core::{max_peak, peak_per_rank, simulate, Plan, StageCostsSpec};
 
     /// The plan `expression` builds at `ranks` x `microbatches`, unit costs and transfers of
     /// `transfer`.
@@ -258,24 +208,12 @@ mod tests {
         microbatches: u32,
         transfer: f64,
     ) -> Result<Plan, TransformError> {
-        let problem = ProblemSpec::builder()
-            .ranks(ranks)
-            .microbatches(microbatches)
-            .build()
-            .validate()
-            .unwrap();
         let costs = StageCostsSpec::builder()
             .offload(transfer)
             .build()
             .validate()
             .unwrap();
-        let plan = Plan::unscheduled(
-            problem,
-            CostModel::uniform(ranks, costs, 0.0).unwrap(),
-            MemoryModel::uniform(ranks, Default::default()),
-        )
-        .unwrap();
-        compile_expression(expression)?.run(plan)
+        built(expression, ranks, microbatches, costs)
     }
 
     #[test]

@@ -15,11 +15,14 @@
 //! for the next rank's estimates; repeated until the plan fits. A pair whose
 //! backward is the next task still saves its memory everywhere before it.
 //!
+//! The pass is [`Relief<Recompute>`](super::Relief) (`relief.rs`: the argument, the contract and
+//! the limit it shares with `offload`); this file holds the strategy.
 //! Requires: a scheduled plan (any pacing but unscheduled), any layout, split or whole backwards,
 //! no recompute yet (offloaded pairs are left as they are). May change: the orders, the residency
 //! fact, the declared memory limit (`N`, or the lower of `N` and `--memory-limit`).
-//! Preconditions: a limit (`memory=N` or a declared one) that recomputing can reach: the error names
-//! the least it reaches on the plan (what forwards and weight gradients hold cannot be dropped).
+//! Preconditions: `N > 0`; a limit (`memory=N` or a declared one) that recomputing can reach: the
+//! error names the least it reaches on the plan (what forwards and weight gradients hold cannot
+//! be dropped).
 //!
 //! Before and after, 1F1B at 2 ranks and 3 microbatches, `memory=1`, unit costs: rank 0 holds two
 //! forwards at its peak; every pair of rank 0 is recomputed, microbatch 0 while the rank waits for
@@ -32,134 +35,72 @@
 //! rank  1 | .  F0 B0 ~  F1 B1 ~  F2 B2 ~  .  .  .
 //! ```
 
-use crate::error::TransformError;
-use crate::pass::{Changes, Contract, Pass, Requires};
-use crate::schedules::relief::{
-    floor, idle_before, memory_argument, relieve, stuck_error, target_limit, Proposal, Step, Window,
-};
-use pipeweave_core::{LayoutKind, Pacing, Plan, Residency, Task};
+use super::relief::ReliefStrategy;
+use crate::schedules::relief::{idle_before, Proposal, Step, Window};
+use pipeweave_core::{Residency, Task};
 
-/// Proposals simulated per step: one, so every break of a rank is relieved in one sweep on the
-/// estimates (with the backwards' slack they rank within 2.5% of simulating the three cheapest
-/// per break, at a tenth of the time; measured over 1F1B, ZB-V and V-Min at 16 ranks).
-const TRIES: usize = 1;
-
-/// The recompute pass.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Recompute {
-    memory: Option<f64>,
-}
-
-impl Recompute {
-    /// The pass's name: in expressions, the registry and errors.
-    pub const NAME: &'static str = "recompute";
-
-    /// The pass fitting `memory` activations per rank (None: the plan's declared limit).
-    pub fn new(memory: Option<f64>) -> Result<Recompute, TransformError> {
-        Ok(Recompute {
-            memory: memory_argument(memory)?,
-        })
-    }
-}
+/// The recompute strategy: `recompute` is [`Relief<Recompute>`](super::Relief), built with
+/// `Relief::new(Recompute, memory)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recompute;
 
 /// The recompute of `window`'s pair, right before its backward.
 fn recompute_before_backward(window: &Window) -> Vec<(usize, Task)> {
     vec![(window.backward, Task::Recompute(window.work))]
 }
 
-/// One proposal per candidate: its recompute before its backward, estimated by the time the
-/// recompute adds beyond the idle time there.
-fn propose(step: &Step<'_>) -> Vec<Proposal> {
-    let costs = step.plan.costs();
-    let memory = step.plan.memory().stages();
-    step.candidates
-        .iter()
-        .map(|window| {
-            let task = Task::Recompute(window.work);
-            let idle = idle_before(step.simulation, step.at.rank, window.backward);
-            let delay = (costs.task_duration(&task) - idle).max(0.0);
-            Proposal {
-                estimate: (delay - step.slack[window.backward]).max(0.0),
-                relieves: memory[window.work.stage.index()].dropped(),
-                frees: window.forward + 1..window.backward,
-                work: window.work,
-                inserted: recompute_before_backward(window),
-            }
-        })
-        .collect()
-}
+impl ReliefStrategy for Recompute {
+    const NAME: &'static str = "recompute";
+    const DONE: &'static str = "recomputed";
+    /// One, so every break of a rank is relieved in one sweep on the estimates (with the
+    /// backwards' slack they rank within 2.5% of simulating the three cheapest per break, at a
+    /// tenth of the time; measured over 1F1B, ZB-V and V-Min at 16 ranks).
+    const TRIES: usize = 1;
+    /// Kept, or offloaded (left as they are).
+    const ACCEPTS: &'static [Residency] = &[
+        Residency::KEPT,
+        Residency {
+            recomputed: false,
+            offloaded: true,
+        },
+    ];
 
-impl Pass for Recompute {
-    fn name(&self) -> &str {
-        Self::NAME
+    /// One proposal per candidate: its recompute before its backward, estimated by the time the
+    /// recompute adds beyond the idle time there and the backward's slack.
+    fn propose(&self, step: &Step<'_>) -> Vec<Proposal> {
+        let costs = step.plan.costs();
+        let memory = step.plan.memory().stages();
+        step.candidates
+            .iter()
+            .map(|window| {
+                let task = Task::Recompute(window.work);
+                let idle = idle_before(step.simulation, step.at.rank, window.backward);
+                let delay = (costs.task_duration(&task) - idle).max(0.0);
+                Proposal {
+                    estimate: (delay - step.slack[window.backward]).max(0.0),
+                    relieves: memory[window.work.stage.index()].dropped(),
+                    frees: window.forward + 1..window.backward,
+                    work: window.work,
+                    inserted: recompute_before_backward(window),
+                }
+            })
+            .collect()
     }
 
-    fn contract(&self) -> Contract {
-        Contract::new(
-            Requires {
-                pacing: &[
-                    Pacing::FillDrain,
-                    Pacing::OneForwardOneBackward,
-                    Pacing::Custom,
-                ],
-                layout: LayoutKind::ALL,
-                whole_backwards: false,
-                residency: &[
-                    Residency::KEPT,
-                    Residency {
-                        recomputed: false,
-                        offloaded: true,
-                    },
-                ],
-            },
-            Changes {
-                residency: true,
-                memory_limit: true,
-                ..Changes::default()
-            },
-        )
-    }
-
-    fn describe(&self) -> String {
-        match self.memory {
-            Some(m) => format!("recompute(memory={m})"),
-            None => "recompute".to_string(),
-        }
-    }
-
-    fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
-        let limit = target_limit(self.memory, &plan)?;
-        let fitted = relieve(plan.clone(), limit, TRIES, propose).map_err(|stuck| {
-            let least = floor(&plan, recompute_before_backward);
-            stuck_error("recomputed", limit, &stuck, least)
-        })?;
-        fitted
-            .with_memory_limit(Some(limit))
-            .map_err(|e| TransformError::core("", e))
+    fn relieve_whole(&self, window: &Window) -> Vec<(usize, Task)> {
+        recompute_before_backward(window)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::builtins::compile_expression;
-    use pipeweave_core::{max_peak, simulate, CostModel, MemoryModel, ProblemSpec, StageCosts};
+    use crate::error::TransformError;
+    use crate::testing::built;
+    use pipeweave_core::{max_peak, simulate, Plan, StageCosts};
 
     /// The plan `expression` builds at `ranks` x `microbatches`, unit costs.
     fn build(expression: &str, ranks: u32, microbatches: u32) -> Result<Plan, TransformError> {
-        let problem = ProblemSpec::builder()
-            .ranks(ranks)
-            .microbatches(microbatches)
-            .build()
-            .validate()
-            .unwrap();
-        let plan = Plan::unscheduled(
-            problem,
-            CostModel::uniform(ranks, StageCosts::default(), 0.0).unwrap(),
-            MemoryModel::uniform(ranks, Default::default()),
-        )
-        .unwrap();
-        compile_expression(expression)?.run(plan)
+        built(expression, ranks, microbatches, StageCosts::default())
     }
 
     fn grid(plan: &Plan) -> Vec<String> {

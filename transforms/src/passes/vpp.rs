@@ -48,43 +48,40 @@
 //! rank  1 | .  F0 F1 f0 b0 ~  f1 b1 ~  F2 B0 ~  F3 B1 ~  f2 b2 ~  f3 b3 ~  B2 ~  B3 ~  .  .
 //! ```
 
+use super::relaid;
 use crate::error::TransformError;
 use crate::order::warmup_merge_with;
 use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::zbv::v_one_f_one_b;
 use pipeweave_core::ir::problem::{MAX_STAGES, MAX_STAGE_MICROBATCH_PAIRS};
-use pipeweave_core::{simulate, verify_schedule};
+use pipeweave_core::{simulate, verify_schedule, TOLERANCE};
 use pipeweave_core::{
-    ChunkPlacement, CostModel, Facts, Layout, LayoutKind, MemoryModel, Pacing, Plan, Problem,
-    ProblemSpec, Task, Work,
+    ChunkPlacement, CostModel, Layout, LayoutKind, MemoryModel, Pacing, Plan, Problem, ProblemSpec,
+    Task, Work,
 };
 
 /// Largest chunk count accepted.
 pub const MAX_CHUNKS: u32 = 64;
 
-/// The interleaving pass. Built with [`Interleave::new`], which checks the arguments alone;
-/// the checks that need the plan run in its [`Pass::rewrite`].
+/// The interleaving pass, `vpp`. Built with [`Vpp::new`], which checks the arguments alone; the
+/// checks that need the plan run in its [`Pass::rewrite`].
 #[derive(Clone, Copy, Debug)]
-pub struct Interleave {
+pub struct Vpp {
     chunks: u32,
     group: Option<u32>,
     placement: ChunkPlacement,
 }
 
-/// What [`Interleave::prepare`] built: the interleaved problem with its models, and every rank's
-/// order on it.
-pub struct Interleaving {
-    shape: (Problem, CostModel, MemoryModel),
-    orders: Vec<Vec<Task>>,
-}
+impl Vpp {
+    /// The pass's name: in expressions, the registry and errors.
+    pub const NAME: &'static str = "vpp";
 
-impl Interleave {
     /// Validates the arguments that do not depend on the plan.
     pub fn new(
         chunks: u32,
         group: Option<u32>,
         placement: ChunkPlacement,
-    ) -> Result<Interleave, TransformError> {
+    ) -> Result<Vpp, TransformError> {
         if chunks == 0 || chunks > MAX_CHUNKS {
             return Err(TransformError::precondition(
                 Self::NAME,
@@ -106,7 +103,7 @@ impl Interleave {
                 "group = 0",
             ));
         }
-        Ok(Interleave {
+        Ok(Vpp {
             chunks,
             group,
             placement,
@@ -116,6 +113,14 @@ impl Interleave {
     /// Number of chunks per rank.
     pub fn chunks(&self) -> u32 {
         self.chunks
+    }
+
+    /// The layout the pass establishes.
+    fn layout(&self) -> Layout {
+        Layout::Interleaved {
+            chunks: self.chunks,
+            placement: self.placement,
+        }
     }
 
     /// The global stage of local chunk `chunk` on `rank` of `ranks`.
@@ -142,7 +147,7 @@ impl Interleave {
             .map_err(|e| TransformError::core("vpp: building the interleaved problem", e))?;
         // Each chunk an even part of its rank's share, unless the costs know the layers of
         // every position (a profile).
-        let placed = match plan.costs().layout_figures() {
+        let placed = match plan.costs().layer_layout() {
             Some(figures) => figures
                 .stages_of(&new_problem)
                 .map_err(|e| TransformError::core("vpp: placing the profiled layers", e))?,
@@ -194,25 +199,21 @@ impl Interleave {
     /// The orders on the interleaved `shape` (see the module doc): the V placement's 1F1B, the
     /// breadth-first table after fill-drain input, Megatron's table with the given group or
     /// (by default) `P` where Megatron accepts the sizes, else the generalisation.
-    fn orders_for(
-        &self,
-        plan: &Plan,
-        shape: &(Problem, CostModel, MemoryModel),
-    ) -> Result<Vec<Vec<Task>>, TransformError> {
+    fn orders_for(&self, plan: &Plan, shape: &(Problem, CostModel, MemoryModel)) -> Vec<Vec<Task>> {
         let (p, m) = (plan.problem().ranks(), plan.problem().microbatches());
         let one_f_one_b = plan.facts().pacing == Pacing::OneForwardOneBackward;
         if !one_f_one_b {
-            return Ok(self.table_orders(p, m, self.group.unwrap_or(m), false));
+            return self.table_orders(p, m, self.group.unwrap_or(m), false);
         }
         let default_group = self.group.is_none_or(|g| g == p);
         if self.placement == ChunkPlacement::V && default_group {
-            return Ok(v_one_f_one_b(p, m));
+            return v_one_f_one_b(p, m);
         }
         if let Some(g) = self.group {
-            return Ok(self.table_orders(p, m, g, true));
+            return self.table_orders(p, m, g, true);
         }
         if megatron_accepts(p, m, p) {
-            return Ok(self.table_orders(p, m, p, true));
+            return self.table_orders(p, m, p, true);
         }
         self.generalised_orders(plan, shape)
     }
@@ -226,7 +227,7 @@ impl Interleave {
         &self,
         plan: &Plan,
         shape: &(Problem, CostModel, MemoryModel),
-    ) -> Result<Vec<Vec<Task>>, TransformError> {
+    ) -> Vec<Vec<Task>> {
         let (p, m) = (plan.problem().ranks(), plan.problem().microbatches());
         let rounds = (m / p).max(1);
         let mut groups: Vec<u32> = (1..=rounds).rev().take(8).map(|r| m.div_ceil(r)).collect();
@@ -238,11 +239,11 @@ impl Interleave {
             let Some(makespan) = self.makespan_if_runs(plan, shape, &orders) else {
                 continue;
             };
-            if best.as_ref().is_none_or(|(b, _)| makespan < *b - 1e-9) {
+            if best.as_ref().is_none_or(|(b, _)| makespan < *b - TOLERANCE) {
                 best = Some((makespan, orders));
             }
         }
-        Ok(best.map_or_else(|| self.table_orders(p, m, m, false), |(_, orders)| orders))
+        best.map_or_else(|| self.table_orders(p, m, m, false), |(_, orders)| orders)
     }
 
     /// The makespan of `orders` on `shape` under the plan's costs, when they form a schedule that
@@ -253,17 +254,14 @@ impl Interleave {
         shape: &(Problem, CostModel, MemoryModel),
         orders: &[Vec<Task>],
     ) -> Option<f64> {
-        let facts = Facts {
-            layout: Layout::Interleaved {
-                chunks: self.chunks,
-                placement: self.placement,
-            },
-            ..plan.facts()
-        };
-        let trial = plan
-            .clone()
-            .reshaped(Some(shape.clone()), orders.to_vec(), facts)
-            .ok()?;
+        let trial = relaid(
+            Self::NAME,
+            plan.clone(),
+            shape.clone(),
+            self.layout(),
+            orders.to_vec(),
+        )
+        .ok()?;
         verify_schedule(&trial).ok()?;
         simulate(&trial).ok().map(|s| s.makespan())
     }
@@ -348,12 +346,7 @@ fn megatron_accepts(p: u32, m: u32, group: u32) -> bool {
     p <= group && group <= m && (m % group == 0 || m % group >= p)
 }
 
-impl Interleave {
-    /// The pass's name: in expressions, the registry and errors.
-    pub const NAME: &'static str = "vpp";
-}
-
-impl Pass for Interleave {
+impl Pass for Vpp {
     fn name(&self) -> &str {
         Self::NAME
     }
@@ -384,15 +377,19 @@ impl Pass for Interleave {
     }
 
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
-        let prepared = self.prepare(&plan)?;
-        self.apply(plan, prepared)
+        self.check(&plan)?;
+        if self.chunks == 1 {
+            return Ok(plan);
+        }
+        let shape = self.reshape(&plan)?;
+        let orders = self.orders_for(&plan, &shape);
+        relaid(Self::NAME, plan, shape, self.layout(), orders)
     }
 }
 
-/// The two steps of [`Interleave`]'s rewrite: the checks and what the rewrite needs, then the rewrite.
-impl Interleave {
-    /// None when `chunks = 1` (nothing to do).
-    fn prepare(&self, plan: &Plan) -> Result<Option<Interleaving>, TransformError> {
+impl Vpp {
+    /// The preconditions that need the plan: its size once split, and an explicit `group`.
+    fn check(&self, plan: &Plan) -> Result<(), TransformError> {
         self.check_size(plan.problem())?;
         if let Some(group) = self.group.filter(|_| self.chunks >= 2) {
             if plan.facts().pacing == Pacing::OneForwardOneBackward {
@@ -408,26 +405,6 @@ impl Interleave {
                 ));
             }
         }
-        if self.chunks == 1 {
-            return Ok(None);
-        }
-        let shape = self.reshape(plan)?;
-        let orders = self.orders_for(plan, &shape)?;
-        Ok(Some(Interleaving { shape, orders }))
-    }
-
-    fn apply(&self, plan: Plan, prepared: Option<Interleaving>) -> Result<Plan, TransformError> {
-        let Some(prepared) = prepared else {
-            return Ok(plan);
-        };
-        let facts = Facts {
-            layout: Layout::Interleaved {
-                chunks: self.chunks,
-                placement: self.placement,
-            },
-            ..plan.facts()
-        };
-        plan.reshaped(Some(prepared.shape), prepared.orders, facts)
-            .map_err(|e| TransformError::core(Self::NAME, e))
+        Ok(())
     }
 }

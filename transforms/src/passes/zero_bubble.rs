@@ -51,7 +51,8 @@
 
 use crate::error::TransformError;
 use crate::pass::{Changes, Contract, Pass, Requires};
-use crate::schedules::controllable::{controllable_orders, Controllable};
+use crate::schedules::cache::SearchCache;
+use crate::schedules::controllable::Controllable;
 use crate::schedules::dualpipe::DualShape;
 use crate::schedules::greedy::{self, FillWaits, InFlight, Variant};
 use crate::schedules::ladder::fastest_within;
@@ -82,13 +83,18 @@ pub enum Policy {
     Controllable(Controllable),
 }
 
-/// The zero-bubble pass.
-#[derive(Clone, Copy, Debug)]
+/// The zero-bubble pass, `zero_bubble`.
+#[derive(Clone, Debug)]
 pub struct ZeroBubble {
     policy: Policy,
+    /// What its searches remember, shared with the other passes of its registry.
+    cache: SearchCache,
 }
 
 impl ZeroBubble {
+    /// The pass's name: in expressions, the registry and errors.
+    pub const NAME: &'static str = "zero_bubble";
+
     /// Validates the arguments that do not depend on the plan.
     pub fn new(policy: Policy) -> Result<ZeroBubble, TransformError> {
         if let Policy::Auto { memory: Some(m) } = policy {
@@ -100,24 +106,25 @@ impl ZeroBubble {
                 ));
             }
         }
-        Ok(ZeroBubble { policy })
+        Ok(ZeroBubble {
+            policy,
+            cache: SearchCache::new(),
+        })
     }
 
-    /// The policy for `plan`: the default resolved by its layout.
-    fn resolved(&self, plan: &Plan) -> Policy {
-        match self.policy {
-            Policy::Default if DualShape::of_plan(plan).is_some() => Policy::DeepSeek,
-            Policy::Default => Policy::Auto { memory: None },
-            other => other,
-        }
+    /// The same pass, its searches remembered in `cache` (shared with whoever holds a clone).
+    pub fn with_cache(mut self, cache: SearchCache) -> ZeroBubble {
+        self.cache = cache;
+        self
     }
 }
 
-/// `auto`'s memory limit when none is given: the input plan's peak, or on a dual plan DeepSeek's
-/// (so that `auto` can always fall back on DeepSeek's order and never does worse).
-fn default_limit(plan: &Plan) -> f64 {
+/// `auto`'s memory limit when none is given: the input plan's peak, or on a dual plan (of shape
+/// `dual`) DeepSeek's (so that `auto` can always fall back on DeepSeek's order and never does
+/// worse).
+fn default_limit(plan: &Plan, dual: Option<DualShape>) -> f64 {
     let input = max_peak(plan);
-    match DualShape::of_plan(plan) {
+    match dual {
         Some(shape) => {
             let split = Facts {
                 backwards: Backwards::Split,
@@ -191,7 +198,12 @@ fn best_greedy(plan: &Plan, limit: f64, dual: bool, bound: f64) -> Option<Vec<Ve
 
 /// The handcrafted candidates of `auto`: the input order and DeepSeek's (dual plans), or `h1`,
 /// `h2` and, on the V placement, ZB-V and sail-sg's ZB-V search within `limit` (other plans).
-fn handcrafted(plan: &Plan, dual: Option<DualShape>, limit: f64) -> Vec<Vec<Vec<Task>>> {
+fn handcrafted(
+    plan: &Plan,
+    dual: Option<DualShape>,
+    limit: f64,
+    cache: &SearchCache,
+) -> Vec<Vec<Vec<Task>>> {
     let mut candidates: Vec<Vec<Vec<Task>>> = vec![plan.orders().to_vec()];
     match dual {
         Some(shape) => candidates.push(shape.orders(plan, true)),
@@ -207,7 +219,7 @@ fn handcrafted(plan: &Plan, dual: Option<DualShape>, limit: f64) -> Vec<Vec<Vec<
                     candidates.push(zbv_orders(p, m, cooldown));
                 }
                 for kind in [Controllable::Half, Controllable::Min] {
-                    candidates.extend(controllable_orders(kind, p, m));
+                    candidates.extend(cache.controllable(kind, p, m));
                 }
                 candidates.extend(zbv_auto_orders(plan, limit));
             }
@@ -223,10 +235,9 @@ struct Searched {
     fitted: Vec<Scored>,
 }
 
-/// The `auto` search.
-fn auto_search(plan: &Plan, limit: f64) -> Searched {
-    let dual = DualShape::of_plan(plan);
-    let mut fitted: Vec<Scored> = handcrafted(plan, dual, limit)
+/// The `auto` search on `plan`, a dual plan of shape `dual` or (None) any other.
+fn auto_search(plan: &Plan, dual: Option<DualShape>, limit: f64, cache: &SearchCache) -> Searched {
+    let mut fitted: Vec<Scored> = handcrafted(plan, dual, limit, cache)
         .into_iter()
         .filter_map(|orders| Scored::evaluate(plan, orders, Some(limit), None))
         .collect();
@@ -258,8 +269,13 @@ fn auto_search(plan: &Plan, limit: f64) -> Searched {
 }
 
 /// The `auto` search's result.
-fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError> {
-    auto_search(plan, limit).result.ok_or_else(|| {
+fn auto_orders(
+    plan: &Plan,
+    dual: Option<DualShape>,
+    limit: f64,
+    cache: &SearchCache,
+) -> Result<Vec<Vec<Task>>, TransformError> {
+    auto_search(plan, dual, limit, cache).result.ok_or_else(|| {
         TransformError::unmet(
             "auto finds a schedule within the memory limit",
             format!(
@@ -270,17 +286,20 @@ fn auto_orders(plan: &Plan, limit: f64) -> Result<Vec<Vec<Task>>, TransformError
     })
 }
 
-/// What [`ZeroBubble::prepare`] decided: the policy for this plan and, for `auto`, its limit
-/// and whether the limit is the user's (then searched across the ladder below it).
-pub struct Prepared {
-    policy: Policy,
-    limit: Option<f64>,
-    ladder: bool,
-}
-
-impl ZeroBubble {
-    /// The pass's name: in expressions, the registry and errors.
-    pub const NAME: &'static str = "zero_bubble";
+/// What [`ZeroBubble::prepare`] decided for the plan.
+enum Prepared {
+    /// The orders of `h1`, `h2`, `v_half` or `v_min` (they read only the input's orders and
+    /// sizes).
+    Orders(Vec<Vec<Task>>),
+    /// DeepSeek's order on the dual plan of this shape.
+    DeepSeek(DualShape),
+    /// The `auto` search within `limit` on a dual plan of shape `dual` or (None) any other;
+    /// across the ladder below the limit when it is the user's.
+    Auto {
+        dual: Option<DualShape>,
+        limit: f64,
+        ladder: bool,
+    },
 }
 
 impl Pass for ZeroBubble {
@@ -324,57 +343,66 @@ impl Pass for ZeroBubble {
     }
 }
 
-/// The two steps of [`ZeroBubble`]'s rewrite: the checks and what the rewrite needs, then the rewrite.
+/// The two steps of [`ZeroBubble`]'s rewrite: the checks and what the rewrite needs, then the
+/// rewrite.
 impl ZeroBubble {
     fn prepare(&self, plan: &Plan) -> Result<Prepared, TransformError> {
-        let dual = DualShape::of_plan(plan).is_some();
-        let policy = self.resolved(plan);
-        match policy {
-            Policy::H1 | Policy::H2 if dual => Err(TransformError::unmet(
-                "policies h1 and h2 need plain forwards and full backwards (not a dual plan)",
-                "the input is a dual plan; use the default (deepseek) or auto".to_string(),
-            )),
-            Policy::DeepSeek if !dual => Err(TransformError::unmet(
+        let dual = DualShape::of_plan(plan);
+        let auto = |memory: Option<f64>| {
+            let given = memory.or(plan.memory_limit());
+            Prepared::Auto {
+                dual,
+                limit: given.unwrap_or_else(|| default_limit(plan, dual)),
+                ladder: given.is_some(),
+            }
+        };
+        match (self.policy, dual) {
+            (Policy::Default | Policy::DeepSeek, Some(shape)) => Ok(Prepared::DeepSeek(shape)),
+            (Policy::Default, None) => Ok(auto(None)),
+            (Policy::Auto { memory }, _) => Ok(auto(memory)),
+            (Policy::DeepSeek, None) => Err(TransformError::unmet(
                 "policy deepseek needs a dual plan",
                 format!("the plan has the {} layout", plan.facts().layout),
             )),
-            Policy::Controllable(kind) => {
+            (Policy::H1 | Policy::H2, Some(_)) => Err(TransformError::unmet(
+                "policies h1 and h2 need plain forwards and full backwards (not a dual plan)",
+                "the input is a dual plan; use the default (deepseek) or auto".to_string(),
+            )),
+            (Policy::H1 | Policy::H2, None) => {
+                let hand = if self.policy == Policy::H1 {
+                    Hand::H1
+                } else {
+                    Hand::H2
+                };
+                let orders = lagged_orders(plan, hand).map_err(|e| {
+                    TransformError::unmet(
+                        "plain forwards and full backwards",
+                        format!("rank {} runs {}", e.rank, e.task),
+                    )
+                })?;
+                Ok(Prepared::Orders(orders))
+            }
+            (Policy::Controllable(kind), _) => {
                 let p = plan.problem().ranks();
-                if dual || !plan.facts().layout.is_v_shaped(p) {
+                if dual.is_some() || !plan.facts().layout.is_v_shaped(p) {
                     return Err(TransformError::unmet(
-"policies v_half and v_min need the V placement (vpp(..., chunks=2, layout=v))",
+                        "policies v_half and v_min need the V placement \
+                         (vpp(..., chunks=2, layout=v))",
                         format!("the plan has the {} layout", plan.facts().layout),
                     ));
                 }
-                if controllable_orders(kind, p, plan.problem().microbatches()).is_none() {
-                    return Err(TransformError::unmet(
-"sail-sg's V-Half/V-Min generator runs at these sizes",
+                let m = plan.problem().microbatches();
+                let orders = self.cache.controllable(kind, p, m).ok_or_else(|| {
+                    TransformError::unmet(
+                        "sail-sg's V-Half/V-Min generator runs at these sizes",
                         format!(
-                            "it does not at {p} ranks and {} microbatches; use policy=auto with a memory limit",
-                            plan.problem().microbatches()
+                            "it does not at {p} ranks and {m} microbatches; use policy=auto \
+                             with a memory limit"
                         ),
-                    ));
-                }
-                Ok(Prepared {
-                    policy,
-                    limit: None,
-                    ladder: false,
-                })
+                    )
+                })?;
+                Ok(Prepared::Orders(orders))
             }
-            Policy::Auto { memory } => Ok(Prepared {
-                policy,
-                limit: Some(
-                    memory
-                        .or(plan.memory_limit())
-                        .unwrap_or_else(|| default_limit(plan)),
-                ),
-                ladder: memory.or(plan.memory_limit()).is_some(),
-            }),
-            _ => Ok(Prepared {
-                policy,
-                limit: None,
-                ladder: false,
-            }),
         }
     }
 
@@ -386,57 +414,29 @@ impl ZeroBubble {
         let plan = plan
             .with_facts(split)
             .map_err(|e| TransformError::core(Self::NAME, e))?;
-        let orders = match (prepared.policy, prepared.limit) {
-            (Policy::H1 | Policy::H2, _) => {
-                let hand = if prepared.policy == Policy::H1 {
-                    Hand::H1
+        let (orders, declared) = match prepared {
+            Prepared::Orders(orders) => (orders, plan.memory_limit()),
+            Prepared::DeepSeek(shape) => (shape.orders(&plan, true), plan.memory_limit()),
+            Prepared::Auto {
+                dual,
+                limit,
+                ladder,
+            } => {
+                let orders = if ladder {
+                    fastest_within(&plan, limit, &self.cache, |p, r| {
+                        auto_search(p, dual, r, &self.cache).fitted
+                    })
+                    .map_or_else(|| auto_orders(&plan, dual, limit, &self.cache), Ok)?
                 } else {
-                    Hand::H2
-                };
-                lagged_orders(&plan, hand).map_err(|e| {
-                    TransformError::unmet(
-                        "plain forwards and full backwards",
-                        format!("rank {} runs {}", e.rank, e.task),
-                    )
-                })?
-            }
-            (Policy::Controllable(kind), _) => {
-                let problem = plan.problem();
-                controllable_orders(kind, problem.ranks(), problem.microbatches()).ok_or_else(
-                    || {
-                        TransformError::unmet(
-                            "sail-sg's V-Half/V-Min generator runs at these sizes",
-                            "checked by prepare".to_string(),
-                        )
-                    },
-                )?
-            }
-            (Policy::DeepSeek, _) => match DualShape::of_plan(&plan) {
-                Some(shape) => shape.orders(&plan, true),
-                None => {
-                    return Err(TransformError::unmet(
-                        "policy deepseek needs a dual plan",
-                        format!("the plan has the {} layout", plan.facts().layout),
-                    ))
-                }
-            },
-            (_, limit) => {
-                let limit = limit.unwrap_or_else(|| default_limit(&plan));
-                let orders = if prepared.ladder {
-                    fastest_within(&plan, limit, |p, r| auto_search(p, r).fitted)
-                        .map_or_else(|| auto_orders(&plan, limit), Ok)?
-                } else {
-                    auto_orders(&plan, limit)?
+                    auto_orders(&plan, dual, limit, &self.cache)?
                 };
                 // The limit becomes the plan's declared bound, which the driver verifies.
                 let declared = plan.memory_limit().map_or(limit, |l| l.min(limit));
-                return plan
-                    .with_orders(orders)
-                    .and_then(|p| p.with_memory_limit(Some(declared)))
-                    .map_err(|e| TransformError::core(Self::NAME, e));
+                (orders, Some(declared))
             }
         };
         plan.with_orders(orders)
+            .and_then(|p| p.with_memory_limit(declared))
             .map_err(|e| TransformError::core(Self::NAME, e))
     }
 }

@@ -19,9 +19,8 @@
 //! replay meets an op whose dependency has not run), which happens at few microbatches.
 //! Memory as sail-sg counts it: an F holds one chunk activation until its W.
 
+use crate::schedules::kernel::Agenda;
 use pipeweave_core::{Task, Work};
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
 
 /// Which controllable-memory schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +58,27 @@ fn pattern(kind: Controllable, ranks: i64) -> Vec<[i64; 4]> {
             }
         })
         .collect()
+}
+
+/// The heads of every (rank, type) list of `slots` (types `0..types`) in the order sail-sg's
+/// generator visits ops: by slot, then rank, then type (its `min` over (slot, rank, type)).
+fn heads(slots: &Slots, types: usize) -> Agenda<(i64, usize, usize)> {
+    let mut agenda = Agenda::new(0);
+    for (s, rank) in slots.iter().enumerate() {
+        for (t, list) in rank.iter().enumerate().take(types) {
+            if let Some(&first) = list.first() {
+                agenda.push((first, s, t), 0);
+            }
+        }
+    }
+    agenda
+}
+
+/// Puts the next op of list (`s`, `t`) on the agenda, if the list has one.
+fn advance(agenda: &mut Agenda<(i64, usize, usize)>, slots: &Slots, s: usize, t: usize, at: usize) {
+    if let Some(&next) = slots[s][t].get(at) {
+        agenda.push((next, s, t), 0);
+    }
 }
 
 /// The index of the smallest `key(t)` over `0..count`, ties to the smaller index (Python's `min`
@@ -162,19 +182,13 @@ fn replay(slots: &Slots, cost: &[f64], comm: f64) -> Option<Replay> {
         .map(|r| r.iter().map(|t| vec![None; t.len()]).collect())
         .collect();
     let total: usize = ranks * slots[0].iter().map(Vec::len).sum::<usize>();
-    let inf = slots.iter().map(|r| bound(r)).max().unwrap_or(0) + 1;
     let mut order: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ranks];
+    let mut agenda = heads(slots, types);
     for _ in 0..total {
-        let key = |x: usize| {
-            let (s, t) = (x / types, x % types);
-            let slot = slots[s][t].get(at[s][t]).copied().unwrap_or(inf);
-            (slot, s, t, at[s][t])
-        };
-        let ((slot, s, t, mb), _) = argmin(types * ranks, key);
-        if slot == inf {
-            return None;
-        }
+        let ((_, s, t), _) = agenda.pop_current()?;
+        let mb = at[s][t];
         at[s][t] += 1;
+        advance(&mut agenda, slots, s, t, at[s][t]);
         let get = |s: usize, t: usize, mb: usize| end[s][t].get(mb).copied().flatten();
         let mut ready: f64 = 0.0;
         let mut need = |value: Option<f64>| -> Option<()> {
@@ -236,20 +250,15 @@ fn reorder(mut slots: Slots, with_weights: bool) -> Option<Slots> {
         })
         .collect();
     let total: usize = ranks * slots[0].iter().map(Vec::len).sum::<usize>();
-    let inf = slots.iter().map(|r| bound(r)).max().unwrap_or(0) + 1;
     let forwards = slots[0][0].len();
     let mut phase = 0;
+    let mut agenda = heads(&slots, types);
     for _ in 0..total {
-        let key = |x: usize| {
-            let (s, t) = (x / types, x % types);
-            let slot = slots[s][t].get(at[s][t]).copied().unwrap_or(inf);
-            (slot, s, t, at[s][t])
-        };
-        let ((next, s, t, mb), _) = argmin(types * ranks, key);
-        if next == inf {
-            return None;
-        }
+        let ((next, s, t), _) = agenda.pop_current()?;
+        let mb = at[s][t];
         at[s][t] += 1;
+        // The list's next op keeps its slot whatever this one's becomes.
+        advance(&mut agenda, &slots, s, t, at[s][t]);
         if t == 3 && s == 0 && phase == 0 {
             phase = 1;
         }
@@ -353,45 +362,13 @@ pub fn controllable_types(
 }
 
 /// Every rank's V-Half or V-Min order on the V placement, or None where sail-sg's generator
-/// fails. The orders depend on the sizes alone and are remembered for the process (searches
-/// across memory limits ask for them once per limit).
+/// fails. The orders depend on the sizes alone: searches across memory limits ask for them
+/// through a [`crate::schedules::cache::SearchCache`], which remembers them.
 pub fn controllable_orders(
     kind: Controllable,
     ranks: u32,
     microbatches: u32,
 ) -> Option<Vec<Vec<Task>>> {
-    let key = (kind == Controllable::Half, ranks, microbatches);
-    let memory = remembered();
-    if let Some(found) = memory.lock().ok().and_then(|m| m.get(&key).cloned()) {
-        return found;
-    }
-    let found = generate(kind, ranks, microbatches);
-    if let Ok(mut m) = memory.lock() {
-        if m.len() >= 64 {
-            m.clear();
-        }
-        m.insert(key, found.clone());
-    }
-    found
-}
-
-/// The remembered orders, by (V-Half, ranks, microbatches).
-type Remembered = HashMap<(bool, u32, u32), Option<Vec<Vec<Task>>>>;
-
-fn remembered() -> &'static Mutex<Remembered> {
-    static MEMORY: OnceLock<Mutex<Remembered>> = OnceLock::new();
-    MEMORY.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// Forgets the remembered orders.
-pub fn forget() {
-    if let Ok(mut m) = remembered().lock() {
-        m.clear();
-    }
-}
-
-/// [`controllable_orders`], computed.
-fn generate(kind: Controllable, ranks: u32, microbatches: u32) -> Option<Vec<Vec<Task>>> {
     let order = controllable_types(kind, ranks, microbatches)?;
     Some(
         order

@@ -30,15 +30,14 @@
 //! routes, placement, costs and memory, so it takes any layout; `dual` uses it on DualPipe's.
 
 use crate::schedules::greedy::FillWaits;
+use crate::schedules::kernel::{self, ChoiceRule, Decision, Timeline};
 use crate::schedules::refine::refine;
 use crate::schedules::score::{refine_budget, Scored};
 use pipeweave_core::ir::problem::Route;
-use pipeweave_core::{Backwards, Facts, MicrobatchId, Op, OpKind, Plan, StageId, Task, Work};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
-
-/// Differences below this are floating-point noise.
-const EPSILON: f64 = 1e-9;
+use pipeweave_core::{
+    Backwards, Facts, MicrobatchId, Op, OpKind, Plan, StageId, Task, Work, TOLERANCE,
+};
+use std::collections::VecDeque;
 
 /// How many forwards a stage runs before its first backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,14 +211,11 @@ impl Lane {
     }
 }
 
-/// A rank's sequences, queued weight gradients, order so far, and when it is next free.
+/// A rank's sequences and queued weight gradients (its clock, memory and order are on the
+/// kernel's timeline).
 struct RankState {
     lanes: Vec<Lane>,
     weights: VecDeque<Work>,
-    free: f64,
-    /// Activation memory held (units of a rank's share).
-    held: f64,
-    order: Vec<Task>,
 }
 
 /// What a rank does next.
@@ -256,59 +252,22 @@ fn overlapped_pair(now: &[Candidate]) -> Option<Choice> {
         })
 }
 
-/// A rank's next choice in the scheduler's heap: ordered by start, then rank (as the linear scan
-/// it replaces), `version` telling a current entry from a stale one.
-#[derive(Clone, Copy, Debug)]
-struct Pending {
-    start: f64,
-    rank: usize,
-    version: u64,
-}
-
-impl PartialEq for Pending {
-    fn eq(&self, other: &Pending) -> bool {
-        self.cmp(other) == std::cmp::Ordering::Equal
-    }
-}
-
-impl Eq for Pending {}
-
-impl PartialOrd for Pending {
-    fn partial_cmp(&self, other: &Pending) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Pending {
-    fn cmp(&self, other: &Pending) -> std::cmp::Ordering {
-        self.start
-            .total_cmp(&other.start)
-            .then(self.rank.cmp(&other.rank))
-            .then(self.version.cmp(&other.version))
-    }
-}
-
-/// The state of one run of the scheduler.
-struct Scheduler<'a> {
+/// The counter-flow scheduler as a choice rule on the kernel.
+struct CounterFlow<'a> {
     plan: &'a Plan,
     variant: Variant,
     /// Activations a rank may hold: a forward that would exceed it waits.
     budget: f64,
     ranks: Vec<RankState>,
-    /// Finish time of every F and I op (NaN: not run yet), by op slot.
-    finish: Vec<f64>,
 }
 
-impl<'a> Scheduler<'a> {
-    fn new(plan: &'a Plan, variant: Variant, budget: f64) -> Scheduler<'a> {
+impl<'a> CounterFlow<'a> {
+    fn new(plan: &'a Plan, variant: Variant, budget: f64) -> CounterFlow<'a> {
         let problem = plan.problem();
         let mut ranks: Vec<RankState> = (0..problem.ranks())
             .map(|_| RankState {
                 lanes: Vec::new(),
                 weights: VecDeque::new(),
-                free: 0.0,
-                held: 0.0,
-                order: Vec::new(),
             })
             .collect();
         for (r, route) in problem.routes().iter().enumerate() {
@@ -321,51 +280,34 @@ impl<'a> Scheduler<'a> {
                 }
             }
         }
-        Scheduler {
+        CounterFlow {
             plan,
             variant,
             budget,
             ranks,
-            finish: vec![f64::NAN; plan.op_slots()],
-        }
-    }
-
-    /// When `op` finished (infinite when it has not run, or is out of range).
-    fn finished(&self, op: Op) -> f64 {
-        match self.plan.op_slot(op).map(|s| self.finish[s]) {
-            Some(t) if !t.is_nan() => t,
-            _ => f64::INFINITY,
-        }
-    }
-
-    /// The latency of an edge between two stages (zero on one rank).
-    fn edge(&self, from: StageId, to: StageId) -> f64 {
-        let problem = self.plan.problem();
-        if problem.rank_of(from) == problem.rank_of(to) {
-            0.0
-        } else {
-            self.plan.costs().comm()
         }
     }
 
     /// When `step` of `lane` has every input (infinite while one is unknown).
-    fn ready(&self, lane: &Lane, step: Step) -> f64 {
+    fn ready(&self, timeline: &Timeline<'_>, lane: &Lane, step: Step) -> f64 {
         let route = &self.plan.problem().routes()[lane.route];
         let mb = step.microbatch();
+        let finished = |op: Op| timeline.ended(op).unwrap_or(f64::INFINITY);
         match step {
             Step::Forward(_) => match route.prev(lane.stage) {
                 None => 0.0,
                 Some(prev) => {
-                    self.finished(Op::new(OpKind::Forward, prev, mb)) + self.edge(prev, lane.stage)
+                    finished(Op::new(OpKind::Forward, prev, mb))
+                        + timeline.latency(prev, lane.stage)
                 }
             },
             Step::Backward(_) => {
-                let own = self.finished(Op::new(OpKind::Forward, lane.stage, mb));
+                let own = finished(Op::new(OpKind::Forward, lane.stage, mb));
                 match route.next(lane.stage) {
                     None => own,
                     Some(next) => own.max(
-                        self.finished(Op::new(OpKind::InputGrad, next, mb))
-                            + self.edge(next, lane.stage),
+                        finished(Op::new(OpKind::InputGrad, next, mb))
+                            + timeline.latency(next, lane.stage),
                     ),
                 }
             }
@@ -383,23 +325,23 @@ impl<'a> Scheduler<'a> {
 
     /// The steps rank `r`'s lanes may run next, with when each could start, and whether memory
     /// kept a forward back.
-    fn candidates(&self, r: usize) -> (Vec<Candidate>, bool) {
+    fn candidates(&self, timeline: &Timeline<'_>, r: usize) -> (Vec<Candidate>, bool) {
         let rank = &self.ranks[r];
         let mut blocked = false;
         let mut out = Vec::new();
         for (i, lane) in rank.lanes.iter().enumerate() {
             for step in lane.heads() {
-                let fits = rank.held + self.activation(lane.stage) <= self.budget + EPSILON;
+                let fits = timeline.fits(r, self.activation(lane.stage), self.budget);
                 if matches!(step, Step::Forward(_)) && !fits {
                     blocked = true;
                     continue;
                 }
-                let ready = self.ready(lane, step);
+                let ready = self.ready(timeline, lane, step);
                 out.push(Candidate {
                     lane: i,
                     step,
                     ready,
-                    start: ready.max(rank.free),
+                    start: ready.max(timeline.free(r)),
                 });
             }
         }
@@ -409,9 +351,15 @@ impl<'a> Scheduler<'a> {
     /// Whether rank `r`, which can start a step at `earliest` at best, runs its oldest queued W
     /// now: when nothing can start at once and the W fills the wait by the variant's rule, or
     /// memory keeps a forward back, or nothing else is known.
-    fn fill_with_weight(&self, r: usize, earliest: f64, blocked: bool) -> bool {
-        let rank = &self.ranks[r];
-        let Some(&w) = rank.weights.front() else {
+    fn fill_with_weight(
+        &self,
+        timeline: &Timeline<'_>,
+        r: usize,
+        earliest: f64,
+        blocked: bool,
+    ) -> bool {
+        let free = timeline.free(r);
+        let Some(&w) = self.ranks[r].weights.front() else {
             return false;
         };
         let fill = match self.variant.weights {
@@ -421,26 +369,26 @@ impl<'a> Scheduler<'a> {
         if earliest.is_infinite() {
             return true;
         }
-        if earliest <= rank.free + EPSILON {
+        if earliest <= free + TOLERANCE {
             return false;
         }
         let cost = self.plan.costs().op_cost(w.op(OpKind::WeightGrad));
-        blocked || fill == FillWaits::Always || rank.free + cost <= earliest + EPSILON
+        blocked || fill == FillWaits::Always || free + cost <= earliest + TOLERANCE
     }
 
     /// Rank `r`'s next task and its start, or None while it cannot start anything known.
-    fn next_choice(&self, r: usize) -> Option<(f64, Choice)> {
-        let (heads, blocked) = self.candidates(r);
+    fn next_choice(&self, timeline: &Timeline<'_>, r: usize) -> Option<(f64, Choice)> {
+        let (heads, blocked) = self.candidates(timeline, r);
         let earliest = heads.iter().map(|c| c.start).fold(f64::INFINITY, f64::min);
-        if self.fill_with_weight(r, earliest, blocked) {
-            return Some((self.ranks[r].free, Choice::Weight));
+        if self.fill_with_weight(timeline, r, earliest, blocked) {
+            return Some((timeline.free(r), Choice::Weight));
         }
         if earliest.is_infinite() {
             return None;
         }
         let now: Vec<Candidate> = heads
             .into_iter()
-            .filter(|c| c.start <= earliest + EPSILON)
+            .filter(|c| c.start <= earliest + TOLERANCE)
             .collect();
         if self.variant.overlap {
             if let Some(pair) = overlapped_pair(&now) {
@@ -501,27 +449,38 @@ impl<'a> Scheduler<'a> {
             },
         }
     }
+}
 
-    /// Runs `choice` on rank `r` from `start`; returns the ranks whose next choice may have
-    /// changed: `r` and the owners of the stages its ops feed.
-    fn execute(&mut self, r: usize, start: f64, choice: Choice) -> Vec<usize> {
-        let mut touched = vec![r];
-        let Some(task) = self.task(r, choice) else {
-            return touched;
-        };
-        let end = start + self.plan.costs().task_duration(&task);
+impl ChoiceRule for CounterFlow<'_> {
+    type Choice = Choice;
+    const EAGER: bool = true;
+
+    fn decide(&mut self, timeline: &Timeline<'_>, r: usize, _now: f64) -> Decision<Choice> {
+        match self.next_choice(timeline, r) {
+            Some((start, choice)) => Decision::Run { start, choice },
+            None => Decision::Wait,
+        }
+    }
+
+    fn commit(&mut self, r: usize, choice: Choice) -> Option<Task> {
+        self.task(r, choice)
+    }
+
+    /// The ranks whose next choice may have changed: the owners of the stages `task`'s F and I
+    /// feed.
+    fn ran(
+        &mut self,
+        timeline: &Timeline<'_>,
+        _r: usize,
+        task: Task,
+        start: f64,
+        _end: f64,
+        wake: &mut Vec<(usize, f64)>,
+    ) -> bool {
         let problem = self.plan.problem();
-        let memory = self.plan.memory().stages();
-        let mut held = 0.0;
         for op in task.ops() {
-            held += memory
-                .get(op.stage.index())
-                .map_or(0.0, |m| m.delta(op.kind));
             if op.kind == OpKind::WeightGrad {
                 continue;
-            }
-            if let Some(slot) = self.plan.op_slot(op) {
-                self.finish[slot] = end;
             }
             let Some(route) = problem.route_of(op.microbatch) else {
                 continue;
@@ -530,78 +489,27 @@ impl<'a> Scheduler<'a> {
                 OpKind::Forward => route.next(op.stage),
                 _ => route.prev(op.stage),
             };
-            if let Some(owner) = fed.and_then(|s| problem.rank_of(s)) {
-                touched.push(owner.index());
+            if let Some(stage) = fed {
+                wake.push((timeline.owner(stage), start));
             }
         }
-        let rank = &mut self.ranks[r];
-        rank.free = end;
-        rank.held += held;
-        rank.order.push(task);
-        touched
-    }
-
-    /// Schedules everything; None if some rank is left with work it can never start (memory
-    /// too tight for the variant's pacing). Each rank's next choice is kept until a task on it or
-    /// on a rank that feeds it runs; the earliest (then the lowest rank) runs next, found in a
-    /// heap whose stale entries (a rank's choice recomputed since) are skipped, so a run takes
-    /// O(tasks log ranks).
-    fn run(mut self) -> Option<Vec<Vec<Task>>> {
-        let ranks = self.ranks.len();
-        let mut next: Vec<Option<(f64, Choice)>> =
-            (0..ranks).map(|r| self.next_choice(r)).collect();
-        let mut version = vec![0u64; ranks];
-        let mut heap: BinaryHeap<Reverse<Pending>> = next
-            .iter()
-            .enumerate()
-            .filter_map(|(r, c)| {
-                c.map(|(start, _)| {
-                    Reverse(Pending {
-                        start,
-                        rank: r,
-                        version: 0,
-                    })
-                })
-            })
-            .collect();
-        while let Some(Reverse(pending)) = heap.pop() {
-            let r = pending.rank;
-            if pending.version != version[r] {
-                continue;
-            }
-            let Some((start, choice)) = next[r] else {
-                continue;
-            };
-            let mut touched = self.execute(r, start, choice);
-            touched.sort_unstable();
-            touched.dedup();
-            for t in touched {
-                version[t] += 1;
-                next[t] = self.next_choice(t);
-                if let Some((start, _)) = next[t] {
-                    heap.push(Reverse(Pending {
-                        start,
-                        rank: t,
-                        version: version[t],
-                    }));
-                }
-            }
-        }
-        let unfinished = self
-            .ranks
-            .iter()
-            .any(|rank| !rank.weights.is_empty() || rank.lanes.iter().any(|l| !l.done()));
-        if unfinished {
-            return None;
-        }
-        Some(self.ranks.into_iter().map(|rank| rank.order).collect())
+        true
     }
 }
 
 /// Every rank's counter-flow order of `plan`'s problem under one variant (the plan's own orders
 /// are ignored). The orders still need verification.
 pub fn schedule(plan: &Plan, variant: Variant, budget: f64) -> Option<Vec<Vec<Task>>> {
-    Scheduler::new(plan, variant, budget).run()
+    let mut rule = CounterFlow::new(plan, variant, budget);
+    let timeline = kernel::run(Timeline::new(plan), &mut rule)?;
+    let unfinished = rule
+        .ranks
+        .iter()
+        .any(|rank| !rank.weights.is_empty() || rank.lanes.iter().any(|l| !l.done()));
+    if unfinished {
+        return None;
+    }
+    Some(timeline.into_orders())
 }
 
 /// How many of the best variants the local search improves (the best before it is not always the
@@ -677,112 +585,4 @@ pub fn best(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use pipeweave_core::{
-        simulate, verify, CostModel, DualKind, Layout, MemoryModel, Pacing, ProblemSpec,
-        StageCostsSpec,
-    };
-
-    fn dual_plan(ranks: u32, microbatches: u32, f: f64, b: f64) -> Plan {
-        let problem = ProblemSpec::dualpipe(ranks, microbatches)
-            .validate()
-            .unwrap();
-        let costs = StageCostsSpec::builder()
-            .forward(f)
-            .input_grad(b / 2.0)
-            .weight_grad(b / 2.0)
-            .build()
-            .validate()
-            .unwrap();
-        let stages = problem.stages();
-        let plan = Plan::unscheduled(
-            problem,
-            CostModel::uniform(stages, costs, 0.0).unwrap(),
-            MemoryModel::uniform(stages, Default::default()),
-        )
-        .unwrap();
-        let facts = Facts {
-            layout: Layout::Dual(DualKind::DualPipe),
-            pacing: Pacing::OneForwardOneBackward,
-            backwards: Backwards::Whole,
-            residency: pipeweave_core::Residency::KEPT,
-        };
-        plan.with_facts(facts).unwrap()
-    }
-
-    #[test]
-    fn strict_lanes_run_1f1b_per_position() {
-        let problem = ProblemSpec::builder()
-            .ranks(4)
-            .microbatches(3)
-            .build()
-            .validate()
-            .unwrap();
-        let route = &problem.routes()[0];
-        // A strict lane run alone: always its one next step.
-        let run = |position: usize, warmup: Warmup| {
-            let variant = Variant {
-                warmup,
-                free: false,
-                prefer: Prefer::Backward,
-                overlap: false,
-                weights: Weights::Fused,
-            };
-            let mut lane = Lane::new(route, 0, position, variant);
-            let mut text = Vec::new();
-            while let Some(step) = lane.heads().next() {
-                text.push(match step {
-                    Step::Forward(m) => format!("F{m}"),
-                    Step::Backward(m) => format!("B{m}"),
-                });
-                lane.advance(step);
-            }
-            assert!(lane.done());
-            text.join(" ")
-        };
-        let one = Warmup::OneForwardOneBackward;
-        assert_eq!(run(0, one), "F0 F1 F2 B0 B1 B2");
-        assert_eq!(run(2, one), "F0 F1 B0 F2 B1 B2");
-        assert_eq!(run(3, one), "F0 B0 F1 B1 F2 B2");
-        assert_eq!(run(3, Warmup::Double), "F0 B0 F1 B1 F2 B2");
-        assert_eq!(run(2, Warmup::Double), "F0 F1 F2 B0 B1 B2");
-        assert_eq!(run(3, Warmup::Full), "F0 F1 F2 B0 B1 B2");
-    }
-
-    #[test]
-    fn two_microbatches_in_counter_flow_never_collide() {
-        // One microbatch per route at P = 4, F = 1, B = 2: each route's critical path, 4 x 3.
-        let plan = dual_plan(4, 2, 1.0, 2.0);
-        let orders = best(&plan, false, None, None).unwrap();
-        let plan = plan.with_orders(orders).unwrap();
-        assert!(verify(&plan).is_ok());
-        assert_eq!(simulate(&plan).unwrap().makespan(), 12.0);
-    }
-
-    #[test]
-    fn every_variant_schedules_every_op() {
-        for (p, m) in [(2, 2), (2, 3), (4, 5), (6, 7), (8, 9)] {
-            let plan = dual_plan(p, m, 1.0, 2.0);
-            let split = plan
-                .clone()
-                .with_facts(Facts {
-                    backwards: Backwards::Split,
-                    ..plan.facts()
-                })
-                .unwrap();
-            for variant in variants(true) {
-                let orders = schedule(&split, variant, f64::INFINITY).unwrap();
-                let done = split.clone().with_orders(orders).unwrap();
-                assert!(verify(&done).is_ok(), "P={p} M={m} {variant:?}");
-            }
-        }
-    }
-
-    #[test]
-    fn a_bound_no_variant_meets_gives_none() {
-        let plan = dual_plan(4, 3, 1.0, 2.0);
-        assert!(best(&plan, false, Some(1.0), None).is_none());
-        assert!(best(&plan, false, None, Some(0.5)).is_none());
-    }
-}
+mod tests;

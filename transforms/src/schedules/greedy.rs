@@ -16,10 +16,10 @@
 //! many forwards as memory and the first backward's arrival allow, then one F and one B per round,
 //! Ws into waits and when memory runs out); `zero_bubble(policy=auto)` tries several variants.
 
+use crate::schedules::kernel::{self, Agenda, ChoiceRule, Decision, Time, Timeline};
 use crate::schedules::score::Score;
-use pipeweave_core::{Op, OpKind, Plan, StageId, Task, Work};
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, VecDeque};
+use pipeweave_core::{Op, OpKind, Plan, StageId, Task, Work, TOLERANCE};
+use std::collections::VecDeque;
 
 /// When pending Ws run in a wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,8 +65,6 @@ pub enum InFlight {
     },
 }
 
-const EPSILON: f64 = 1e-9;
-
 /// The warm-up of `rank` under `InFlight::CostAware`: forwards that fit between the start of its
 /// first forward and the earliest arrival of that microbatch's input gradient.
 fn cost_aware_warmup(plan: &Plan, rank: usize, round_up: bool) -> usize {
@@ -99,102 +97,32 @@ fn cost_aware_warmup(plan: &Plan, rank: usize, round_up: bool) -> usize {
         }
     }
     let forward = cost(stages[position]).forward();
-    if forward <= EPSILON {
+    if forward <= TOLERANCE {
         return usize::MAX;
     }
     let count = window / forward;
     let count = if round_up {
-        (count - EPSILON).ceil()
+        (count - TOLERANCE).ceil()
     } else {
-        (count + EPSILON).floor()
+        (count + TOLERANCE).floor()
     };
     (count.max(1.0)) as usize
 }
 
-/// An input-gradient backward whose dependencies are known, keyed by when it can start.
-#[derive(Clone, Copy, Debug)]
-struct ReadyInput {
-    at: f64,
-    work: Work,
-}
+/// A rank's input-gradient backwards whose dependencies are known, earliest first (then the lowest
+/// microbatch and stage).
+type ReadyInputs = Agenda<(Time, Work)>;
 
-impl PartialEq for ReadyInput {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for ReadyInput {}
-impl PartialOrd for ReadyInput {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for ReadyInput {
-    /// Reversed, so that `BinaryHeap` pops the earliest, then the lowest microbatch and stage.
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .at
-            .total_cmp(&self.at)
-            .then(other.work.microbatch.cmp(&self.work.microbatch))
-            .then(other.work.stage.cmp(&self.work.stage))
-    }
-}
-
-/// A rank's pending decision time in the agenda (stale entries are skipped when popped).
-#[derive(Clone, Copy, Debug)]
-struct Due {
-    at: f64,
-    rank: usize,
-}
-
-impl PartialEq for Due {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Due {}
-impl PartialOrd for Due {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Due {
-    /// Reversed, so that `BinaryHeap` pops the earliest, then the lowest rank.
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .at
-            .total_cmp(&self.at)
-            .then(other.rank.cmp(&self.rank))
-    }
-}
-
+/// One rank's queues and pacing.
 struct Rank {
     stages: Vec<StageId>,
     next_forward: Vec<usize>,
-    ready_inputs: BinaryHeap<ReadyInput>,
+    ready_inputs: ReadyInputs,
     pending_weight: VecDeque<Work>,
     in_flight: usize,
     in_flight_cap: usize,
-    held: f64,
     remaining_work: f64,
-    free: f64,
-    clock: f64,
-    first_start: f64,
-    waiting: bool,
     remaining: usize,
-    order: Vec<Task>,
-}
-
-impl Rank {
-    /// Makes the rank decide again at `at` (not before it is free); true when its time changed.
-    fn wake(&mut self, at: f64) -> bool {
-        if self.waiting || self.clock > at {
-            self.waiting = false;
-            self.clock = self.free.max(at);
-            return true;
-        }
-        false
-    }
 }
 
 /// A schedule the list scheduler built, with its own timing (as early as possible).
@@ -217,7 +145,16 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Schedule> {
 /// span is at least its current end plus the durations of its ops still to run, which prunes a
 /// losing variant as soon as its idle time exceeds the best one's.
 pub fn schedule_within(plan: &Plan, limit: f64, variant: Variant, bound: f64) -> Option<Schedule> {
-    Scheduler::new(plan, limit, variant, bound).run()
+    let mut rule = Greedy::new(plan, limit, variant, bound);
+    let timeline = kernel::run(Timeline::new(plan), &mut rule)?;
+    if rule.ranks.iter().any(|k| k.remaining > 0) {
+        return None;
+    }
+    let (max_span, makespan) = timeline.spans();
+    Some(Schedule {
+        orders: timeline.into_orders(),
+        score: Score { max_span, makespan },
+    })
 }
 
 /// What one decision found ready on a rank.
@@ -232,11 +169,38 @@ struct Candidates {
     next_known: f64,
 }
 
-/// An arrival a finished task makes known: (rank, a ready input gradient if any, time).
-type Arrival = (usize, Option<ReadyInput>, f64);
+/// What a rank runs: the task, and which queue it comes off.
+#[derive(Clone, Copy, Debug)]
+enum Choice {
+    /// The ready input gradient with the ready forward of local stage `k`.
+    Overlapped {
+        k: usize,
+        forward: Work,
+        backward: Work,
+    },
+    /// The ready input gradient.
+    Input(Work),
+    /// The ready forward of local stage `k`.
+    Forward { k: usize, work: Work },
+    /// The oldest pending W.
+    Weight(Work),
+}
 
-/// The state of one run of the list scheduler.
-struct Scheduler<'a> {
+impl Choice {
+    fn task(self) -> Task {
+        match self {
+            Choice::Overlapped {
+                forward, backward, ..
+            } => Task::Overlapped { forward, backward },
+            Choice::Input(w) => Task::InputGrad(w),
+            Choice::Forward { work, .. } => Task::Forward(work),
+            Choice::Weight(w) => Task::WeightGrad(w),
+        }
+    }
+}
+
+/// The list scheduler as a choice rule on the kernel.
+struct Greedy<'a> {
     plan: &'a Plan,
     limit: f64,
     variant: Variant,
@@ -244,13 +208,10 @@ struct Scheduler<'a> {
     /// Per stage, the microbatches that pass it, in order.
     stage_microbatches: Vec<Vec<u32>>,
     ranks: Vec<Rank>,
-    /// Finish time of every forward (the only op whose finish a later decision looks up).
-    forward_finish: Vec<f64>,
-    agenda: BinaryHeap<Due>,
 }
 
-impl<'a> Scheduler<'a> {
-    fn new(plan: &'a Plan, limit: f64, variant: Variant, bound: f64) -> Scheduler<'a> {
+impl<'a> Greedy<'a> {
+    fn new(plan: &'a Plan, limit: f64, variant: Variant, bound: f64) -> Greedy<'a> {
         let problem = plan.problem();
         let mut stage_microbatches: Vec<Vec<u32>> = vec![Vec::new(); problem.stages() as usize];
         for route in problem.routes() {
@@ -264,19 +225,13 @@ impl<'a> Scheduler<'a> {
         let ranks: Vec<Rank> = (0..problem.ranks())
             .map(|r| Self::rank_state(plan, r, variant, &stage_microbatches))
             .collect();
-        let agenda = (0..ranks.len())
-            .filter(|&r| ranks[r].remaining > 0)
-            .map(|rank| Due { at: 0.0, rank })
-            .collect();
-        Scheduler {
+        Greedy {
             plan,
             limit,
             variant,
             bound,
             stage_microbatches,
             ranks,
-            forward_finish: vec![f64::NAN; plan.op_slots()],
-            agenda,
         }
     }
 
@@ -313,25 +268,12 @@ impl<'a> Scheduler<'a> {
             remaining_work,
             next_forward: vec![0; stages.len()],
             stages,
-            ready_inputs: BinaryHeap::new(),
+            ready_inputs: Agenda::new(1),
             pending_weight: VecDeque::new(),
             in_flight: 0,
             in_flight_cap,
-            held: 0.0,
-            free: 0.0,
-            clock: 0.0,
-            first_start: f64::NAN,
-            waiting: false,
             remaining,
-            order: Vec::new(),
         }
-    }
-
-    fn owner(&self, stage: StageId) -> usize {
-        self.plan
-            .problem()
-            .rank_of(stage)
-            .map_or(usize::MAX, |r| r.index())
     }
 
     fn total(&self, stage: StageId) -> f64 {
@@ -342,75 +284,18 @@ impl<'a> Scheduler<'a> {
             .map_or(0.0, |m| m.total())
     }
 
-    fn weight_part(&self, stage: StageId) -> f64 {
-        self.plan
-            .memory()
-            .stages()
-            .get(stage.index())
-            .map_or(0.0, |m| m.weight_grad())
-    }
-
-    fn slot(&self, op: Op) -> usize {
-        self.plan.op_slot(op).expect("scheduled ops are in range")
-    }
-
-    /// Decides rank after rank until every rank is done or stuck.
-    fn run(mut self) -> Option<Schedule> {
-        while let Some(r) = self.next_rank() {
-            let t = self.ranks[r].clock;
-            let candidates = self.candidates(r, t);
-            let Some(task) = self.choose(r, t, &candidates) else {
-                self.park(r, candidates.next_known);
-                continue;
-            };
-            if !self.execute(r, t, task) {
-                return None;
-            }
-        }
-        self.finish()
-    }
-
-    /// The rank with the earliest pending decision (stale agenda entries are skipped).
-    fn next_rank(&mut self) -> Option<usize> {
-        while let Some(due) = self.agenda.pop() {
-            let k = &self.ranks[due.rank];
-            if k.remaining > 0 && !k.waiting && k.clock == due.at {
-                return Some(due.rank);
-            }
-        }
-        None
-    }
-
-    /// The schedule, or None when some rank could not finish within the limit.
-    fn finish(self) -> Option<Schedule> {
-        if self.ranks.iter().any(|k| k.remaining > 0) {
-            return None;
-        }
-        let max_span = self
-            .ranks
-            .iter()
-            .map(|k| k.free - k.first_start)
-            .fold(0.0, f64::max);
-        let makespan = self.ranks.iter().map(|k| k.free).fold(0.0, f64::max);
-        Some(Schedule {
-            orders: self.ranks.into_iter().map(|k| k.order).collect(),
-            score: Score { max_span, makespan },
-        })
-    }
-
     /// What rank `r` could run at time `t`.
-    fn candidates(&self, r: usize, t: f64) -> Candidates {
-        let rank = &self.ranks[r];
+    fn candidates(&mut self, timeline: &Timeline<'_>, r: usize, t: f64) -> Candidates {
         let mut next_known = f64::INFINITY;
-        let input = match rank.ready_inputs.peek() {
-            Some(ready) if ready.at <= t + EPSILON => Some(ready.work),
-            Some(ready) => {
-                next_known = ready.at;
+        let input = match self.ranks[r].ready_inputs.peek() {
+            Some(&(Time(at), work)) if at <= t + TOLERANCE => Some(work),
+            Some(&(Time(at), _)) => {
+                next_known = at;
                 None
             }
             None => None,
         };
-        let (forward, blocked_by_memory) = self.ready_forward(r, t, &mut next_known);
+        let (forward, blocked_by_memory) = self.ready_forward(timeline, r, t, &mut next_known);
         Candidates {
             input,
             forward,
@@ -423,6 +308,7 @@ impl<'a> Scheduler<'a> {
     /// first; lowers `next_known` to the arrival of a forward that would fit but is not ready.
     fn ready_forward(
         &self,
+        timeline: &Timeline<'_>,
         r: usize,
         t: f64,
         next_known: &mut f64,
@@ -445,28 +331,23 @@ impl<'a> Scheduler<'a> {
             let at = match route.prev(stage) {
                 None => 0.0,
                 Some(prev) => {
-                    let f = self.forward_finish
-                        [self.slot(Op::new(OpKind::Forward, prev, w.microbatch))];
-                    if f.is_nan() {
-                        continue;
-                    }
-                    if self.owner(prev) == r {
-                        f
-                    } else {
-                        f + self.plan.costs().comm()
+                    match timeline.arrival(Op::new(OpKind::Forward, prev, w.microbatch), stage) {
+                        Some(at) => at,
+                        None => continue,
                     }
                 }
             };
-            let need = rank.held + self.total(stage) + self.reserved(r, k);
-            let fits = need <= self.limit + EPSILON && rank.in_flight < rank.in_flight_cap;
-            if at > t + EPSILON {
+            let extra = self.total(stage) + self.reserved(r, k);
+            let within = timeline.fits(r, extra, self.limit);
+            let fits = within && rank.in_flight < rank.in_flight_cap;
+            if at > t + TOLERANCE {
                 if fits {
                     *next_known = next_known.min(at);
                 }
                 continue;
             }
             if !fits {
-                blocked_by_memory |= need > self.limit + EPSILON;
+                blocked_by_memory |= !within;
                 continue;
             }
             if forward.is_none() {
@@ -493,9 +374,8 @@ impl<'a> Scheduler<'a> {
             .sum::<f64>()
     }
 
-    /// Picks the task rank `r` runs at `t` by the variant's priorities and takes it off its
-    /// queues; None when the rank must wait.
-    fn choose(&mut self, r: usize, t: f64, c: &Candidates) -> Option<Task> {
+    /// The task rank `r` runs at `t` by the variant's priorities; None when the rank must wait.
+    fn choose(&self, timeline: &Timeline<'_>, r: usize, t: f64, c: &Candidates) -> Option<Choice> {
         let costs = self.plan.costs();
         let weight = self.ranks[r].pending_weight.front().copied();
         let run_weight = weight.is_some_and(|w| {
@@ -508,87 +388,96 @@ impl<'a> Scheduler<'a> {
                         .copied()
                         .unwrap_or_default()
                         .weight_grad()
-                        - EPSILON
+                        - TOLERANCE
         });
         let overlap_fits = c
             .forward
-            .is_some_and(|(_, f)| self.ranks[r].held + self.total(f.stage) <= self.limit + EPSILON);
-        let rank = &mut self.ranks[r];
+            .is_some_and(|(_, f)| timeline.fits(r, self.total(f.stage), self.limit));
         match (c.input, c.forward) {
-            (Some(b), Some((k, f))) if self.variant.overlap && overlap_fits => {
-                rank.ready_inputs.pop();
-                rank.next_forward[k] += 1;
-                Some(Task::Overlapped {
-                    forward: f,
-                    backward: b,
+            (Some(backward), Some((k, forward))) if self.variant.overlap && overlap_fits => {
+                Some(Choice::Overlapped {
+                    k,
+                    forward,
+                    backward,
                 })
             }
-            (Some(b), f) if self.variant.prefer_input_grad || f.is_none() => {
-                rank.ready_inputs.pop();
-                Some(Task::InputGrad(b))
-            }
-            (_, Some((k, f))) => {
-                rank.next_forward[k] += 1;
-                Some(Task::Forward(f))
-            }
+            (Some(b), f) if self.variant.prefer_input_grad || f.is_none() => Some(Choice::Input(b)),
+            (_, Some((k, work))) => Some(Choice::Forward { k, work }),
             (_, None) => match weight {
-                Some(w) if run_weight => {
-                    rank.pending_weight.pop_front();
-                    Some(Task::WeightGrad(w))
-                }
+                Some(w) if run_weight => Some(Choice::Weight(w)),
                 _ => None,
             },
         }
     }
 
-    /// Nothing to run: decide again at the next known arrival, or wait to be woken.
-    fn park(&mut self, r: usize, next_known: f64) {
-        let rank = &mut self.ranks[r];
-        if next_known.is_finite() {
-            rank.clock = next_known;
-            self.agenda.push(Due {
-                at: next_known,
-                rank: r,
-            });
-        } else {
-            rank.waiting = true;
-        }
-    }
-
-    /// Runs `task` on rank `r` from `t`; false when the run can no longer beat the bound.
-    fn execute(&mut self, r: usize, t: f64, task: Task) -> bool {
+    /// Whether running `task` on rank `r` from `t` can still beat the bound.
+    fn within_bound(&self, timeline: &Timeline<'_>, r: usize, t: f64, task: &Task) -> bool {
         let costs = self.plan.costs();
-        let end = t + costs.task_duration(&task);
+        let end = t + costs.task_duration(task);
         let work: f64 = task.ops().iter().map(|op| costs.op_cost(*op)).sum();
-        let rank = &mut self.ranks[r];
-        if rank.first_start.is_nan() {
-            rank.first_start = t;
-        }
-        rank.remaining_work -= work;
+        let first_start = match timeline.first_start(r) {
+            f if f.is_nan() => t,
+            f => f,
+        };
         let least_end = if self.variant.overlap {
             end
         } else {
-            end + rank.remaining_work
+            end + (self.ranks[r].remaining_work - work)
         };
-        if least_end - rank.first_start > self.bound + EPSILON {
-            return false;
+        least_end - first_start <= self.bound + TOLERANCE
+    }
+}
+
+impl ChoiceRule for Greedy<'_> {
+    type Choice = Choice;
+
+    fn decide(&mut self, timeline: &Timeline<'_>, r: usize, now: f64) -> Decision<Choice> {
+        if self.ranks[r].remaining == 0 {
+            return Decision::Wait;
         }
-        rank.free = end;
-        rank.clock = end;
-        rank.order.push(task);
-        rank.remaining -= task.ops().len();
-        let arrivals = self.book(r, task, end);
-        if self.ranks[r].remaining > 0 {
-            self.agenda.push(Due { at: end, rank: r });
+        let candidates = self.candidates(timeline, r, now);
+        match self.choose(timeline, r, now, &candidates) {
+            Some(choice) if self.within_bound(timeline, r, now, &choice.task()) => {
+                Decision::Run { start: now, choice }
+            }
+            Some(_) => Decision::GiveUp,
+            None if candidates.next_known.is_finite() => Decision::At(candidates.next_known),
+            None => Decision::Wait,
         }
-        self.notify(r, arrivals);
-        true
     }
 
-    /// Book-keeping of a finished task, and the arrivals it makes known (on this rank or another).
-    fn book(&mut self, r: usize, task: Task, end: f64) -> Vec<Arrival> {
-        let comm = self.plan.costs().comm();
-        let mut arrivals: Vec<Arrival> = Vec::new();
+    fn commit(&mut self, r: usize, choice: Choice) -> Option<Task> {
+        let rank = &mut self.ranks[r];
+        match choice {
+            Choice::Overlapped { k, .. } => {
+                rank.ready_inputs.pop_current();
+                rank.next_forward[k] += 1;
+            }
+            Choice::Input(_) => {
+                rank.ready_inputs.pop_current();
+            }
+            Choice::Forward { k, .. } => rank.next_forward[k] += 1,
+            Choice::Weight(_) => {
+                rank.pending_weight.pop_front();
+            }
+        }
+        Some(choice.task())
+    }
+
+    /// Book-keeping of a finished task; the arrivals it makes known wake the ranks they reach.
+    fn ran(
+        &mut self,
+        timeline: &Timeline<'_>,
+        r: usize,
+        task: Task,
+        _start: f64,
+        end: f64,
+        wake: &mut Vec<(usize, f64)>,
+    ) -> bool {
+        let costs = self.plan.costs();
+        let work: f64 = task.ops().iter().map(|op| costs.op_cost(*op)).sum();
+        self.ranks[r].remaining_work -= work;
+        self.ranks[r].remaining -= task.ops().len();
         for op in task.ops() {
             let stage = op.stage;
             let w = Work {
@@ -600,61 +489,42 @@ impl<'a> Scheduler<'a> {
             };
             match op.kind {
                 OpKind::Forward => {
-                    let slot = self.slot(op);
-                    self.forward_finish[slot] = end;
-                    self.ranks[r].held += self.total(stage);
                     self.ranks[r].in_flight += 1;
                     match route.next(stage) {
                         // The last stage's I needs only its own F.
-                        None => arrivals.push((r, Some(ReadyInput { at: end, work: w }), end)),
+                        None => self.ranks[r].ready_inputs.push((Time(end), w), 0),
                         Some(next) => {
-                            let q = self.owner(next);
-                            let at = if q == r { end } else { end + comm };
-                            arrivals.push((q, None, at));
+                            let q = timeline.owner(next);
+                            wake.push((q, end + timeline.latency(stage, next)));
                         }
                     }
                 }
                 OpKind::InputGrad => {
-                    let freed = self.total(stage) - self.weight_part(stage);
-                    self.ranks[r].held -= freed;
                     self.ranks[r].in_flight -= 1;
                     if !matches!(task, Task::Overlapped { .. }) {
                         self.ranks[r].pending_weight.push_back(w);
                     }
                     if let Some(prev) = route.prev(stage) {
-                        let q = self.owner(prev);
-                        let own_forward = self.forward_finish
-                            [self.slot(Op::new(OpKind::Forward, prev, op.microbatch))];
-                        let at = (if q == r { end } else { end + comm }).max(own_forward);
+                        let q = timeline.owner(prev);
+                        let own_forward = timeline
+                            .ended(Op::new(OpKind::Forward, prev, op.microbatch))
+                            .unwrap_or(f64::NAN);
+                        let at = (end + timeline.latency(stage, prev)).max(own_forward);
                         let work = Work {
                             stage: prev,
                             microbatch: op.microbatch,
                         };
-                        arrivals.push((q, Some(ReadyInput { at, work }), at));
+                        if let Some(target) = self.ranks.get_mut(q) {
+                            target.ready_inputs.push((Time(at), work), 0);
+                        }
+                        wake.push((q, at));
                     }
                 }
-                OpKind::WeightGrad => self.ranks[r].held -= self.weight_part(stage),
+                OpKind::WeightGrad => {}
             }
         }
-        arrivals
-    }
-
-    /// Delivers arrivals and wakes the ranks that were waiting for them.
-    fn notify(&mut self, r: usize, arrivals: Vec<Arrival>) {
-        for (q, ready, at) in arrivals {
-            let Some(target) = self.ranks.get_mut(q) else {
-                continue;
-            };
-            if let Some(ready) = ready {
-                target.ready_inputs.push(ready);
-            }
-            if q != r && target.remaining > 0 && target.wake(at) {
-                self.agenda.push(Due {
-                    at: target.clock,
-                    rank: q,
-                });
-            }
-        }
+        wake.retain(|&(q, _)| q != r && self.ranks.get(q).is_some_and(|k| k.remaining > 0));
+        true
     }
 }
 

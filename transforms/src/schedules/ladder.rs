@@ -12,49 +12,27 @@
 //! the limit; between two rungs it is the lower rung's unless the search at the limit itself is
 //! faster.
 //!
-//! The searches of the rungs run on every core and are remembered for the process (by the plan
-//! and the limit; a few hundred at most), so a caller that asks for many limits of one plan, as
-//! the frontier does, pays for each rung once.
+//! The searches of the rungs run on every core and are remembered in the caller's
+//! [`SearchCache`] (by the plan and the limit), so a caller that asks for many limits of one plan
+//! through one cache, as the frontier does, pays for each rung once.
 
+use crate::schedules::cache::SearchCache;
 use crate::schedules::score::Scored;
-use pipeweave_core::{Plan, Task};
-use std::collections::HashMap;
+use pipeweave_core::{Plan, Task, TOLERANCE};
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Mutex;
 
 /// The fastest candidate a rung's search found (None: nothing fits).
 type Rung = Option<Scored>;
 
-/// Most remembered searches; past it the memory is cleared.
-const REMEMBERED: usize = 512;
-
-/// One remembered search: filled once; a caller that finds it being filled waits for it.
-type Cell = Arc<OnceLock<Rung>>;
-
-/// The remembered searches, by (plan fingerprint, limit bits).
-fn memory() -> &'static Mutex<HashMap<(u64, u64), Cell>> {
-    static MEMORY: OnceLock<Mutex<HashMap<(u64, u64), Cell>>> = OnceLock::new();
-    MEMORY.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// Forgets every remembered search (a benchmark measuring cold searches calls it between runs).
-pub fn forget() {
-    if let Ok(mut m) = memory().lock() {
-        m.clear();
-    }
-}
-
-/// What identifies a plan's searches: its problem, models, facts, limit and orders.
+/// What identifies a plan's searches: its problem, models, facts, limit and orders, hashed as
+/// data.
 fn fingerprint(plan: &Plan) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    format!(
-        "{:?}|{:?}|{:?}|{:?}",
-        plan.problem(),
-        plan.costs(),
-        plan.memory(),
-        plan.memory_limit()
-    )
-    .hash(&mut hasher);
+    plan.problem().hash(&mut hasher);
+    plan.costs().hash(&mut hasher);
+    plan.memory().hash(&mut hasher);
+    plan.memory_limit().map(f64::to_bits).hash(&mut hasher);
     plan.facts().hash(&mut hasher);
     plan.orders().hash(&mut hasher);
     hasher.finish()
@@ -89,7 +67,7 @@ pub fn rung_step(plan: &Plan) -> f64 {
 pub fn rungs(step: f64, limit: f64) -> Vec<f64> {
     let mut out: Vec<f64> = (1u32..)
         .map(|k| f64::from(k) * step)
-        .take_while(|r| *r < limit - 1e-9)
+        .take_while(|r| *r < limit - TOLERANCE)
         .collect();
     out.push(limit);
     out
@@ -97,39 +75,30 @@ pub fn rungs(step: f64, limit: f64) -> Vec<f64> {
 
 /// Whether `a` is faster than `b`: a shorter makespan, or the same and a shorter longest span.
 fn faster(a: &Scored, b: &Scored) -> bool {
-    a.score.makespan < b.score.makespan - 1e-9
-        || (a.score.makespan < b.score.makespan + 1e-9
-            && a.score.max_span < b.score.max_span - 1e-9)
+    a.score.makespan < b.score.makespan - TOLERANCE
+        || (a.score.makespan < b.score.makespan + TOLERANCE
+            && a.score.max_span < b.score.max_span - TOLERANCE)
 }
 
-/// The fastest of what `search` gives at `limit` (remembered; one search per key even when
-/// several threads ask at once).
+/// The fastest of what `search` gives at `limit`, remembered in `cache`.
 fn remembered(
     plan: &Plan,
     key: u64,
     limit: f64,
+    cache: &SearchCache,
     search: &(impl Fn(&Plan, f64) -> Vec<Scored> + Sync),
 ) -> Rung {
-    let cell: Cell = match memory().lock() {
-        Ok(mut m) => {
-            if m.len() >= REMEMBERED {
-                m.clear();
-            }
-            m.entry((key, limit.to_bits())).or_default().clone()
-        }
-        Err(_) => Cell::default(),
-    };
-    cell.get_or_init(|| {
+    cache.rung((key, limit.to_bits()), || {
         let mut best: Option<Scored> = None;
         for candidate in search(plan, limit) {
-            if candidate.peak <= limit + 1e-9 && best.as_ref().is_none_or(|b| faster(&candidate, b))
+            if candidate.peak <= limit + TOLERANCE
+                && best.as_ref().is_none_or(|b| faster(&candidate, b))
             {
                 best = Some(candidate);
             }
         }
         best
     })
-    .clone()
 }
 
 /// The fastest candidate `search` finds at `limit` or at any rung below it (see the module doc);
@@ -137,6 +106,7 @@ fn remembered(
 pub fn fastest_within(
     plan: &Plan,
     limit: f64,
+    cache: &SearchCache,
     search: impl Fn(&Plan, f64) -> Vec<Scored> + Sync,
 ) -> Option<Vec<Vec<Task>>> {
     let key = fingerprint(plan);
@@ -151,7 +121,7 @@ pub fn fastest_within(
     let found: Vec<(usize, Rung)> = if workers <= 1 {
         all.iter()
             .enumerate()
-            .map(|(k, &r)| (k, remembered(plan, key, r, &search)))
+            .map(|(k, &r)| (k, remembered(plan, key, r, cache, &search)))
             .collect()
     } else {
         let next = std::sync::atomic::AtomicUsize::new(0);
@@ -163,7 +133,7 @@ pub fn fastest_within(
                     let Some(&r) = all.get(k) else {
                         break;
                     };
-                    let found = remembered(plan, key, r, &search);
+                    let found = remembered(plan, key, r, cache, &search);
                     if let Ok(mut out) = results.lock() {
                         out.push((k, found));
                     }
@@ -218,7 +188,7 @@ mod tests {
             )
             .unwrap();
         let searched = std::sync::atomic::AtomicUsize::new(0);
-        let found = fastest_within(&plan, 1e12, |_, _| {
+        let found = fastest_within(&plan, 1e12, &SearchCache::new(), |_, _| {
             searched.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Vec::new()
         });

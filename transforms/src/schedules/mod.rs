@@ -3,11 +3,17 @@
 //! `zero_bubble(policy=auto)`, the critical-path local search, the score they compete on, and the
 //! memory relief `recompute` and `offload` share; and, for microbatches of different costs,
 //! which data goes into which microbatch slot ([`microbatch_order`]).
+//!
+//! The list schedulers share one [`kernel`] (a timeline of per-rank clocks, memory and latency,
+//! one event heap, one event loop with a choice rule per policy); what the searches remember
+//! between calls is a [`cache::SearchCache`] its owner passes in.
 
+pub mod cache;
 pub mod controllable;
 pub mod counterflow;
 pub mod dualpipe;
 pub mod greedy;
+pub mod kernel;
 pub mod ladder;
 pub mod lagged;
 pub mod microbatch_order;
@@ -16,10 +22,3 @@ pub mod relief;
 pub mod score;
 pub mod zbv;
 pub mod zbv_auto;
-
-/// Forgets what the searches remember for the process (`auto`'s searches per plan and limit,
-/// V-Half and V-Min per size): a benchmark that measures cold searches calls it between runs.
-pub fn forget_remembered() {
-    ladder::forget();
-    controllable::forget();
-}

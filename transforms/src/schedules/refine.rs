@@ -11,16 +11,14 @@
 
 use crate::schedules::score::Score;
 use pipeweave_core::ir::deps::predecessors;
-use pipeweave_core::{peak_per_rank, simulate, Plan, Simulation, Task};
-
-const EPSILON: f64 = 1e-9;
+use pipeweave_core::{peak_per_rank, simulate, Plan, Simulation, Task, TOLERANCE};
 
 /// A candidate within `limit` with its simulation, or None.
 fn evaluate(plan: &Plan, orders: Vec<Vec<Task>>, limit: f64) -> Option<(Plan, Simulation)> {
     let candidate = plan.clone().with_orders(orders).ok()?;
     if peak_per_rank(&candidate)
         .iter()
-        .any(|p| p.peak > limit + EPSILON)
+        .any(|p| p.peak > limit + TOLERANCE)
     {
         return None;
     }
@@ -60,7 +58,7 @@ fn critical_moves(plan: &Plan, sim: &Simulation, limit_moves: usize) -> Vec<(usi
         } else {
             f64::NEG_INFINITY
         };
-        if current.start <= previous_end + EPSILON {
+        if current.start <= previous_end + TOLERANCE {
             // Started when the rank became free: the task before it delayed it.
             if i == 0 {
                 break;

@@ -1,26 +1,29 @@
-//! What `recompute` and `offload` share: where a rank's memory bound breaks, which (stage,
-//! microbatch) pairs hold activations there, and the greedy loop that relieves the breaks one pair
-//! at a time.
+//! The machinery of the relief pass ([`crate::passes::Relief`]) that `recompute` and `offload`
+//! share: where a rank's memory bound breaks, which (stage, microbatch) pairs hold activations
+//! there, the greedy loop that relieves the breaks ([`relieve`]), and the pass's limit, floor and
+//! errors ([`target_limit`], [`floor`], [`stuck_error`]).
 //!
 //! The loop: find the first task, in rank order, during which a rank holds more than the limit
 //! (a [`Break`], from [`held_per_task`]); the pairs whose activations are held across it (their
 //! forward before it, their input-gradient backward after it, no residency task yet) are the
-//! candidates ([`Window`]s). The pass proposes one rewrite per candidate with an estimate of the
-//! time it costs; the cheapest few are simulated and the fastest is kept. A relieved pair holds
-//! nothing at the break any more and no task holds more than before, so breaks only disappear:
-//! the loop ends within one step per pair, fitted or stuck at a break no candidate spans.
+//! candidates ([`Window`]s). The pass's strategy proposes one rewrite per candidate with an
+//! estimate of the time it costs; with one try per step (both built-in strategies) the estimates
+//! decide and every break of the rank is relieved in one sweep, with more the cheapest few are
+//! simulated and the fastest is kept. A relieved pair holds nothing at the break any more and no
+//! task holds more than before, so breaks only disappear: the loop ends within one step per pair,
+//! fitted or stuck at a break no candidate spans.
 //!
 //! Written against the public API of `pipeweave-core` alone, as a researcher's pass would be.
 
 use crate::error::TransformError;
 use pipeweave_core::{
     held_during, held_per_task, max_peak, simulate, slack, Facts, OpKind, Plan, RankId, Residency,
-    Simulation, Task, Work,
+    Simulation, Task, Work, TOLERANCE,
 };
 use std::collections::{HashMap, HashSet};
 
-/// Differences below this are floating-point noise.
-const EPSILON: f64 = 1e-9;
+/// The workspace's one tolerance under the name `offload` imports (`passes/offload.rs`).
+pub(crate) const EPSILON: f64 = TOLERANCE;
 
 /// The first task during which a rank holds more than the limit.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -63,7 +66,7 @@ pub struct Proposal {
 /// The rank and first task at which `held` (per rank, per task) exceeds `limit`; ranks in order.
 pub fn first_break(held: &[Vec<f64>], limit: f64) -> Option<Break> {
     held.iter().enumerate().find_map(|(rank, tasks)| {
-        let position = tasks.iter().position(|&h| h > limit + EPSILON)?;
+        let position = tasks.iter().position(|&h| h > limit + TOLERANCE)?;
         Some(Break {
             rank,
             position,
@@ -156,7 +159,7 @@ impl Step<'_> {
     pub fn last_break_in(&self, window: &Window) -> usize {
         (window.forward + 1..window.backward)
             .rev()
-            .find(|&p| self.held[p] > self.limit + EPSILON)
+            .find(|&p| self.held[p] > self.limit + TOLERANCE)
             .unwrap_or(self.at.position)
     }
 }
@@ -231,7 +234,7 @@ pub fn relieve(
             };
             let faster = best
                 .as_ref()
-                .is_none_or(|(_, b)| simulated.makespan() < b.makespan() - EPSILON);
+                .is_none_or(|(_, b)| simulated.makespan() < b.makespan() - TOLERANCE);
             if faster {
                 best = Some((candidate, simulated));
             }
@@ -288,7 +291,7 @@ fn sweep(
         proposals.sort_by(|a, b| a.estimate.total_cmp(&b.estimate));
         let mut excess = at.held - limit;
         for proposal in proposals {
-            if excess <= EPSILON {
+            if excess <= TOLERANCE {
                 break;
             }
             excess -= proposal.relieves;
@@ -298,7 +301,7 @@ fn sweep(
             taken.insert(proposal.work);
             inserted.extend(proposal.inserted);
         }
-        if excess > EPSILON {
+        if excess > TOLERANCE {
             // This break cannot be relieved: apply what was chosen; the next round stops here.
             return inserted;
         }
@@ -306,7 +309,7 @@ fn sweep(
             .iter()
             .enumerate()
             .skip(at.position)
-            .find(|(_, &h)| h > limit + EPSILON);
+            .find(|(_, &h)| h > limit + TOLERANCE);
         match next {
             Some((position, &h)) => {
                 at = Break {
@@ -328,7 +331,7 @@ fn options(proposals: Vec<Proposal>, excess: f64, tries: usize) -> Vec<Vec<(usiz
         .iter()
         .position(|p| {
             freed += p.relieves;
-            freed >= excess - EPSILON
+            freed >= excess - TOLERANCE
         })
         .map_or(proposals.len(), |k| k + 1);
     if needed > 1 {
@@ -338,24 +341,13 @@ fn options(proposals: Vec<Proposal>, excess: f64, tries: usize) -> Vec<Vec<(usiz
             .flat_map(|p| p.inserted)
             .collect()];
     }
-    let free = proposals.first().is_some_and(|p| p.estimate <= EPSILON);
+    let free = proposals.first().is_some_and(|p| p.estimate <= TOLERANCE);
     let tried = if free { 1 } else { tries.max(1) };
     proposals
         .into_iter()
         .take(tried)
         .map(|p| p.inserted)
         .collect()
-}
-
-/// A relief pass's `memory` argument, checked: a positive number of activations (or none).
-pub fn memory_argument(memory: Option<f64>) -> Result<Option<f64>, TransformError> {
-    match memory {
-        Some(m) if !(m.is_finite() && m > 0.0) => Err(TransformError::unmet(
-            "memory > 0",
-            format!("memory={m} is not a positive number of activations"),
-        )),
-        _ => Ok(memory),
-    }
 }
 
 /// The limit a relief pass fits: its `memory` argument or the plan's declared limit, the lower
@@ -452,12 +444,7 @@ pub fn idle_before(simulation: &Simulation, rank: usize, position: usize) -> f64
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tasks(text: &str) -> Vec<Task> {
-        text.split_whitespace()
-            .map(|t| t.parse().unwrap())
-            .collect()
-    }
+    use crate::testing::tasks;
 
     #[test]
     fn windows_span_from_forward_to_input_gradient() {

@@ -2,10 +2,7 @@
 //! what the Zero Bubble paper's bubble rate is measured on), then the makespan; a simulated
 //! candidate ([`Scored`]) with the constraints searches hold it to, and the local search's budget.
 
-use pipeweave_core::{max_peak, simulate, Plan, Simulation, Task};
-
-/// Differences below this are floating-point noise.
-const EPSILON: f64 = 1e-9;
+use pipeweave_core::{max_peak, simulate, Plan, Simulation, Task, TOLERANCE};
 
 /// A schedule's score; lower is better.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -28,9 +25,9 @@ impl Score {
     /// Whether this score beats `other`: a shorter span, or the same span and a shorter
     /// makespan, beyond floating-point noise.
     pub fn beats(self, other: Score) -> bool {
-        self.max_span < other.max_span - EPSILON
-            || (self.max_span < other.max_span + EPSILON
-                && self.makespan < other.makespan - EPSILON)
+        self.max_span < other.max_span - TOLERANCE
+            || (self.max_span < other.max_span + TOLERANCE
+                && self.makespan < other.makespan - TOLERANCE)
     }
 }
 
@@ -67,11 +64,11 @@ impl Scored {
             return None;
         }
         let peak = max_peak(&candidate);
-        if limit.is_some_and(|l| peak > l + EPSILON) {
+        if limit.is_some_and(|l| peak > l + TOLERANCE) {
             return None;
         }
         let simulation = simulate(&candidate).ok()?;
-        if bound.is_some_and(|b| simulation.makespan() > b + EPSILON) {
+        if bound.is_some_and(|b| simulation.makespan() > b + TOLERANCE) {
             return None;
         }
         Some(Scored {
@@ -84,7 +81,7 @@ impl Scored {
     /// A better score, or an equal one and a lower peak.
     pub fn beats(&self, other: &Scored) -> bool {
         self.score.beats(other.score)
-            || (!other.score.beats(self.score) && self.peak < other.peak - EPSILON)
+            || (!other.score.beats(self.score) && self.peak < other.peak - TOLERANCE)
     }
 }
 

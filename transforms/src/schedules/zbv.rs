@@ -67,6 +67,13 @@ impl RankBuilder {
         }
     }
 
+    /// F, I and W of chunk `c` (each skipped when its microbatches are used up).
+    fn forward_and_backward(&mut self, c: usize) {
+        self.forward(c);
+        self.input(c);
+        self.weight(c);
+    }
+
     fn unfinished(&self) -> bool {
         self.input_done.iter().any(|&i| i < self.microbatches)
             || self.weights.iter().any(|w| !w.is_empty())
@@ -93,17 +100,11 @@ pub fn zbv_orders(ranks: u32, microbatches: u32, cooldown: Cooldown) -> Vec<Vec<
                 b.forward(0);
             }
             for _ in 0..ranks - r {
-                b.forward(1);
-                b.input(1);
-                b.weight(1);
+                b.forward_and_backward(1);
             }
             while b.forwarded.iter().any(|&f| f < microbatches) {
-                b.forward(0);
-                b.input(0);
-                b.weight(0);
-                b.forward(1);
-                b.input(1);
-                b.weight(1);
+                b.forward_and_backward(0);
+                b.forward_and_backward(1);
             }
             if cooldown == Cooldown::Deferred {
                 for _ in 0..r {

@@ -33,11 +33,9 @@
 //! its other candidates. A run that cannot go on (memory full with no W queued, an input not yet
 //! placed, a phase that makes no progress) is dropped, so the scheduler never panics on a plan.
 
-use pipeweave_core::{ChunkPlacement, OpKind, Plan, Task, Work};
+use crate::schedules::kernel::Timeline;
+use pipeweave_core::{ChunkPlacement, Op, OpKind, Plan, StageId, Task, Work, TOLERANCE};
 use std::collections::VecDeque;
-
-/// Differences below this are floating-point noise.
-const EPSILON: f64 = 1e-9;
 
 /// Reruns with allowances per variant, at most (each must lower the longest idle time).
 const MAX_RERUNS: usize = 16;
@@ -93,30 +91,31 @@ pub fn zbv_auto_orders(plan: &Plan, limit: f64) -> Vec<Vec<Vec<Task>>> {
             budget,
             ..shape.clone()
         };
-        out.extend(runs(&shape, limit));
+        out.extend(runs(plan, &shape, limit));
     }
     out
 }
 
 /// Every run of every variant on `shape` that stays within `limit`.
-fn runs(shape: &Shape, limit: f64) -> Vec<Vec<Vec<Task>>> {
+fn runs(plan: &Plan, shape: &Shape, limit: f64) -> Vec<Vec<Vec<Task>>> {
     let mut out = Vec::new();
     for knobs in variants() {
         let mut allowance: Option<Vec<f64>> = None;
         let mut best_idle = f64::INFINITY;
         for _ in 0..=MAX_RERUNS {
-            let Some(run) = Run::new(shape, knobs, allowance.as_deref()).schedule() else {
+            let Some(run) = Run::new(plan, shape, knobs, allowance.as_deref()).schedule() else {
                 break;
             };
             let worst = run.worst_idle();
-            if run.peak <= limit + EPSILON {
-                out.push(run.orders);
+            let idle = run.idles();
+            if run.timeline.peak() <= limit + TOLERANCE {
+                out.push(run.timeline.into_orders());
             }
-            if worst >= best_idle - EPSILON {
+            if worst >= best_idle - TOLERANCE {
                 break;
             }
             best_idle = worst;
-            allowance = Some(run.idle);
+            allowance = Some(idle);
         }
     }
     out
@@ -210,7 +209,7 @@ impl Shape {
             .map(|r| self.delta[r][0][0] + self.delta[r][1][0])
             .fold(0.0, f64::max);
         let default = share * self.ranks as f64;
-        if (default - limit).abs() > EPSILON {
+        if (default - limit).abs() > TOLERANCE {
             vec![limit, default]
         } else {
             vec![limit]
@@ -243,59 +242,67 @@ impl Shape {
     }
 }
 
-/// One run of the scheduler.
+/// One run of the scheduler: the op it places next is its own rule's; where and when it runs,
+/// the memory it holds and the idle time it leaves are the kernel's [`Timeline`].
 struct Run<'a> {
     shape: &'a Shape,
     knobs: Knobs,
     allowance: Option<&'a [f64]>,
-    /// End time of every op (NaN: not placed), by (kind, chunk, rank, microbatch).
-    end: Vec<f64>,
+    timeline: Timeline<'a>,
     /// Ops placed, by rank, kind and chunk.
     count: Vec<[[usize; 2]; 3]>,
-    clock: Vec<f64>,
-    held: Vec<f64>,
-    /// The most any rank held.
-    peak: f64,
-    idle: Vec<f64>,
     /// Ws waiting to run: (chunk, microbatch).
     pending: Vec<VecDeque<(usize, usize)>>,
-    orders: Vec<Vec<Task>>,
 }
 
 impl<'a> Run<'a> {
-    fn new(shape: &'a Shape, knobs: Knobs, allowance: Option<&'a [f64]>) -> Run<'a> {
+    fn new(
+        plan: &'a Plan,
+        shape: &'a Shape,
+        knobs: Knobs,
+        allowance: Option<&'a [f64]>,
+    ) -> Run<'a> {
         let p = shape.ranks;
         Run {
             shape,
             knobs,
             allowance,
-            end: vec![f64::NAN; 6 * p * shape.microbatches],
+            timeline: Timeline::new(plan),
             count: vec![[[0; 2]; 3]; p],
-            clock: vec![0.0; p],
-            held: vec![0.0; p],
-            peak: 0.0,
-            idle: vec![0.0; p],
             pending: vec![VecDeque::new(); p],
-            orders: vec![Vec::with_capacity(6 * shape.microbatches); p],
         }
     }
 
-    fn slot(&self, kind: OpKind, chunk: usize, rank: usize, mb: usize) -> usize {
-        ((kind_index(kind) * 2 + chunk) * self.shape.ranks + rank) * self.shape.microbatches + mb
+    /// The op of `kind` on (`rank`, `chunk`) for microbatch `mb`.
+    fn op(&self, kind: OpKind, chunk: usize, rank: usize, mb: usize) -> Op {
+        Op::new(
+            kind,
+            StageId::new(self.shape.stage[rank][chunk]),
+            (mb as u32).into(),
+        )
     }
 
     /// When the op ended, if it is placed.
     fn ended(&self, kind: OpKind, chunk: usize, rank: usize, mb: usize) -> Option<f64> {
-        let t = *self.end.get(self.slot(kind, chunk, rank, mb))?;
-        (!t.is_nan()).then_some(t)
+        self.timeline.ended(self.op(kind, chunk, rank, mb))
     }
 
     fn placed(&self, rank: usize, kind: OpKind, chunk: usize) -> usize {
         self.count[rank][kind_index(kind)][chunk]
     }
 
+    fn clock(&self, rank: usize) -> f64 {
+        self.timeline.free(rank)
+    }
+
+    fn idles(&self) -> Vec<f64> {
+        (0..self.shape.ranks)
+            .map(|r| self.timeline.idle(r))
+            .collect()
+    }
+
     fn worst_idle(&self) -> f64 {
-        self.idle.iter().copied().fold(0.0, f64::max)
+        self.idles().into_iter().fold(0.0, f64::max)
     }
 
     /// The whole schedule, or None when the run cannot go on.
@@ -335,34 +342,29 @@ impl<'a> Run<'a> {
         }
         let k = kind_index(kind);
         let cost = self.shape.cost[rank][chunk][k];
-        let held = self.held[rank] + self.shape.delta[rank][chunk][k];
-        if held > self.shape.budget + EPSILON {
+        if !self
+            .timeline
+            .fits(rank, self.shape.delta[rank][chunk][k], self.shape.budget)
+        {
             return None;
         }
-        let mut start = self.clock[rank];
+        let mut start = self.clock(rank);
         for (dep_kind, dep_chunk, q) in self.shape.input(kind, chunk, rank).into_iter().flatten() {
             let end = self.ended(dep_kind, dep_chunk, q, mb)?;
             let latency = if q == rank { 0.0 } else { self.shape.comm };
             start = start.max(end + latency);
         }
-        if !self.orders[rank].is_empty() {
-            self.idle[rank] += (start + cost) - (self.clock[rank] + cost);
-        }
-        let slot = self.slot(kind, chunk, rank, mb);
-        self.end[slot] = start + cost;
-        self.clock[rank] = start + cost;
-        self.held[rank] = held;
-        self.peak = self.peak.max(held);
         self.count[rank][k][chunk] += 1;
         if kind == OpKind::InputGrad {
             self.pending[rank].push_back((chunk, mb));
         }
         let work = Work::new(self.shape.stage[rank][chunk], mb as u32);
-        self.orders[rank].push(match kind {
+        let task = match kind {
             OpKind::Forward => Task::Forward(work),
             OpKind::InputGrad => Task::InputGrad(work),
             OpKind::WeightGrad => Task::WeightGrad(work),
-        });
+        };
+        self.timeline.place(rank, task, start, cost);
         Some(())
     }
 
@@ -392,7 +394,7 @@ impl<'a> Run<'a> {
             a.iter().copied().fold(f64::NEG_INFINITY, f64::max)
                 - a.get(rank).copied().unwrap_or(0.0)
         });
-        worst.max(granted) - self.idle[rank]
+        worst.max(granted) - self.timeline.idle(rank)
     }
 
     /// Queued Ws before an op whose input arrives at `arrival`: those that end before it, then
@@ -403,14 +405,14 @@ impl<'a> Run<'a> {
         };
         while let Some(&(chunk, _)) = self.pending[rank].front() {
             let w = self.shape.cost[rank][chunk][2];
-            if arrival < self.clock[rank] + w {
+            if arrival < self.clock(rank) + w {
                 break;
             }
             self.run_weight(rank)?;
         }
         if eager
             && !self.pending[rank].is_empty()
-            && arrival - self.clock[rank] > self.allowed(rank)
+            && arrival - self.clock(rank) > self.allowed(rank)
         {
             self.run_weight(rank)?;
         }
@@ -427,8 +429,8 @@ impl<'a> Run<'a> {
             if r + 1 < p {
                 let first_back = self.ended(OpKind::Forward, 1, r + 1, 0)? + self.shape.comm;
                 let reserve = self.shape.delta[r][0][0] * (2 * r + 2) as f64;
-                while self.held[r] + reserve <= self.shape.budget + EPSILON
-                    && self.clock[r] + self.shape.cost[r][0][0] <= first_back
+                while self.timeline.fits(r, reserve, self.shape.budget)
+                    && self.clock(r) + self.shape.cost[r][0][0] <= first_back
                     && self.placed(r, OpKind::Forward, 0) < m
                 {
                     for q in 0..=r {
@@ -547,7 +549,10 @@ impl<'a> Run<'a> {
             let Some(chunk) = self.forward_chunk(r) else {
                 continue;
             };
-            while self.held[r] + self.shape.delta[r][chunk][0] > self.shape.budget + EPSILON {
+            while !self
+                .timeline
+                .fits(r, self.shape.delta[r][chunk][0], self.shape.budget)
+            {
                 self.run_weight(r)?;
             }
             let arrival = self.arrival(OpKind::Forward, chunk, r);
@@ -559,121 +564,4 @@ impl<'a> Run<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::compile_expression;
-    use pipeweave_core::{
-        max_peak, simulate, verify, Backwards, CostModel, Facts, MemoryModel, ProblemSpec,
-        StageCostsSpec,
-    };
-
-    /// `expr` on `ranks` x `microbatches` at unit costs (a rank's share) and latency `comm`,
-    /// with its backwards split as `zero_bubble` sees them.
-    fn plan(expr: &str, ranks: u32, microbatches: u32, comm: f64) -> Plan {
-        let problem = ProblemSpec::builder()
-            .ranks(ranks)
-            .microbatches(microbatches)
-            .build()
-            .validate()
-            .unwrap();
-        let costs = StageCostsSpec::builder()
-            .forward(1.0)
-            .input_grad(1.0)
-            .weight_grad(1.0)
-            .build()
-            .validate()
-            .unwrap();
-        let unscheduled = Plan::unscheduled(
-            problem,
-            CostModel::uniform(ranks, costs, comm).unwrap(),
-            MemoryModel::uniform(ranks, Default::default()),
-        )
-        .unwrap();
-        let plan = compile_expression(expr).unwrap().run(unscheduled).unwrap();
-        let split = Facts {
-            backwards: Backwards::Split,
-            ..plan.facts()
-        };
-        plan.with_facts(split).unwrap()
-    }
-
-    fn v_plan(ranks: u32, microbatches: u32, comm: f64) -> Plan {
-        plan(
-            "vpp(f1b(gpipe), chunks=2, layout=v)",
-            ranks,
-            microbatches,
-            comm,
-        )
-    }
-
-    /// Every run's (longest span, makespan), after checking that it is a valid schedule within
-    /// `limit`.
-    fn runs_of(plan: &Plan, limit: f64) -> Vec<(f64, f64)> {
-        zbv_auto_orders(plan, limit)
-            .into_iter()
-            .map(|orders| {
-                let candidate = plan.clone().with_orders(orders).unwrap();
-                verify(&candidate).unwrap();
-                assert!(max_peak(&candidate) <= limit + EPSILON);
-                let sim = simulate(&candidate).unwrap();
-                (sim.max_span(), sim.makespan())
-            })
-            .collect()
-    }
-
-    #[test]
-    fn every_run_is_a_valid_schedule_within_the_limit() {
-        for (ranks, microbatches, comm) in [
-            (1, 1, 0.0),
-            (1, 3, 0.0),
-            (2, 1, 0.5),
-            (2, 5, 0.0),
-            (4, 3, 0.1),
-            (4, 8, 0.0),
-            (5, 11, 1.0),
-            (8, 8, 0.1),
-        ] {
-            let plan = v_plan(ranks, microbatches, comm);
-            let limit = max_peak(&plan);
-            assert!(
-                !runs_of(&plan, limit).is_empty(),
-                "{ranks} x {microbatches}: no run"
-            );
-        }
-    }
-
-    #[test]
-    fn unit_costs_give_no_bubble_at_one_f_one_b_memory() {
-        let plan = v_plan(4, 8, 0.0);
-        let best = runs_of(&plan, 4.0)
-            .into_iter()
-            .map(|(span, _)| span)
-            .fold(f64::INFINITY, f64::min);
-        assert!((best - 24.0).abs() < EPSILON, "span {best}");
-    }
-
-    #[test]
-    fn few_microbatches_with_latency_match_sailsg() {
-        // sail-sg's scheduler: makespan 31.4, longest span 29.1 (tests/fixtures/zbv_sailsg.json).
-        let plan = v_plan(8, 8, 0.1);
-        let runs = runs_of(&plan, 8.0);
-        assert!(runs
-            .iter()
-            .any(|&(span, makespan)| span <= 29.1 + EPSILON && makespan <= 31.4 + EPSILON));
-    }
-
-    #[test]
-    fn a_limit_below_the_budgets_leaves_no_run() {
-        assert!(runs_of(&v_plan(4, 8, 0.0), 1.0).is_empty());
-    }
-
-    #[test]
-    fn other_placements_get_no_runs() {
-        for expr in ["f1b(gpipe)", "vpp(f1b(gpipe), chunks=2)"] {
-            assert!(
-                zbv_auto_orders(&plan(expr, 4, 8, 0.0), 100.0).is_empty(),
-                "{expr}"
-            );
-        }
-    }
-}
+mod tests;

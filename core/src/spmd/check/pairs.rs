@@ -1,0 +1,67 @@
+//! The numbering both passes of the checker share: ordered pairs of ranks (`from · ranks + to`),
+//! their send and receive counts, and the dense index of a message.
+
+use super::error::CommError;
+use crate::ir::ids::RankId;
+use crate::ir::slots::OpSlots;
+use crate::spmd::program::{CommOp, Direction, Message, ProgramSet};
+
+/// Per ordered pair of ranks (`from · ranks + to`), its receives and its sends.
+pub(super) type PairCounts = Vec<[usize; 2]>;
+
+/// Dense index of a message: (receiving stage, microbatch) names its pair, the direction the
+/// rest (the route gives the sending stage). None when out of range.
+pub(super) fn message_index(slots: OpSlots, m: &Message) -> Option<usize> {
+    let direction = usize::from(m.direction == Direction::Gradient);
+    slots
+        .pair(m.to_stage, m.microbatch)
+        .map(|pair| pair * 2 + direction)
+}
+
+/// The ordered pair of ranks a send or receive of `rank` belongs to (`from · ranks + to`), and
+/// whether it is the send; None when the peer is out of range.
+pub(super) fn pair_of(rank: RankId, op: &CommOp, ranks: usize) -> Option<(usize, bool)> {
+    match *op {
+        CommOp::Send { to, .. } if to.index() < ranks => {
+            Some((rank.index() * ranks + to.index(), true))
+        }
+        CommOp::Recv { from, .. } if from.index() < ranks => {
+            Some((from.index() * ranks + rank.index(), false))
+        }
+        _ => None,
+    }
+}
+
+/// Counts one send or receive of `rank` in `counts`; a peer out of range is left out and is
+/// check 2's error.
+pub(super) fn count(
+    counts: &mut PairCounts,
+    ranks: usize,
+    rank: RankId,
+    op: &CommOp,
+) -> Result<(), CommError> {
+    let (pair, is_send) = pair_of(rank, op, ranks).ok_or(CommError::PeerOutOfRange {
+        rank,
+        op: *op,
+        peer: op.peer(),
+        ranks,
+    })?;
+    counts[pair][usize::from(is_send)] += 1;
+    Ok(())
+}
+
+/// Counts every send and receive of `set` per ordered pair of ranks, with check 2's error for
+/// the first peer out of range (left out of the counts).
+pub(super) fn pair_counts(set: &ProgramSet) -> (PairCounts, Option<CommError>) {
+    let ranks = set.programs.len();
+    let mut counts = vec![[0; 2]; ranks * ranks];
+    let mut stray = None;
+    for p in &set.programs {
+        for (_, op) in p.comm_ops() {
+            if let Err(e) = count(&mut counts, ranks, p.rank, op) {
+                stray.get_or_insert(e);
+            }
+        }
+    }
+    (counts, stray)
+}

@@ -1,0 +1,107 @@
+//! Unit tests of the projection: where receives sit under each policy, forward-only programs,
+//! and the verifier's violations for a plan that cannot be projected.
+
+use super::{project, ProjectionOptions, RecvPolicy};
+use crate::ir::plan::Plan;
+use crate::spmd::program::{Instr, RankProgram, Semantics};
+
+/// 1F1B on two ranks and two microbatches.
+fn one_f_one_b() -> Plan {
+    crate::testing::plan(2, &["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"])
+}
+
+fn text(program: &RankProgram) -> Vec<String> {
+    program.instrs.iter().map(Instr::to_string).collect()
+}
+
+#[test]
+fn early_receives_sit_where_the_message_is_produced() {
+    let set = project(&one_f_one_b(), ProjectionOptions::default()).unwrap();
+    assert_eq!(set.semantics, Semantics::Blocking);
+    assert_eq!(
+        text(&set.programs[1]),
+        [
+            "[recv-act(stage 1, mb 0) from rank 0]",
+            "unshard(stage 1)",
+            "1F0",
+            "loss(stage 1, mb 0)",
+            "[recv-act(stage 1, mb 1) from rank 0]",
+            "1B0",
+            "[send-grad(stage 1, mb 0) to rank 0]",
+            "1F1",
+            "loss(stage 1, mb 1)",
+            "grad-sync(stage 1)",
+            "1B1",
+            "[send-grad(stage 1, mb 1) to rank 0]",
+            "reduce-grad(stage 1)",
+            "wait-reduce-grad(stage 1)",
+            "reshard(stage 1)",
+            "flush-weight-grads",
+        ]
+    );
+    assert!(text(&set.programs[0]).contains(&"free-output(stage 0, mb 0)".to_string()));
+}
+
+#[test]
+fn just_in_time_receives_sit_before_their_consumer() {
+    let options = ProjectionOptions {
+        recv: RecvPolicy::JustInTime,
+        forward_only: false,
+    };
+    let set = project(&one_f_one_b(), options).unwrap();
+    assert_eq!(set.semantics, Semantics::Batched);
+    let rank1 = text(&set.programs[1]);
+    let position = |s: &str| rank1.iter().position(|i| i.contains(s)).unwrap();
+    assert_eq!(
+        position("recv-act(stage 1, mb 1) from rank 0") + 1,
+        position("1F1")
+    );
+}
+
+#[test]
+fn forward_only_programs_hold_forwards_and_losses() {
+    let options = ProjectionOptions {
+        recv: RecvPolicy::Early,
+        forward_only: true,
+    };
+    let set = project(&one_f_one_b(), options).unwrap();
+    assert!(set.forward_only);
+    let all: Vec<String> = set.programs.iter().flat_map(text).collect();
+    assert!(
+        all.iter().all(|i| !i.contains('B') && !i.contains("flush")),
+        "{all:?}"
+    );
+    assert_eq!(all.iter().filter(|i| i.starts_with("loss")).count(), 2);
+}
+
+#[test]
+fn forward_only_programs_of_a_residency_plan_run_no_residency() {
+    let plan = crate::testing::plan(
+        2,
+        &["0F0 0OFFLOAD0 0F1 0RELOAD0 0B0 0B1", "1F0 1R0 1B0 1F1 1B1"],
+    );
+    let options = ProjectionOptions {
+        recv: RecvPolicy::Early,
+        forward_only: true,
+    };
+    let set = project(&plan, options).unwrap();
+    let all: Vec<String> = set.programs.iter().flat_map(text).collect();
+    assert!(
+        all.iter()
+            .all(|i| !i.contains("offload") && !i.contains("reload") && !i.contains('R')),
+        "{all:?}"
+    );
+}
+
+#[test]
+fn an_incomplete_plan_is_rejected_with_the_verifiers_violations() {
+    let plan = one_f_one_b();
+    let mut orders = plan.orders().to_vec();
+    orders[1].pop();
+    let err = project(
+        &plan.with_orders(orders).unwrap(),
+        ProjectionOptions::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("1I1"), "{err}");
+}

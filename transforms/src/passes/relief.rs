@@ -1,0 +1,127 @@
+//! The memory-relief pass, [`Relief`]: `recompute(schedule, memory=N)` and
+//! `offload(schedule, memory=N)`, one pass generic over what it does to a (stage, microbatch)
+//! pair, its [`ReliefStrategy`] ([`Recompute`](super::Recompute), documented in `recompute.rs`,
+//! and [`Offload`](super::Offload), in `offload.rs`).
+//!
+//! Both fit every rank's peak into `N` with the relief loop of [`crate::schedules::relief`]: the
+//! strategy proposes, for each pair held across a break of the limit, the tasks that relieve it
+//! with an estimate of their cost; the loop applies the cheapest until the plan fits. What the
+//! two share is here: the argument, the contract, the target limit, the error when the limit
+//! cannot be reached (naming the least the strategy reaches on the plan) and the declared limit
+//! of the result.
+//!
+//! Requires: a scheduled plan (any pacing but unscheduled), any layout, split or whole backwards,
+//! none of the strategy's own residency tasks yet (the other strategy's are left as they are).
+//! May change: the orders, the residency fact, the declared memory limit (`N`, or the lower of `N`
+//! and `--memory-limit`).
+//! Preconditions: `N > 0`; a limit (`memory=N` or a declared one) that the strategy can reach.
+
+use crate::error::TransformError;
+use crate::pass::{Changes, Contract, Pass, Requires};
+use crate::schedules::relief::{floor, relieve, stuck_error, target_limit, Proposal, Step, Window};
+use pipeweave_core::{LayoutKind, Pacing, Plan, Residency, Task};
+use std::fmt::Debug;
+
+/// What a relief pass does to the pairs it relieves: recompute them, offload them, or a
+/// researcher's own way; [`Relief`] is the pass around it.
+pub trait ReliefStrategy: Copy + Debug + PartialEq + Send + Sync + 'static {
+    /// The pass's name: in expressions, the registry and errors.
+    const NAME: &'static str;
+    /// What the strategy does to a pair, as errors say it (`recomputed`, `offloaded`).
+    const DONE: &'static str;
+    /// Proposals simulated per step of the relief loop (see [`relieve`]).
+    const TRIES: usize;
+    /// The residencies the pass accepts: activations kept, or relieved by other strategies only.
+    const ACCEPTS: &'static [Residency];
+
+    /// One proposal per candidate of `step`, with its estimated cost.
+    fn propose(&self, step: &Step<'_>) -> Vec<Proposal>;
+
+    /// The tasks that relieve `window`'s pair over its whole window (what the least the
+    /// strategy can reach is measured with).
+    fn relieve_whole(&self, window: &Window) -> Vec<(usize, Task)>;
+
+    /// The plan that fits `limit`, finished (by default as it is).
+    fn finish(&self, plan: Plan, limit: f64) -> Plan {
+        let _ = limit;
+        plan
+    }
+}
+
+/// The relief pass with strategy `S`: named `S::NAME`, fitting `memory` activations per rank.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Relief<S: ReliefStrategy> {
+    strategy: S,
+    memory: Option<f64>,
+}
+
+impl<S: ReliefStrategy> Relief<S> {
+    /// The pass's name: in expressions, the registry and errors.
+    pub const NAME: &'static str = S::NAME;
+
+    /// The pass fitting `memory` activations per rank (None: the plan's declared limit); `memory`
+    /// must be a positive number.
+    pub fn new(strategy: S, memory: Option<f64>) -> Result<Relief<S>, TransformError> {
+        match memory {
+            Some(m) if !(m.is_finite() && m > 0.0) => Err(TransformError::precondition(
+                S::NAME,
+                "memory > 0",
+                format!("memory={m} is not a positive number of activations"),
+            )),
+            _ => Ok(Relief { strategy, memory }),
+        }
+    }
+
+    /// The strategy.
+    pub fn strategy(&self) -> S {
+        self.strategy
+    }
+}
+
+impl<S: ReliefStrategy> Pass for Relief<S> {
+    fn name(&self) -> &str {
+        S::NAME
+    }
+
+    fn contract(&self) -> Contract {
+        Contract::new(
+            Requires {
+                pacing: &[
+                    Pacing::FillDrain,
+                    Pacing::OneForwardOneBackward,
+                    Pacing::Custom,
+                ],
+                layout: LayoutKind::ALL,
+                whole_backwards: false,
+                residency: S::ACCEPTS,
+            },
+            Changes {
+                residency: true,
+                memory_limit: true,
+                ..Changes::default()
+            },
+        )
+    }
+
+    fn describe(&self) -> String {
+        match self.memory {
+            Some(m) => format!("{}(memory={m})", S::NAME),
+            None => S::NAME.to_string(),
+        }
+    }
+
+    fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
+        let limit = target_limit(self.memory, &plan)?;
+        let fitted = relieve(plan.clone(), limit, S::TRIES, |step| {
+            self.strategy.propose(step)
+        })
+        .map_err(|stuck| {
+            let least = floor(&plan, |window| self.strategy.relieve_whole(window));
+            stuck_error(S::DONE, limit, &stuck, least)
+        })?;
+        self.strategy
+            .finish(fitted, limit)
+            .with_memory_limit(Some(limit))
+            .map_err(|e| TransformError::core(S::NAME, e))
+    }
+}
