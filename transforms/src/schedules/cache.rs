@@ -22,10 +22,13 @@ pub type RungKey = (u64, u64);
 /// A size of V-Half / V-Min: (V-Half, ranks, microbatches).
 type SizeKey = (bool, u32, u32);
 
+/// One rung's search: filled once; a thread that finds it being filled waits for it.
+type RungSlot = Arc<Mutex<Option<Option<Scored>>>>;
+
 /// What is remembered.
 #[derive(Default)]
 struct Store {
-    rungs: HashMap<RungKey, Option<Scored>>,
+    rungs: HashMap<RungKey, RungSlot>,
     controllable: HashMap<SizeKey, Option<Vec<Vec<Task>>>>,
 }
 
@@ -60,18 +63,25 @@ impl SearchCache {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The remembered result of the search `key`, or `search`'s, remembered. The search runs
-    /// outside the lock (rungs of one ladder run on several threads at once).
+    /// The remembered result of the search `key`, or `search`'s, remembered. Searches of
+    /// different keys run at once (the rungs of a ladder, the candidates `tune` builds on several
+    /// threads); a second caller of a key being searched waits for that search rather than
+    /// repeating it.
     pub fn rung(&self, key: RungKey, search: impl FnOnce() -> Option<Scored>) -> Option<Scored> {
-        if let Some(found) = self.lock().rungs.get(&key) {
+        let slot = {
+            let mut store = self.lock();
+            if store.rungs.len() >= Self::CAPACITY {
+                store.rungs.clear();
+            }
+            store.rungs.entry(key).or_default().clone()
+        };
+        // A panicking search leaves the slot empty; the next caller searches again.
+        let mut filled = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = filled.as_ref() {
             return found.clone();
         }
         let found = search();
-        let mut store = self.lock();
-        if store.rungs.len() >= Self::CAPACITY {
-            store.rungs.clear();
-        }
-        store.rungs.insert(key, found.clone());
+        *filled = Some(found.clone());
         found
     }
 
@@ -104,7 +114,11 @@ impl SearchCache {
 
     /// How many rung searches are remembered.
     pub fn rungs_remembered(&self) -> usize {
-        self.lock().rungs.len()
+        let slots: Vec<RungSlot> = self.lock().rungs.values().cloned().collect();
+        slots
+            .iter()
+            .filter(|slot| slot.lock().is_ok_and(|s| s.is_some()))
+            .count()
     }
 }
 

@@ -4,7 +4,7 @@
 //! k-th receive ([`CommReplay::check_matching`]).
 
 use super::error::CommError;
-use super::pairs::{count, message_index, PairCounts};
+use super::pairs::{count, message_index, Index, PairCounts};
 use super::replay::CommReplay;
 use crate::ir::deps::Links;
 use crate::ir::ids::RankId;
@@ -22,16 +22,17 @@ pub(super) struct Traffic {
 }
 
 /// What check 1 has seen so far, in tables indexed by message ([`message_index`]) and op. An
-/// entry naming a rank means "on this rank": the tables are not cleared between ranks.
+/// entry naming a rank ([`Index::rank`]) means "on this rank": the tables are not cleared
+/// between ranks.
 struct Dataflow<'a> {
     links: &'a Links,
     slots: OpSlots,
     /// Per message, the rank that received it last.
-    received: Vec<Option<RankId>>,
+    received: Vec<Option<Index>>,
     /// Per op, the rank that computed it last.
-    computed: Vec<Option<RankId>>,
+    computed: Vec<Option<Index>>,
     /// Per message, the rank that sent it and to whom (every message is sent once).
-    sent: Vec<Option<(RankId, RankId)>>,
+    sent: Vec<Option<(Index, RankId)>>,
     /// Per message, whether it was received (every message is received once).
     receives: Vec<bool>,
 }
@@ -39,6 +40,7 @@ struct Dataflow<'a> {
 impl Dataflow<'_> {
     /// A send or receive of `rank`'s instruction `instr`.
     fn comm(&mut self, rank: RankId, instr: usize, op: &CommOp) -> Result<(), CommError> {
+        let here = Some(Index::rank(rank));
         let message = op.message();
         let k = match message_index(self.slots, &message) {
             Some(k) if is_edge(self.links, &message) => k,
@@ -57,7 +59,7 @@ impl Dataflow<'_> {
         };
         match *op {
             CommOp::Recv { .. } => {
-                self.received[k] = Some(rank);
+                self.received[k] = here;
                 if std::mem::replace(&mut self.receives[k], true) {
                     return Err(repeated());
                 }
@@ -66,11 +68,11 @@ impl Dataflow<'_> {
                 if self.sent[k].is_some() {
                     return Err(repeated());
                 }
-                self.sent[k] = Some((rank, to));
+                self.sent[k] = Some((Index::rank(rank), to));
                 let done = self
                     .slots
                     .op(message.producer())
-                    .is_some_and(|p| self.computed[p] == Some(rank));
+                    .is_some_and(|p| self.computed[p] == here);
                 if !done || self.links.owner(message.from_stage) != Some(rank) {
                     return Err(CommError::BadSend {
                         rank,
@@ -94,7 +96,7 @@ impl Dataflow<'_> {
     ) -> Result<(), CommError> {
         let sent = is_edge(self.links, &message)
             && message_index(self.slots, &message)
-                .is_some_and(|k| self.sent[k] == Some((rank, to)));
+                .is_some_and(|k| self.sent[k] == Some((Index::rank(rank), to)));
         if sent {
             return Ok(());
         }
@@ -107,9 +109,10 @@ impl Dataflow<'_> {
 
     /// A compute: its inputs from other ranks were received before it.
     fn compute(&mut self, rank: RankId, instr: usize, task: &Task) -> Result<(), CommError> {
+        let here = Some(Index::rank(rank));
         for input in remote_inputs(self.links, rank, task) {
-            let received = message_index(self.slots, &input.message)
-                .is_some_and(|k| self.received[k] == Some(rank));
+            let received =
+                message_index(self.slots, &input.message).is_some_and(|k| self.received[k] == here);
             if !received {
                 return Err(CommError::NotReceived {
                     rank,
@@ -123,7 +126,7 @@ impl Dataflow<'_> {
         let (ops, count) = task.op_array();
         for &op in &ops[..count] {
             if let Some(k) = self.slots.op(op) {
-                self.computed[k] = Some(rank);
+                self.computed[k] = here;
             }
         }
         Ok(())

@@ -5,6 +5,30 @@ use super::error::CommError;
 use crate::ir::ids::RankId;
 use crate::ir::slots::OpSlots;
 use crate::spmd::program::{CommOp, Direction, Message, ProgramSet};
+use std::num::NonZeroU32;
+
+/// A dense index (a rank, a message's [`message_index`]) in a form whose `Option` takes four
+/// bytes, as a `u32` does: the checker's per-message and per-op tables are large, and larger
+/// entries measurably slow it. Stored one up, in a [`NonZeroU32`]; every index the checker
+/// stores is far below `u32::MAX` (ranks below [`crate::ir::problem::MAX_RANKS`], messages below
+/// the problem's size limits), and the one value that could not be stored one up saturates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Index(NonZeroU32);
+
+impl Index {
+    /// The index `index`.
+    pub(super) fn new(index: usize) -> Index {
+        let index = u32::try_from(index).unwrap_or(u32::MAX);
+        Index(NonZeroU32::MIN.saturating_add(index))
+    }
+
+    /// The index of `rank`.
+    pub(super) fn rank(rank: RankId) -> Index {
+        Index(NonZeroU32::MIN.saturating_add(rank.get()))
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<Option<Index>>() == 4);
 
 /// Per ordered pair of ranks (`from · ranks + to`), its receives and its sends.
 pub(super) type PairCounts = Vec<[usize; 2]>;

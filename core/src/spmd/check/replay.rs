@@ -3,7 +3,7 @@
 //! finish, the cycle of waiting ranks.
 
 use super::error::{CommError, Waiting};
-use super::pairs::{message_index, pair_of, PairCounts};
+use super::pairs::{message_index, pair_of, Index, PairCounts};
 use crate::ir::ids::RankId;
 use crate::ir::slots::OpSlots;
 use crate::spmd::program::{CommOp, Instr, Message, ProgramSet, RankProgram, Semantics};
@@ -69,7 +69,7 @@ pub(super) struct CommReplay<'a> {
     /// The index ([`message_index`]) of every send's and receive's message, at its flag (None
     /// for a message out of range): one message each once check 1 has found every message on a
     /// route edge. Empty when the replay was built without numbering the messages.
-    pub(super) messages: Vec<Option<u32>>,
+    pub(super) messages: Vec<Option<Index>>,
 }
 
 impl<'a> CommReplay<'a> {
@@ -123,7 +123,7 @@ impl<'a> CommReplay<'a> {
                     next[pair][mine] += 1;
                     let ordinal = flag - pairs[pair][mine].0;
                     if let Some(slots) = slots {
-                        messages[flag] = message_index(slots, &op.message()).map(|k| k as u32);
+                        messages[flag] = message_index(slots, &op.message()).map(Index::new);
                     }
                     if is_send {
                         sends.record(op, rank_slots.len());

@@ -34,15 +34,15 @@
 //! The steps: [`timed_source`] replays the plan (forward part only, for evaluation), unless the
 //! caller hands in its simulation ([`project_simulated`]). Then each rank on its own (ranks are
 //! independent once the timeline is known; a large plan's ranks are split into blocks projected
-//! on threads of their own): a [`Receives`](receives::Receives) (`receives.rs`) walks the
-//! timelines of the ranks that send to it and turns each output for it into a receive, keyed on
-//! the time line ([`EventKey`](events::EventKey), [`EventClass`](events::EventClass), in
-//! `events.rs`) and sorted; a [`RankProjection`](rank::RankProjection) (`rank.rs`) walks the
-//! rank's tasks emitting their events, parameter actions included, which come out in key order
-//! (a rank's tasks follow each other in time and in the topological order), with the receives
-//! merged in; a [`Layout`](layout::Layout) (`layout.rs`) groups neighbouring sends and receives
-//! into instructions. Every key is distinct, so the merge is the one order a full sort of all
-//! events would give.
+//! on threads of their own): a [`Receives`] (`receives.rs`) walks the timelines of the ranks
+//! that send to it and turns each output for it into a receive, keyed on the time line
+//! ([`EventKey`](events::EventKey), [`EventClass`](events::EventClass), in `events.rs`) and
+//! sorted; a [`RankProjection`](rank::RankProjection) (`rank.rs`) walks the rank's tasks
+//! emitting their events, parameter actions included, which come out in key order (a rank's
+//! tasks follow each other in time and in the topological order), with the receives merged in;
+//! a [`Layout`](layout::Layout) (`layout.rs`) groups neighbouring sends and receives into
+//! instructions. Every key is distinct, so the merge is the one order a full sort of all events
+//! would give.
 
 mod events;
 mod layout;
