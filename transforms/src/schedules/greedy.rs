@@ -208,6 +208,8 @@ struct Greedy<'a> {
     /// Per stage, the microbatches that pass it, in order.
     stage_microbatches: Vec<Vec<u32>>,
     ranks: Vec<Rank>,
+    /// The duration and the op costs of the task last decided (it runs at once).
+    decided: (f64, f64),
 }
 
 impl<'a> Greedy<'a> {
@@ -232,6 +234,7 @@ impl<'a> Greedy<'a> {
             bound,
             stage_microbatches,
             ranks,
+            decided: (0.0, 0.0),
         }
     }
 
@@ -410,11 +413,14 @@ impl<'a> Greedy<'a> {
         }
     }
 
-    /// Whether running `task` on rank `r` from `t` can still beat the bound.
-    fn within_bound(&self, timeline: &Timeline<'_>, r: usize, t: f64, task: &Task) -> bool {
+    /// Whether running `task` on rank `r` from `t` can still beat the bound; remembers the
+    /// task's duration and work for when it runs.
+    fn within_bound(&mut self, timeline: &Timeline<'_>, r: usize, t: f64, task: &Task) -> bool {
         let costs = self.plan.costs();
-        let end = t + costs.task_duration(task);
+        let duration = costs.task_duration(task);
+        let end = t + duration;
         let work: f64 = task.ops().iter().map(|op| costs.op_cost(*op)).sum();
+        self.decided = (duration, work);
         let first_start = match timeline.first_start(r) {
             f if f.is_nan() => t,
             f => f,
@@ -446,6 +452,11 @@ impl ChoiceRule for Greedy<'_> {
         }
     }
 
+    /// The duration `decide` computed (the task runs right after it is decided).
+    fn duration(&self, _timeline: &Timeline<'_>, _task: &Task) -> f64 {
+        self.decided.0
+    }
+
     fn commit(&mut self, r: usize, choice: Choice) -> Option<Task> {
         let rank = &mut self.ranks[r];
         match choice {
@@ -474,11 +485,11 @@ impl ChoiceRule for Greedy<'_> {
         end: f64,
         wake: &mut Vec<(usize, f64)>,
     ) -> bool {
-        let costs = self.plan.costs();
-        let work: f64 = task.ops().iter().map(|op| costs.op_cost(*op)).sum();
+        let (_, work) = self.decided;
+        let ops = task.ops();
         self.ranks[r].remaining_work -= work;
-        self.ranks[r].remaining -= task.ops().len();
-        for op in task.ops() {
+        self.ranks[r].remaining -= ops.len();
+        for op in ops {
             let stage = op.stage;
             let w = Work {
                 stage,

@@ -68,6 +68,11 @@ pub trait ChoiceRule {
     /// The task of a decision that runs now, taken off the rule's queues; None to drop it.
     fn commit(&mut self, rank: usize, choice: Self::Choice) -> Option<Task>;
 
+    /// How long `task` runs: the plan's duration of it, unless the rule already knows.
+    fn duration(&self, timeline: &Timeline<'_>, task: &Task) -> f64 {
+        timeline.plan().costs().task_duration(task)
+    }
+
     /// Book-keeping after `task` ran on `rank` from `start` until `end` (already on the
     /// timeline): pushes onto `wake` the ranks to ask again, with when (at `start` at the
     /// earliest). False gives the run up.
@@ -160,7 +165,8 @@ pub fn run<'p, R: ChoiceRule>(mut timeline: Timeline<'p>, rule: &mut R) -> Optio
             continue;
         };
         let start = start.max(timeline.free(r));
-        let end = timeline.place_costed(r, task, start);
+        let duration = rule.duration(&timeline, &task);
+        let end = timeline.place(r, task, start, duration);
         wake.clear();
         if !rule.ran(&timeline, r, task, start, end, &mut wake) {
             return None;

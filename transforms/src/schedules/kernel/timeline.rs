@@ -141,9 +141,13 @@ impl<'p> Timeline<'p> {
 
     /// The change of held activations `task` makes (its ops' deltas, summed in order).
     pub fn memory_delta(&self, task: &Task) -> f64 {
+        self.delta_of(&task.ops())
+    }
+
+    /// The change of held activations `ops` make, summed in order.
+    fn delta_of(&self, ops: &[Op]) -> f64 {
         let memory = self.plan.memory().stages();
-        task.ops()
-            .iter()
+        ops.iter()
             .map(|op| {
                 memory
                     .get(op.stage.index())
@@ -160,7 +164,8 @@ impl<'p> Timeline<'p> {
     /// Places `task` on `rank` from `start` (not before the rank is free) for `duration`; returns
     /// when it ends. Records the end of each of its ops, the rank's memory and idle time.
     pub fn place(&mut self, rank: usize, task: Task, start: f64, duration: f64) -> f64 {
-        let delta = self.memory_delta(&task);
+        let ops = task.ops();
+        let delta = self.delta_of(&ops);
         let Some(line) = self.ranks.get_mut(rank) else {
             return start + duration;
         };
@@ -176,7 +181,7 @@ impl<'p> Timeline<'p> {
         line.held += delta;
         line.peak = line.peak.max(line.held);
         line.order.push(task);
-        for op in task.ops() {
+        for op in ops {
             if let Some(slot) = self.plan.op_slot(op) {
                 self.ends[slot] = end;
             }
