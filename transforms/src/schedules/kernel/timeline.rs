@@ -7,7 +7,7 @@
 //! rank holds change by each op's memory delta ([`pipeweave_core::StageMemory::delta`]).
 
 use pipeweave_core::ir::deps::predecessors;
-use pipeweave_core::{Op, Plan, StageId, Task, TOLERANCE};
+use pipeweave_core::{Op, OpKind, Plan, StageId, Task, TOLERANCE};
 
 /// One rank's clock, memory and order.
 #[derive(Clone, Debug)]
@@ -83,7 +83,7 @@ impl<'p> Timeline<'p> {
         }
     }
 
-    /// When `op` ended, if it is placed.
+    /// When `op` ended, if it is placed (never for a weight gradient, which no op waits for).
     pub fn ended(&self, op: Op) -> Option<f64> {
         let t = *self.ends.get(self.plan.op_slot(op)?)?;
         (!t.is_nan()).then_some(t)
@@ -162,7 +162,7 @@ impl<'p> Timeline<'p> {
     }
 
     /// Places `task` on `rank` from `start` (not before the rank is free) for `duration`; returns
-    /// when it ends. Records the end of each of its ops, the rank's memory and idle time.
+    /// when it ends. Records the end of each of its F and I ops, the rank's memory and idle time.
     pub fn place(&mut self, rank: usize, task: Task, start: f64, duration: f64) -> f64 {
         let ops = task.ops();
         let delta = self.delta_of(&ops);
@@ -181,7 +181,8 @@ impl<'p> Timeline<'p> {
         line.held += delta;
         line.peak = line.peak.max(line.held);
         line.order.push(task);
-        for op in ops {
+        // No op depends on a weight gradient: its end is never asked for.
+        for op in ops.into_iter().filter(|op| op.kind != OpKind::WeightGrad) {
             if let Some(slot) = self.plan.op_slot(op) {
                 self.ends[slot] = end;
             }
