@@ -1,8 +1,6 @@
 //! Unit tests of [`super`]: every order it builds verified and simulated.
 use super::*;
-use pipeweave_core::{
-    simulate, verify, CostModel, DualKind, Layout, MemoryModel, Pacing, ProblemSpec, StageCostsSpec,
-};
+use pipeweave_core::{simulate, verify, DualKind, Layout, Pacing, ProblemSpec, StageCostsSpec};
 
 fn dual_plan(ranks: u32, microbatches: u32, f: f64, b: f64) -> Plan {
     let problem = ProblemSpec::dualpipe(ranks, microbatches)
@@ -15,13 +13,7 @@ fn dual_plan(ranks: u32, microbatches: u32, f: f64, b: f64) -> Plan {
         .build()
         .validate()
         .unwrap();
-    let stages = problem.stages();
-    let plan = Plan::unscheduled(
-        problem,
-        CostModel::uniform(stages, costs, 0.0).unwrap(),
-        MemoryModel::uniform(stages, Default::default()),
-    )
-    .unwrap();
+    let plan = pipeweave_core::testing::unscheduled_on(problem, costs);
     let facts = Facts {
         layout: Layout::Dual(DualKind::DualPipe),
         pacing: Pacing::OneForwardOneBackward,
