@@ -34,17 +34,9 @@ impl Pass for LazyWeights {
     }
 
     fn contract(&self) -> Contract {
-        let requires = Requires {
-            pacing: &[Pacing::OneForwardOneBackward],
-            layout: LayoutKind::ALL,
-            whole_backwards: true,
-            residency: Requires::KEPT,
-        };
-        let changes = Changes {
-            backwards: true,
-            ..Changes::default()
-        };
-        Contract::new(requires, changes)
+        // 1F1B pacing with whole backwards, on any layout, activations kept; it splits them.
+        let requires = Requires::paced(&[Pacing::OneForwardOneBackward]).with_whole_backwards();
+        Contract::new(requires, Changes::BACKWARDS)
     }
 
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {

@@ -58,13 +58,7 @@ impl PipelineConfig {
 
     /// Costs per rank's share (one entry per rank; uneven models).
     pub fn with_rank_costs(mut self, costs: Vec<StageCosts>) -> Result<PipelineConfig, Error> {
-        if costs.len() != self.ranks as usize {
-            return Err(Error::Core(pipeweave_core::CoreError::StageCountMismatch {
-                model: "cost model",
-                got: costs.len(),
-                expected: self.ranks as usize,
-            }));
-        }
+        self.one_per_rank("cost model", costs.len())?;
         self.costs = costs;
         self.layout = None;
         Ok(self)
@@ -80,16 +74,23 @@ impl PipelineConfig {
     /// The activation memory of one microbatch on each rank's share (one entry per rank; uneven
     /// models).
     pub fn with_rank_memory(mut self, memory: Vec<StageMemory>) -> Result<PipelineConfig, Error> {
-        if memory.len() != self.ranks as usize {
-            return Err(Error::Core(pipeweave_core::CoreError::StageCountMismatch {
-                model: "memory model",
-                got: memory.len(),
-                expected: self.ranks as usize,
-            }));
-        }
+        self.one_per_rank("memory model", memory.len())?;
         self.memory = memory;
         self.layout = None;
         Ok(self)
+    }
+
+    /// Refuses a `model` of `entries` entries that is not one per rank.
+    fn one_per_rank(&self, model: &'static str, entries: usize) -> Result<(), Error> {
+        if entries == self.ranks as usize {
+            Ok(())
+        } else {
+            Err(Error::Core(pipeweave_core::CoreError::StageCountMismatch {
+                model,
+                got: entries,
+                expected: self.ranks as usize,
+            }))
+        }
     }
 
     /// Costs and memory of every rank's share from a measured profile, the model's blocks cut

@@ -353,6 +353,10 @@ pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
         |c: &Candidate| c.makespan <= max_y + TOLERANCE && c.peak_activations <= max_x + TOLERANCE;
     let x = |v: f64| LEFT + (v / max_x) * (W - LEFT - RIGHT);
     let y = |v: f64| TOP + (1.0 - (v - min_y) / (max_y - min_y).max(1e-9)) * (H - TOP - BOTTOM);
+    // The legend's entry `row` (from the top), right of the plot.
+    let legend_row = |row: u32, colour: &str, name: &str| {
+        legend_entry(W - RIGHT + 16.0, TOP + 18.0 * f64::from(row), colour, name)
+    };
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"{W}\" height=\"{H}\" fill=\"white\"/>\n\
@@ -403,16 +407,11 @@ pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
             .map(|&(px, py)| format!("{:.1},{:.1}", x(px), y(py)))
             .collect();
         let colour = colours[i % colours.len()];
-        svg.push_str(&format!(
-            "<polyline points=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\"/>\n",
-            path.join(" ")
+        svg.push_str(&polyline(
+            &path,
+            &format!("stroke=\"{colour}\" stroke-width=\"1.5\""),
         ));
-        svg.push_str(&legend_entry(
-            W - RIGHT + 16.0,
-            TOP + 18.0 * f64::from(legend),
-            colour,
-            &name,
-        ));
+        svg.push_str(&legend_row(legend, colour, &name));
         legend += 1;
     }
     // Fixed schedules grey; recompute and offload in colours of their own.
@@ -445,12 +444,7 @@ pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
         ("recompute(...)", "recompute"),
         ("offload(...)", "offload"),
     ] {
-        svg.push_str(&legend_entry(
-            W - RIGHT + 16.0,
-            TOP + 18.0 * f64::from(legend),
-            dot(family),
-            name,
-        ));
+        svg.push_str(&legend_row(legend, dot(family), name));
         legend += 1;
     }
     let mut steps = Vec::new();
@@ -473,18 +467,21 @@ pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
             y(p.makespan)
         ));
     }
-    svg.push_str(&format!(
-        "<polyline points=\"{}\" fill=\"none\" stroke=\"#d62728\" stroke-dasharray=\"4 3\"/>\n",
-        steps.join(" ")
+    svg.push_str(&polyline(
+        &steps,
+        "stroke=\"#d62728\" stroke-dasharray=\"4 3\"",
     ));
-    svg.push_str(&legend_entry(
-        W - RIGHT + 16.0,
-        TOP + 18.0 * f64::from(legend),
-        "#d62728",
-        "frontier",
-    ));
+    svg.push_str(&legend_row(legend, "#d62728", "frontier"));
     svg.push_str("</svg>\n");
     svg
+}
+
+/// An unfilled line through `points` (`x,y` each), drawn with the stroke attributes `stroke`.
+fn polyline(points: &[String], stroke: &str) -> String {
+    format!(
+        "<polyline points=\"{}\" fill=\"none\" {stroke}/>\n",
+        points.join(" ")
+    )
 }
 
 fn legend_entry(x: f64, y: f64, colour: &str, name: &str) -> String {

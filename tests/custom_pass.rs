@@ -2,8 +2,8 @@
 //! expressions, held to their contracts and verified like the built-ins.
 
 use pipeweave::{
-    build_plan_with, Arguments, Arity, Backwards, Changes, Contract, Facts, LayoutKind, Pacing,
-    Pass, PipelineConfig, Plan, Registry, Requires, Task, TransformError,
+    build_plan_with, Arguments, Arity, Backwards, Changes, Contract, Facts, Pacing, Pass,
+    PipelineConfig, Plan, Registry, Requires, Task, TransformError,
 };
 
 /// Splits every full backward into I then W, right after each other.
@@ -19,19 +19,12 @@ impl Pass for SplitAll {
         "split_all"
     }
     fn contract(&self) -> Contract {
-        Contract {
-            requires: Requires {
-                pacing: &[Pacing::OneForwardOneBackward],
-                layout: LayoutKind::ALL,
-                whole_backwards: true,
-                residency: Requires::KEPT,
-            },
-            changes: Changes {
-                backwards: self.declare,
-                ..Changes::default()
-            },
-            establishes: None,
-        }
+        let requires = Requires::paced(&[Pacing::OneForwardOneBackward]).with_whole_backwards();
+        let changes = Changes {
+            backwards: self.declare,
+            ..Changes::NONE
+        };
+        Contract::new(requires, changes)
     }
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
         let mut orders: Vec<Vec<Task>> = plan
@@ -77,19 +70,24 @@ fn registry() -> Registry {
     registry
 }
 
-fn config() -> PipelineConfig {
-    PipelineConfig::new(4, 8).unwrap()
+/// The plan `expression` builds at 4 ranks and 8 microbatches, with `split_all` registered.
+fn build(expression: &str) -> Result<Plan, pipeweave::Error> {
+    build_plan_with(&registry(), expression, &PipelineConfig::new(4, 8).unwrap())
+}
+
+/// The error `expression` gives, as the user reads it.
+fn error(expression: &str) -> String {
+    build(expression).unwrap_err().to_string()
 }
 
 #[test]
 fn a_users_pass_composes_with_the_builtins() {
-    let registry = registry();
     for expression in [
         "split_all(f1b(gpipe))",
         "split_all(vpp(f1b(gpipe), chunks=2))",
         "split_all(dual(f1b(gpipe)))",
     ] {
-        let plan = build_plan_with(&registry, expression, &config()).unwrap();
+        let plan = build(expression).unwrap();
         assert_eq!(plan.facts().backwards, Backwards::Split, "{expression}");
         assert_eq!(plan.passes().last().unwrap(), "split_all");
         assert!(plan
@@ -102,43 +100,34 @@ fn a_users_pass_composes_with_the_builtins() {
 
 #[test]
 fn the_builtins_refuse_a_users_pass_out_of_order_and_vice_versa() {
-    let registry = registry();
-    let err =
-        build_plan_with(&registry, "zero_bubble(split_all(f1b(gpipe)))", &config()).unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("pass `zero_bubble` cannot run after `split_all`: it needs whole backwards"),
-        "{err}"
-    );
-    let err = build_plan_with(&registry, "split_all(gpipe)", &config()).unwrap_err();
-    assert!(
-        err.to_string().contains(
-            "pass `split_all` cannot run after `gpipe`: it needs one-forward-one-backward pacing"
+    for (expression, needs) in [
+        (
+            "zero_bubble(split_all(f1b(gpipe)))",
+            "pass `zero_bubble` cannot run after `split_all`: it needs whole backwards",
         ),
-        "{err}"
-    );
-    let err = build_plan_with(&registry, "split_all(f1b(gpipe), x=1)", &config()).unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("unknown argument; `split_all` takes declare, drop_last"),
-        "{err}"
-    );
+        (
+            "split_all(gpipe)",
+            "pass `split_all` cannot run after `gpipe`: it needs one-forward-one-backward pacing",
+        ),
+        (
+            "split_all(f1b(gpipe), x=1)",
+            "unknown argument; `split_all` takes declare, drop_last",
+        ),
+    ] {
+        let err = error(expression);
+        assert!(err.contains(needs), "{expression}: {err}");
+    }
 }
 
 #[test]
 fn a_broken_users_pass_is_blamed_by_name() {
-    let registry = registry();
-    let err =
-        build_plan_with(&registry, "split_all(f1b(gpipe), drop_last=1)", &config()).unwrap_err();
+    let err = error("split_all(f1b(gpipe), drop_last=1)");
     assert!(
-        err.to_string()
-            .starts_with("pass `split_all` produced an invalid plan (a bug in the pass)"),
+        err.starts_with("pass `split_all` produced an invalid plan (a bug in the pass)"),
         "{err}"
     );
-    let err =
-        build_plan_with(&registry, "split_all(f1b(gpipe), declare=0)", &config()).unwrap_err();
     assert_eq!(
-        err.to_string(),
+        error("split_all(f1b(gpipe), declare=0)"),
         "pass `split_all` changed the backwards fact, which its contract says it leaves alone (a bug in the pass)"
     );
 }

@@ -1,9 +1,12 @@
 //! The pass driver: order rules, preconditions, observation, and blame of a broken pass by name.
 
-use pipeweave::core_ir::{ChunkPlacement, LayoutKind, Pacing};
+use pipeweave::core_ir::{ChunkPlacement, Pacing};
 use pipeweave::transforms::passes::{F1b, Gpipe, Vpp};
 use pipeweave::transforms::{Changes, Contract, Pass, Requires};
-use pipeweave::{PassList, PipelineConfig, Plan, ProblemSpec, StageCosts, TransformError};
+use pipeweave::{
+    Arguments, Arity, PassList, PipelineConfig, Plan, ProblemSpec, Registry, StageCosts,
+    TransformError,
+};
 use pipeweave_core::testing::unscheduled_on;
 
 /// A pass that drops the last task of rank 0: always produces an incomplete plan.
@@ -14,16 +17,10 @@ impl Pass for DropLast {
         "drop_last"
     }
     fn contract(&self) -> Contract {
-        Contract {
-            requires: Requires {
-                pacing: &[Pacing::OneForwardOneBackward],
-                layout: LayoutKind::ALL,
-                whole_backwards: false,
-                residency: Requires::KEPT,
-            },
-            changes: Changes::default(),
-            establishes: None,
-        }
+        Contract::new(
+            Requires::paced(&[Pacing::OneForwardOneBackward]),
+            Changes::NONE,
+        )
     }
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
         let mut orders = plan.orders().to_vec();
@@ -40,14 +37,24 @@ fn start(ranks: u32, microbatches: u32) -> Plan {
         .unwrap()
 }
 
-fn vpp2() -> Box<dyn Pass> {
-    Box::new(Vpp::new(2, None, ChunkPlacement::Standard).unwrap())
+/// What `passes` make of the unscheduled plan at `ranks` x `microbatches`.
+fn run(passes: Vec<Box<dyn Pass>>, ranks: u32, microbatches: u32) -> Result<Plan, TransformError> {
+    PassList::new(passes).run(start(ranks, microbatches))
+}
+
+/// `vpp` with two chunks on the standard layout and `group`.
+fn vpp2(group: Option<u32>) -> Box<dyn Pass> {
+    Box::new(Vpp::new(2, group, ChunkPlacement::Standard).unwrap())
 }
 
 #[test]
 fn a_broken_pass_is_blamed_by_name() {
-    let passes = PassList::new(vec![Box::new(Gpipe), Box::new(F1b), Box::new(DropLast)]);
-    let err = passes.run(start(4, 8)).unwrap_err();
+    let err = run(
+        vec![Box::new(Gpipe), Box::new(F1b), Box::new(DropLast)],
+        4,
+        8,
+    )
+    .unwrap_err();
     match &err {
         TransformError::PassBroke { pass, violations } => {
             assert_eq!(pass, "drop_last");
@@ -67,10 +74,8 @@ fn a_broken_pass_is_blamed_by_name() {
 
 #[test]
 fn passes_out_of_the_clients_order_are_rejected() {
-    let passes = PassList::new(vec![Box::new(Gpipe), vpp2(), Box::new(F1b)]);
-    let err = passes.run(start(2, 4)).unwrap_err();
     assert_eq!(
-        err,
+        run(vec![Box::new(Gpipe), vpp2(None), Box::new(F1b)], 2, 4).unwrap_err(),
         TransformError::OutOfOrder {
             pass: "f1b".into(),
             after: "vpp".into(),
@@ -78,13 +83,11 @@ fn passes_out_of_the_clients_order_are_rejected() {
             found: "the interleaved (2 chunks, standard placement) layout".into(),
         }
     );
-    let twice = PassList::new(vec![Box::new(Gpipe), vpp2(), vpp2()]);
     assert!(matches!(
-        twice.run(start(2, 4)),
+        run(vec![Box::new(Gpipe), vpp2(None), vpp2(None)], 2, 4),
         Err(TransformError::OutOfOrder { .. })
     ));
-    let no_baseline = PassList::new(vec![Box::new(F1b)]);
-    let err = no_baseline.run(start(2, 4)).unwrap_err();
+    let err = run(vec![Box::new(F1b)], 2, 4).unwrap_err();
     assert!(
         err.to_string()
             .contains("the innermost schedule must be gpipe"),
@@ -94,7 +97,7 @@ fn passes_out_of_the_clients_order_are_rejected() {
 
 #[test]
 fn the_observer_sees_every_verified_intermediate_plan() {
-    let passes = PassList::new(vec![Box::new(Gpipe), Box::new(F1b), vpp2()]);
+    let passes = PassList::new(vec![Box::new(Gpipe), Box::new(F1b), vpp2(None)]);
     let mut seen = Vec::new();
     let plan = passes
         .run_observed(start(4, 8), &mut |name, plan| {
@@ -135,35 +138,18 @@ fn preconditions_name_the_constraint_and_values() {
          violated: the problem has 4 stages on 2 ranks with 1 route(s)"
     );
     // Megatron's rules bind an explicit group; without one, sizes Megatron refuses still run.
-    assert!(PassList::new(vec![Box::new(Gpipe), Box::new(F1b), vpp2(),])
-        .run(start(4, 2))
-        .is_ok());
-    let err = PassList::new(vec![
-        Box::new(Gpipe),
-        Box::new(F1b),
-        Box::new(Vpp::new(2, Some(4), ChunkPlacement::Standard).unwrap()),
-    ])
-    .run(start(4, 2))
-    .unwrap_err();
+    let interleaved = |group| vec![Box::new(Gpipe) as Box<dyn Pass>, Box::new(F1b), vpp2(group)];
+    assert!(run(interleaved(None), 4, 2).is_ok());
     assert_eq!(
-        err.to_string(),
+        run(interleaved(Some(4)), 4, 2).unwrap_err().to_string(),
         "pass `vpp` precondition `ranks <= group <= microbatches` violated: ranks = 4, group = 4, microbatches = 2"
     );
-    let err = PassList::new(vec![
-        Box::new(Gpipe),
-        Box::new(F1b),
-        Box::new(Vpp::new(2, Some(4), ChunkPlacement::Standard).unwrap()),
-    ])
-    .run(start(4, 10))
-    .unwrap_err();
+    let err = run(interleaved(Some(4)), 4, 10).unwrap_err().to_string();
     assert!(
-        err.to_string()
-            .contains("the last group has 2 < 4 microbatches"),
+        err.contains("the last group has 2 < 4 microbatches"),
         "{err}"
     );
-    let err = PassList::new(vec![Box::new(Gpipe), Box::new(Gpipe)])
-        .run(start(2, 2))
-        .unwrap_err();
+    let err = run(vec![Box::new(Gpipe), Box::new(Gpipe)], 2, 2).unwrap_err();
     assert!(matches!(err, TransformError::OutOfOrder { .. }), "{err}");
 }
 
@@ -196,7 +182,7 @@ impl Pass for Fussy {
         "fussy"
     }
     fn contract(&self) -> Contract {
-        Contract::new(pipeweave::transforms::Requires::ANY, Changes::default())
+        Contract::new(Requires::ANY, Changes::NONE)
     }
     fn rewrite(&self, _: Plan) -> Result<Plan, TransformError> {
         Err(TransformError::unmet("never", "it never runs"))
@@ -205,26 +191,21 @@ impl Pass for Fussy {
 
 #[test]
 fn the_driver_names_the_pass_on_its_errors_and_the_registry_checks_names() {
-    let passes = PassList::new(vec![Box::new(Gpipe), Box::new(Fussy)]);
-    let err = passes.run(start(2, 2)).unwrap_err().to_string();
+    let err = run(vec![Box::new(Gpipe), Box::new(Fussy)], 2, 2).unwrap_err();
     assert_eq!(
-        err,
+        err.to_string(),
         "pass `fussy` precondition `never` violated: it never runs"
     );
-    let mut registry = pipeweave::Registry::builtin();
+    let mut registry = Registry::builtin();
+    let fussy = |_: &Arguments| Ok(Box::new(Fussy) as Box<dyn Pass>);
     registry
-        .register(
-            "picky",
-            pipeweave::Arity::Rewrite,
-            Box::new(|_: &pipeweave::Arguments| Ok(Box::new(Fussy) as Box<dyn Pass>)),
-        )
+        .register("picky", Arity::Rewrite, Box::new(fussy))
         .unwrap();
-    let err = registry
-        .compile_expression("picky(gpipe)")
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.starts_with("the pass registered as `picky` names itself `fussy`"),
-        "{err}"
+    assert_eq!(
+        registry.compile_expression("picky(gpipe)").err(),
+        Some(TransformError::MisnamedPass {
+            registered: "picky".into(),
+            named: "fussy".into(),
+        })
     );
 }

@@ -8,7 +8,7 @@ use pipeweave::backends::{
     run_threads, BackendError, Capabilities, Capability, StageCompute, StageError, ThreadOptions,
 };
 use pipeweave::core_ir::{project, CheckedPrograms, ProjectionOptions, RecvPolicy};
-use pipeweave::{build_plan, PipelineConfig, StageCostsSpec, Task, Work};
+use pipeweave::{build_plan, PipelineConfig, Plan, StageCostsSpec, Task, Work};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -30,8 +30,30 @@ const EXPRESSIONS: &[&str] = &[
     "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)), policy=auto)",
 ];
 
+/// The plan of `expression` on `ranks` ranks and `microbatches` microbatches, unit costs.
+fn plan(expression: &str, ranks: u32, microbatches: u32) -> Plan {
+    build_plan(
+        expression,
+        &PipelineConfig::new(ranks, microbatches).unwrap(),
+    )
+    .unwrap()
+}
+
 fn no_delay(_: &Task) -> Duration {
     Duration::ZERO
+}
+
+/// `plan`'s programs (receives placed by `recv`, forward-only or not), projected and checked.
+fn programs(plan: &Plan, recv: RecvPolicy, forward_only: bool) -> CheckedPrograms {
+    CheckedPrograms::of_plan(plan, None, ProjectionOptions { recv, forward_only }).unwrap()
+}
+
+/// `checked` run on threads by `model`'s affine stages.
+fn run_affine(
+    checked: &CheckedPrograms,
+    model: &AffineModel,
+) -> Result<Vec<AffineStage>, BackendError> {
+    run_threads(checked, |_| model.stage(no_delay), ThreadOptions::default())
 }
 
 #[test]
@@ -54,20 +76,8 @@ fn every_schedule_gives_the_single_device_gradients() {
             let model = AffineModel::new(plan.problem());
             let reference = model.sequential_gradients(plan.problem());
             for recv in [RecvPolicy::Early, RecvPolicy::JustInTime] {
-                let programs = project(
-                    &plan,
-                    ProjectionOptions {
-                        recv,
-                        forward_only: false,
-                    },
-                )
-                .unwrap();
-                let stages = run_threads(
-                    &CheckedPrograms::check(plan.problem(), programs.clone()).unwrap(),
-                    |_| model.stage(no_delay),
-                    ThreadOptions::default(),
-                )
-                .unwrap_or_else(|e| panic!("{expr} P={p} M={m}: {e}"));
+                let stages = run_affine(&programs(&plan, recv, false), &model)
+                    .unwrap_or_else(|e| panic!("{expr} P={p} M={m}: {e}"));
                 let error = AffineModel::max_relative_error(&total_gradients(&stages), &reference);
                 assert!(
                     error <= 1e-12,
@@ -80,73 +90,44 @@ fn every_schedule_gives_the_single_device_gradients() {
 
 #[test]
 fn forward_only_runs_compute_losses_and_no_gradients() {
-    let plan = build_plan(
-        "zero_bubble(dual(f1b(gpipe)))",
-        &PipelineConfig::new(4, 8).unwrap(),
-    )
-    .unwrap();
+    let plan = plan("zero_bubble(dual(f1b(gpipe)))", 4, 8);
     let model = AffineModel::new(plan.problem());
-    let programs = project(
-        &plan,
-        ProjectionOptions {
-            recv: RecvPolicy::Early,
-            forward_only: true,
-        },
-    )
-    .unwrap();
-    let stages = run_threads(
-        &CheckedPrograms::check(plan.problem(), programs.clone()).unwrap(),
-        |_| model.stage(no_delay),
-        ThreadOptions::default(),
-    )
-    .unwrap();
+    let stages = run_affine(&programs(&plan, RecvPolicy::Early, true), &model).unwrap();
     assert!(total_gradients(&stages)
         .iter()
         .all(|&(a, b)| a == 0.0 && b == 0.0));
 }
 
-/// A stage that fails (or panics) at one work item and behaves otherwise.
+/// What a [`Faulty`] stage does wrong.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Nothing: the affine stage as it is.
+    None,
+    /// Its forward of this work item fails.
+    FailAt(Work),
+    /// Its forward of this work item panics.
+    PanicAt(Work),
+    /// Its `free_output` hook panics.
+    PanicInFree,
+}
+
+/// The affine stage with one [`Fault`]; it declares no capability (the default).
 struct Faulty {
     inner: AffineStage,
-    at: Option<Work>,
-    panic: bool,
+    fault: Fault,
 }
 
 impl StageCompute for Faulty {
     type Tensor = f64;
     fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, StageError> {
-        if Some(work) == self.at {
-            if self.panic {
-                panic!("injected panic in stage {}", work.stage);
-            }
-            return Err(StageError::failed(format!(
+        match self.fault {
+            Fault::PanicAt(at) if at == work => panic!("injected panic in stage {}", work.stage),
+            Fault::FailAt(at) if at == work => Err(StageError::failed(format!(
                 "injected failure in stage {}",
                 work.stage
-            )));
+            ))),
+            _ => self.inner.forward(work, input),
         }
-        self.inner.forward(work, input)
-    }
-    fn loss(&mut self, work: Work, output: f64) -> Result<f64, StageError> {
-        self.inner.loss(work, output)
-    }
-    fn backward_input(&mut self, work: Work, grad: f64) -> Result<Option<f64>, StageError> {
-        self.inner.backward_input(work, grad)
-    }
-    fn backward_weight(&mut self, work: Work) -> Result<(), StageError> {
-        self.inner.backward_weight(work)
-    }
-}
-
-/// A stage whose `free_output` hook panics on rank 1.
-struct PanicsInFree {
-    inner: AffineStage,
-    rank: u32,
-}
-
-impl StageCompute for PanicsInFree {
-    type Tensor = f64;
-    fn forward(&mut self, work: Work, input: Option<f64>) -> Result<f64, StageError> {
-        self.inner.forward(work, input)
     }
     fn loss(&mut self, work: Work, output: f64) -> Result<f64, StageError> {
         self.inner.loss(work, output)
@@ -158,7 +139,7 @@ impl StageCompute for PanicsInFree {
         self.inner.backward_weight(work)
     }
     fn free_output(&mut self, work: Work) {
-        if self.rank == 1 {
+        if self.fault == Fault::PanicInFree {
             panic!("free_output of stage {} broke", work.stage);
         }
     }
@@ -166,14 +147,17 @@ impl StageCompute for PanicsInFree {
 
 #[test]
 fn a_panic_in_the_free_output_hook_is_a_run_error_naming_rank_and_instruction() {
-    let plan = build_plan("f1b(gpipe)", &PipelineConfig::new(4, 4).unwrap()).unwrap();
+    let plan = plan("f1b(gpipe)", 4, 4);
     let model = AffineModel::new(plan.problem());
-    let programs = project(&plan, ProjectionOptions::default()).unwrap();
     let err = run_threads(
-        &CheckedPrograms::check(plan.problem(), programs.clone()).unwrap(),
-        |rank| PanicsInFree {
+        &programs(&plan, RecvPolicy::Early, false),
+        |rank| Faulty {
             inner: model.stage(no_delay),
-            rank: rank.get(),
+            fault: if rank.get() == 1 {
+                Fault::PanicInFree
+            } else {
+                Fault::None
+            },
         },
         ThreadOptions::default(),
     )
@@ -196,22 +180,18 @@ fn a_panic_in_the_free_output_hook_is_a_run_error_naming_rank_and_instruction() 
     }
 }
 
-fn run_with_fault(panic: bool) -> (BackendError, Duration) {
-    let plan = build_plan(
-        "vpp(f1b(gpipe), chunks=2)",
-        &PipelineConfig::new(4, 8).unwrap(),
-    )
-    .unwrap();
+/// Runs interleaved 1F1B with the fault `at(6F3)` on rank 2 (which holds stage 6) and returns its
+/// error; the run must stop within 5 s.
+fn run_with_fault(at: fn(Work) -> Fault) -> BackendError {
+    let plan = plan("vpp(f1b(gpipe), chunks=2)", 4, 8);
     let model = AffineModel::new(plan.problem());
-    let programs = project(&plan, ProjectionOptions::default()).unwrap();
-    let bad = Work::new(6, 3); // stage 6 runs on rank 2
+    let fault = at(Work::new(6, 3));
     let start = Instant::now();
     let err = run_threads(
-        &CheckedPrograms::check(plan.problem(), programs.clone()).unwrap(),
+        &programs(&plan, RecvPolicy::Early, false),
         |rank| Faulty {
             inner: model.stage(no_delay),
-            at: (rank.get() == 2).then_some(bad),
-            panic,
+            fault: if rank.get() == 2 { fault } else { Fault::None },
         },
         ThreadOptions {
             receive_timeout: Duration::from_secs(30),
@@ -219,13 +199,14 @@ fn run_with_fault(panic: bool) -> (BackendError, Duration) {
     )
     .err()
     .expect("the run fails");
-    (err, start.elapsed())
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    err
 }
 
 #[test]
 fn a_failing_rank_stops_the_run_with_its_error() {
-    let (err, took) = run_with_fault(false);
-    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let err = run_with_fault(Fault::FailAt);
     match &err {
         BackendError::Stage {
             rank, what, source, ..
@@ -242,9 +223,7 @@ fn a_failing_rank_stops_the_run_with_its_error() {
 
 #[test]
 fn a_panicking_rank_stops_the_run_with_its_message() {
-    let (err, took) = run_with_fault(true);
-    assert!(took < Duration::from_secs(5), "took {took:?}");
-    match &err {
+    match run_with_fault(Fault::PanicAt) {
         BackendError::Panicked {
             rank, what, reason, ..
         } => {
@@ -258,7 +237,7 @@ fn a_panicking_rank_stops_the_run_with_its_message() {
 #[test]
 fn unchecked_programs_cannot_be_run() {
     // The backends take checked programs only; the check refuses a set that misses a rank.
-    let plan = build_plan("f1b(gpipe)", &PipelineConfig::new(2, 2).unwrap()).unwrap();
+    let plan = plan("f1b(gpipe)", 2, 2);
     let mut programs = project(&plan, ProjectionOptions::default()).unwrap();
     programs.programs.pop();
     let err = CheckedPrograms::check(plan.problem(), programs).unwrap_err();
@@ -322,7 +301,7 @@ fn a_compute_without_offload_is_refused_an_offload_plan_before_anything_runs() {
     let plan = build_plan("offload(f1b(gpipe), memory=2)", &config).unwrap();
     assert!(plan.facts().residency.offloaded);
     let model = AffineModel::new(plan.problem());
-    let checked = CheckedPrograms::of_plan(&plan, None, ProjectionOptions::default()).unwrap();
+    let checked = programs(&plan, RecvPolicy::Early, false);
     let calls = AtomicUsize::new(0);
     let err = run_threads(
         &checked,
@@ -353,33 +332,23 @@ fn a_compute_without_offload_is_refused_an_offload_plan_before_anything_runs() {
     let text = err.to_string();
     assert!(text.contains("does not support"), "{text}");
     // The affine stage declares offload: the same programs run to the single-device gradients.
-    let stages = run_threads(
-        &checked,
-        |_| model.stage(no_delay),
-        ThreadOptions::default(),
-    )
-    .unwrap();
+    let stages = run_affine(&checked, &model).unwrap();
     let reference = model.sequential_gradients(plan.problem());
     assert!(AffineModel::max_relative_error(&total_gradients(&stages), &reference) <= 1e-12);
 }
 
 #[test]
 fn a_compute_without_recompute_is_refused_a_recompute_plan() {
-    let plan = build_plan(
-        "recompute(f1b(gpipe), memory=2)",
-        &PipelineConfig::new(4, 8).unwrap(),
-    )
-    .unwrap();
+    let plan = plan("recompute(f1b(gpipe), memory=2)", 4, 8);
     assert!(plan.facts().residency.recomputed);
     let model = AffineModel::new(plan.problem());
-    let checked = CheckedPrograms::of_plan(&plan, None, ProjectionOptions::default()).unwrap();
+    let checked = programs(&plan, RecvPolicy::Early, false);
     // `Faulty` declares no capability (the default).
     let err = run_threads(
         &checked,
         |_| Faulty {
             inner: model.stage(no_delay),
-            at: None,
-            panic: false,
+            fault: Fault::None,
         },
         ThreadOptions::default(),
     )

@@ -250,9 +250,9 @@ fn a_checkpoint_saved_over_mpi_resumes_on_threads() {
     assert_eq!([head, tail].concat(), whole);
 }
 
-/// Runs the trainer on 4 processes with `fault` (`--fail R@S` or `--stall R@S`) and returns its
-/// output and how long it ran.
-fn faulty(fault: &[&str]) -> (Output, f64) {
+/// Runs the trainer on 4 processes with `fault` (`--fail R@S` or `--stall R@S`), which must fail
+/// the job, and returns its standard error and how long it ran.
+fn faulty(fault: &[&str]) -> (String, f64) {
     let mut args = vec![
         "--schedule",
         "f1b(gpipe)",
@@ -268,14 +268,15 @@ fn faulty(fault: &[&str]) -> (Output, f64) {
     args.extend_from_slice(fault);
     let start = Instant::now();
     let out = train(Some(4), &args);
-    (out, start.elapsed().as_secs_f64())
+    let seconds = start.elapsed().as_secs_f64();
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    (stderr, seconds)
 }
 
 #[test]
 fn a_failing_rank_ends_the_job_naming_rank_step_and_instruction() {
-    let (out, seconds) = faulty(&["--fail", "2@2"]);
-    let stderr = text(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
+    let (stderr, seconds) = faulty(&["--fail", "2@2"]);
     assert!(
         stderr.contains("error: step 2: rank 2, instruction ")
             && stderr.contains("the stage failed"),
@@ -287,9 +288,7 @@ fn a_failing_rank_ends_the_job_naming_rank_step_and_instruction() {
 
 #[test]
 fn a_stalled_rank_ends_the_job_with_who_waits_on_whom() {
-    let (out, seconds) = faulty(&["--stall", "3@2"]);
-    let stderr = text(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
+    let (stderr, seconds) = faulty(&["--stall", "3@2"]);
     assert!(
         stderr.contains("error: step 2: no progress within 3 s: "),
         "{stderr}"

@@ -30,29 +30,17 @@ import argparse
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import types
 
-EXPRESSIONS = [
-    "gpipe",
-    "f1b(gpipe)",
-    "vpp(gpipe, chunks=2)",
-    "vpp(f1b(gpipe), chunks=2)",
-    "vpp(f1b(gpipe), chunks=4)",
-    "vpp(f1b(gpipe), chunks=2, layout=v)",
-    "zero_bubble(f1b(gpipe), policy=h1)",
-    "zero_bubble(f1b(gpipe), policy=h2)",
-    "zero_bubble(f1b(gpipe))",
-    "zero_bubble(vpp(f1b(gpipe), chunks=2))",
-    "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
-    "dual(vpp(f1b(gpipe), chunks=2))",
-    "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
-]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_pipeline import EXPRESSIONS, GroupFailed, StageModel, WorkerGroup, free_port  # noqa: E402
+from torch_pipeline import gradient_record, loss_fn, loss_record, pipeline_ends, pipeline_mesh  # noqa: E402
+from torch_pipeline import read_jsonl  # noqa: E402
+
 FORMATS = {
     "compute": ([], "compute_only"),
     "lowered early": (["--lowered", "--recv", "early"], "compute_comms"),
@@ -72,40 +60,7 @@ def stage_module(torch, stage):
     return torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh()).double()
 
 
-def loss_fn(output, target):
-    return ((output - target) ** 2).mean()
-
-
-def batch(torch, ranks, microbatches, replica):
-    generator = torch.Generator().manual_seed(ranks * 1000 + microbatches * 10 + replica)
-    shape = (microbatches * ROWS, WIDTH)
-    x = torch.randn(shape, dtype=torch.float64, generator=generator)
-    y = torch.randn(shape, dtype=torch.float64, generator=generator)
-    return x, y
-
-
-def reference(torch, stages, ranks, microbatches, replicas):
-    """Per parameter `stage.name` the gradient of one device (replicas averaged), and per replica
-    the losses of its microbatches."""
-    grads, losses = {}, []
-    for replica in range(replicas):
-        modules = [stage_module(torch, s) for s in range(stages)]
-        x, y = batch(torch, ranks, microbatches, replica)
-        mine = []
-        for xm, ym in zip(x.chunk(microbatches), y.chunk(microbatches)):
-            out = xm
-            for module in modules:
-                out = module(out)
-            loss = loss_fn(out, ym)
-            loss.backward()
-            mine.append(loss.item())
-        losses.append(mine)
-        for s, module in enumerate(modules):
-            for name, p in module.named_parameters():
-                g = p.grad / microbatches
-                key = f"{s}.{name}"
-                grads[key] = g if key not in grads else grads[key] + g
-    return {k: v / replicas for k, v in grads.items()}, losses
+MODEL = StageModel(stage_module, WIDTH, ROWS)
 
 
 # ----------------------------------------------------------------------------- files
@@ -166,11 +121,9 @@ def our_non_comm(path):
 
 def worker(args):
     """One process of a pipeline group: runs every case of its list, writes gradients and losses."""
-    from datetime import timedelta
     import logging
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
@@ -196,15 +149,8 @@ def worker(args):
     log.addHandler(Progress())
     log.propagate = False
 
-    world = args.ranks * args.replicas
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
-                            world_size=world, timeout=timedelta(seconds=args.pg_timeout))
-    mesh = init_device_mesh("cpu", (args.replicas, args.ranks), mesh_dim_names=("dp", "pp"))
-    pp_group = mesh["pp"].get_group()
-    pp_rank = mesh["pp"].get_local_rank()
-    replica = mesh["dp"].get_local_rank()
-    if args.fsdp:
-        from torch.distributed.fsdp import fully_shard
+    mesh, pp_group, pp_rank, replica = pipeline_mesh(args.rank, args.ranks, args.replicas, args.port,
+                                                     args.pg_timeout)
     out = open(args.results, "w")
     for case in cases:
         current["case"] = case["id"]
@@ -213,30 +159,17 @@ def worker(args):
         mine = sorted(stages_in(rows[pp_rank]))
         stages = max(max(stages_in(r)) for r in rows) + 1
         microbatches = case["microbatches"]
-        modules = {}
-        for s in mine:
-            module = stage_module(torch, s)
-            if args.fsdp:
-                fully_shard(module, mesh=mesh["dp"])
-            modules[s] = module
+        modules = MODEL.stage_modules(torch, mine, mesh if args.fsdp else None)
         pipeline = [PipelineStage(modules[s], s, stages, torch.device("cpu"), group=pp_group)
                     for s in mine]
         schedule = _PipelineScheduleRuntime(pipeline, microbatches, loss_fn=loss_fn)
         schedule._load_csv(case["path"], format=FORMATS[case["form"]][1])
-        x, y = batch(torch, case["ranks"], microbatches, replica)
+        x, y = MODEL.batch(torch, case["ranks"], microbatches, replica)
         losses = []
-        inputs = (x,) if 0 in mine else ()
-        target = y if stages - 1 in mine else None
+        inputs, target = pipeline_ends(mine, stages, x, y)
         schedule.step(*inputs, target=target, losses=losses)
-        grads = {}
-        for s, module in modules.items():
-            for name, p in module.named_parameters():
-                g = p.grad
-                if hasattr(g, "full_tensor"):
-                    g = g.full_tensor()
-                grads[f"{s}.{name}"] = [v.hex() for v in g.detach().flatten().tolist()]
-        record = {"case": case["id"], "replica": replica, "grads": grads,
-                  "losses": [float(l).hex() for l in losses] if target is not None else None}
+        record = {"case": case["id"], "replica": replica, "grads": gradient_record(modules),
+                  "losses": loss_record(losses, target)}
         out.write(json.dumps(record) + "\n")
         out.flush()
         note(f"case {case['id']}: done")
@@ -245,16 +178,6 @@ def worker(args):
 
 
 # ----------------------------------------------------------------------------- the parent
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class GroupFailed(Exception):
-    pass
 
 
 def run_group(cases, ranks, replicas, fsdp, workdir, stall, pg_timeout, deadline):
@@ -266,51 +189,33 @@ def run_group(cases, ranks, replicas, fsdp, workdir, stall, pg_timeout, deadline
     with open(case_file, "w") as f:
         json.dump(cases, f)
     port = free_port()
-    procs = []
+    files = []
+    commands = []
     for rank in range(ranks * replicas):
-        files = {k: os.path.join(workdir, f"{tag}_{k}{rank}.txt") for k in ("status", "results", "log")}
-        command = [sys.executable, os.path.abspath(__file__), "worker", "--rank", str(rank),
-                   "--ranks", str(ranks), "--replicas", str(replicas), "--port", str(port),
-                   "--cases", case_file, "--status", files["status"], "--results", files["results"],
-                   "--pg-timeout", str(pg_timeout)] + (["--fsdp"] if fsdp else [])
-        log = open(files["log"], "w")
-        procs.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True), files, log))
-    failure = None
-    last_change, seen = time.monotonic(), None
-    try:
-        while True:
-            codes = [p.poll() for p, _, _ in procs]
-            if all(c == 0 for c in codes):
-                break
-            bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
-            if bad:
-                failure = f"rank {bad[0]} failed: {reason_of(procs[bad[0]][1])}"
-                break
-            now = [status_of(files) for _, files, _ in procs]
-            if now != seen:
-                seen, last_change = now, time.monotonic()
-            elif time.monotonic() - last_change > stall:
-                waiting = "; ".join(f"rank {i} at {s or 'start'}" for i, s in enumerate(now))
-                failure = f"no progress for {stall} s: {waiting}"
-                break
-            if time.monotonic() > deadline:
-                failure = "the suite ran past its deadline"
-                break
-            time.sleep(0.05)
-    finally:
-        for p, _, log in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-            log.close()
+        files.append({k: os.path.join(workdir, f"{tag}_{k}{rank}.txt") for k in ("status", "results", "log")})
+        commands.append([sys.executable, os.path.abspath(__file__), "worker", "--rank", str(rank),
+                         "--ranks", str(ranks), "--replicas", str(replicas), "--port", str(port),
+                         "--cases", case_file, "--status", files[-1]["status"],
+                         "--results", files[-1]["results"], "--pg-timeout", str(pg_timeout)]
+                        + (["--fsdp"] if fsdp else []))
+    progress = {"seen": None, "since": time.monotonic()}
+
+    def stalled():
+        now = [status_of(f) for f in files]
+        if now != progress["seen"]:
+            progress["seen"], progress["since"] = now, time.monotonic()
+        elif time.monotonic() - progress["since"] > stall:
+            waiting = "; ".join(f"rank {i} at {s or 'start'}" for i, s in enumerate(now))
+            return f"no progress for {stall} s: {waiting}"
+        return None
+
+    with WorkerGroup(commands, [f["log"] for f in files]) as workers:
+        failure = workers.wait(deadline - time.monotonic(), late="the suite ran past its deadline",
+                               exited=lambda rank, _: f"rank {rank} failed: {reason_of(files[rank])}",
+                               check=stalled)
     if failure:
         raise GroupFailed(failure)
-    results = []
-    for _, files, _ in procs:
-        with open(files["results"]) as f:
-            results.extend(json.loads(line) for line in f)
-    return results
+    return read_jsonl(f["results"] for f in files)
 
 
 def status_of(files):
@@ -333,33 +238,8 @@ def reason_of(files):
 def compare(torch, case, results, replicas):
     """The largest relative difference to the single-device run, and whether all is bit-identical."""
     stages = max(max(stages_in(r)) for r in read_rows(case["path"])) + 1
-    expected_grads, expected_losses = reference(torch, stages, case["ranks"], case["microbatches"],
-                                                replicas)
-    got, losses = {}, {}
-    for record in results:
-        for key, values in record["grads"].items():
-            got.setdefault(key, []).append([float.fromhex(v) for v in values])
-        if record["losses"] is not None:
-            losses[record["replica"]] = [float.fromhex(v) for v in record["losses"]]
-    worst, identical = 0.0, True
-    for key, expected in expected_grads.items():
-        if key not in got:
-            raise GroupFailed(f"no rank returned the gradient of {key}")
-        want = expected.flatten().tolist()
-        scale = max(max(abs(v) for v in want), 1e-300)
-        for copy in got[key]:
-            if len(copy) != len(want):
-                raise GroupFailed(f"{key}: {len(copy)} values, expected {len(want)}")
-            worst = max(worst, max(abs(a - b) for a, b in zip(copy, want)) / scale)
-            identical &= copy == want
-    for replica in range(replicas):
-        have = losses.get(replica)
-        want = expected_losses[replica]
-        if have is None or len(have) != len(want):
-            raise GroupFailed(f"replica {replica}: losses {have}, expected {len(want)} of them")
-        worst = max(worst, max(abs(a - b) / abs(b) for a, b in zip(have, want)))
-        identical &= have == want
-    return worst, identical
+    return MODEL.compare(torch, stages, case["ranks"], case["microbatches"], results, replicas,
+                         error=GroupFailed)
 
 
 def suite(args):

@@ -18,9 +18,10 @@ use crate::compute::StageCompute;
 use crate::error::BackendError;
 use crate::stage_error::StageError;
 use crate::transport::{Incoming, Outgoing, Transport, TransportFailure};
+use pipeweave_core::ir::problem::Route;
 pub use pipeweave_core::spmd::checked::CheckedRank;
 use pipeweave_core::{
-    CommGroup, CommOp, Direction, Instr, Problem, RankId, RankProgram, Task, Work,
+    CommGroup, CommOp, Direction, Instr, Problem, RankId, RankProgram, StageId, Task, Work,
 };
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -343,57 +344,51 @@ where
     /// The input of a forward: None on the first stage of its route (the stage loads the
     /// microbatch itself), else what was received or handed over.
     fn forward_input(&mut self, work: Work) -> Result<Option<C::Tensor>, Fault> {
-        let first = self
-            .problem
-            .route_of(work.microbatch)
-            .is_none_or(|r| r.prev(work.stage).is_none());
-        if first {
+        if self.neighbour(work, Route::prev).is_none() {
             Ok(None)
         } else {
             take(&mut self.tensors.inputs, work, "forward input").map(Some)
         }
     }
 
-    /// Where a forward output goes: a local next stage, or the loss or a send.
-    fn place_output(&mut self, work: Work, output: C::Tensor) {
-        let next = self
+    /// `work`'s microbatch on the stage that `step` ([`Route::next`] or [`Route::prev`]) gives
+    /// after `work`'s stage on its route, and whether this rank holds that stage; None at that
+    /// end of the route.
+    fn neighbour(
+        &self,
+        work: Work,
+        step: fn(&Route, StageId) -> Option<StageId>,
+    ) -> Option<(Work, bool)> {
+        let stage = self
             .problem
             .route_of(work.microbatch)
-            .and_then(|r| r.next(work.stage));
-        match next {
-            Some(next) if self.problem.rank_of(next) == Some(self.rank()) => {
-                let to = Work {
-                    stage: next,
-                    microbatch: work.microbatch,
-                };
-                self.tensors.inputs.insert(to, output);
-            }
-            _ => {
-                self.tensors.outputs.insert(work, output);
-            }
-        }
+            .and_then(|r| step(r, work.stage))?;
+        let here = self.problem.rank_of(stage) == Some(self.rank());
+        let neighbour = Work {
+            stage,
+            microbatch: work.microbatch,
+        };
+        Some((neighbour, here))
+    }
+
+    /// Where a forward output goes: a local next stage, or the loss or a send.
+    fn place_output(&mut self, work: Work, output: C::Tensor) {
+        let (store, key) = match self.neighbour(work, Route::next) {
+            Some((next, true)) => (&mut self.tensors.inputs, next),
+            _ => (&mut self.tensors.outputs, work),
+        };
+        store.insert(key, output);
     }
 
     /// Where an input gradient goes: nowhere (first stage), a local previous stage, or a send.
     fn place_grad_input(&mut self, work: Work, grad: Option<C::Tensor>) {
         let Some(grad) = grad else { return };
-        let prev = self
-            .problem
-            .route_of(work.microbatch)
-            .and_then(|r| r.prev(work.stage));
-        match prev {
-            Some(prev) if self.problem.rank_of(prev) == Some(self.rank()) => {
-                let to = Work {
-                    stage: prev,
-                    microbatch: work.microbatch,
-                };
-                self.tensors.grads.insert(to, grad);
-            }
-            Some(_) => {
-                self.tensors.grad_inputs.insert(work, grad);
-            }
-            None => {}
-        }
+        let (store, key) = match self.neighbour(work, Route::prev) {
+            Some((prev, true)) => (&mut self.tensors.grads, prev),
+            Some((_, false)) => (&mut self.tensors.grad_inputs, work),
+            None => return,
+        };
+        store.insert(key, grad);
     }
 }
 
@@ -465,8 +460,10 @@ fn fault_error(rank: RankId, instr: usize, what: String, fault: Fault) -> Backen
 mod tests {
     use super::*;
     use crate::compute::{Capabilities, Capability};
-    use pipeweave_core::{CheckedPrograms, ProjectionOptions, StageId};
-    use pipeweave_core::{CostModel, MemoryModel, Plan, ProblemSpec, StageCosts};
+    use pipeweave_core::testing::plan_on;
+    use pipeweave_core::{
+        CheckedPrograms, ProblemSpec, ProjectionOptions, StageCosts, StageId, StageMemory,
+    };
 
     /// A one-rank, two-stage plan of `order` whose programs need no transport, checked.
     fn local_programs(order: &[&str]) -> CheckedPrograms {
@@ -477,14 +474,12 @@ mod tests {
             .build()
             .validate()
             .unwrap();
-        let order = order.iter().map(|t| t.parse().unwrap()).collect();
-        let plan = Plan::new(
-            problem.clone(),
-            CostModel::uniform(2, StageCosts::default(), 0.0).unwrap(),
-            MemoryModel::uniform(2, Default::default()),
-            vec![order],
-        )
-        .unwrap();
+        let plan = plan_on(
+            problem,
+            StageCosts::default(),
+            StageMemory::default(),
+            &[&order.join(" ")],
+        );
         CheckedPrograms::of_plan(&plan, None, ProjectionOptions::default()).unwrap()
     }
 

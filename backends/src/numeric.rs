@@ -235,6 +235,11 @@ impl AffineStage {
         )
     }
 
+    /// The bug of a weight gradient of `work` that finds what it needs missing (`why`).
+    fn weight_grad_bug(work: Work, why: &str) -> StageError {
+        StageError::bug(format!("{} {why}", Self::missing("weight gradient", work)))
+    }
+
     /// Every task this rank ran, with its times, in the order it ran them (a fused task once).
     pub fn spent(&self) -> &[SpentTask] {
         &self.spent
@@ -258,6 +263,32 @@ impl AffineStage {
     }
 }
 
+/// `work`'s microbatch's entry of the model's `values` (its `what`: input or target).
+fn of_microbatch(values: &[f64], work: Work, what: &str) -> Result<f64, StageError> {
+    values.get(work.microbatch.index()).copied().ok_or_else(|| {
+        StageError::bad_input(format!(
+            "the model has no {what} for microbatch {}",
+            work.microbatch
+        ))
+    })
+}
+
+/// Takes `work`'s entry out of `store`: the bug "nothing to `doing`: no `what` of ..." when it has
+/// none.
+fn take(
+    store: &mut HashMap<Work, f64>,
+    work: Work,
+    doing: &str,
+    what: &str,
+) -> Result<f64, StageError> {
+    store.remove(&work).ok_or_else(|| {
+        StageError::bug(format!(
+            "nothing to {doing}: no {}",
+            AffineStage::missing(what, work)
+        ))
+    })
+}
+
 /// Sums the gradients of every rank into one set.
 pub fn total_gradients(stages: &[AffineStage]) -> Gradients {
     let sets = stages.first().map_or(0, |s| s.grads.len());
@@ -279,16 +310,7 @@ impl StageCompute for AffineStage {
         self.spend(Task::Forward(work));
         let x = match input {
             Some(x) => x,
-            None => *self
-                .model
-                .inputs
-                .get(work.microbatch.index())
-                .ok_or_else(|| {
-                    StageError::bad_input(format!(
-                        "the model has no input for microbatch {}",
-                        work.microbatch
-                    ))
-                })?,
+            None => of_microbatch(&self.model.inputs, work, "input")?,
         };
         self.saved_input.insert(work, x);
         let (a, b) = self.model.params(work.stage);
@@ -296,16 +318,7 @@ impl StageCompute for AffineStage {
     }
 
     fn loss(&mut self, work: Work, output: f64) -> Result<f64, StageError> {
-        let target = self
-            .model
-            .targets
-            .get(work.microbatch.index())
-            .ok_or_else(|| {
-                StageError::bad_input(format!(
-                    "the model has no target for microbatch {}",
-                    work.microbatch
-                ))
-            })?;
+        let target = of_microbatch(&self.model.targets, work, "target")?;
         Ok(output - target)
     }
 
@@ -334,18 +347,14 @@ impl StageCompute for AffineStage {
 
     fn backward_weight(&mut self, work: Work) -> Result<(), StageError> {
         self.spend(Task::WeightGrad(work));
-        let g = self.saved_grad.remove(&work).ok_or_else(|| {
-            StageError::bug(format!(
-                "weight gradient of stage {} microbatch {} before its input gradient",
-                work.stage, work.microbatch
-            ))
-        })?;
-        let x = self.saved_input.remove(&work).ok_or_else(|| {
-            StageError::bug(format!(
-                "weight gradient of stage {} microbatch {} without its forward",
-                work.stage, work.microbatch
-            ))
-        })?;
+        let g = self
+            .saved_grad
+            .remove(&work)
+            .ok_or_else(|| Self::weight_grad_bug(work, "before its input gradient"))?;
+        let x = self
+            .saved_input
+            .remove(&work)
+            .ok_or_else(|| Self::weight_grad_bug(work, "without its forward"))?;
         let w = self.model.weight_set[work.stage.index()];
         self.grads[w].0 += g * x;
         self.grads[w].1 += g;
@@ -380,23 +389,13 @@ impl StageCompute for AffineStage {
     }
 
     fn drop_activations(&mut self, work: Work) -> Result<(), StageError> {
-        let input = self.saved_input.remove(&work).ok_or_else(|| {
-            StageError::bug(format!(
-                "nothing to drop: no {}",
-                Self::missing("forward", work)
-            ))
-        })?;
+        let input = take(&mut self.saved_input, work, "drop", "forward")?;
         self.dropped.insert(work, input);
         Ok(())
     }
 
     fn recompute(&mut self, work: Work) -> Result<(), StageError> {
-        let input = self.dropped.remove(&work).ok_or_else(|| {
-            StageError::bug(format!(
-                "nothing to recompute from: no {}",
-                Self::missing("dropped forward", work)
-            ))
-        })?;
+        let input = take(&mut self.dropped, work, "recompute from", "dropped forward")?;
         self.wait_for_offloads();
         self.spend(Task::Recompute(work));
         self.saved_input.insert(work, input);
@@ -404,12 +403,7 @@ impl StageCompute for AffineStage {
     }
 
     fn offload(&mut self, work: Work) -> Result<(), StageError> {
-        let input = self.saved_input.remove(&work).ok_or_else(|| {
-            StageError::bug(format!(
-                "nothing to offload: no {}",
-                Self::missing("forward", work)
-            ))
-        })?;
+        let input = take(&mut self.saved_input, work, "offload", "forward")?;
         self.host.insert(work, input);
         let end = self.transfer(Task::Offload(work));
         self.link.fence = Some(self.link.fence.map_or(end, |f| f.max(end)));
@@ -417,12 +411,7 @@ impl StageCompute for AffineStage {
     }
 
     fn reload(&mut self, work: Work) -> Result<(), StageError> {
-        let input = self.host.remove(&work).ok_or_else(|| {
-            StageError::bug(format!(
-                "nothing to reload: no {}",
-                Self::missing("offload", work)
-            ))
-        })?;
+        let input = take(&mut self.host, work, "reload", "offload")?;
         self.saved_input.insert(work, input);
         let end = self.transfer(Task::Reload(work));
         self.link.reloaded.insert(work, end);

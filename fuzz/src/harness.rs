@@ -46,13 +46,14 @@ use pipeweave::backends::numeric::{total_gradients, AffineModel};
 use pipeweave::backends::{run_threads, ThreadOptions};
 use pipeweave::core_ir::formats::csv::{compute_csv, import_csv, lowered_csv};
 use pipeweave::core_ir::{
-    check_programs, project, CheckedPrograms, CommOp, Direction, Instr, Message, ProgramSet,
-    ProjectionOptions, RecvPolicy, Semantics, TOLERANCE,
+    check_programs, project, CheckedPrograms, CommGroup, CommOp, Direction, Instr, Message,
+    ProgramSet, ProjectionOptions, RecvPolicy, Semantics, TOLERANCE,
 };
 use pipeweave::{
-    build_plan, simulate, verify, MicrobatchId, PipelineConfig, Plan, RankId, StageCosts,
-    StageCostsSpec, StageId, Task, Work,
+    build_plan, simulate, verify, MicrobatchId, PipelineConfig, Plan, RankId, StageCosts, StageId,
+    Task,
 };
+use pipeweave_core::testing::costs;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -77,16 +78,6 @@ pub const CHECKER_EXPRESSIONS: &[&str] = &[
 /// The receive timeout of threaded runs: far above what the few microseconds of an affine run take,
 /// so a timeout means the programs are stuck.
 const THREAD_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn costs(forward: f64, input_grad: f64, weight_grad: f64) -> StageCosts {
-    StageCostsSpec::builder()
-        .forward(forward)
-        .input_grad(input_grad)
-        .weight_grad(weight_grad)
-        .build()
-        .validate()
-        .expect("the harness's cost sets are valid")
-}
 
 /// Cost sets the expression harness picks from: unit, the Zero Bubble paper's 6.2B ratios, a
 /// slow W, and zero-cost ops (ties everywhere).
@@ -318,22 +309,26 @@ fn comm_positions(set: &ProgramSet) -> Vec<(usize, usize, usize)> {
     out
 }
 
+/// A send or receive of `set` that `bytes` picks (none when there is none): its group and its
+/// index there.
+fn pick_comm<'a>(
+    set: &'a mut ProgramSet,
+    bytes: &mut Bytes<'_>,
+) -> Option<(&'a mut CommGroup, usize)> {
+    let positions = comm_positions(set);
+    if positions.is_empty() {
+        return None;
+    }
+    let (r, i, k) = positions[bytes.index(positions.len())];
+    let Instr::Comm(group) = &mut set.programs[r].instrs[i] else {
+        unreachable!("comm_positions lists comm instructions")
+    };
+    Some((group, k))
+}
+
 fn message_mut(op: &mut CommOp) -> &mut Message {
     match op {
         CommOp::Send { message, .. } | CommOp::Recv { message, .. } => message,
-    }
-}
-
-fn work_mut(task: &mut Task) -> &mut Work {
-    match task {
-        Task::Forward(w)
-        | Task::InputGrad(w)
-        | Task::WeightGrad(w)
-        | Task::Backward(w)
-        | Task::Recompute(w)
-        | Task::Offload(w)
-        | Task::Reload(w) => w,
-        Task::Overlapped { forward, .. } => forward,
     }
 }
 
@@ -375,13 +370,8 @@ fn mutate(set: &mut ProgramSet, bytes: &mut Bytes<'_>, stages: u32, microbatches
         // Change a message's microbatch, stage, slot or direction, or the peer, or turn a send
         // into a receive (and back).
         3..=8 => {
-            let positions = comm_positions(set);
-            if positions.is_empty() {
+            let Some((group, k)) = pick_comm(set, bytes) else {
                 return;
-            }
-            let (r, i, k) = positions[bytes.index(positions.len())];
-            let Instr::Comm(group) = &mut set.programs[r].instrs[i] else {
-                unreachable!("comm_positions lists comm instructions")
             };
             let comm = &mut group.ops[k];
             match op {
@@ -416,13 +406,8 @@ fn mutate(set: &mut ProgramSet, bytes: &mut Bytes<'_>, stages: u32, microbatches
         }
         // Move a send or receive to another group (or to a new group at some place).
         9 => {
-            let positions = comm_positions(set);
-            if positions.is_empty() {
+            let Some((group, k)) = pick_comm(set, bytes) else {
                 return;
-            }
-            let (r, i, k) = positions[bytes.index(positions.len())];
-            let Instr::Comm(group) = &mut set.programs[r].instrs[i] else {
-                unreachable!("comm_positions lists comm instructions")
             };
             let mut ops = group.ops.to_vec();
             let moved = ops.remove(k);
@@ -439,7 +424,7 @@ fn mutate(set: &mut ProgramSet, bytes: &mut Bytes<'_>, stages: u32, microbatches
                 }
                 _ => program.instrs.insert(
                     at,
-                    Instr::Comm(pipeweave::core_ir::CommGroup {
+                    Instr::Comm(CommGroup {
                         ops: vec![moved].into(),
                     }),
                 ),
@@ -456,7 +441,7 @@ fn mutate(set: &mut ProgramSet, bytes: &mut Bytes<'_>, stages: u32, microbatches
                 let which = bytes.next();
                 match &mut p.instrs[i] {
                     Instr::Compute(task) => {
-                        let w = work_mut(task);
+                        let w = task.work_mut();
                         if which & 1 == 0 {
                             w.stage = StageId::new(stage);
                         } else {
@@ -485,7 +470,7 @@ fn mutate(set: &mut ProgramSet, bytes: &mut Bytes<'_>, stages: u32, microbatches
                 let i = bytes.index(p.instrs.len());
                 let which = bytes.next();
                 if let Instr::Compute(task) = &mut p.instrs[i] {
-                    let w = *work_mut(task);
+                    let w = task.work();
                     *task = match which % 5 {
                         0 => Task::Forward(w),
                         1 => Task::InputGrad(w),

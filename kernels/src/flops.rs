@@ -60,21 +60,19 @@ pub fn head_flops(config: &GptConfig, batch: usize, seq_len: usize) -> PassFlops
     }
 }
 
-/// A whole stage (the embedding is a gather and a scatter-add: no products).
+/// A whole stage: its layers' estimates summed in order, each as its kind gives it (the
+/// embedding is a gather and a scatter-add: no products).
 pub fn stage_flops(
     config: &GptConfig,
     layout: &StageLayout,
     batch: usize,
     seq_len: usize,
 ) -> PassFlops {
-    let blocks = layout
-        .blocks()
-        .map(|_| block_flops(config, batch, seq_len))
-        .fold(PassFlops::default(), PassFlops::plus);
-    match layout.has_head() {
-        true => blocks.plus(head_flops(config, batch, seq_len)),
-        false => blocks,
-    }
+    layout
+        .layers()
+        .iter()
+        .map(|id| id.kind().flops(config, batch, seq_len))
+        .fold(PassFlops::default(), PassFlops::plus)
 }
 
 #[cfg(test)]

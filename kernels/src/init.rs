@@ -15,9 +15,8 @@
 
 use candle_core::{DType, Tensor};
 
-use crate::config::GptConfig;
-use crate::error::Result;
-use crate::layers::{Attention, Block, Embedding, Head, LayerNorm, Linear, Mlp};
+use crate::error::{KernelError, Result};
+use crate::layers::{LayerNorm, Linear};
 use crate::primitives::Primitives;
 
 /// GPT-2's `initializer_range`.
@@ -93,22 +92,38 @@ pub fn parameter_seed(seed: u64, name: &str) -> u64 {
     mix64(mix64(seed) ^ name_hash)
 }
 
-/// Makes parameter tensors of one dtype from one seed.
+/// Makes parameter tensors of one dtype from one seed: what each model layer's
+/// [`crate::layers::ModelLayer::build`] draws its parameters with.
 pub(crate) struct ParameterFactory<'a> {
     ops: &'a dyn Primitives,
-    seed: u64,
+    /// `None` for shapes only: every tensor one zero broadcast to its shape, nothing drawn.
+    seed: Option<u64>,
     dtype: DType,
 }
 
 impl<'a> ParameterFactory<'a> {
     /// A factory for `dtype` tensors drawn from `seed`.
     pub(crate) fn new(ops: &'a dyn Primitives, seed: u64, dtype: DType) -> Self {
+        let seed = Some(seed);
         ParameterFactory { ops, seed, dtype }
     }
 
-    /// `N(0, std²)` values drawn from the stream of parameter `name`.
-    fn normal(&self, name: &str, shape: &[usize], std: f64) -> Result<Tensor> {
-        let mut sampler = NormalSampler::new(parameter_seed(self.seed, name));
+    /// A factory of parameters with their shapes and no values (one zero broadcast to each
+    /// shape): layers to read names and shapes from, at no cost in time or memory.
+    pub(crate) fn shapes_only(ops: &'a dyn Primitives, dtype: DType) -> Self {
+        ParameterFactory {
+            ops,
+            seed: None,
+            dtype,
+        }
+    }
+
+    /// `N(0, std²)` values drawn from the stream of parameter `name` (its GPT-2 name).
+    pub(crate) fn normal(&self, name: &str, shape: &[usize], std: f64) -> Result<Tensor> {
+        let Some(seed) = self.seed else {
+            return self.shape_only(shape);
+        };
+        let mut sampler = NormalSampler::new(parameter_seed(seed, name));
         let count = shape.iter().product();
         let values: Vec<f64> = (0..count).map(|_| std * sampler.next_normal()).collect();
         self.ops.float_tensor(&values, shape, self.dtype)
@@ -116,72 +131,40 @@ impl<'a> ParameterFactory<'a> {
 
     /// A tensor filled with `value`.
     fn constant(&self, shape: &[usize], value: f64) -> Result<Tensor> {
+        if self.seed.is_none() {
+            return self.shape_only(shape);
+        }
         let count = shape.iter().product();
         self.ops
             .float_tensor(&vec![value; count], shape, self.dtype)
     }
 
     /// A `Conv1D` linear `[inputs, outputs]` named `prefix`, weight `N(0, std²)`, bias 0.
-    fn linear(&self, prefix: &str, inputs: usize, outputs: usize, std: f64) -> Result<Linear> {
+    pub(crate) fn linear(
+        &self,
+        prefix: &str,
+        inputs: usize,
+        outputs: usize,
+        std: f64,
+    ) -> Result<Linear> {
         let weight = self.normal(&format!("{prefix}.weight"), &[inputs, outputs], std)?;
         Linear::new(weight, self.constant(&[outputs], 0.0)?)
     }
 
+    /// One zero of the factory's dtype broadcast to `shape`.
+    fn shape_only(&self, shape: &[usize]) -> Result<Tensor> {
+        let zero = self.ops.float_tensor(&[0.0], &[], self.dtype)?;
+        zero.broadcast_as(shape)
+            .map_err(KernelError::backend("parameter shape"))
+    }
+
     /// A layer norm of width `features`: weight 1, bias 0.
-    fn layer_norm(&self, features: usize) -> Result<LayerNorm> {
+    pub(crate) fn layer_norm(&self, features: usize) -> Result<LayerNorm> {
         LayerNorm::new(
             self.constant(&[features], 1.0)?,
             self.constant(&[features], 0.0)?,
         )
     }
-
-    /// Block `index` of the model (named `transformer.h.{index}`).
-    pub(crate) fn block(&self, config: &GptConfig, index: usize) -> Result<Block> {
-        let d = config.d_model();
-        let prefix = block_prefix(index);
-        let residual_std = INIT_STD / (2.0 * config.n_layer() as f64).sqrt();
-        let c_attn = self.linear(&format!("{prefix}.attn.c_attn"), d, 3 * d, INIT_STD)?;
-        let c_proj = self.linear(&format!("{prefix}.attn.c_proj"), d, d, residual_std)?;
-        let hidden = config.mlp_hidden();
-        let c_fc = self.linear(&format!("{prefix}.mlp.c_fc"), d, hidden, INIT_STD)?;
-        let mlp_proj = self.linear(&format!("{prefix}.mlp.c_proj"), hidden, d, residual_std)?;
-        Block::new(
-            self.layer_norm(d)?,
-            Attention::new(c_attn, c_proj, config.n_head())?,
-            self.layer_norm(d)?,
-            Mlp::new(c_fc, mlp_proj)?,
-        )
-    }
-
-    /// The token and position embedding.
-    pub(crate) fn embedding(&self, config: &GptConfig) -> Result<Embedding> {
-        let (vocab, positions, d) = (config.vocab_size(), config.max_seq_len(), config.d_model());
-        Embedding::new(
-            self.normal(WTE, &[vocab, d], INIT_STD)?,
-            self.normal(WPE, &[positions, d], INIT_STD)?,
-        )
-    }
-
-    /// The final layer norm and the untied vocabulary projection.
-    pub(crate) fn head(&self, config: &GptConfig) -> Result<Head> {
-        let (vocab, d) = (config.vocab_size(), config.d_model());
-        Head::new(
-            self.layer_norm(d)?,
-            self.normal(LM_HEAD, &[vocab, d], INIT_STD)?,
-        )
-    }
-}
-
-/// GPT-2 name of the token embedding.
-pub(crate) const WTE: &str = "transformer.wte.weight";
-/// GPT-2 name of the position embedding.
-pub(crate) const WPE: &str = "transformer.wpe.weight";
-/// GPT-2 name of the vocabulary projection.
-pub(crate) const LM_HEAD: &str = "lm_head.weight";
-
-/// GPT-2 name prefix of block `index`.
-pub(crate) fn block_prefix(index: usize) -> String {
-    format!("transformer.h.{index}")
 }
 
 #[cfg(test)]

@@ -7,9 +7,11 @@
 //! - [`primitives`]: the primitive tensor ops ([`Primitives`]) and their CPU implementation
 //!   ([`CpuPrimitives`]); the layers compute only through them;
 //! - [`layers`]: the [`Layer`] protocol (forward / backward_input / backward_weight with
-//!   explicit, move-only saved states) and the GPT-2 layers, one per file;
-//! - [`stage`]: [`StageModel`], one pipeline stage of a GPT (optional embedding, blocks,
-//!   optional head), with optional recomputation and Hugging Face parameter names;
+//!   explicit, move-only saved states) and the GPT-2 layers, one per file; the model's layer
+//!   kinds registered in order ([`LayerKind`], [`model_layers`]: each kind's placement, input,
+//!   count, construction and names, declared in its own file);
+//! - [`stage`]: [`StageModel`], one pipeline stage of a GPT (a run of the model's layers:
+//!   embedding, blocks, head), with optional recomputation and Hugging Face parameter names;
 //! - [`config`] and [`init`]: the model shape and GPT-2 initialisation from a seed;
 //! - [`flops`]: FLOP estimates of the F, I and W passes per layer and stage;
 //! - [`error`]: [`KernelError`], the crate's one error type.
@@ -65,8 +67,8 @@ pub use config::GptConfig;
 pub use error::{KernelError, Result};
 pub use flops::PassFlops;
 pub use layers::{
-    count_non_padding, Attention, Block, CrossEntropy, Embedding, Gelu, Head, Layer, LayerNorm,
-    Linear, LossOutput, Mlp,
+    count_non_padding, model_layers, Attention, Block, CrossEntropy, Embedding, Gelu, Head, Layer,
+    LayerId, LayerInput, LayerKind, LayerNorm, Linear, LossOutput, Mlp, NamedParameters, Placement,
 };
 pub use primitives::{
     adamw_update, squared_norm, AdamWStep, CpuPrimitives, Primitives, TensorSum, TimedPrimitives,

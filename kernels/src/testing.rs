@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor, Var};
 
 use crate::error::KernelError;
 use crate::init::{NormalSampler, SplitMix64};
-use crate::layers::Layer;
+use crate::layers::{InputGradient, Layer};
 use crate::primitives::CpuPrimitives;
 
 /// The dtypes every oracle test runs in.
@@ -119,25 +119,6 @@ pub(crate) fn run_split<L: Layer>(
     }
 }
 
-/// A layer's input gradient as the oracle checks see it: a tensor, or none where the input
-/// (token ids) has no gradient.
-pub(crate) trait InputGradient {
-    /// The gradient, if the input has one.
-    fn tensor(&self) -> Option<&Tensor>;
-}
-
-impl InputGradient for Tensor {
-    fn tensor(&self) -> Option<&Tensor> {
-        Some(self)
-    }
-}
-
-impl InputGradient for () {
-    fn tensor(&self) -> Option<&Tensor> {
-        None
-    }
-}
-
 /// Asserts that `$value` matches `$pattern`; on failure shows `$shown` (by default the value, a
 /// [`KernelError`]): `assert_matches!(root_cause(&err), KernelError::Shape { .. }, err)`.
 macro_rules! assert_matches {
@@ -231,11 +212,11 @@ where
         .expect("oracle backward");
     let run = run_split(layer, input, |_| grad_output.clone());
     let mut worst = assert_close(&format!("{name} output"), &run.output, &expected);
-    match (run.grad_input.tensor(), &input_var) {
+    match (run.grad_input.into_gradient(), &input_var) {
         (Some(actual), Some(var)) => {
             let expected_dx = grads.get(var.as_tensor()).expect("input gradient");
             let what = format!("{name} d(input)");
-            worst = worst.max(assert_close(&what, actual, expected_dx));
+            worst = worst.max(assert_close(&what, &actual, expected_dx));
         }
         (None, None) => {}
         _ => panic!("{name}: an input gradient exactly for a float input"),

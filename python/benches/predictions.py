@@ -29,8 +29,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +37,10 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The process groups: shared with tools/pytorch_train.py and python/tests/torch_harness.py.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools"))
+from torch_pipeline import WorkerGroup, free_port, join_group, pipeline_ends  # noqa: E402
 
 # The model (GPT-2 blocks of a small config) and one microbatch's shape.
 VOCAB = 256
@@ -165,8 +167,6 @@ def profile_total(doc: Dict[str, Any]) -> float:
 def worker(args: argparse.Namespace) -> None:
     """One rank: runs every case of the file in `rounds` interleaved rounds, writes per case and
     round each timed step's (start, end) on the shared monotonic clock."""
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage
@@ -178,10 +178,7 @@ def worker(args: argparse.Namespace) -> None:
     with open(args.cases) as f:
         spec = json.load(f)
     cases = spec["cases"]
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank, world_size=args.world,
-        timeout=timedelta(seconds=300),
-    )
+    join_group(args.rank, args.world, args.port, timeout=300)
     layers = build_layers(torch)
     params = [p for layer in layers for p in layer.parameters()]
     built: Dict[int, Any] = {}
@@ -195,8 +192,7 @@ def worker(args: argparse.Namespace) -> None:
             for stage in stages:
                 timed(stage)
             x, y = batch(torch, plan.microbatches)
-            inputs = (x,) if 0 in mine else ()
-            target = y if plan.stages - 1 in mine else None
+            inputs, target = pipeline_ends(mine, plan.stages, x, y)
             built[case["id"]] = (pwt.schedule(plan, stages, loss_fn=loss_fn), inputs, target)
         return built[case["id"]]
 
@@ -264,12 +260,6 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # Per case id, the measured compute per rank (medians of the steps): filled by `run_group`.
 BUSY: Dict[int, Dict[str, Any]] = {}
 
@@ -282,7 +272,6 @@ def run_group(cases: Sequence[Dict[str, Any]], ranks: int, rounds: int, warmup: 
     round. Returns (per case id, per round the median step: max end over ranks minus min start
     over ranks, per step; the profile documents taken, with `when` and `rank`)."""
     workdir = tempfile.mkdtemp(prefix="pipeweave-bench-")
-    procs = []
     try:
         case_file = os.path.join(workdir, "cases.json")
         with open(case_file, "w") as f:
@@ -291,35 +280,21 @@ def run_group(cases: Sequence[Dict[str, Any]], ranks: int, rounds: int, warmup: 
                        "profiles_per_round": profiles_per_round}, f)
         port = free_port()
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        commands, logs, result_files = [], [], []
         for rank in range(ranks):
-            results = os.path.join(workdir, f"results{rank}.json")
-            log_path = os.path.join(workdir, f"log{rank}.txt")
-            log = open(log_path, "w")
-            command = [sys.executable, os.path.abspath(__file__), "worker", "--rank", str(rank),
-                       "--world", str(ranks), "--port", str(port), "--cases", case_file,
-                       "--results", results]
-            procs.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                           start_new_session=True), results, log_path, log))
-        deadline = time.monotonic() + timeout
-        failure = None
-        while True:
-            codes = [p.poll() for p, _, _, _ in procs]
-            if all(c == 0 for c in codes):
-                break
-            bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
-            if bad:
-                failure = f"rank {bad[0]} exited with {codes[bad[0]]}:\n{_tail(procs[bad[0]][2])}"
-                break
-            if time.monotonic() > deadline:
-                failure = f"the group ran past {timeout} s:\n" + "\n".join(_tail(p[2], 5) for p in procs)
-                break
-            time.sleep(0.2)
+            result_files.append(os.path.join(workdir, f"results{rank}.json"))
+            logs.append(os.path.join(workdir, f"log{rank}.txt"))
+            commands.append([sys.executable, os.path.abspath(__file__), "worker", "--rank", str(rank),
+                             "--world", str(ranks), "--port", str(port), "--cases", case_file,
+                             "--results", result_files[-1]])
+        with WorkerGroup(commands, logs, env=env) as workers:
+            failure = workers.wait(timeout, poll=0.2)
         if failure:
             raise RuntimeError(failure)
         per: Dict[Any, List[List[float]]] = {}
         busy: Dict[Any, Dict[int, List[Dict[str, float]]]] = {}
         profiles: List[Dict[str, Any]] = []
-        for _, results, _, _ in procs:
+        for results in result_files:
             with open(results) as f:
                 for r in json.load(f):
                     if "profile" in r:
@@ -340,23 +315,7 @@ def run_group(cases: Sequence[Dict[str, Any]], ranks: int, rounds: int, warmup: 
             out.setdefault(case, []).append(statistics.median(spans))
         return out, profiles
     finally:
-        for p, _, _, log in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            p.wait()
-            log.close()
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _tail(path: str, lines: int = 30) -> str:
-    try:
-        with open(path) as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return "(no output)"
 
 
 # ----------------------------------------------------------------------------- the parent
@@ -568,12 +527,17 @@ def main_bench(args: argparse.Namespace) -> int:
     verdict = None
     if best and first and first["measured"]:
         verdict = first["measured"] / best["measured"] - 1.0
+    def choice_columns(makespan: str) -> List[tuple]:
+        """The columns of a row of tune's: its rank, expression, cut and makespan (titled `makespan`)."""
+        return [
+            ("#", lambda r: str(r["choice"])),
+            ("expression", lambda r: f"`{r['expression']}`"),
+            ("cut", lambda r: str(r["cut"])),
+            (makespan, lambda r: ms(r["tune_makespan"])),
+        ]
+
     print(f"\ntune's own top {TUNE_TOP} (before filtering):\n")
-    print(markdown(raw_rows, [
-        ("#", lambda r: str(r["choice"])),
-        ("expression", lambda r: f"`{r['expression']}`"),
-        ("cut", lambda r: str(r["cut"])),
-        ("predicted ms", lambda r: ms(r["tune_makespan"])),
+    print(markdown(raw_rows, choice_columns("predicted ms") + [
         ("runnable by pwt.schedule", lambda r: r["note"] or "yes"),
     ]))
     out["tune_raw"] = raw_rows
@@ -581,11 +545,7 @@ def main_bench(args: argparse.Namespace) -> int:
         {k: v for k, v in r.items() if k != "case"} for r in tune_rows],
         "first_over_best": verdict, "first_within_5pct": None if verdict is None else verdict <= 0.05}
     print(f"\n### tune(ranks=2, microbatches={TUNE_MICROBATCHES}, profile=prof, top={TUNE_TOP})\n")
-    print(markdown(tune_rows, [
-        ("#", lambda r: str(r["choice"])),
-        ("expression", lambda r: f"`{r['expression']}`"),
-        ("cut", lambda r: str(r["cut"])),
-        ("tune's ms", lambda r: ms(r["tune_makespan"])),
+    print(markdown(tune_rows, choice_columns("tune's ms") + [
         ("pred. (all profiles) ms", lambda r: ms(r.get("predicted_final"))),
         ("measured ms", lambda r: ms(r["measured"])),
         ("rounds ms", lambda r: ", ".join(ms(v) for v in r.get("measured_rounds") or [])),

@@ -1,7 +1,9 @@
 # Type stubs of the public API of `pipeweave` (the package's runtime docstrings explain each
 # argument: help(pipeweave.plan)).
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Type, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Type, TypedDict, Union
+
+from typing_extensions import Unpack
 
 Number = Union[int, float]
 PathLike = Union[str, os.PathLike]
@@ -114,48 +116,40 @@ class FrontierPoint:
 
 ProfileArg = Union[PathLike, Profile, None]
 
+class _ProblemOptions(TypedDict, total=False):
+    # The keyword arguments `plan`, `tune` and `frontier` share (each optional, None by default).
+    costs: Optional[Mapping[str, Number]]
+    activation_memory: Optional[Mapping[str, Number]]
+    memory_limit: Union[Number, str, None]
+    profile: ProfileArg
+    layers_per_stage: Optional[Sequence[int]]
+    microbatch_tokens: Optional[Sequence[int]]
+    cores: Optional[int]
+
 def plan(
     expression: str,
     ranks: int,
     microbatches: int,
     *,
-    costs: Optional[Mapping[str, Number]] = ...,
-    activation_memory: Optional[Mapping[str, Number]] = ...,
-    memory_limit: Union[Number, str, None] = ...,
-    profile: ProfileArg = ...,
-    layers_per_stage: Optional[Sequence[int]] = ...,
-    microbatch_tokens: Optional[Sequence[int]] = ...,
-    cores: Optional[int] = ...,
     recv: str = ...,
     passes: Sequence[type] = ...,
+    **options: Unpack[_ProblemOptions],
 ) -> Plan: ...
 def check(path: PathLike, *, costs: Optional[Mapping[str, Number]] = ..., recv: str = ...) -> Plan: ...
 def tune(
     ranks: int,
     microbatches: int,
     *,
-    costs: Optional[Mapping[str, Number]] = ...,
-    activation_memory: Optional[Mapping[str, Number]] = ...,
-    memory_limit: Union[Number, str, None] = ...,
-    profile: ProfileArg = ...,
-    layers_per_stage: Optional[Sequence[int]] = ...,
-    microbatch_tokens: Optional[Sequence[int]] = ...,
-    cores: Optional[int] = ...,
     top: int = ...,
     runtime: Optional[str] = ...,
+    **options: Unpack[_ProblemOptions],
 ) -> List[Candidate]: ...
 def frontier(
     ranks: int,
     microbatches: int,
     *,
-    costs: Optional[Mapping[str, Number]] = ...,
-    activation_memory: Optional[Mapping[str, Number]] = ...,
-    memory_limit: Union[Number, str, None] = ...,
-    profile: ProfileArg = ...,
-    layers_per_stage: Optional[Sequence[int]] = ...,
-    microbatch_tokens: Optional[Sequence[int]] = ...,
-    cores: Optional[int] = ...,
     svg: Optional[PathLike] = ...,
+    **options: Unpack[_ProblemOptions],
 ) -> List[FrontierPoint]: ...
 def passes() -> List[str]: ...
 def register(cls: Type[Any]) -> Type[Any]: ...

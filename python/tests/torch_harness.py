@@ -11,34 +11,13 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(HERE)
 REPO = os.path.dirname(PYTHON_DIR)
-
-# Every expression PyTorch's runtime can express (tools/pytorch_train.py's list).
-EXPRESSIONS = [
-    "gpipe",
-    "f1b(gpipe)",
-    "vpp(gpipe, chunks=2)",
-    "vpp(f1b(gpipe), chunks=2)",
-    "vpp(f1b(gpipe), chunks=4)",
-    "vpp(f1b(gpipe), chunks=2, layout=v)",
-    "zero_bubble(f1b(gpipe), policy=h1)",
-    "zero_bubble(f1b(gpipe), policy=h2)",
-    "zero_bubble(f1b(gpipe))",
-    "zero_bubble(vpp(f1b(gpipe), chunks=2))",
-    "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
-    "dual(vpp(f1b(gpipe), chunks=2))",
-    "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
-]
 
 WIDTH = 4  # features between stages
 HIDDEN = 8  # features inside a stage
@@ -47,6 +26,13 @@ TOLERANCE = 1e-6
 
 
 # ----------------------------------------------------------------------------- imports
+
+# The model's reference, the workers' records and the process groups: shared with
+# tools/pytorch_train.py and python/benches/predictions.py.
+sys.path.insert(0, os.path.join(REPO, "tools"))
+from torch_pipeline import EXPRESSIONS, GroupFailed, StageModel, WorkerGroup, free_port  # noqa: E402
+from torch_pipeline import gradient_record, loss_fn, loss_record, pipeline_ends, pipeline_mesh  # noqa: E402
+from torch_pipeline import read_jsonl  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- plans
@@ -76,41 +62,7 @@ def stage_module(torch: Any, stage: int) -> Any:
     ).double()
 
 
-def loss_fn(output: Any, target: Any) -> Any:
-    return ((output - target) ** 2).mean()
-
-
-def batch(torch: Any, ranks: int, microbatches: int, replica: int = 0) -> Tuple[Any, Any]:
-    generator = torch.Generator().manual_seed(ranks * 1000 + microbatches * 10 + replica)
-    shape = (microbatches * ROWS, WIDTH)
-    x = torch.randn(shape, dtype=torch.float64, generator=generator)
-    y = torch.randn(shape, dtype=torch.float64, generator=generator)
-    return x, y
-
-
-def reference(torch: Any, stages: int, ranks: int, microbatches: int, replicas: int = 1):
-    """Per parameter `stage.name` the single-device gradient (replicas averaged, divided by M),
-    and per replica the microbatches' losses."""
-    grads: Dict[str, Any] = {}
-    losses: List[List[float]] = []
-    for replica in range(replicas):
-        modules = [stage_module(torch, s) for s in range(stages)]
-        x, y = batch(torch, ranks, microbatches, replica)
-        mine = []
-        for xm, ym in zip(x.chunk(microbatches), y.chunk(microbatches)):
-            out = xm
-            for module in modules:
-                out = module(out)
-            loss = loss_fn(out, ym)
-            loss.backward()
-            mine.append(loss.item())
-        losses.append(mine)
-        for s, module in enumerate(modules):
-            for name, p in module.named_parameters():
-                g = p.grad / microbatches
-                key = f"{s}.{name}"
-                grads[key] = g if key not in grads else grads[key] + g
-    return {k: v / replicas for k, v in grads.items()}, losses
+MODEL = StageModel(stage_module, WIDTH, ROWS)  # its batches, single-device reference, comparison
 
 
 # ----------------------------------------------------------------------------- the workers
@@ -139,11 +91,8 @@ def weight_grad_fraction(torch: Any) -> float:
 
 def worker(args: argparse.Namespace) -> None:
     """One process of a pipeline group: runs every case of its file, writes one line per case."""
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage
 
     import pipeweave.torch as pwt
@@ -153,33 +102,18 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     with open(args.cases) as f:
         cases = json.load(f)
-    replicas = args.world // args.ranks
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank, world_size=args.world,
-        timeout=timedelta(seconds=60),
-    )
-    mesh = init_device_mesh("cpu", (replicas, args.ranks), mesh_dim_names=("dp", "pp"))
-    pp_group = mesh["pp"].get_group()
-    pp_rank = mesh["pp"].get_local_rank()
-    replica = mesh["dp"].get_local_rank()
-    if args.fsdp:
-        from torch.distributed.fsdp import fully_shard
+    mesh, pp_group, pp_rank, replica = pipeline_mesh(args.rank, args.ranks, args.world // args.ranks,
+                                                     args.port, timeout=60)
     out = open(args.results, "w")
     for case in cases:
         plan = Plan.from_report(case["report"])
         mine = plan.stages_on(pp_rank)
-        modules = {}
-        for s in mine:
-            module = stage_module(torch, s)
-            if args.fsdp:
-                fully_shard(module, mesh=mesh["dp"])
-            modules[s] = module
+        modules = MODEL.stage_modules(torch, mine, mesh if args.fsdp else None)
         stages = [PipelineStage(modules[s], s, plan.stages, torch.device("cpu"), group=pp_group) for s in mine]
         schedule = pwt.schedule(plan, stages, loss_fn=loss_fn)
-        x, y = batch(torch, plan.ranks, plan.microbatches, replica)
+        x, y = MODEL.batch(torch, plan.ranks, plan.microbatches, replica)
         losses: List[Any] = []
-        inputs = (x,) if 0 in mine else ()
-        target = y if plan.stages - 1 in mine else None
+        inputs, target = pipeline_ends(mine, plan.stages, x, y)
         with pwt.SavedActivationMeter() as meter:
             schedule.step(*inputs, target=target, losses=losses)
         record: Dict[str, Any] = {"case": case["id"], "rank": pp_rank, "replica": replica}
@@ -194,15 +128,8 @@ def worker(args: argparse.Namespace) -> None:
                 peak=meter.peak_bytes - meter.start_bytes, host_peak=meter.host_peak_bytes,
                 unit=unit, left=LEDGER.device_bytes - meter.start_bytes, left_host=LEDGER.host_bytes,
             )
-        grads = {}
-        for s, module in modules.items():
-            for name, p in module.named_parameters():
-                g = p.grad
-                if hasattr(g, "full_tensor"):
-                    g = g.full_tensor()
-                grads[f"{s}.{name}"] = [v.hex() for v in g.detach().flatten().tolist()]
-        record["grads"] = grads
-        record["losses"] = [float(l).hex() for l in losses] if target is not None else None
+        record["grads"] = gradient_record(modules)
+        record["losses"] = loss_record(losses, target)
         out.write(json.dumps(record) + "\n")
         out.flush()
     out.close()
@@ -278,16 +205,6 @@ def group(torch: Any, ranks: int, wrap: str) -> Dict[Tuple[str, str, int], Tuple
 # ----------------------------------------------------------------------------- the parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class GroupFailed(Exception):
-    pass
-
-
 def run_group(cases: Sequence[Dict[str, Any]], ranks: int, *, replicas: int = 1, fsdp: bool = False,
               timeout: float = 150.0) -> List[Dict[str, Any]]:
     """Runs `cases` (each with `id` and the plan's `report`) in one group of ranks x replicas
@@ -301,90 +218,27 @@ def run_group(cases: Sequence[Dict[str, Any]], ranks: int, *, replicas: int = 1,
             json.dump(list(cases), f)
         world = ranks * replicas
         port = free_port()
-        procs = []
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        commands, logs, results = [], [], []
         for rank in range(world):
-            results = os.path.join(workdir, f"results{rank}.jsonl")
-            log_path = os.path.join(workdir, f"log{rank}.txt")
-            command = [sys.executable, os.path.abspath(__file__), "worker", "--rank", str(rank),
-                       "--world", str(world), "--ranks", str(ranks), "--port", str(port),
-                       "--cases", case_file, "--results", results] + (["--fsdp"] if fsdp else [])
-            log = open(log_path, "w")
-            procs.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                           start_new_session=True), results, log_path, log))
-        failure = None
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                codes = [p.poll() for p, _, _, _ in procs]
-                if all(c == 0 for c in codes):
-                    break
-                bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
-                if bad:
-                    failure = f"rank {bad[0]} exited with {codes[bad[0]]}:\n{_tail(procs[bad[0]][2])}"
-                    break
-                if time.monotonic() > deadline:
-                    failure = f"the group ran past {timeout} s:\n" + "\n".join(_tail(p[2], 5) for p in procs)
-                    break
-                time.sleep(0.05)
-        finally:
-            for p, _, _, log in procs:
-                if p.poll() is None:
-                    try:
-                        os.killpg(p.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                p.wait()
-                log.close()
+            results.append(os.path.join(workdir, f"results{rank}.jsonl"))
+            logs.append(os.path.join(workdir, f"log{rank}.txt"))
+            commands.append([sys.executable, os.path.abspath(__file__), "worker", "--rank", str(rank),
+                             "--world", str(world), "--ranks", str(ranks), "--port", str(port),
+                             "--cases", case_file, "--results", results[-1]] + (["--fsdp"] if fsdp else []))
+        with WorkerGroup(commands, logs, env=env) as workers:
+            failure = workers.wait(timeout)
         if failure:
             raise GroupFailed(failure)
-        records: List[Dict[str, Any]] = []
-        for _, results, _, _ in procs:
-            with open(results) as f:
-                records.extend(json.loads(line) for line in f)
-        return records
+        return read_jsonl(results)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _tail(path: str, lines: int = 30) -> str:
-    try:
-        with open(path) as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return "(no output)"
 
 
 def compare(torch: Any, report: Dict[str, Any], records: Sequence[Dict[str, Any]], replicas: int = 1) -> Tuple[float, bool]:
     """The largest relative difference of the case's gradients and losses to one device, and
     whether all of them are bit-identical."""
-    expected_grads, expected_losses = reference(torch, report["stages"], report["ranks"],
-                                                report["microbatches"], replicas)
-    got: Dict[str, List[List[float]]] = {}
-    losses: Dict[int, List[float]] = {}
-    for record in records:
-        for key, values in record["grads"].items():
-            got.setdefault(key, []).append([float.fromhex(v) for v in values])
-        if record["losses"] is not None:
-            losses[record["replica"]] = [float.fromhex(v) for v in record["losses"]]
-    worst, identical = 0.0, True
-    for key, expected in expected_grads.items():
-        if key not in got:
-            raise AssertionError(f"no rank returned the gradient of {key}")
-        want = expected.flatten().tolist()
-        scale = max(max(abs(v) for v in want), 1e-300)
-        for copy in got[key]:
-            assert len(copy) == len(want), f"{key}: {len(copy)} values, expected {len(want)}"
-            worst = max(worst, max(abs(a - b) for a, b in zip(copy, want)) / scale)
-            identical &= copy == want
-    for replica in range(replicas):
-        have, want = losses.get(replica), expected_losses[replica]
-        assert have is not None and len(have) == len(want), f"replica {replica}: losses {have}"
-        worst = max(worst, max(abs(a - b) / abs(b) for a, b in zip(have, want)))
-        identical &= have == want
-    return worst, identical
-
-
+    return MODEL.compare(torch, report["stages"], report["ranks"], report["microbatches"], records, replicas)
 
 
 def main() -> int:

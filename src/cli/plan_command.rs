@@ -7,7 +7,7 @@ use crate::cli::profile_options::ProfileArgs;
 use crate::compile::run_passes;
 use crate::config::PipelineConfig;
 use crate::error::Error;
-use crate::request::{ConfigRequest, ProfileSource, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS};
+use crate::request::{ConfigRequest, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS};
 use clap::Args;
 use pipeweave_core::CutCosts;
 use pipeweave_transforms::Registry;
@@ -47,10 +47,7 @@ impl ScheduleArgs {
     pub fn request(&self) -> ConfigRequest {
         ConfigRequest {
             costs: self.costs.clone(),
-            profile: match &self.profile.profile {
-                Some(path) => ProfileSource::File(path.clone()),
-                None => ProfileSource::None,
-            },
+            profile: self.profile.source(),
             profile_options: self.profile.clone(),
             ..ConfigRequest::new(self.ranks, self.microbatches)
         }

@@ -3,6 +3,7 @@
 
 use crate::config::PipelineConfig;
 use crate::error::Error;
+use crate::request::ProfileSource;
 use clap::Args;
 use pipeweave_core::{parse_bytes, CutCosts, Profile};
 
@@ -43,6 +44,14 @@ pub struct ProfileArgs {
 }
 
 impl ProfileArgs {
+    /// Where a request's profile comes from: `--profile`'s file, or none.
+    pub fn source(&self) -> ProfileSource {
+        match &self.profile {
+            Some(path) => ProfileSource::File(path.clone()),
+            None => ProfileSource::None,
+        }
+    }
+
     /// The profile, when one is given.
     pub fn read(&self) -> Result<Option<Profile>, Error> {
         let Some(path) = &self.profile else {

@@ -110,6 +110,14 @@ mod tests {
         dir
     }
 
+    /// A fresh folder `name` holding `file` with the contents `old`: the folder and the file.
+    fn with_old(name: &str, file: &str) -> (PathBuf, PathBuf) {
+        let dir = scratch(name);
+        let path = dir.join(file);
+        fs::write(&path, "old").unwrap();
+        (dir, path)
+    }
+
     fn entries(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = fs::read_dir(dir)
             .expect("the folder exists")
@@ -126,9 +134,7 @@ mod tests {
 
     #[test]
     fn a_committed_file_replaces_the_old_one_whole() {
-        let dir = scratch("commit");
-        let path = dir.join("out.csv");
-        fs::write(&path, "old").unwrap();
+        let (dir, path) = with_old("commit", "out.csv");
         let staged = Staged::new(path.to_str().unwrap(), "new contents".to_string());
         assert_eq!(
             fs::read_to_string(&path).unwrap(),
@@ -148,10 +154,8 @@ mod tests {
 
     #[test]
     fn an_uncommitted_file_leaves_nothing_behind() {
-        let dir = scratch("drop");
+        let (dir, kept) = with_old("drop", "kept.svg");
         let fresh = dir.join("fresh.svg");
-        let kept = dir.join("kept.svg");
-        fs::write(&kept, "old").unwrap();
         drop(Staged::new(fresh.to_str().unwrap(), "x".to_string()));
         drop(Staged::new(kept.to_str().unwrap(), "y".to_string()));
         assert_eq!(entries(&dir), ["kept.svg"]);
@@ -175,10 +179,8 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn a_link_or_a_device_is_written_directly() {
-        let dir = scratch("link");
-        let target = dir.join("target.csv");
+        let (dir, target) = with_old("link", "target.csv");
         let link = dir.join("link.csv");
-        fs::write(&target, "old").unwrap();
         std::os::unix::fs::symlink(&target, &link).unwrap();
         let staged = Staged::new(link.to_str().unwrap(), "through the link".to_string());
         assert_eq!(
@@ -202,9 +204,7 @@ mod tests {
     #[test]
     fn a_replaced_file_keeps_its_permissions() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = scratch("mode");
-        let path = dir.join("programs.json");
-        fs::write(&path, "old").unwrap();
+        let (dir, path) = with_old("mode", "programs.json");
         fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
         Staged::new(path.to_str().unwrap(), "new".to_string())
             .commit()

@@ -5,8 +5,9 @@ use crate::cli::outputs::Format;
 use crate::cli::profile_options::ProfileArgs;
 use crate::error::Error;
 use crate::frontier::frontier_svg;
-use crate::request::{ConfigRequest, ProfileSource, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS};
+use crate::request::{ConfigRequest, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS};
 use clap::Args;
+use serde::Serialize;
 use std::io::{IsTerminal, Write};
 
 /// Arguments of `pipeweave tune`.
@@ -53,10 +54,7 @@ impl TuneArgs {
             costs: self.costs.clone(),
             activation_memory: self.activation_memory.clone(),
             memory_limit: self.memory_limit.clone(),
-            profile: match &self.profile.profile {
-                Some(path) => ProfileSource::File(path.clone()),
-                None => ProfileSource::None,
-            },
+            profile: self.profile.source(),
             profile_options: self.profile.clone(),
             ..ConfigRequest::new(self.ranks, self.microbatches)
         }
@@ -69,69 +67,54 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
     if args.frontier {
         return run_frontier(args, &request, stdout);
     }
-    let bar = progress_bar();
-    bar.set_message("schedules");
-    let found = request.tune(&|done| bar.set_position(done as u64));
-    bar.finish_and_clear();
-    let mut report = found?;
+    let mut report = with_progress("schedules", |progress| request.tune(progress))?;
     report.candidates.truncate(args.top.max(1));
-    let text = match args.format {
-        Format::Json => {
-            serde_json::to_string_pretty(&report).expect("a tune report always serialises") + "\n"
-        }
-        Format::Text => {
-            // The expression column is as wide as the longest expression shown (52 at least).
-            let width = report
-                .candidates
-                .iter()
-                .map(|c| c.expression.len())
-                .max()
-                .unwrap_or(0)
-                .max(52);
-            let mut out = format!(
-                "best of {} schedules for {} ranks, {} microbatches{}:\n\n{:>4}  {:<width$} {:>10} {:>8} {:>6}\n",
-                report.evaluated,
-                args.ranks,
-                args.microbatches,
-                args.memory_limit
-                    .as_ref()
-                    .map_or(String::new(), |l| format!(" within {l} per rank")),
-                "rank",
-                "expression",
-                "makespan",
-                "bubble",
-                "peak"
-            );
-            for (i, c) in report.candidates.iter().enumerate() {
+    let text = formatted(args.format, &report, |report| {
+        // The expression column is as wide as the longest expression shown (52 at least).
+        let width = widest(report.candidates.iter().map(|c| &c.expression), 52);
+        let mut out = format!(
+            "best of {} schedules for {} ranks, {} microbatches{}:\n\n{:>4}  {:<width$} {:>10} {:>8} {:>6}\n",
+            report.evaluated,
+            args.ranks,
+            args.microbatches,
+            args.memory_limit
+                .as_ref()
+                .map_or(String::new(), |l| format!(" within {l} per rank")),
+            "rank",
+            "expression",
+            "makespan",
+            "bubble",
+            "peak"
+        );
+        for (i, c) in report.candidates.iter().enumerate() {
+            out.push_str(&format!(
+                "{:>4}  {:<width$} {:>10.3} {:>8.4} {:>6.2}",
+                i + 1,
+                c.expression,
+                c.makespan,
+                c.bubble_rate,
+                c.peak_activations
+            ));
+            if let (Some(layers), Some(bytes)) = (&c.layers_per_stage, c.peak_activation_bytes) {
+                let shown: Vec<String> = layers.iter().map(usize::to_string).collect();
                 out.push_str(&format!(
-                    "{:>4}  {:<width$} {:>10.3} {:>8.4} {:>6.2}",
-                    i + 1,
-                    c.expression,
-                    c.makespan,
-                    c.bubble_rate,
-                    c.peak_activations
+                    "  --layers-per-stage {} ({:.1} MiB peak)",
+                    shown.join(","),
+                    bytes / (1024.0 * 1024.0)
                 ));
-                if let (Some(layers), Some(bytes)) = (&c.layers_per_stage, c.peak_activation_bytes)
-                {
-                    let shown: Vec<String> = layers.iter().map(usize::to_string).collect();
-                    out.push_str(&format!(
-                        "  --layers-per-stage {} ({:.1} MiB peak)",
-                        shown.join(","),
-                        bytes / (1024.0 * 1024.0)
-                    ));
-                }
-                out.push('\n');
             }
-            out
+            out.push('\n');
         }
-    };
+        out
+    });
     write_out(stdout, &text)
 }
 
-/// A counter of the schedules built so far, on a terminal only (the searches learn how many
-/// they build as they go: cuts, ladders and relief rungs).
-fn progress_bar() -> indicatif::ProgressBar {
-    if std::io::stderr().is_terminal() {
+/// Runs `search` (which reports how many schedules it built) under a counter labelled `what`, on
+/// a terminal only (the searches learn how many they build as they go: cuts, ladders and relief
+/// rungs).
+fn with_progress<R>(what: &'static str, search: impl FnOnce(&(dyn Fn(usize) + Sync)) -> R) -> R {
+    let bar = if std::io::stderr().is_terminal() {
         let bar = indicatif::ProgressBar::new_spinner();
         if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg}: {pos} built") {
             bar.set_style(style);
@@ -139,7 +122,26 @@ fn progress_bar() -> indicatif::ProgressBar {
         bar
     } else {
         indicatif::ProgressBar::hidden()
+    };
+    bar.set_message(what);
+    let found = search(&|done| bar.set_position(done as u64));
+    bar.finish_and_clear();
+    found
+}
+
+/// `value` as pretty JSON, or as `text` writes it.
+fn formatted<T: Serialize>(format: Format, value: &T, text: impl FnOnce(&T) -> String) -> String {
+    match format {
+        Format::Json => {
+            serde_json::to_string_pretty(value).expect("a tune result always serialises") + "\n"
+        }
+        Format::Text => text(value),
     }
+}
+
+/// The width of a column of `names`: the longest, `at_least` at least.
+fn widest<'a>(names: impl Iterator<Item = &'a String>, at_least: usize) -> usize {
+    names.map(String::len).max().unwrap_or(0).max(at_least)
 }
 
 fn write_out(stdout: &mut dyn Write, text: &str) -> Result<(), Error> {
@@ -157,11 +159,7 @@ fn run_frontier(
     request: &ConfigRequest,
     stdout: &mut dyn Write,
 ) -> Result<(), Error> {
-    let bar = progress_bar();
-    bar.set_message("frontier");
-    let found = request.frontier(&|done| bar.set_position(done as u64));
-    bar.finish_and_clear();
-    let found = found?;
+    let found = with_progress("frontier", |progress| request.frontier(progress))?;
     let title = format!(
         "memory/time frontier, {} ranks, {} microbatches ({} schedules)",
         args.ranks, args.microbatches, found.expressions
@@ -172,30 +170,19 @@ fn run_frontier(
             source,
         })?;
     }
-    let text = match args.format {
-        Format::Json => {
-            serde_json::to_string_pretty(&found).expect("a frontier always serialises") + "\n"
+    let text = formatted(args.format, &found, |found| {
+        let width = widest(found.frontier.iter().map(|p| &p.expression), 10);
+        let mut out = format!(
+            "{title}:\n\n{:>12}  {:<width$} {:>12}\n",
+            "memory limit", "expression", "makespan"
+        );
+        for p in &found.frontier {
+            out.push_str(&format!(
+                "{:>12.3}  {:<width$} {:>12.3}\n",
+                p.memory_limit, p.expression, p.makespan
+            ));
         }
-        Format::Text => {
-            let width = found
-                .frontier
-                .iter()
-                .map(|p| p.expression.len())
-                .max()
-                .unwrap_or(0)
-                .max(10);
-            let mut out = format!(
-                "{title}:\n\n{:>12}  {:<width$} {:>12}\n",
-                "memory limit", "expression", "makespan"
-            );
-            for p in &found.frontier {
-                out.push_str(&format!(
-                    "{:>12.3}  {:<width$} {:>12.3}\n",
-                    p.memory_limit, p.expression, p.makespan
-                ));
-            }
-            out
-        }
-    };
+        out
+    });
     write_out(stdout, &text)
 }

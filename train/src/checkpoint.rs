@@ -26,7 +26,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use pipeweave_kernels::GptConfig;
+use pipeweave_kernels::{GptConfig, StageLayout, StageModel};
 use safetensors::tensor::{Dtype, SafeTensors, View};
 use serde::{Deserialize, Serialize};
 
@@ -194,39 +194,11 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 }
 
 /// The parameters of `GPT2LMHeadModel` (untied `lm_head`) for `config`: names and shapes, in
-/// the order of `StageModel::parameters` for the whole model.
-pub fn expected_parameters(config: &GptConfig) -> Vec<(String, Vec<usize>)> {
-    let (v, d, t) = (config.vocab_size(), config.d_model(), config.max_seq_len());
-    let hidden = config.mlp_hidden();
-    let mut params = vec![
-        ("transformer.wte.weight".to_string(), vec![v, d]),
-        ("transformer.wpe.weight".to_string(), vec![t, d]),
-    ];
-    for i in 0..config.n_layer() {
-        let block: [(&str, Vec<usize>); 12] = [
-            ("ln_1.weight", vec![d]),
-            ("ln_1.bias", vec![d]),
-            ("attn.c_attn.weight", vec![d, 3 * d]),
-            ("attn.c_attn.bias", vec![3 * d]),
-            ("attn.c_proj.weight", vec![d, d]),
-            ("attn.c_proj.bias", vec![d]),
-            ("ln_2.weight", vec![d]),
-            ("ln_2.bias", vec![d]),
-            ("mlp.c_fc.weight", vec![d, hidden]),
-            ("mlp.c_fc.bias", vec![hidden]),
-            ("mlp.c_proj.weight", vec![hidden, d]),
-            ("mlp.c_proj.bias", vec![d]),
-        ];
-        params.extend(
-            block
-                .into_iter()
-                .map(|(n, s)| (format!("transformer.h.{i}.{n}"), s)),
-        );
-    }
-    params.push(("transformer.ln_f.weight".to_string(), vec![d]));
-    params.push(("transformer.ln_f.bias".to_string(), vec![d]));
-    params.push(("lm_head.weight".to_string(), vec![v, d]));
-    params
+/// the order of `StageModel::parameters` for the whole model (the kernels' own list of the
+/// model's layers, so a layer added there is checked here too).
+pub fn expected_parameters(config: &GptConfig) -> Result<Vec<(String, Vec<usize>)>> {
+    StageModel::parameter_shapes(config, &StageLayout::whole_model(config))
+        .map_err(TrainError::kernel("listing the model's parameters"))
 }
 
 /// GPT-2's `config.json` for `config` with weights of `dtype`.
@@ -371,7 +343,7 @@ fn check_weights(
     weights: &BTreeMap<String, Tensor>,
     config: &GptConfig,
 ) -> Result<DType> {
-    let expected = expected_parameters(config);
+    let expected = expected_parameters(config)?;
     let mut dtype = None;
     for (name, shape) in &expected {
         let tensor = weights.get(name).ok_or_else(|| TrainError::MissingTensor {
@@ -509,6 +481,16 @@ impl View for RawTensor {
     }
 }
 
+/// The error of the tensor `name` (of the file `path`) of the dtype `actual`, neither F32 nor F64.
+fn not_f32_or_f64(path: &Path, name: &str, actual: String) -> TrainError {
+    TrainError::TensorDType {
+        path: path.to_path_buf(),
+        name: name.to_string(),
+        actual,
+        expected: "F32 or F64".to_string(),
+    }
+}
+
 /// The little-endian bytes of an F32 or F64 tensor.
 fn raw(path: &Path, name: &str, tensor: &Tensor) -> Result<RawTensor> {
     let flat = tensor
@@ -530,14 +512,7 @@ fn raw(path: &Path, name: &str, tensor: &Tensor) -> Result<RawTensor> {
                 values.iter().flat_map(|x| x.to_le_bytes()).collect(),
             )
         }
-        other => {
-            return Err(TrainError::TensorDType {
-                path: path.to_path_buf(),
-                name: name.to_string(),
-                actual: format!("{other:?}"),
-                expected: "F32 or F64".to_string(),
-            })
-        }
+        other => return Err(not_f32_or_f64(path, name, format!("{other:?}"))),
     };
     let shape = tensor.dims().to_vec();
     Ok(RawTensor { dtype, shape, data })
@@ -603,14 +578,7 @@ fn tensor_of(
                 .collect();
             Tensor::from_vec(values, shape, &Device::Cpu)
         }
-        other => {
-            return Err(TrainError::TensorDType {
-                path: path.to_path_buf(),
-                name: name.to_string(),
-                actual: format!("{other}"),
-                expected: "F32 or F64".to_string(),
-            })
-        }
+        other => return Err(not_f32_or_f64(path, name, format!("{other}"))),
     };
     built.map_err(TrainError::tensor(format!(
         "building {name} from {}",
@@ -643,26 +611,24 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::tests::scratch_dir;
     use crate::optim::{AdamW, AdamWConfig};
     use pipeweave_kernels::{StageLayout, StageModel};
 
+    /// A checkpoint's path in a fresh empty folder.
     fn scratch(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("pipeweave-ckpt-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        dir.join("model.safetensors")
+        scratch_dir(&format!("ckpt-{name}")).join("model.safetensors")
     }
 
     fn config(n_layer: usize) -> GptConfig {
         GptConfig::new(n_layer, 8, 2, 4).unwrap()
     }
 
+    /// A whole model's parameters, its optimizer state and a meta.
+    type Trained = (Vec<(String, Tensor)>, OptimizerState, CheckpointMeta);
+
     /// A whole model's parameters after one AdamW step, its optimizer state and a meta.
-    fn trained(
-        config: GptConfig,
-        dtype: DType,
-    ) -> (Vec<(String, Tensor)>, OptimizerState, CheckpointMeta) {
+    fn trained(config: GptConfig, dtype: DType) -> Trained {
         let model = StageModel::new(config, StageLayout::whole_model(&config), 5, dtype).unwrap();
         let params = model.parameters();
         let mut opt = AdamW::new(AdamWConfig::default(), &params).unwrap();
@@ -684,6 +650,15 @@ mod tests {
             config,
         };
         (names.zip(values).collect(), opt.state(), meta)
+    }
+
+    /// [`trained`] with `n_layer` blocks, saved as the checkpoint [`scratch`] `name`: its path and
+    /// what was saved.
+    fn saved(name: &str, n_layer: usize, dtype: DType) -> (PathBuf, Trained) {
+        let path = scratch(name);
+        let (weights, optimizer, meta) = trained(config(n_layer), dtype);
+        save(&path, &weights, &optimizer, &meta).unwrap();
+        (path, (weights, optimizer, meta))
     }
 
     fn bits(t: &Tensor) -> Vec<u64> {
@@ -717,15 +692,14 @@ mod tests {
             .into_iter()
             .map(|(n, t)| (n, t.dims().to_vec()))
             .collect();
-        assert_eq!(actual, expected_parameters(&config));
+        assert_eq!(actual, expected_parameters(&config).unwrap());
     }
 
     #[test]
     fn a_checkpoint_round_trips_bit_for_bit() {
         for dtype in [DType::F32, DType::F64] {
-            let path = scratch(&format!("roundtrip-{dtype:?}"));
-            let (weights, optimizer, meta) = trained(config(2), dtype);
-            save(&path, &weights, &optimizer, &meta).unwrap();
+            let (path, (weights, optimizer, meta)) =
+                saved(&format!("roundtrip-{dtype:?}"), 2, dtype);
             let loaded = load(&path).unwrap();
             assert_eq!(loaded.meta, meta);
             assert_eq!(loaded.weights.len(), weights.len());
@@ -746,9 +720,7 @@ mod tests {
 
     #[test]
     fn the_config_json_is_gpt2s() {
-        let path = scratch("config");
-        let (weights, optimizer, meta) = trained(config(2), DType::F32);
-        save(&path, &weights, &optimizer, &meta).unwrap();
+        let (path, ..) = saved("config", 2, DType::F32);
         let text = fs::read_to_string(config_path(&path)).unwrap();
         let json: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(json["model_type"], "gpt2");
@@ -766,9 +738,7 @@ mod tests {
 
     #[test]
     fn a_checkpoint_for_another_model_or_schedule_is_refused() {
-        let path = scratch("mismatch");
-        let (weights, optimizer, meta) = trained(config(2), DType::F32);
-        save(&path, &weights, &optimizer, &meta).unwrap();
+        let (path, (_, _, meta)) = saved("mismatch", 2, DType::F32);
         let loaded = load(&path).unwrap();
         match loaded.meta.check_model(&path, &config(3)) {
             Err(
@@ -840,9 +810,7 @@ mod tests {
 
     #[test]
     fn a_stray_optimizer_file_and_foreign_files_are_refused() {
-        let path = scratch("stray");
-        let (weights, optimizer, meta) = trained(config(1), DType::F32);
-        save(&path, &weights, &optimizer, &meta).unwrap();
+        let (path, (weights, optimizer, meta)) = saved("stray", 1, DType::F32);
         let other = path.with_file_name("other.safetensors");
         let later = CheckpointMeta {
             step: 2,

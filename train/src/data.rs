@@ -603,15 +603,28 @@ pub fn eval_microbatches(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// A fresh empty folder under the system's temporary folder.
-    fn scratch_dir(name: &str) -> PathBuf {
+    /// A fresh empty folder under the system's temporary folder (also the checkpoint tests').
+    pub(crate) fn scratch_dir(name: &str) -> PathBuf {
         let dir =
             std::env::temp_dir().join(format!("pipeweave-data-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A fresh folder `name` holding `files` (paths inside it, folders made as needed).
+    fn folder_with(name: &str, files: &[(&str, &[u8])]) -> PathBuf {
+        let dir = scratch_dir(name);
+        for (path, contents) in files {
+            let path = dir.join(path);
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent).unwrap();
+            }
+            fs::write(path, contents).unwrap();
+        }
         dir
     }
 
@@ -621,14 +634,16 @@ mod tests {
 
     #[test]
     fn a_folder_is_read_sorted_and_joined_skipping_hidden_and_target() {
-        let dir = scratch_dir("folder");
-        fs::create_dir_all(dir.join("b/target")).unwrap();
-        fs::create_dir_all(dir.join(".git")).unwrap();
-        fs::write(dir.join("b/z.txt"), "zz").unwrap();
-        fs::write(dir.join("a.txt"), "aa").unwrap();
-        fs::write(dir.join("b/target/skip.txt"), "no").unwrap();
-        fs::write(dir.join(".git/skip"), "no").unwrap();
-        fs::write(dir.join(".hidden"), "no").unwrap();
+        let dir = folder_with(
+            "folder",
+            &[
+                ("b/z.txt", b"zz"),
+                ("a.txt", b"aa"),
+                ("b/target/skip.txt", b"no"),
+                (".git/skip", b"no"),
+                (".hidden", b"no"),
+            ],
+        );
         let corpus = Corpus::from_path(&dir).unwrap();
         assert_eq!(corpus.bytes(), b"aa\nzz");
         assert_eq!(corpus.files(), 2);
@@ -637,9 +652,7 @@ mod tests {
 
     #[test]
     fn a_file_that_is_not_utf8_is_named_with_its_offset() {
-        let dir = scratch_dir("utf8");
-        fs::write(dir.join("good.txt"), "fine").unwrap();
-        fs::write(dir.join("bad.bin"), b"ok\xff\xfe").unwrap();
+        let dir = folder_with("utf8", &[("good.txt", b"fine"), ("bad.bin", b"ok\xff\xfe")]);
         match Corpus::from_path(&dir) {
             Err(TrainError::NotUtf8 { path, offset }) => {
                 assert_eq!(path, dir.join("bad.bin"));
@@ -672,14 +685,16 @@ mod tests {
 
     #[test]
     fn sources_are_code_and_docs_of_the_listed_folders() {
-        let dir = scratch_dir("sources");
-        fs::create_dir_all(dir.join("kernels/src")).unwrap();
-        fs::create_dir_all(dir.join("docs")).unwrap();
-        fs::write(dir.join("kernels/src/lib.rs"), "code").unwrap();
-        fs::write(dir.join("kernels/Cargo.toml"), "toml").unwrap();
-        fs::write(dir.join("kernels/data.bin"), b"\xff").unwrap();
-        fs::write(dir.join("docs/skip.md"), "not listed").unwrap();
-        fs::write(dir.join("README.md"), "readme").unwrap();
+        let dir = folder_with(
+            "sources",
+            &[
+                ("kernels/src/lib.rs", b"code"),
+                ("kernels/Cargo.toml", b"toml"),
+                ("kernels/data.bin", b"\xff"),
+                ("docs/skip.md", b"not listed"),
+                ("README.md", b"readme"),
+            ],
+        );
         let corpus = Corpus::from_sources(&dir).unwrap();
         assert_eq!(corpus.bytes(), b"readme\ntoml\ncode");
         fs::remove_dir_all(&dir).unwrap();

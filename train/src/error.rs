@@ -326,13 +326,7 @@ impl TrainError {
     pub fn kernel(what: impl Into<String>) -> impl FnOnce(pipeweave_kernels::KernelError) -> Self {
         let what = what.into();
         move |source| {
-            let kind = if source.is_about_data() {
-                FailureKind::BadInput
-            } else if source.is_backend_failure() {
-                FailureKind::Failed
-            } else {
-                FailureKind::Bug
-            };
+            let kind = kernel_fault(&source);
             TrainError::Kernel { what, kind, source }
         }
     }
@@ -364,6 +358,19 @@ impl TrainError {
             value: value.to_string(),
             reason: reason.into(),
         }
+    }
+}
+
+/// Whose fault a kernel error on tensors the trainer built is: the input's when it is about the
+/// data (a token outside the vocabulary), the run's when the tensor backend failed, a bug
+/// otherwise (the kernels check every other tensor the trainer hands them).
+pub(crate) fn kernel_fault(error: &pipeweave_kernels::KernelError) -> FailureKind {
+    if error.is_about_data() {
+        FailureKind::BadInput
+    } else if error.is_backend_failure() {
+        FailureKind::Failed
+    } else {
+        FailureKind::Bug
     }
 }
 

@@ -1,5 +1,7 @@
-//! Measuring a [`Profile`] of our GPT: every layer of the model (the embedding, placed first;
-//! each block, placed anywhere; the head with the loss, placed last) run alone on this thread,
+//! Measuring a [`Profile`] of our GPT: every layer of the model's list
+//! ([`pipeweave_kernels::model_layers`]: the embedding, placed first; each block, placed
+//! anywhere; the head with the loss, placed last; each with the input and the placement its kind
+//! declares, the loss after the model's last) run alone on this thread,
 //! its forward, input-gradient and weight-gradient times taken over several repeats (the medians
 //! are kept), its activation bytes read from what the forward saves and what the weight gradient
 //! still needs, and the time to hand one activation to another thread (the threads backend's
@@ -21,7 +23,9 @@ use pipeweave_core::{
     LayerPlacement, LayerProfile, PhaseTimes, Profile, ProfiledModel, SendProfile, Task,
     PROFILE_FORMAT,
 };
-use pipeweave_kernels::{CrossEntropy, GptConfig, StageLayout, StageModel};
+use pipeweave_kernels::{
+    model_layers, CrossEntropy, GptConfig, LayerId, LayerInput, Placement, StageLayout, StageModel,
+};
 use std::time::Instant;
 
 /// Our GPT as a profile describes it: the model's `name` `gpt`, its `seq_len` and
@@ -95,17 +99,6 @@ impl GptProfileModel {
     }
 }
 
-/// What a layer of our GPT is, for its inputs and its loss.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum LayerKind {
-    /// The token and position embedding (placed first).
-    Embedding,
-    /// A transformer block.
-    Block,
-    /// The final norm, the output projection and the loss (placed last).
-    Head,
-}
-
 /// What to measure: the model, one microbatch's shape, and how often.
 #[derive(Clone, Copy, Debug)]
 pub struct ProfileRequest {
@@ -144,43 +137,50 @@ fn candle(what: &'static str) -> impl Fn(candle_core::Error) -> TrainError {
     move |e| TrainError::invariant(format!("profiling: {what}: {e}"))
 }
 
-/// The inputs of a layer: token ids for the embedding, hidden states otherwise.
-fn layer_input(request: &ProfileRequest, kind: LayerKind, t: usize) -> Result<Tensor, TrainError> {
+/// The inputs of a layer: token ids or hidden states, as the layer takes.
+fn layer_input(
+    request: &ProfileRequest,
+    input: LayerInput,
+    t: usize,
+) -> Result<Tensor, TrainError> {
     let (b, d) = (request.microbatch_size, request.config.d_model());
     let device = Device::Cpu;
-    match kind {
-        LayerKind::Embedding => {
+    match input {
+        LayerInput::TokenIds => {
             let ids: Vec<u32> = (0..b * t)
                 .map(|i| ((i as u64 * 2_654_435_761 + request.seed) % 256) as u32)
                 .collect();
             Tensor::from_vec(ids, (b, t), &device).map_err(candle("token ids"))
         }
-        _ => Tensor::randn(0f32, 1.0, (b, t, d), &device)
+        LayerInput::Hidden => Tensor::randn(0f32, 1.0, (b, t, d), &device)
             .and_then(|x| x.to_dtype(request.dtype))
             .map_err(candle("hidden states")),
     }
 }
 
-/// One layer measured at the request's length and at half of it (the per-token model).
+/// Layer `index` of the model's list measured alone (a one-layer stage) at the request's length
+/// and at half of it (the per-token model).
 fn measure_layer(
     request: &ProfileRequest,
-    name: String,
-    kind: LayerKind,
-    layout: StageLayout,
+    index: usize,
+    layer: LayerId,
 ) -> Result<LayerProfile, TrainError> {
+    let name = layer.label();
+    let layout = StageLayout::new(&request.config, index..index + 1)
+        .map_err(TrainError::kernel_config("a profiled layer's layout"))?;
     let model = StageModel::new(request.config, layout, request.seed, request.dtype).map_err(
         TrainError::kernel_config(format!("the profiled layer {name}")),
     )?;
     let (full, activation_bytes, weight_grad_bytes) =
-        time_phases(request, &model, &name, kind, request.seq_len)?;
+        time_phases(request, &model, &name, request.seq_len)?;
     let half_length = match request.seq_len / 2 {
         0 => None,
-        half => Some(time_phases(request, &model, &name, kind, half)?.0),
+        half => Some(time_phases(request, &model, &name, half)?.0),
     };
-    let placement = match kind {
-        LayerKind::Embedding => LayerPlacement::First,
-        LayerKind::Block => LayerPlacement::Any,
-        LayerKind::Head => LayerPlacement::Last,
+    let placement = match layer.placement() {
+        Placement::First => LayerPlacement::First,
+        Placement::Any => LayerPlacement::Any,
+        Placement::Last => LayerPlacement::Last,
     };
     Ok(LayerProfile {
         name,
@@ -194,17 +194,17 @@ fn measure_layer(
     })
 }
 
-/// `repeats` timed runs of a layer's F, I and W on sequences of `t` tokens (after a warm-up):
-/// their medians, and the bytes the forward saves and the weight gradient still needs.
+/// `repeats` timed runs of a one-layer stage's F, I and W on sequences of `t` tokens (after a
+/// warm-up): their medians, and the bytes the forward saves and the weight gradient still needs.
 fn time_phases(
     request: &ProfileRequest,
     model: &StageModel,
     name: &str,
-    kind: LayerKind,
     t: usize,
 ) -> Result<(PhaseTimes, u64, u64), TrainError> {
     let config = request.config;
-    let input = layer_input(request, kind, t)?;
+    let layout = model.layout();
+    let input = layer_input(request, layout.input(), t)?;
     let b = request.microbatch_size;
     let targets: Vec<u32> = (0..b * t)
         .map(|i| ((i as u64 * 40_503 + request.seed) % 256) as u32)
@@ -220,9 +220,9 @@ fn time_phases(
     for run in 0..=request.repeats {
         let (result, forward) = timed(|| {
             let (output, saved) = model.forward(&input).map_err(kernel("forward"))?;
-            // The head's forward includes the loss and its gradient, as a pipeline's last stage
-            // computes them right after the forward.
-            let grad = if kind == LayerKind::Head {
+            // The model's last layer (the head) includes the loss and its gradient, as a
+            // pipeline's last stage computes them right after the forward.
+            let grad = if layout.ends_model() {
                 let normalizer = (b * t) as f64;
                 cross_entropy
                     .loss_and_grad(model.primitives(), &output, &targets, normalizer)
@@ -262,7 +262,7 @@ fn time_phases(
 /// The time to hand one activation (`[B, T, d]`) to another thread and get word back, halved:
 /// one send of the threads backend.
 fn measure_send(request: &ProfileRequest) -> Result<SendProfile, TrainError> {
-    let activation = layer_input(request, LayerKind::Block, request.seq_len)?;
+    let activation = layer_input(request, LayerInput::Hidden, request.seq_len)?;
     let bytes = (activation.elem_count() * activation.dtype().size_in_bytes()) as u64;
     let (to_peer, peer_in) = std::sync::mpsc::channel::<Tensor>();
     let (to_back, back_in) = std::sync::mpsc::channel::<Tensor>();
@@ -303,31 +303,16 @@ pub fn measure_profile(request: &ProfileRequest) -> Result<Profile, TrainError> 
         ));
     }
     let config = request.config;
-    let blocks = config.n_layer();
-    let layout = |embedding: bool, range: std::ops::Range<usize>, head: bool| {
-        StageLayout::new(&config, embedding, range, head)
-            .map_err(TrainError::kernel_config("a profiled layer's layout"))
-    };
-    let mut layers = vec![measure_layer(
-        request,
-        "embedding".into(),
-        LayerKind::Embedding,
-        layout(true, 0..0, false)?,
-    )?];
-    for k in 0..blocks {
-        layers.push(measure_layer(
-            request,
-            format!("block.{k}"),
-            LayerKind::Block,
-            layout(false, k..k + 1, false)?,
-        )?);
-    }
-    layers.push(measure_layer(
-        request,
-        "head".into(),
-        LayerKind::Head,
-        layout(false, blocks..blocks, true)?,
-    )?);
+    let model = model_layers(&config);
+    let layers = model
+        .iter()
+        .enumerate()
+        .map(|(index, &layer)| measure_layer(request, index, layer))
+        .collect::<Result<Vec<_>, _>>()?;
+    let blocks = model
+        .iter()
+        .filter(|layer| layer.placement() == Placement::Any)
+        .count();
     Ok(Profile {
         format: PROFILE_FORMAT.to_string(),
         model: GptProfileModel {
@@ -478,17 +463,12 @@ mod tests {
 
     #[test]
     fn calibration_scales_each_position_to_the_run_and_keeps_the_split() {
-        use pipeweave_core::{MicrobatchId, ProblemSpec, StageId, Work};
+        use pipeweave_core::{MicrobatchId, StageId, Work};
         let request = request(2, 1);
         let config = request.config;
         let mut profile = measure_profile(&request).unwrap();
         let alone = profile.clone();
-        let problem = ProblemSpec::builder()
-            .ranks(2)
-            .microbatches(2)
-            .build()
-            .validate()
-            .unwrap();
+        let problem = pipeweave_core::testing::problem(2, 2);
         let cut = ModelCut::with_layers(&config, &problem, Some(&[1, 1])).unwrap();
         let op = |task: fn(Work) -> Task, stage: u32, m: u32, seconds: f64| {
             let work = Work {

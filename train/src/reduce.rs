@@ -486,6 +486,7 @@ mod tests {
     use super::*;
     use crate::gradients::{GradSync, LocalGradients};
     use candle_core::Device;
+    use pipeweave_core::testing::problem;
     use pipeweave_core::ProblemSpec;
     use pipeweave_kernels::GptConfig;
     use std::collections::VecDeque;
@@ -589,12 +590,7 @@ mod tests {
 
     #[test]
     fn data_parallel_sums_equal_the_in_process_fold_bit_for_bit() {
-        let problem = ProblemSpec::builder()
-            .ranks(2)
-            .microbatches(4)
-            .build()
-            .validate()
-            .unwrap();
+        let problem = problem(2, 4);
         reduces_like_one_process(&problem, 2, true);
         reduces_like_one_process(&problem, 3, true);
         reduces_like_one_process(&problem, 2, false);
@@ -610,12 +606,7 @@ mod tests {
 
     #[test]
     fn a_sum_waits_only_for_the_units_before_it() {
-        let problem = ProblemSpec::builder()
-            .ranks(1)
-            .microbatches(2)
-            .build()
-            .validate()
-            .unwrap();
+        let problem = problem(1, 2);
         let config = GptConfig::new(1, 8, 2, 4).unwrap();
         let cut = ModelCut::new(&config, &problem).unwrap();
         let owners = GradientOwners::new(&problem, &cut, 2);

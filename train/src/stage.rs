@@ -26,7 +26,7 @@
 
 use crate::batch::StepBatch;
 use crate::cut::ModelCut;
-use crate::error::TrainError;
+use crate::error::{kernel_fault, TrainError};
 use crate::gradients::GradSync;
 use candle_core::Tensor;
 use pipeweave_backends::{Capabilities, StageCompute, StageError};
@@ -191,6 +191,21 @@ impl GptStage {
         self.batch.data_id(global as usize).unwrap_or(global)
     }
 
+    /// The `what` (`input`, `targets`) of `work`'s microbatch in the step's batch, by `pick`.
+    fn batch_entry(
+        &self,
+        work: Work,
+        what: &str,
+        pick: fn(&StepBatch, usize) -> Option<&Tensor>,
+    ) -> Result<&Tensor, StageError> {
+        pick(&self.batch, self.global(work) as usize).ok_or_else(|| {
+            StageError::bug(format!(
+                "the batch has no {what} for microbatch {}",
+                work.microbatch
+            ))
+        })
+    }
+
     /// Injects `injection` into this rank's first forward.
     pub fn with_injection(mut self, injection: Option<Injection>) -> GptStage {
         self.injection = injection;
@@ -243,26 +258,32 @@ impl GptStage {
         });
     }
 
-    fn hold(&mut self, table: Table, work: Work, amount: usize) {
-        let map = match table {
+    /// The live bytes held for `table`, per op.
+    fn table(&mut self, table: Table) -> &mut HashMap<Work, usize> {
+        match table {
             Table::Saved => &mut self.saved_bytes,
             Table::Pending => &mut self.pending_bytes,
             Table::Output => &mut self.output_bytes,
-        };
-        map.insert(work, amount);
+        }
+    }
+
+    fn hold(&mut self, table: Table, work: Work, amount: usize) {
+        self.table(table).insert(work, amount);
         self.live_bytes += amount;
         self.peak_bytes = self.peak_bytes.max(self.live_bytes);
     }
 
     fn release(&mut self, table: Table, work: Work) {
-        let map = match table {
-            Table::Saved => &mut self.saved_bytes,
-            Table::Pending => &mut self.pending_bytes,
-            Table::Output => &mut self.output_bytes,
-        };
-        if let Some(amount) = map.remove(&work) {
+        if let Some(amount) = self.table(table).remove(&work) {
             self.live_bytes -= amount;
         }
+    }
+
+    /// Keeps `saved` as the saved state of `work` until its backward, its bytes live.
+    fn keep_saved(&mut self, work: Work, saved: StageSaved) {
+        let kept = saved.held_bytes();
+        self.saved.insert(work, saved);
+        self.hold(Table::Saved, work, kept);
     }
 }
 
@@ -287,16 +308,7 @@ impl StageCompute for GptStage {
         let start = Instant::now();
         let input = match input {
             Some(hidden) => hidden,
-            None => self
-                .batch
-                .input(self.global(work) as usize)
-                .ok_or_else(|| {
-                    StageError::bug(format!(
-                        "the batch has no input for microbatch {}",
-                        work.microbatch
-                    ))
-                })?
-                .clone(),
+            None => self.batch_entry(work, "input", StepBatch::input)?.clone(),
         };
         let held = self.stage(work.stage)?;
         let (output, saved) = held
@@ -304,9 +316,7 @@ impl StageCompute for GptStage {
             .forward(&input)
             .map_err(kernel_failure(work, "forward"))?;
         if !self.forward_only {
-            let kept = saved.held_bytes();
-            self.saved.insert(work, saved);
-            self.hold(Table::Saved, work, kept);
+            self.keep_saved(work, saved);
             self.last_input = Some((work, input));
         }
         if self.outputs_leave.contains(&work.stage) {
@@ -317,15 +327,7 @@ impl StageCompute for GptStage {
     }
 
     fn loss(&mut self, work: Work, logits: Tensor) -> Result<Tensor, StageError> {
-        let targets = self
-            .batch
-            .target(self.global(work) as usize)
-            .ok_or_else(|| {
-                StageError::bug(format!(
-                    "the batch has no targets for microbatch {}",
-                    work.microbatch
-                ))
-            })?;
+        let targets = self.batch_entry(work, "targets", StepBatch::target)?;
         let held = self.stage(work.stage)?;
         let out = self
             .cross_entropy
@@ -448,9 +450,7 @@ impl StageCompute for GptStage {
         }
         self.release(Table::Saved, work);
         let checkpoint = self.stage(work.stage)?.model.checkpoint(&input);
-        let kept = checkpoint.held_bytes();
-        self.saved.insert(work, checkpoint);
-        self.hold(Table::Saved, work, kept);
+        self.keep_saved(work, checkpoint);
         Ok(())
     }
 
@@ -471,9 +471,7 @@ impl StageCompute for GptStage {
             .recompute_state(checkpoint)
             .map_err(kernel_failure(work, "recompute"))?;
         self.release(Table::Saved, work);
-        let kept = rebuilt.held_bytes();
-        self.saved.insert(work, rebuilt);
-        self.hold(Table::Saved, work, kept);
+        self.keep_saved(work, rebuilt);
         self.record(Task::Recompute(work), start);
         Ok(())
     }
@@ -502,9 +500,7 @@ impl StageCompute for GptStage {
         })?;
         self.host_bytes -= copied.bytes();
         let saved = copied.to_device().map_err(kernel_failure(work, "reload"))?;
-        let kept = saved.held_bytes();
-        self.saved.insert(work, saved);
-        self.hold(Table::Saved, work, kept);
+        self.keep_saved(work, saved);
         self.record(Task::Reload(work), start);
         Ok(())
     }
@@ -526,20 +522,10 @@ impl StageCompute for GptStage {
     }
 }
 
-/// A kernel error of `what` for `work` as a stage error of its kind: bad input when it is about
-/// the data (a token outside the vocabulary), a failure when the tensor backend failed, a bug
-/// otherwise (the stage built every other tensor the kernels check).
+/// A kernel error of `what` for `work` as a stage error of its kind ([`kernel_fault`]: the stage
+/// built every tensor the kernels check but the data's).
 fn kernel_failure(work: Work, what: &'static str) -> impl FnOnce(KernelError) -> StageError {
-    move |e| {
-        let kind = if e.is_about_data() {
-            FailureKind::BadInput
-        } else if e.is_backend_failure() {
-            FailureKind::Failed
-        } else {
-            FailureKind::Bug
-        };
-        StageError::caused_by(kind, format!("{what} of {}", display(work)), e)
-    }
+    move |e| StageError::caused_by(kernel_fault(&e), format!("{what} of {}", display(work)), e)
 }
 
 fn display(work: Work) -> String {

@@ -3,16 +3,14 @@
 //! activation bytes fall where the plan says its activations fall.
 
 mod common;
+mod tiny_gpt;
 
-use candle_core::{DType, Tensor};
+use candle_core::DType;
 use common::plan;
 use pipeweave_core::{peak_per_rank, RecvPolicy};
-use pipeweave_kernels::init::SplitMix64;
-use pipeweave_kernels::GptConfig;
-use pipeweave_train::{GptModel, StepBatch, StepOutcome, StepRunner};
+use pipeweave_train::{GptModel, StepOutcome, StepRunner};
+use tiny_gpt::{batch, bits, config};
 
-const SEQUENCES: usize = 2;
-const SEQ_LEN: usize = 8;
 const MICROBATCHES: u32 = 8;
 
 /// Recompute and offload on their own and together, over 1F1B, interleaving, DualPipe and the
@@ -25,26 +23,6 @@ const RESIDENCY_SCHEDULES: &[&str] = &[
     "offload(recompute(zero_bubble(dual(vpp(f1b(gpipe), chunks=2))), memory=4), memory=3.5)",
 ];
 
-fn config() -> GptConfig {
-    GptConfig::new(4, 16, 2, SEQ_LEN).unwrap()
-}
-
-/// Random bytes as inputs and next-byte targets for `microbatches` microbatches.
-fn batch(microbatches: usize, seed: u64) -> StepBatch {
-    let mut rng = SplitMix64::new(seed);
-    let mut inputs = Vec::new();
-    let mut targets = Vec::new();
-    for _ in 0..microbatches {
-        let bytes: Vec<u32> = (0..SEQUENCES * (SEQ_LEN + 1))
-            .map(|_| (rng.next_u64() % 256) as u32)
-            .collect();
-        let rows: Vec<&[u32]> = bytes.chunks(SEQ_LEN + 1).collect();
-        inputs.push(rows.iter().flat_map(|r| r[..SEQ_LEN].to_vec()).collect());
-        targets.push(rows.iter().flat_map(|r| r[1..].to_vec()).collect());
-    }
-    StepBatch::new(&inputs, &targets, SEQUENCES, SEQ_LEN, None).unwrap()
-}
-
 /// One deterministic step of `expression` on `ranks` ranks, and its gradients in order.
 fn step(expression: &str, ranks: u32) -> (StepOutcome, Vec<Vec<u32>>) {
     let plan = plan(expression, ranks, MICROBATCHES);
@@ -55,16 +33,6 @@ fn step(expression: &str, ranks: u32) -> (StepOutcome, Vec<Vec<u32>>) {
         .unwrap();
     let bits = outcome.gradients.iter().flatten().map(bits).collect();
     (outcome, bits)
-}
-
-fn bits(t: &Tensor) -> Vec<u32> {
-    t.flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_bits())
-        .collect()
 }
 
 #[test]

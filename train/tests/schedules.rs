@@ -2,37 +2,14 @@
 //! bit with deterministic accumulation, within f32 rounding without it; recompute on and off.
 
 mod common;
+mod tiny_gpt;
 
 use candle_core::{DType, Tensor};
 use common::{plan, SCHEDULES};
 use pipeweave_core::RecvPolicy;
-use pipeweave_kernels::init::SplitMix64;
-use pipeweave_kernels::GptConfig;
-use pipeweave_train::{GptModel, ModelCut, StepBatch, StepRunner};
+use pipeweave_train::{GptModel, ModelCut, StepRunner};
 use std::collections::BTreeMap;
-
-const SEQUENCES: usize = 2;
-const SEQ_LEN: usize = 8;
-
-fn config() -> GptConfig {
-    GptConfig::new(4, 16, 2, SEQ_LEN).unwrap()
-}
-
-/// Random bytes as inputs and next-byte targets for `microbatches` microbatches.
-fn batch(microbatches: usize, seed: u64) -> StepBatch {
-    let mut rng = SplitMix64::new(seed);
-    let mut inputs = Vec::new();
-    let mut targets = Vec::new();
-    for _ in 0..microbatches {
-        let bytes: Vec<u32> = (0..SEQUENCES * (SEQ_LEN + 1))
-            .map(|_| (rng.next_u64() % 256) as u32)
-            .collect();
-        let rows: Vec<&[u32]> = bytes.chunks(SEQ_LEN + 1).collect();
-        inputs.push(rows.iter().flat_map(|r| r[..SEQ_LEN].to_vec()).collect());
-        targets.push(rows.iter().flat_map(|r| r[1..].to_vec()).collect());
-    }
-    StepBatch::new(&inputs, &targets, SEQUENCES, SEQ_LEN, None).unwrap()
-}
+use tiny_gpt::{batch, bits, config};
 
 /// Loss and gradients by parameter name of one step of `expression`.
 fn step(
@@ -69,14 +46,18 @@ fn step_cut(
     (outcome.loss, grads)
 }
 
-fn bits(t: &Tensor) -> Vec<u32> {
-    t.flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_bits())
-        .collect()
+/// The loss `l` and the gradients `grads` of the run `what` are `reference`'s (with its loss
+/// `loss`), bit for bit.
+fn assert_same_bits(
+    what: &str,
+    (l, grads): &(f64, BTreeMap<String, Tensor>),
+    (loss, reference): &(f64, BTreeMap<String, Tensor>),
+) {
+    assert_eq!(l.to_bits(), loss.to_bits(), "{what}: loss {l} vs {loss}");
+    assert_eq!(grads.len(), reference.len(), "{what}");
+    for (name, g) in grads {
+        assert_eq!(bits(g), bits(&reference[name]), "{what}: {name}");
+    }
 }
 
 fn max_relative(a: &Tensor, b: &Tensor) -> f64 {
@@ -94,31 +75,22 @@ fn max_relative(a: &Tensor, b: &Tensor) -> f64 {
 
 #[test]
 fn every_schedule_gives_the_single_rank_bits_when_deterministic() {
-    let (loss, reference) = step("gpipe", 1, false, true);
-    assert!(loss.is_finite() && loss > 0.0);
+    let single = step("gpipe", 1, false, true);
+    assert!(single.0.is_finite() && single.0 > 0.0);
     for &expression in SCHEDULES {
         for recompute in [false, true] {
-            let (l, grads) = step(expression, 4, recompute, true);
-            assert_eq!(
-                l.to_bits(),
-                loss.to_bits(),
-                "{expression} recompute={recompute}: loss {l} vs {loss}"
+            assert_same_bits(
+                &format!("{expression} recompute={recompute}"),
+                &step(expression, 4, recompute, true),
+                &single,
             );
-            assert_eq!(grads.len(), reference.len(), "{expression}");
-            for (name, g) in &grads {
-                assert_eq!(
-                    bits(g),
-                    bits(&reference[name]),
-                    "{expression} recompute={recompute}: {name}"
-                );
-            }
         }
     }
 }
 
 #[test]
 fn every_cut_gives_the_single_rank_bits_when_deterministic() {
-    let (loss, reference) = step("gpipe", 1, false, true);
+    let single = step("gpipe", 1, false, true);
     let cases: [(&str, u32, &[usize]); 6] = [
         ("f1b(gpipe)", 2, &[1, 3]),
         ("f1b(gpipe)", 2, &[4, 0]),
@@ -132,16 +104,11 @@ fn every_cut_gives_the_single_rank_bits_when_deterministic() {
         ),
     ];
     for (expression, ranks, layers) in cases {
-        let (l, grads) = step_cut(expression, ranks, Some(layers), false, true);
-        assert_eq!(l.to_bits(), loss.to_bits(), "{expression} {layers:?}");
-        assert_eq!(grads.len(), reference.len());
-        for (name, g) in &grads {
-            assert_eq!(
-                bits(g),
-                bits(&reference[name]),
-                "{expression} {layers:?}: {name}"
-            );
-        }
+        assert_same_bits(
+            &format!("{expression} {layers:?}"),
+            &step_cut(expression, ranks, Some(layers), false, true),
+            &single,
+        );
     }
 }
 

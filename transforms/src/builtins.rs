@@ -9,7 +9,7 @@ use crate::error::TransformError;
 use crate::expr::Node;
 use crate::pass::Pass;
 use crate::passes::{
-    Dual, F1b, Gpipe, Offload, Policy, Recompute, Relief, ReliefStrategy, Vpp, ZeroBubble,
+    Dual, F1b, Gpipe, Offload, Policy, Recompute, Relief, ReliefStrategy, Vpp, VppOrder, ZeroBubble,
 };
 use crate::registry::{Arguments, Arity, Factory, Registry};
 use crate::schedules::cache::SearchCache;
@@ -77,23 +77,30 @@ fn no_arguments(
     }
 }
 
-/// `vpp(schedule, chunks=2, group=G, layout=standard|v)`.
+/// `vpp(schedule, chunks=2, group=G, layout=standard|v, order=auto|megatron|block)`.
 fn vpp(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
-    args.allow_only(&["chunks", "group", "layout"])?;
+    args.allow_only(&["chunks", "group", "layout", "order"])?;
     let chunks = args.integer("chunks")?.unwrap_or(2);
     let group = args.integer("group")?;
     let placement = match args.word("layout", &["standard", "v"])? {
         Some((_, "v")) => ChunkPlacement::V,
         _ => ChunkPlacement::Standard,
     };
+    let order = match args.word("order", &["auto", "megatron", "block"])? {
+        Some((_, "megatron")) => VppOrder::Megatron,
+        Some((_, "block")) => VppOrder::Block,
+        _ => VppOrder::Auto,
+    };
     // A refused argument is named by the rule it breaks (which names the arguments).
-    let pass = Vpp::new(chunks, group, placement).map_err(|e| match e {
-        TransformError::Precondition { ref constraint, .. } => {
-            let rule = constraint.clone();
-            refused(args, &rule, args.column(), e)
-        }
-        other => other,
-    })?;
+    let pass = Vpp::new(chunks, group, placement)
+        .and_then(|pass| pass.with_order(order))
+        .map_err(|e| match e {
+            TransformError::Precondition { ref constraint, .. } => {
+                let rule = constraint.clone();
+                refused(args, &rule, args.column(), e)
+            }
+            other => other,
+        })?;
     Ok(Box::new(pass))
 }
 

@@ -26,6 +26,12 @@ use crate::error::TransformError;
 use pipeweave_core::{Facts, LayoutKind, Pacing, Plan, Residency};
 
 /// The facts a pass needs of its input.
+///
+/// Built with [`Requires::paced`] (the accepted pacings, any layout, whole or split backwards,
+/// activations kept), then narrowed with [`Requires::on_layouts`] and
+/// [`Requires::with_whole_backwards`] or widened with [`Requires::with_residency`] (see
+/// [`Contract`]). The fields stay public for contracts built from data (a Python pass's
+/// registration).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Requires {
     /// Accepted pacings.
@@ -40,39 +46,83 @@ pub struct Requires {
     pub residency: &'static [Residency],
 }
 
+/// Some activations recomputed, none offloaded.
+const RECOMPUTED: Residency = Residency {
+    recomputed: true,
+    offloaded: false,
+};
+
+/// Some activations offloaded, none recomputed.
+const OFFLOADED: Residency = Residency {
+    recomputed: false,
+    offloaded: true,
+};
+
 impl Requires {
     /// Only plans that keep every activation on the device.
     pub const KEPT: &'static [Residency] = &[Residency::KEPT];
 
+    /// Plans with no activation offloaded (kept, or some recomputed).
+    pub const KEPT_OR_RECOMPUTED: &'static [Residency] = &[Residency::KEPT, RECOMPUTED];
+
+    /// Plans with no activation recomputed (kept, or some offloaded).
+    pub const KEPT_OR_OFFLOADED: &'static [Residency] = &[Residency::KEPT, OFFLOADED];
+
     /// Any residency.
     pub const ANY_RESIDENCY: &'static [Residency] = &[
         Residency::KEPT,
-        Residency {
-            recomputed: true,
-            offloaded: false,
-        },
-        Residency {
-            recomputed: false,
-            offloaded: true,
-        },
+        RECOMPUTED,
+        OFFLOADED,
         Residency {
             recomputed: true,
             offloaded: true,
         },
     ];
 
+    /// Any pacing but unscheduled: plans that have orders.
+    pub const SCHEDULED: &'static [Pacing] = &[
+        Pacing::FillDrain,
+        Pacing::OneForwardOneBackward,
+        Pacing::Custom,
+    ];
+
     /// Any plan.
-    pub const ANY: Requires = Requires {
-        pacing: &[
-            Pacing::Unscheduled,
-            Pacing::FillDrain,
-            Pacing::OneForwardOneBackward,
-            Pacing::Custom,
-        ],
-        layout: LayoutKind::ALL,
-        whole_backwards: false,
-        residency: Requires::ANY_RESIDENCY,
-    };
+    pub const ANY: Requires = Requires::paced(&[
+        Pacing::Unscheduled,
+        Pacing::FillDrain,
+        Pacing::OneForwardOneBackward,
+        Pacing::Custom,
+    ])
+    .with_residency(Requires::ANY_RESIDENCY);
+
+    /// Plans of one of `pacing`, on any layout, with whole or split backwards, every activation
+    /// kept ([`Requires::KEPT`]).
+    pub const fn paced(pacing: &'static [Pacing]) -> Requires {
+        Requires {
+            pacing,
+            layout: LayoutKind::ALL,
+            whole_backwards: false,
+            residency: Requires::KEPT,
+        }
+    }
+
+    /// The same, on one of `layout` only.
+    pub const fn on_layouts(self, layout: &'static [LayoutKind]) -> Requires {
+        Requires { layout, ..self }
+    }
+
+    /// The same, with every backward whole.
+    pub const fn with_whole_backwards(self) -> Requires {
+        Requires {
+            whole_backwards: true,
+            ..self
+        }
+    }
+
+    /// The same, accepting the activation residencies `residency` (in place of the current list).
+    pub const fn with_residency(self, residency: &'static [Residency]) -> Requires {
+        Requires { residency, ..self }
+    }
 
     /// The accepted layouts, as errors name them (`... or ...`).
     pub fn layouts(&self) -> String {
@@ -137,6 +187,11 @@ pub enum Unmet {
 
 /// What a pass may change besides the orders (which every pass may rewrite). The driver rejects a
 /// pass that changes anything else as broken.
+///
+/// Built from [`Changes::NONE`] and one constant per field, joined with [`Changes::and`]:
+/// `Changes::PLACEMENT.and(Changes::LAYOUT)`. The fields stay public for changes read from data
+/// (a Python pass's registration) or decided at run time (`Changes { backwards: flag,
+/// ..Changes::NONE }`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Changes {
     /// The problem (stages, placement, routes, tied stages) and the cost and memory models.
@@ -153,7 +208,83 @@ pub struct Changes {
     pub residency: bool,
 }
 
+/// One field of [`Changes`], to build its constants.
+#[derive(Clone, Copy)]
+enum Field {
+    Placement,
+    Layout,
+    Pacing,
+    Backwards,
+    MemoryLimit,
+    Residency,
+}
+
+impl Changes {
+    /// Nothing besides the orders (the same as [`Changes::default`]).
+    pub const NONE: Changes = Changes {
+        placement: false,
+        layout: false,
+        pacing: false,
+        backwards: false,
+        memory_limit: false,
+        residency: false,
+    };
+    /// The problem and the models ([`Changes::placement`]).
+    pub const PLACEMENT: Changes = Changes::NONE.with(Field::Placement);
+    /// The layout fact ([`Changes::layout`]).
+    pub const LAYOUT: Changes = Changes::NONE.with(Field::Layout);
+    /// The pacing fact ([`Changes::pacing`]).
+    pub const PACING: Changes = Changes::NONE.with(Field::Pacing);
+    /// The backwards fact ([`Changes::backwards`]).
+    pub const BACKWARDS: Changes = Changes::NONE.with(Field::Backwards);
+    /// The declared memory limit ([`Changes::memory_limit`]).
+    pub const MEMORY_LIMIT: Changes = Changes::NONE.with(Field::MemoryLimit);
+    /// The residency fact ([`Changes::residency`]).
+    pub const RESIDENCY: Changes = Changes::NONE.with(Field::Residency);
+
+    /// What `self` or `other` may change.
+    pub const fn and(self, other: Changes) -> Changes {
+        Changes {
+            placement: self.placement || other.placement,
+            layout: self.layout || other.layout,
+            pacing: self.pacing || other.pacing,
+            backwards: self.backwards || other.backwards,
+            memory_limit: self.memory_limit || other.memory_limit,
+            residency: self.residency || other.residency,
+        }
+    }
+
+    /// The same, and `field`.
+    const fn with(mut self, field: Field) -> Changes {
+        match field {
+            Field::Placement => self.placement = true,
+            Field::Layout => self.layout = true,
+            Field::Pacing => self.pacing = true,
+            Field::Backwards => self.backwards = true,
+            Field::MemoryLimit => self.memory_limit = true,
+            Field::Residency => self.residency = true,
+        }
+        self
+    }
+}
+
 /// A pass's declarations.
+///
+/// `vpp`'s, for one: fill-drain or 1F1B pacing on the linear layout with whole backwards; it may
+/// change the placement and the layout, and establishes an interleaved one.
+/// ```
+/// use pipeweave_core::{LayoutKind, Pacing};
+/// use pipeweave_transforms::{Changes, Contract, Requires};
+///
+/// let contract = Contract::new(
+///     Requires::paced(&[Pacing::FillDrain, Pacing::OneForwardOneBackward])
+///         .on_layouts(&[LayoutKind::Linear])
+///         .with_whole_backwards(),
+///     Changes::PLACEMENT.and(Changes::LAYOUT),
+/// )
+/// .establishing(LayoutKind::Interleaved);
+/// assert!(contract.requires.whole_backwards && !contract.changes.pacing);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Contract {
     /// The facts it needs.
@@ -167,7 +298,7 @@ pub struct Contract {
 
 impl Contract {
     /// A contract that establishes no layout.
-    pub fn new(requires: Requires, changes: Changes) -> Contract {
+    pub const fn new(requires: Requires, changes: Changes) -> Contract {
         Contract {
             requires,
             changes,
@@ -176,7 +307,7 @@ impl Contract {
     }
 
     /// The same contract, establishing `layout`.
-    pub fn establishing(self, layout: LayoutKind) -> Contract {
+    pub const fn establishing(self, layout: LayoutKind) -> Contract {
         Contract {
             establishes: Some(layout),
             ..self
@@ -209,12 +340,9 @@ mod tests {
 
     #[test]
     fn requirements_name_what_is_missing() {
-        let requires = Requires {
-            pacing: &[Pacing::FillDrain],
-            layout: &[LayoutKind::Linear],
-            whole_backwards: true,
-            residency: Requires::KEPT,
-        };
+        let requires = Requires::paced(&[Pacing::FillDrain])
+            .on_layouts(&[LayoutKind::Linear])
+            .with_whole_backwards();
         let facts = |pacing, layout, backwards| Facts {
             layout,
             pacing,
@@ -248,5 +376,47 @@ mod tests {
             Requires::ANY.unmet(&facts(Pacing::Custom, Layout::Custom, Backwards::Split)),
             None
         );
+    }
+
+    #[test]
+    fn each_constant_sets_the_field_it_names() {
+        let fields = |c: Changes| {
+            [
+                c.placement,
+                c.layout,
+                c.pacing,
+                c.backwards,
+                c.memory_limit,
+                c.residency,
+            ]
+        };
+        let singles = [
+            Changes::PLACEMENT,
+            Changes::LAYOUT,
+            Changes::PACING,
+            Changes::BACKWARDS,
+            Changes::MEMORY_LIMIT,
+            Changes::RESIDENCY,
+        ];
+        for (i, single) in singles.into_iter().enumerate() {
+            let set: Vec<usize> = (0..6).filter(|&j| fields(single)[j]).collect();
+            assert_eq!(set, [i], "{single:?}");
+        }
+        assert_eq!(Changes::NONE, Changes::default());
+        assert_eq!(
+            fields(Changes::BACKWARDS.and(Changes::MEMORY_LIMIT)),
+            [false, false, false, true, true, false]
+        );
+        let any_pacing = [
+            Pacing::Unscheduled,
+            Pacing::FillDrain,
+            Pacing::OneForwardOneBackward,
+            Pacing::Custom,
+        ];
+        assert_eq!(Requires::ANY.pacing, any_pacing);
+        let any = Requires::ANY;
+        assert_eq!((any.layout, any.whole_backwards), (LayoutKind::ALL, false));
+        assert_eq!(any.residency.len(), 4);
+        assert_eq!(Requires::SCHEDULED, &any_pacing[1..]);
     }
 }

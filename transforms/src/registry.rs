@@ -371,11 +371,10 @@ mod tests {
         registry
             .register("my_base", Arity::Baseline, factory())
             .unwrap();
+        let error =
+            |registry: &Registry, text| registry.compile_expression(text).unwrap_err().to_string();
         // A pass has one name: registered under another, it is refused when built.
-        let err = registry
-            .compile_expression("f1b(my_base)")
-            .unwrap_err()
-            .to_string();
+        let err = error(&registry, "f1b(my_base)");
         assert!(
             err.starts_with("the pass registered as `my_base` names itself `gpipe`"),
             "{err}"
@@ -385,10 +384,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.to_string(), "a pass named `f1b` is already registered");
         assert!(registry.register("1x", Arity::Rewrite, factory()).is_err());
-        let err = registry
-            .compile_expression("nope(gpipe)")
-            .unwrap_err()
-            .to_string();
+        let err = error(&registry, "nope(gpipe)");
         assert!(
             err.contains(
                 "known passes: dual, f1b, gpipe, my_base, offload, recompute, vpp, zero_bubble"

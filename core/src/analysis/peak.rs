@@ -147,17 +147,11 @@ pub fn max_peak(plan: &Plan) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::cost::{CostModel, StageCosts};
-    use crate::ir::memory::{MemoryModel, StageMemorySpec};
-    use crate::ir::problem::ProblemSpec;
+    use crate::ir::cost::StageCosts;
+    use crate::ir::memory::StageMemorySpec;
+    use crate::testing::{plan_on, problem};
 
     fn one_rank(cells: &[&str], weight_grad: f64, checkpoint: f64) -> Plan {
-        let problem = ProblemSpec::builder()
-            .ranks(1)
-            .microbatches(3)
-            .build()
-            .validate()
-            .unwrap();
         let memory = StageMemorySpec::builder()
             .total(1.0)
             .weight_grad(weight_grad)
@@ -165,14 +159,12 @@ mod tests {
             .build()
             .validate()
             .unwrap();
-        let order: Vec<Task> = cells.iter().map(|t| t.parse().unwrap()).collect();
-        Plan::new(
-            problem,
-            CostModel::uniform(1, StageCosts::default(), 0.0).unwrap(),
-            MemoryModel::uniform(1, memory),
-            vec![order],
+        plan_on(
+            problem(1, 3),
+            StageCosts::default(),
+            memory,
+            &[&cells.join(" ")],
         )
-        .unwrap()
     }
 
     #[test]

@@ -96,10 +96,11 @@ pub enum ReplayError {
     Deadlock(Vec<Blocked>),
 }
 
-fn describe_waits(waits: &[Blocked]) -> String {
+/// The ranks of a deadlock, each as it waits, joined by `; ` (also the communication checker's).
+pub(crate) fn describe_waits<T: fmt::Display>(waits: &[T]) -> String {
     waits
         .iter()
-        .map(Blocked::to_string)
+        .map(T::to_string)
         .collect::<Vec<_>>()
         .join("; ")
 }

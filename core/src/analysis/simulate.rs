@@ -145,38 +145,26 @@ impl Simulation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::cost::{CostModel, StageCostsSpec};
-    use crate::ir::memory::MemoryModel;
-    use crate::ir::problem::ProblemSpec;
+    use crate::ir::memory::StageMemory;
+    use crate::testing::{costs, plan_on, problem};
 
+    /// GPipe on `ranks` x `microbatches`: every forward, then every full backward; forwards take
+    /// `f`, backwards `b` (half input gradient, half weight gradient).
     fn gpipe(ranks: u32, microbatches: u32, f: f64, b: f64) -> Plan {
-        let problem = ProblemSpec::builder()
-            .ranks(ranks)
-            .microbatches(microbatches)
-            .build()
-            .validate()
-            .unwrap();
-        let costs = StageCostsSpec::builder()
-            .forward(f)
-            .input_grad(b / 2.0)
-            .weight_grad(b / 2.0)
-            .build()
-            .validate()
-            .unwrap();
-        let orders = (0..ranks)
+        let orders: Vec<String> = (0..ranks)
             .map(|r| {
-                let f = (0..microbatches).map(|m| format!("{r}F{m}").parse().unwrap());
-                let b = (0..microbatches).map(|m| format!("{r}B{m}").parse().unwrap());
-                f.chain(b).collect()
+                let f = (0..microbatches).map(|m| format!("{r}F{m}"));
+                let b = (0..microbatches).map(|m| format!("{r}B{m}"));
+                f.chain(b).collect::<Vec<_>>().join(" ")
             })
             .collect();
-        Plan::new(
-            problem,
-            CostModel::uniform(ranks, costs, 0.0).unwrap(),
-            MemoryModel::uniform(ranks, Default::default()),
-            orders,
+        let orders: Vec<&str> = orders.iter().map(String::as_str).collect();
+        plan_on(
+            problem(ranks, microbatches),
+            costs(f, b / 2.0, b / 2.0),
+            StageMemory::default(),
+            &orders,
         )
-        .unwrap()
     }
 
     #[test]

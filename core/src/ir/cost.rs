@@ -66,11 +66,19 @@ fn check_duration(stage: &str, name: &str, value: f64) -> Result<f64, CoreError>
         // `-0` as `0`, so that comparing bits is comparing numbers.
         Ok(value.abs())
     } else {
-        Err(CoreError::InvalidModel {
-            model: "cost model",
-            stage: stage.to_string(),
-            reason: format!("{name} = {value} must be a finite duration >= 0"),
-        })
+        Err(invalid(
+            stage,
+            format!("{name} = {value} must be a finite duration >= 0"),
+        ))
+    }
+}
+
+/// The error of a cost figure of `stage` (or `all`) that is out of range.
+fn invalid(stage: &str, reason: String) -> CoreError {
+    CoreError::InvalidModel {
+        model: "cost model",
+        stage: stage.to_string(),
+        reason,
     }
 }
 
@@ -176,19 +184,7 @@ impl StageCosts {
     }
 }
 
-impl PartialEq for StageCosts {
-    fn eq(&self, other: &StageCosts) -> bool {
-        self.key() == other.key()
-    }
-}
-
-impl Eq for StageCosts {}
-
-impl Hash for StageCosts {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.key().hash(state);
-    }
-}
+eq_and_hash_by_key!(StageCosts);
 
 impl Default for StageCosts {
     fn default() -> Self {
@@ -279,11 +275,10 @@ impl CostModel {
             .enumerate()
             .find(|(_, s)| !(s.is_finite() && **s > 0.0))
         {
-            return Err(CoreError::InvalidModel {
-                model: "cost model",
-                stage: "all".to_string(),
-                reason: format!("microbatch {m}'s cost scale {s} must be finite and > 0"),
-            });
+            return Err(invalid(
+                "all",
+                format!("microbatch {m}'s cost scale {s} must be finite and > 0"),
+            ));
         }
         self.microbatch_scales = scales;
         Ok(self)
@@ -424,25 +419,23 @@ mod tests {
             .validate()
             .unwrap();
         assert_eq!((r.recompute(), r.split(2).offload()), (1.5, 0.125));
-        let err = StageCostsSpec::builder()
-            .offload(-1.0)
-            .build()
-            .validate()
-            .unwrap_err();
-        assert!(err.to_string().contains("offload = -1"), "{err}");
     }
 
     #[test]
     fn negative_and_nan_costs_are_rejected() {
-        let err = StageCostsSpec::builder()
-            .forward(-1.0)
-            .build()
-            .validate()
-            .unwrap_err();
-        assert!(
-            err.to_string().contains("F = -1 must be a finite duration"),
-            "{err}"
-        );
+        for (spec, why) in [
+            (
+                StageCostsSpec::builder().offload(-1.0).build(),
+                "offload = -1",
+            ),
+            (
+                StageCostsSpec::builder().forward(-1.0).build(),
+                "F = -1 must be a finite duration",
+            ),
+        ] {
+            let err = spec.validate().unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+        }
         let err = CostModel::from_specs(
             vec![
                 StageCostsSpec::builder().build(),

@@ -383,11 +383,13 @@ impl fmt::Display for Facts {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ir::problem::ProblemSpec;
 
-    fn placed(ranks: u32, stage_to_rank: Vec<u32>) -> Problem {
+    /// A problem of `ranks` ranks and 4 microbatches, stage `s` on rank `stage_to_rank[s]` (also
+    /// the profile tests').
+    pub(crate) fn placed(ranks: u32, stage_to_rank: Vec<u32>) -> Problem {
         ProblemSpec::builder()
             .ranks(ranks)
             .microbatches(4)

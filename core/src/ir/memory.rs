@@ -14,7 +14,6 @@
 
 use crate::error::CoreError;
 use crate::ir::op::OpKind;
-use std::hash::{Hash, Hasher};
 use typed_builder::TypedBuilder;
 
 /// One stage's activation figures as a user writes them.
@@ -68,7 +67,8 @@ impl StageMemorySpec {
     }
 }
 
-fn invalid(reason: String) -> CoreError {
+/// The error of a memory figure (or limit) that is out of range.
+pub(crate) fn invalid(reason: String) -> CoreError {
     CoreError::InvalidModel {
         model: "memory model",
         stage: "all".to_string(),
@@ -117,19 +117,7 @@ impl StageMemory {
     }
 }
 
-impl PartialEq for StageMemory {
-    fn eq(&self, other: &StageMemory) -> bool {
-        self.key() == other.key()
-    }
-}
-
-impl Eq for StageMemory {}
-
-impl Hash for StageMemory {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.key().hash(state);
-    }
-}
+eq_and_hash_by_key!(StageMemory);
 
 impl Default for StageMemory {
     fn default() -> Self {

@@ -4,6 +4,26 @@
 //! Nothing here analyses a plan; the analyses ([`crate::analysis`]) and the SPMD projection
 //! ([`crate::spmd`]) build on it.
 
+/// `PartialEq`, `Eq` and `Hash` of `$ty` through its `key()`: its figures compared and hashed as
+/// data (floats by their bits), so that equal values hash alike.
+macro_rules! eq_and_hash_by_key {
+    ($ty:ty) => {
+        impl PartialEq for $ty {
+            fn eq(&self, other: &$ty) -> bool {
+                self.key() == other.key()
+            }
+        }
+
+        impl Eq for $ty {}
+
+        impl ::std::hash::Hash for $ty {
+            fn hash<H: ::std::hash::Hasher>(&self, state: &mut H) {
+                ::std::hash::Hash::hash(&self.key(), state);
+            }
+        }
+    };
+}
+
 pub mod blocks;
 pub mod cost;
 pub mod deps;

@@ -252,7 +252,13 @@ impl Task {
 
     /// The main (stage, microbatch) of the task; for an overlapped task, its forward.
     pub fn work(&self) -> Work {
-        match *self {
+        let mut task = *self;
+        *task.work_mut()
+    }
+
+    /// [`Task::work`], to change in place (an overlapped task keeps its backward).
+    pub fn work_mut(&mut self) -> &mut Work {
+        match self {
             Task::Forward(w)
             | Task::InputGrad(w)
             | Task::WeightGrad(w)
@@ -441,19 +447,6 @@ mod tests {
 
     #[test]
     fn notation_round_trips() {
-        for text in [
-            "0F0",
-            "12B3",
-            "4I7",
-            "4W7",
-            "(0F3;7B9)OVERLAP_F_B",
-            "2R5",
-            "2OFFLOAD5",
-            "2RELOAD5",
-        ] {
-            let task: Task = text.parse().unwrap();
-            assert_eq!(task.to_string(), text);
-        }
         let b: Task = "2B5".parse().unwrap();
         assert_eq!(b.ops().len(), 2);
         for text in [
@@ -463,12 +456,25 @@ mod tests {
             "4W7",
             "(0F3;7B9)OVERLAP_F_B",
             "4095F1048575",
+            "2R5",
+            "2OFFLOAD5",
+            "2RELOAD5",
             "3R1",
             "3OFFLOAD1",
             "3RELOAD1",
         ] {
             let task: Task = text.parse().unwrap();
+            assert_eq!(task.to_string(), text);
             assert_eq!(task.notation(), text);
+            let mut moved = task;
+            moved.work_mut().stage = StageId::new(99);
+            assert_eq!(
+                moved.work(),
+                Work {
+                    stage: StageId::new(99),
+                    ..task.work()
+                }
+            );
             let (ops, len) = task.op_array();
             assert_eq!(&ops[..len], task.ops().as_slice());
             assert_eq!(task.is_residency(), len == 0);

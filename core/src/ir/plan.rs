@@ -12,7 +12,7 @@ use crate::error::CoreError;
 use crate::ir::cost::{CostModel, StageCosts};
 use crate::ir::facts::{Backwards, Facts, Layout, Pacing, Residency};
 use crate::ir::ids::RankId;
-use crate::ir::memory::{MemoryModel, StageMemory};
+use crate::ir::memory::{invalid as invalid_memory, MemoryModel, StageMemory};
 use crate::ir::op::{Op, Task};
 use crate::ir::problem::Problem;
 use crate::ir::slots::OpSlots;
@@ -150,11 +150,9 @@ impl Plan {
     pub fn with_memory_limit(mut self, limit: Option<f64>) -> Result<Plan, CoreError> {
         if let Some(l) = limit {
             if !(l.is_finite() && l > 0.0) {
-                return Err(CoreError::InvalidModel {
-                    model: "memory model",
-                    stage: "all".to_string(),
-                    reason: format!("the memory limit {l} must be finite and > 0"),
-                });
+                return Err(invalid_memory(format!(
+                    "the memory limit {l} must be finite and > 0"
+                )));
             }
         }
         self.memory_limit = limit;

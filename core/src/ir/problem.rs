@@ -421,6 +421,33 @@ mod tests {
             .validate()
     }
 
+    /// Why `spec` is refused.
+    fn refusal(spec: ProblemSpec) -> String {
+        spec.validate().unwrap_err().to_string()
+    }
+
+    /// Two ranks and `microbatches` microbatches, stage `s` on rank `stage_to_rank[s]`.
+    fn placed(microbatches: u32, stage_to_rank: Vec<u32>) -> ProblemSpec {
+        ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(microbatches)
+            .stage_to_rank(stage_to_rank)
+            .build()
+    }
+
+    /// Two ranks and `microbatches` microbatches on one route: `0..end` through `stages`.
+    fn routed(microbatches: u32, end: u32, stages: Vec<u32>) -> ProblemSpec {
+        ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(microbatches)
+            .routes(vec![RouteSpec {
+                first: 0,
+                end,
+                stages,
+            }])
+            .build()
+    }
+
     #[test]
     fn default_problem_is_linear() {
         let p = linear(4, 8).unwrap();
@@ -441,36 +468,18 @@ mod tests {
                 other => panic!("expected a size error for {what}, got {other:?}"),
             }
         }
-        let err = ProblemSpec::builder()
-            .ranks(4096)
-            .microbatches(1 << 20)
-            .build()
-            .validate()
-            .unwrap_err();
+        let err = linear(4096, 1 << 20).unwrap_err();
         assert!(err.to_string().contains("stages x microbatches"), "{err}");
     }
 
     #[test]
     fn placement_errors_name_the_stage_and_rank() {
-        let err = ProblemSpec::builder()
-            .ranks(2)
-            .microbatches(2)
-            .stage_to_rank(vec![0, 2])
-            .build()
-            .validate()
-            .unwrap_err();
         assert_eq!(
-            err.to_string(),
+            refusal(placed(2, vec![0, 2])),
             "invalid problem: stage 1 is placed on rank 2, but there are only 2 ranks"
         );
-        let err = ProblemSpec::builder()
-            .ranks(2)
-            .microbatches(2)
-            .stage_to_rank(vec![0, 0])
-            .build()
-            .validate()
-            .unwrap_err();
-        assert!(err.to_string().contains("rank 1 holds no stage"), "{err}");
+        let err = refusal(placed(2, vec![0, 0]));
+        assert!(err.contains("rank 1 holds no stage"), "{err}");
     }
 
     #[test]
@@ -482,43 +491,18 @@ mod tests {
         assert_eq!(ok.work_count(), 8);
         assert!(!ok.is_linear());
 
-        let gap = ProblemSpec::builder()
-            .ranks(2)
-            .microbatches(4)
-            .routes(vec![RouteSpec {
-                first: 0,
-                end: 3,
-                stages: vec![0, 1],
-            }])
-            .build()
-            .validate()
-            .unwrap_err();
-        assert!(
-            gap.to_string().contains("microbatch 3 is on no route"),
-            "{gap}"
-        );
-        let twice = ProblemSpec::builder()
-            .ranks(2)
-            .microbatches(1)
-            .routes(vec![RouteSpec {
-                first: 0,
-                end: 1,
-                stages: vec![0, 1, 0],
-            }])
-            .build()
-            .validate()
-            .unwrap_err();
-        assert!(
-            twice.to_string().contains("passes stage 0 twice"),
-            "{twice}"
-        );
         let tied = ProblemSpec::builder()
             .ranks(2)
             .microbatches(1)
             .tied_stages(vec![vec![0]])
-            .build()
-            .validate()
-            .unwrap_err();
-        assert!(tied.to_string().contains("ties at least two"), "{tied}");
+            .build();
+        for (spec, why) in [
+            (routed(4, 3, vec![0, 1]), "microbatch 3 is on no route"),
+            (routed(1, 1, vec![0, 1, 0]), "passes stage 0 twice"),
+            (tied, "ties at least two"),
+        ] {
+            let err = refusal(spec);
+            assert!(err.contains(why), "{err}");
+        }
     }
 }

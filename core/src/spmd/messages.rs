@@ -3,9 +3,9 @@
 //! name; the checker demands them of any program.
 
 use crate::ir::deps::Links;
-use crate::ir::ids::RankId;
+use crate::ir::ids::{MicrobatchId, RankId, StageId};
 use crate::ir::op::{Op, OpKind, Task};
-use crate::spmd::program::Message;
+use crate::spmd::program::{Direction, Message};
 
 /// An input of a task that another rank produces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,22 +75,38 @@ pub fn remote_outputs<'a>(
 /// [`remote_outputs`].
 #[inline]
 pub fn remote_output(links: &Links, rank: RankId, producer: Op) -> Option<RemoteOutput> {
-    let (stage, microbatch) = (producer.stage, producer.microbatch);
-    let message = match producer.kind {
-        OpKind::Forward => links
-            .next(stage, microbatch)
-            .map(|next| Message::activation(stage, next, microbatch)),
-        OpKind::InputGrad => links
-            .prev(stage, microbatch)
-            .map(|prev| Message::gradient(stage, prev, microbatch)),
-        OpKind::WeightGrad => None,
-    }?;
+    let direction = match producer.kind {
+        OpKind::Forward => Direction::Activation,
+        OpKind::InputGrad => Direction::Gradient,
+        OpKind::WeightGrad => return None,
+    };
+    let message = edge_message(links, producer.stage, producer.microbatch, direction)?;
     let to = links.owner(message.to_stage).filter(|&to| to != rank)?;
     Some(RemoteOutput {
         to,
         producer,
         message,
     })
+}
+
+/// The message `stage` sends for `microbatch` in `direction` across an edge of the microbatch's
+/// route: its activation to the next stage, its gradient to the previous one (none at that end
+/// of the route).
+#[inline]
+pub fn edge_message(
+    links: &Links,
+    stage: StageId,
+    microbatch: MicrobatchId,
+    direction: Direction,
+) -> Option<Message> {
+    match direction {
+        Direction::Activation => links
+            .next(stage, microbatch)
+            .map(|next| Message::activation(stage, next, microbatch)),
+        Direction::Gradient => links
+            .prev(stage, microbatch)
+            .map(|prev| Message::gradient(stage, prev, microbatch)),
+    }
 }
 
 #[cfg(test)]

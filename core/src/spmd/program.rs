@@ -197,30 +197,20 @@ impl CommOp {
 
 impl fmt::Display for CommOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CommOp::Send { to, message } => {
-                let what = match message.direction {
-                    Direction::Activation => "send-act",
-                    Direction::Gradient => "send-grad",
-                };
-                write!(
-                    f,
-                    "{what}(stage {}, mb {}) to rank {to}",
-                    message.from_stage, message.microbatch
-                )
-            }
-            CommOp::Recv { from, message } => {
-                let what = match message.direction {
-                    Direction::Activation => "recv-act",
-                    Direction::Gradient => "recv-grad",
-                };
-                write!(
-                    f,
-                    "{what}(stage {}, mb {}) from rank {from}",
-                    message.to_stage, message.microbatch
-                )
-            }
-        }
+        // A send names the stage that sends, a receive the stage that receives.
+        let (verb, stage, side, peer, message) = match *self {
+            CommOp::Send { to, message } => ("send", message.from_stage, "to", to, message),
+            CommOp::Recv { from, message } => ("recv", message.to_stage, "from", from, message),
+        };
+        let what = match message.direction {
+            Direction::Activation => "act",
+            Direction::Gradient => "grad",
+        };
+        write!(
+            f,
+            "{verb}-{what}(stage {stage}, mb {}) {side} rank {peer}",
+            message.microbatch
+        )
     }
 }
 

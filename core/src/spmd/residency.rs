@@ -13,7 +13,7 @@
 //! - every residency instruction names a stage of the rank.
 
 use crate::ir::ids::{RankId, StageId};
-use crate::ir::op::{OpKind, Task, Work};
+use crate::ir::op::{OpKind, Task};
 use crate::ir::problem::Problem;
 use crate::ir::slots::OpSlots;
 use crate::spmd::program::{Instr, ProgramSet};
@@ -151,9 +151,12 @@ pub fn check_residency(problem: &Problem, set: &ProgramSet) -> Result<(), Locate
     Ok(())
 }
 
-/// The pair of `work`'s dense index, when in range.
-fn pair_of(slots: &OpSlots, work: Work) -> Option<usize> {
-    slots.pair(work.stage, work.microbatch)
+/// The dense pair indices of `task`'s ops of `kind` (those in range).
+fn pairs_of<'a>(slots: &'a OpSlots, task: &Task, kind: OpKind) -> impl Iterator<Item = usize> + 'a {
+    task.ops()
+        .into_iter()
+        .filter(move |op| op.kind == kind)
+        .filter_map(|op| slots.pair(op.stage, op.microbatch))
 }
 
 /// A backward in `task` needs its pair's activations on the device.
@@ -162,21 +165,12 @@ fn backward_finds_activations(
     held: &[Held],
     task: &Task,
 ) -> Result<(), ResidencyFault> {
-    for op in task.ops() {
-        if op.kind != OpKind::InputGrad {
-            continue;
-        }
-        let work = Work {
-            stage: op.stage,
-            microbatch: op.microbatch,
-        };
-        if let Some(pair) = pair_of(slots, work) {
-            if matches!(held[pair], Held::Dropped | Held::Host) {
-                return Err(ResidencyFault::BackwardWithout {
-                    task: *task,
-                    found: place(held[pair]),
-                });
-            }
+    for pair in pairs_of(slots, task, OpKind::InputGrad) {
+        if matches!(held[pair], Held::Dropped | Held::Host) {
+            return Err(ResidencyFault::BackwardWithout {
+                task: *task,
+                found: place(held[pair]),
+            });
         }
     }
     Ok(())
@@ -184,23 +178,15 @@ fn backward_finds_activations(
 
 /// A forward in `task` leaves its pair's activations on the device.
 fn forward_leaves_activations(slots: &OpSlots, held: &mut [Held], task: &Task) {
-    for op in task.ops() {
-        if op.kind != OpKind::Forward {
-            continue;
-        }
-        let work = Work {
-            stage: op.stage,
-            microbatch: op.microbatch,
-        };
-        if let Some(pair) = pair_of(slots, work) {
-            held[pair] = Held::Device { moved: false };
-        }
+    for pair in pairs_of(slots, task, OpKind::Forward) {
+        held[pair] = Held::Device { moved: false };
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::op::Work;
     use crate::spmd::project::{project, ProjectionOptions};
     use crate::testing::plan;
 

@@ -7,7 +7,7 @@
 //!
 //! Parameters, in order: `c_attn.weight`, `c_attn.bias`, `c_proj.weight`, `c_proj.bias`.
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
 use super::linear::{LinearPendingWeightGrad, LinearSaved};
 use super::{composite, composite_weights, held_tensors, Layer, Linear};
@@ -77,11 +77,6 @@ impl Attention {
     /// The number of heads `H`.
     pub fn n_head(&self) -> usize {
         self.n_head
-    }
-
-    /// The element type of the parameters.
-    pub fn dtype(&self) -> DType {
-        self.c_attn.dtype()
     }
 
     /// `1 / √D`, the score scale.
@@ -164,6 +159,7 @@ mod tests {
         assert_matches_finite_difference, check_multi_head_layer, finite_difference,
         invalid_argument, ops, random, run_split, shape_error, weighted_sum,
     };
+    use candle_core::DType;
 
     fn params(d: usize, dtype: DType) -> Vec<Tensor> {
         vec![

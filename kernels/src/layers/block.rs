@@ -11,9 +11,15 @@ use candle_core::{DType, Tensor};
 use super::attention::{AttentionPendingWeightGrad, AttentionSaved};
 use super::layer_norm::{LayerNormPendingWeightGrad, LayerNormSaved};
 use super::mlp::{MlpPendingWeightGrad, MlpSaved};
-use super::{composite, composite_weights, held_tensors, Attention, Layer, LayerNorm, Mlp};
+use super::{
+    composite, composite_weights, held_tensors, Attention, KindDescription, Layer, LayerNorm, Mlp,
+    ModelLayer, Placement,
+};
 use crate::check;
+use crate::config::GptConfig;
 use crate::error::Result;
+use crate::flops::{block_flops, PassFlops};
+use crate::init::{ParameterFactory, INIT_STD};
 use crate::primitives::Primitives;
 
 const LAYER: &str = "Block";
@@ -69,11 +75,6 @@ impl Block {
     /// The model width `d`.
     pub fn width(&self) -> usize {
         self.attn.width()
-    }
-
-    /// The element type of the parameters.
-    pub fn dtype(&self) -> DType {
-        self.attn.dtype()
     }
 }
 
@@ -173,6 +174,43 @@ impl Layer for Block {
     composite_weights!();
 }
 
+/// The model's free layers, `n_layer` of them, spread over the stages.
+impl ModelLayer for Block {
+    const KIND: KindDescription = KindDescription::placed("block", Placement::Any);
+
+    fn count(config: &GptConfig) -> usize {
+        config.n_layer()
+    }
+
+    /// Layer norms weight 1 and bias 0, linear biases 0, linear weights drawn `N(0, 0.02²)`,
+    /// the two `c_proj.weight`s `N(0, (0.02 / √(2·n_layer))²)`.
+    fn build(factory: &ParameterFactory<'_>, config: &GptConfig, index: usize) -> Result<Self> {
+        let d = config.d_model();
+        let prefix = Self::location(index);
+        let residual_std = INIT_STD / (2.0 * config.n_layer() as f64).sqrt();
+        let c_attn = factory.linear(&format!("{prefix}.attn.c_attn"), d, 3 * d, INIT_STD)?;
+        let c_proj = factory.linear(&format!("{prefix}.attn.c_proj"), d, d, residual_std)?;
+        let hidden = config.mlp_hidden();
+        let c_fc = factory.linear(&format!("{prefix}.mlp.c_fc"), d, hidden, INIT_STD)?;
+        let mlp_proj = factory.linear(&format!("{prefix}.mlp.c_proj"), hidden, d, residual_std)?;
+        Block::new(
+            factory.layer_norm(d)?,
+            Attention::new(c_attn, c_proj, config.n_head())?,
+            factory.layer_norm(d)?,
+            Mlp::new(c_fc, mlp_proj)?,
+        )
+    }
+
+    /// `transformer.h.{index}`, `index` the block's global index.
+    fn location(index: usize) -> String {
+        format!("transformer.h.{index}")
+    }
+
+    fn flops(config: &GptConfig, batch: usize, seq_len: usize) -> PassFlops {
+        block_flops(config, batch, seq_len)
+    }
+}
+
 composite!(Block: BlockPendingWeightGrad { ln_1, attn, ln_2, mlp });
 held_tensors!(mut BlockSaved { ln_1, attn, ln_2, mlp });
 held_tensors!(BlockPendingWeightGrad {
@@ -185,7 +223,7 @@ held_tensors!(BlockPendingWeightGrad {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::Linear;
+    use crate::layers::{Linear, NamedParameters};
     use crate::oracle;
     use crate::testing::{check_multi_head_layer, random};
 

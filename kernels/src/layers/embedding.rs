@@ -7,9 +7,13 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{held_tensors, parameters, Layer, NamedParameters};
+use super::{
+    held_tensors, parameters, KindDescription, Layer, ModelLayer, NamedParameters, Placement,
+};
 use crate::check;
+use crate::config::GptConfig;
 use crate::error::{KernelError, Result};
+use crate::init::{ParameterFactory, INIT_STD};
 use crate::primitives::Primitives;
 
 const LAYER: &str = "Embedding";
@@ -60,11 +64,6 @@ impl Embedding {
     /// The model width `d`.
     pub fn width(&self) -> usize {
         self.wte.dims()[1]
-    }
-
-    /// The element type of the parameters (and of the output).
-    pub fn dtype(&self) -> DType {
-        self.wte.dtype()
     }
 
     /// Checks the token ids `[B, T]` (shape, length, range) and returns `(B, T)`.
@@ -145,9 +144,29 @@ impl Layer for Embedding {
         )?;
         Ok(vec![grad_wte, grad_wpe])
     }
+}
 
-    fn parameters(&self) -> Vec<(String, Tensor)> {
-        self.named_parameters()
+/// The model's first layer: it takes the token ids.
+impl ModelLayer for Embedding {
+    const KIND: KindDescription =
+        KindDescription::placed("embedding", Placement::First).taking_token_ids();
+
+    /// `wte` and `wpe` drawn `N(0, 0.02²)`.
+    fn build(factory: &ParameterFactory<'_>, config: &GptConfig, _index: usize) -> Result<Self> {
+        let (vocab, positions, d) = (config.vocab_size(), config.max_seq_len(), config.d_model());
+        Embedding::new(
+            factory.normal("transformer.wte.weight", &[vocab, d], INIT_STD)?,
+            factory.normal("transformer.wpe.weight", &[positions, d], INIT_STD)?,
+        )
+    }
+
+    fn location(_index: usize) -> String {
+        "transformer.wte/wpe".to_string()
+    }
+
+    /// `transformer.wte.weight`, `transformer.wpe.weight`.
+    fn push_model_parameters(&self, _index: usize, out: &mut Vec<(String, Tensor)>) {
+        self.push_parameters("transformer", out);
     }
 }
 

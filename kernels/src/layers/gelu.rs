@@ -3,7 +3,7 @@
 
 use candle_core::Tensor;
 
-use super::{held_tensors, Layer};
+use super::{held_tensors, Layer, NamedParameters};
 use crate::check;
 use crate::error::Result;
 use crate::primitives::Primitives;
@@ -49,10 +49,10 @@ impl Layer for Gelu {
     fn backward_weight(&self, _ops: &dyn Primitives, _pending: ()) -> Result<Vec<Tensor>> {
         Ok(Vec::new())
     }
+}
 
-    fn parameters(&self) -> Vec<(String, Tensor)> {
-        Vec::new()
-    }
+impl NamedParameters for Gelu {
+    fn push_parameters(&self, _prefix: &str, _out: &mut Vec<(String, Tensor)>) {}
 }
 
 held_tensors!(mut GeluSaved { input });

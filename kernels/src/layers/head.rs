@@ -4,12 +4,18 @@
 //!
 //! Parameters, in order: `ln_f.weight`, `ln_f.bias`, `lm_head.weight`.
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
 use super::layer_norm::{LayerNormPendingWeightGrad, LayerNormSaved};
-use super::{concat_grads, held_tensors, parameters, Layer, LayerNorm, NamedParameters};
+use super::{
+    concat_grads, held_tensors, parameters, KindDescription, Layer, LayerNorm, ModelLayer,
+    NamedParameters, Placement,
+};
 use crate::check;
+use crate::config::GptConfig;
 use crate::error::Result;
+use crate::flops::{head_flops, PassFlops};
+use crate::init::{ParameterFactory, INIT_STD};
 use crate::primitives::Primitives;
 
 const LAYER: &str = "Head";
@@ -54,11 +60,6 @@ impl Head {
     /// The model width `d`.
     pub fn width(&self) -> usize {
         self.lm_head.dims()[1]
-    }
-
-    /// The element type of the parameters.
-    pub fn dtype(&self) -> DType {
-        self.lm_head.dtype()
     }
 }
 
@@ -113,9 +114,38 @@ impl Layer for Head {
             vec![ops.matmul_transpose_a(&pending.grad_rows, &pending.normed_rows)?],
         ]))
     }
+}
 
-    fn parameters(&self) -> Vec<(String, Tensor)> {
-        self.named_parameters()
+/// The model's last layer: its logits go to the loss.
+impl ModelLayer for Head {
+    const KIND: KindDescription = KindDescription::placed("head", Placement::Last);
+
+    /// `ln_f` weight 1 and bias 0, `lm_head` drawn `N(0, 0.02²)`.
+    fn build(factory: &ParameterFactory<'_>, config: &GptConfig, _index: usize) -> Result<Self> {
+        let (vocab, d) = (config.vocab_size(), config.d_model());
+        Head::new(
+            factory.layer_norm(d)?,
+            factory.normal("lm_head.weight", &[vocab, d], INIT_STD)?,
+        )
+    }
+
+    fn location(_index: usize) -> String {
+        "transformer.ln_f/lm_head".to_string()
+    }
+
+    /// `transformer.ln_f.weight`, `transformer.ln_f.bias`, `lm_head.weight`: the final norm
+    /// inside `transformer`, the untied projection outside it.
+    fn push_model_parameters(&self, _index: usize, out: &mut Vec<(String, Tensor)>) {
+        out.extend(self.parameters().into_iter().map(|(name, tensor)| {
+            match name.starts_with("ln_f.") {
+                true => (format!("transformer.{name}"), tensor),
+                false => (name, tensor),
+            }
+        }));
+    }
+
+    fn flops(config: &GptConfig, batch: usize, seq_len: usize) -> PassFlops {
+        head_flops(config, batch, seq_len)
     }
 }
 

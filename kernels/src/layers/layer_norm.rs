@@ -4,9 +4,9 @@
 //! The forward saves the normalised input `x̂` and the per-row `rstd`; the input backward needs
 //! both and the weight, the weight backward needs `x̂` and the output gradient.
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
-use super::{held_tensors, parameters, Layer, NamedParameters};
+use super::{held_tensors, parameters, Layer};
 use crate::check;
 use crate::error::Result;
 use crate::primitives::Primitives;
@@ -48,11 +48,6 @@ impl LayerNorm {
     /// The normalised width `n`.
     pub fn features(&self) -> usize {
         self.weight.dims()[0]
-    }
-
-    /// The element type of the parameters.
-    pub fn dtype(&self) -> DType {
-        self.weight.dtype()
     }
 }
 
@@ -99,10 +94,6 @@ impl Layer for LayerNorm {
         let (grad_weight, grad_bias) =
             ops.layer_norm_backward_weight(&pending.grad_output, &pending.normalized)?;
         Ok(vec![grad_weight, grad_bias])
-    }
-
-    fn parameters(&self) -> Vec<(String, Tensor)> {
-        self.named_parameters()
     }
 }
 

@@ -4,9 +4,9 @@
 //! Input backward: `dx = dy · Wᵀ`. Weight backward: `dW = xᵀ · dy`, `db = Σ dy`, summed over all
 //! rows (leading dimensions flattened).
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
-use super::{held_tensors, parameters, with_last_dim, Layer, NamedParameters};
+use super::{held_tensors, parameters, with_last_dim, Layer};
 use crate::check;
 use crate::error::Result;
 use crate::primitives::Primitives;
@@ -52,11 +52,6 @@ impl Linear {
     /// Number of output features.
     pub fn out_features(&self) -> usize {
         self.weight.dims()[1]
-    }
-
-    /// The element type of the parameters (and of inputs and outputs).
-    pub fn dtype(&self) -> DType {
-        self.weight.dtype()
     }
 
     /// The weight `[in, out]`.
@@ -122,10 +117,6 @@ impl Layer for Linear {
         let grad_bias = ops.sum_leading(&pending.grad_rows)?;
         Ok(vec![grad_weight, grad_bias])
     }
-
-    fn parameters(&self) -> Vec<(String, Tensor)> {
-        self.named_parameters()
-    }
 }
 
 parameters!(Linear { "weight" => weight, "bias" => bias });
@@ -143,6 +134,7 @@ mod tests {
     use crate::testing::{
         assert_matches, check_layer_against_oracle, ops, random, shape_error, DTYPES,
     };
+    use candle_core::DType;
 
     fn params(dtype: DType) -> Vec<Tensor> {
         vec![random(1, &[5, 7], 0.5, dtype), random(2, &[7], 0.5, dtype)]

@@ -3,7 +3,7 @@
 //!
 //! Parameters, in order: `c_fc.weight`, `c_fc.bias`, `c_proj.weight`, `c_proj.bias`.
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
 use super::gelu::GeluSaved;
 use super::linear::{LinearPendingWeightGrad, LinearSaved};
@@ -53,11 +53,6 @@ impl Mlp {
     /// The hidden width `h`.
     pub fn hidden(&self) -> usize {
         self.c_fc.out_features()
-    }
-
-    /// The element type of the parameters.
-    pub fn dtype(&self) -> DType {
-        self.c_fc.dtype()
     }
 }
 

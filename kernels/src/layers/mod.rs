@@ -1,4 +1,10 @@
-//! The GPT-2 layers, one per file, and the [`Layer`] protocol they share.
+//! The GPT-2 layers, one per file, the [`Layer`] protocol they share, and the model's layer
+//! kinds in order ([`LayerKind`], [`model_layers`]): each model layer (the embedding, a block,
+//! the head) says in its own file, beside its [`Layer`] impl, where a cut places it, what it
+//! takes, how many the model has, how it is initialised and what its parameters are called
+//! (`model.rs`'s `ModelLayer`), and is registered by one line of `register_layers!` below.
+//! Adding a model layer is its file, its `mod` line and its registration line here; the stage,
+//! the trainer's cut and its profile run every registered kind without naming one.
 //!
 //! The backward of every layer is split in two halves that a pipeline schedule may run at
 //! different times (Zero Bubble's I and W):
@@ -7,7 +13,7 @@
 //! 2. [`Layer::backward_input`] consumes that state and the output gradient, and returns the
 //!    input gradient and a `PendingWeightGrad` state holding what the weight gradient needs;
 //! 3. [`Layer::backward_weight`] consumes that state and returns the weight gradients, one
-//!    tensor per parameter in the order of [`Layer::parameters`].
+//!    tensor per parameter in the order of [`NamedParameters::parameters`].
 //!
 //! Both states are plain values with private fields, not `Clone`: each is moved into the next
 //! call, so the type system forbids running a backward twice on one forward. Nothing is cached
@@ -55,6 +61,7 @@ pub mod head;
 pub mod layer_norm;
 pub mod linear;
 pub mod mlp;
+mod model;
 
 pub use attention::Attention;
 pub use block::Block;
@@ -65,14 +72,25 @@ pub use head::Head;
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub use mlp::Mlp;
+pub use model::{model_layers, LayerId, LayerInput, Placement};
+pub(crate) use model::{InputGradient, KindDescription, ModelLayer};
 
 use candle_core::Tensor;
 
 use crate::error::Result;
 use crate::primitives::Primitives;
 
-/// A layer whose backward is split into an input half and a weight half.
-pub trait Layer {
+// The model's layers, in order: one line per kind (see `model.rs`). A new layer is its own file
+// (its `Layer` and `ModelLayer` impls), its `mod` line above and its line here.
+model::register_layers! {
+    Embedding(Embedding),
+    Block(Block),
+    Head(Head),
+}
+
+/// A layer whose backward is split into an input half and a weight half; its parameters are
+/// those of [`NamedParameters`].
+pub trait Layer: NamedParameters {
     /// What the forward keeps for the backward (consumed by [`Layer::backward_input`]).
     type Saved;
     /// What the input backward keeps for the weight backward (consumed by
@@ -92,15 +110,13 @@ pub trait Layer {
         grad_output: &Tensor,
     ) -> Result<(Self::InputGrad, Self::PendingWeightGrad)>;
 
-    /// Gradients of the loss w.r.t. the parameters, in the order of [`Layer::parameters`].
+    /// Gradients of the loss w.r.t. the parameters, in the order of
+    /// [`NamedParameters::parameters`].
     fn backward_weight(
         &self,
         ops: &dyn Primitives,
         pending: Self::PendingWeightGrad,
     ) -> Result<Vec<Tensor>>;
-
-    /// The parameters with their names relative to the layer (e.g. `c_attn.weight`), in order.
-    fn parameters(&self) -> Vec<(String, Tensor)>;
 }
 
 /// `prefix.name`, or `name` alone when `prefix` is empty (a top-level parameter).
@@ -111,22 +127,25 @@ pub(crate) fn joined(prefix: &str, name: &str) -> String {
     }
 }
 
-/// A layer's parameters with their names, in the order of [`Layer::parameters`] (a [`Tensor`] is
-/// one parameter named by its prefix). Implemented from one declaration per layer, [`parameters!`],
-/// together with [`ParameterSlots`], so that names, slots and gradients cannot fall out of order.
-pub(crate) trait NamedParameters {
+/// A layer's parameters with their names, in order (a [`Tensor`] is one parameter named by its
+/// prefix). Implemented from one declaration per layer, `parameters!` (or `composite!`),
+/// together with the crate's mutable access to them, so that names, slots and gradients cannot
+/// fall out of order.
+pub trait NamedParameters {
     /// Pushes every parameter, its local name prefixed with `prefix.` (unless `prefix` is empty).
     fn push_parameters(&self, prefix: &str, out: &mut Vec<(String, Tensor)>);
 
-    /// The parameters with their local names, in order.
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+    /// The parameters with their names relative to the layer (e.g. `c_attn.weight`), in order:
+    /// the order of [`Layer::backward_weight`]'s gradients.
+    fn parameters(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::new();
         self.push_parameters("", &mut out);
         out
     }
 }
 
-/// Mutable access to a layer's parameter tensors, in the order of [`Layer::parameters`], for
+/// Mutable access to a layer's parameter tensors, in the order of
+/// [`NamedParameters::parameters`], for
 /// [`crate::StageModel::set_parameters`], which checks shapes and dtypes before writing.
 pub(crate) trait ParameterSlots {
     /// Pushes every parameter tensor, mutably.
@@ -147,9 +166,21 @@ impl ParameterSlots for Tensor {
 
 /// Implements [`NamedParameters`] and [`ParameterSlots`] for a layer from its parameter fields in
 /// order, each a tensor or a sub-layer, with its local name: `parameters!(Linear { "weight" =>
-/// weight, "bias" => bias })`.
+/// weight, "bias" => bias })`; and the layer's `dtype()`, its first parameter's (its constructor
+/// holds the others to it).
 macro_rules! parameters {
-    ($layer:ty { $($name:expr => $field:ident),+ $(,)? }) => {
+    ($layer:ty { $first_name:expr => $first:ident $(, $name:expr => $field:ident)* $(,)? }) => {
+        impl $layer {
+            /// The element type of the parameters (and of the activations): the first
+            /// parameter's, which the others share.
+            pub fn dtype(&self) -> candle_core::DType {
+                self.$first.dtype()
+            }
+        }
+
+        $crate::layers::parameters!(@lists $layer { $first_name => $first $(, $name => $field)* });
+    };
+    (@lists $layer:ty { $($name:expr => $field:ident),+ }) => {
         impl $crate::layers::NamedParameters for $layer {
             fn push_parameters(&self, prefix: &str, out: &mut Vec<(String, candle_core::Tensor)>) {
                 $($crate::layers::NamedParameters::push_parameters(
@@ -196,7 +227,7 @@ macro_rules! composite {
 pub(crate) use composite;
 
 /// Inside the [`Layer`] impl of a layer declared with [`composite!`]: its
-/// [`Layer::backward_weight`] and [`Layer::parameters`].
+/// [`Layer::backward_weight`].
 macro_rules! composite_weights {
     () => {
         fn backward_weight(
@@ -206,16 +237,12 @@ macro_rules! composite_weights {
         ) -> $crate::error::Result<Vec<candle_core::Tensor>> {
             self.composite_backward_weight(ops, pending)
         }
-
-        fn parameters(&self) -> Vec<(String, candle_core::Tensor)> {
-            $crate::layers::NamedParameters::named_parameters(self)
-        }
     };
 }
 pub(crate) use composite_weights;
 
 /// A composite layer's weight gradients: its parts' gradients one after another, in the order of
-/// [`Layer::parameters`].
+/// [`NamedParameters::parameters`].
 pub(crate) fn concat_grads<const N: usize>(parts: [Vec<Tensor>; N]) -> Vec<Tensor> {
     parts.into_iter().flatten().collect()
 }
@@ -235,9 +262,9 @@ pub(crate) trait SavedTensorsMut {
 
 /// Implements [`HeldTensors`] for a state from what holds its tensors, in order: the fields of a
 /// struct (`held_tensors!(LinearPendingWeightGrad { input_rows, grad_rows })`, generic ones
-/// bounded by the trait) or the one field of each variant of an enum (`held_tensors!(mut enum
-/// Kind { Full(states), InputOnly(input) })`), each a tensor, a sub-layer's state, or an `Option`
-/// or `Vec` of them. With `mut` first, implements [`SavedTensorsMut`] too, in the same order.
+/// bounded by the trait) or the one field of each variant of an enum (`held_tensors!(enum
+/// Kind { Full(states), InputOnly(input) })`), each a tensor, a sub-layer's state, or a `Vec` of
+/// them. With `mut` first, implements [`SavedTensorsMut`] too, in the same order.
 macro_rules! held_tensors {
     ($state:ident $(<$($generic:ident),+>)? { $($field:ident),+ $(,)? }) => {
         impl$(<$($generic: $crate::layers::HeldTensors),+>)? $crate::layers::HeldTensors
@@ -259,7 +286,7 @@ macro_rules! held_tensors {
             }
         }
     };
-    (mut enum $state:ident { $($variant:ident($inner:ident)),+ $(,)? }) => {
+    (enum $state:ident { $($variant:ident($inner:ident)),+ $(,)? }) => {
         impl $crate::layers::HeldTensors for $state {
             fn tensors<'a>(&'a self, out: &mut Vec<&'a candle_core::Tensor>) {
                 match self {
@@ -267,6 +294,9 @@ macro_rules! held_tensors {
                 }
             }
         }
+    };
+    (mut enum $state:ident { $($variant:ident($inner:ident)),+ $(,)? }) => {
+        $crate::layers::held_tensors!(enum $state { $($variant($inner)),+ });
 
         impl $crate::layers::SavedTensorsMut for $state {
             fn tensors_mut<'a>(&'a mut self, out: &mut Vec<&'a mut candle_core::Tensor>) {
@@ -282,7 +312,7 @@ macro_rules! held_tensors {
 pub(crate) use held_tensors;
 
 /// Implements [`HeldTensors`], [`SavedTensorsMut`] and [`ParameterSlots`] for containers of states
-/// or layers (a stage's optional embedding and head, its blocks): their elements', in order.
+/// or layers (a stage's layers and their states): their elements', in order.
 macro_rules! containers {
     ($($container:ident),+) => {$(
         impl<T: HeldTensors> HeldTensors for $container<T> {
@@ -304,7 +334,7 @@ macro_rules! containers {
         }
     )+};
 }
-containers!(Option, Vec);
+containers!(Vec);
 
 impl HeldTensors for Tensor {
     fn tensors<'a>(&'a self, out: &mut Vec<&'a Tensor>) {

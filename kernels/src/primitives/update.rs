@@ -80,13 +80,26 @@ pub fn adamw_update(
             });
         }
     }
+    let operands = Operands { param, grad, m, v };
     let fused = match (param.device(), param.dtype()) {
-        (Device::Cpu, DType::F32) => fused_update::<f32>(param, grad, m, v, step),
-        (Device::Cpu, DType::F64) => fused_update::<f64>(param, grad, m, v, step),
-        _ => composite_update(param, grad, m, v, step),
+        (Device::Cpu, DType::F32) => fused_update::<f32>(operands, step),
+        (Device::Cpu, DType::F64) => fused_update::<f64>(operands, step),
+        _ => composite_update(operands, step),
     };
     fused.map_err(KernelError::backend(OP))
 }
+
+/// What one AdamW step of one parameter reads: the parameter, its gradient and its moments.
+#[derive(Clone, Copy)]
+struct Operands<'a> {
+    param: &'a Tensor,
+    grad: &'a Tensor,
+    m: &'a Tensor,
+    v: &'a Tensor,
+}
+
+/// The new `(param, m, v)` of a step.
+type Updated = candle_core::Result<(Tensor, Tensor, Tensor)>;
 
 /// `Σ x²` over the elements of a float tensor, in f64: on the CPU one pass with 16 interleaved
 /// partial sums (added in a fixed order, so the same tensor always gives the same bits), else
@@ -187,13 +200,8 @@ impl TensorSum {
 }
 
 /// [`adamw_update`] in one pass over CPU slices.
-fn fused_update<T: Real>(
-    param: &Tensor,
-    grad: &Tensor,
-    m: &Tensor,
-    v: &Tensor,
-    step: &AdamWStep,
-) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+fn fused_update<T: Real>(operands: Operands<'_>, step: &AdamWStep) -> Updated {
+    let Operands { param, grad, m, v } = operands;
     let scalars = step.scalars::<T>();
     let (p1, m1, v1) = with_slice::<T, _>(param, |p| {
         with_slice(grad, |g| {
@@ -205,13 +213,8 @@ fn fused_update<T: Real>(
 }
 
 /// [`adamw_update`] as candle tensor ops (any device and float dtype).
-fn composite_update(
-    param: &Tensor,
-    grad: &Tensor,
-    m: &Tensor,
-    v: &Tensor,
-    step: &AdamWStep,
-) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+fn composite_update(operands: Operands<'_>, step: &AdamWStep) -> Updated {
+    let Operands { param, grad, m, v } = operands;
     let g = grad.affine(step.grad_scale, 0.0)?;
     let m = (m.affine(step.beta1, 0.0)? + g.affine(1.0 - step.beta1, 0.0)?)?;
     let v = (v.affine(step.beta2, 0.0)? + g.sqr()?.affine(1.0 - step.beta2, 0.0)?)?;
@@ -252,7 +255,13 @@ mod tests {
         let (p, g, m) = (make(1), make(2), make(3));
         let v = make(4).sqr().unwrap();
         let fused = adamw_update(&p, &g, &m, &v, &step()).unwrap();
-        let composite = composite_update(&p, &g, &m, &v, &step()).unwrap();
+        let operands = Operands {
+            param: &p,
+            grad: &g,
+            m: &m,
+            v: &v,
+        };
+        let composite = composite_update(operands, &step()).unwrap();
         for (a, b) in [
             (fused.0, composite.0),
             (fused.1, composite.1),

@@ -1,11 +1,14 @@
-//! [`StageModel`]: what one pipeline stage of a GPT holds — an optional [`Embedding`] (first
-//! stage), a run of consecutive [`Block`]s (possibly none), an optional [`Head`] (last stage) —
-//! with the split backward of [`crate::layers`] chained through its layers.
+//! [`StageModel`]: what one pipeline stage of a GPT holds — a run of consecutive layers of the
+//! model ([`crate::layers::model_layers`]: the [`crate::Embedding`] on the first stage, the
+//! [`crate::Block`]s, the [`crate::Head`] on the last; possibly none) — with the split backward
+//! of [`crate::layers`] chained through its layers. The stage names no layer kind: it runs the
+//! registered kinds through one dispatching enum (`layers/model.rs`).
 //!
 //! **Parameter order** (of [`StageModel::parameters`], of the gradients of
-//! [`StageModel::backward_weight`], and of [`StageModel::set_parameters`]): `transformer.wte.weight`,
-//! `transformer.wpe.weight` (if the stage has the embedding); then for each block `i` in order
-//! its 12 parameters `transformer.h.{i}.*` in [`Block`] order; then `transformer.ln_f.weight`,
+//! [`StageModel::backward_weight`], and of [`StageModel::set_parameters`]): the layers' in model
+//! order, each layer's in its own order: `transformer.wte.weight`, `transformer.wpe.weight` (if
+//! the stage has the embedding); then for each block `i` in order its 12 parameters
+//! `transformer.h.{i}.*` in [`crate::Block`] order; then `transformer.ln_f.weight`,
 //! `transformer.ln_f.bias`, `lm_head.weight` (if it has the head). Names and layouts are those
 //! of Hugging Face's `GPT2LMHeadModel` (with an untied `lm_head`), `i` being the global index.
 //!
@@ -24,76 +27,84 @@ use candle_core::{DType, Tensor};
 use crate::check;
 use crate::config::GptConfig;
 use crate::error::{KernelError, Result};
-use crate::init::{block_prefix, ParameterFactory};
-use crate::layers::block::{BlockPendingWeightGrad, BlockSaved};
-use crate::layers::embedding::{EmbeddingPendingWeightGrad, EmbeddingSaved};
-use crate::layers::head::{HeadPendingWeightGrad, HeadSaved};
+use crate::init::ParameterFactory;
 use crate::layers::{
-    held_bytes, held_tensors, Block, Embedding, Head, Layer, NamedParameters, ParameterSlots,
+    held_bytes, held_tensors, model_layers, AnyLayer, AnyPending, AnySaved, LayerId, LayerInput,
+    LayerKind, ParameterSlots, Placement,
 };
 use crate::primitives::{CpuPrimitives, Primitives};
 
 const LAYER: &str = "StageModel";
-const EMBEDDING_LOCATION: &str = "transformer.wte/wpe";
-const HEAD_LOCATION: &str = "transformer.ln_f/lm_head";
 
-/// Which part of the model a stage holds.
+/// Which part of the model a stage holds: a run of consecutive layers of the model's list
+/// ([`model_layers`]: the embedding, the blocks, the head).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StageLayout {
-    has_embedding: bool,
-    blocks: Range<usize>,
-    has_head: bool,
+    span: Range<usize>,
+    layers: Vec<LayerId>,
+    /// Whether the span ends the model (its output is the logits).
+    ends_model: bool,
 }
 
 impl StageLayout {
-    /// A stage with the embedding (if `has_embedding`), the blocks with global indices
-    /// `blocks` (within `0..n_layer`, possibly empty) and the head (if `has_head`).
-    pub fn new(
-        config: &GptConfig,
-        has_embedding: bool,
-        blocks: Range<usize>,
-        has_head: bool,
-    ) -> Result<Self> {
-        if blocks.start > blocks.end || blocks.end > config.n_layer() {
+    /// A stage holding the layers `span` of the model's list ([`model_layers`]; within
+    /// `0..len`, possibly empty).
+    pub fn new(config: &GptConfig, span: Range<usize>) -> Result<Self> {
+        let model = model_layers(config);
+        if span.start > span.end || span.end > model.len() {
             return Err(KernelError::InvalidArgument {
-                field: "blocks",
-                value: format!("{blocks:?}"),
-                reason: "must be an ascending range within 0..n_layer",
+                field: "layers",
+                value: format!("{span:?}"),
+                reason: "must be an ascending range within the model's layers",
             });
         }
         Ok(StageLayout {
-            has_embedding,
-            blocks,
-            has_head,
+            ends_model: span.end == model.len(),
+            layers: model[span.clone()].to_vec(),
+            span,
         })
     }
 
     /// The whole model in one stage.
     pub fn whole_model(config: &GptConfig) -> Self {
+        let layers = model_layers(config);
         StageLayout {
-            has_embedding: true,
-            blocks: 0..config.n_layer(),
-            has_head: true,
+            span: 0..layers.len(),
+            layers,
+            ends_model: true,
         }
     }
 
-    /// Whether the stage holds the embedding (and so takes token ids).
-    pub fn has_embedding(&self) -> bool {
-        self.has_embedding
+    /// The indices of the stage's layers in the model's list.
+    pub fn span(&self) -> Range<usize> {
+        self.span.clone()
     }
 
-    /// The global indices of the stage's blocks.
-    pub fn blocks(&self) -> Range<usize> {
-        self.blocks.clone()
+    /// The stage's layers, in order.
+    pub fn layers(&self) -> &[LayerId] {
+        &self.layers
     }
 
-    /// Whether the stage holds the head (and so returns logits).
-    pub fn has_head(&self) -> bool {
-        self.has_head
+    /// How many of its layers are free ([`Placement::Any`]: the blocks).
+    pub fn free_layers(&self) -> usize {
+        let free = |id: &&LayerId| id.placement() == Placement::Any;
+        self.layers.iter().filter(free).count()
+    }
+
+    /// What the stage takes: what its first layer takes (hidden states where it has none).
+    pub fn input(&self) -> LayerInput {
+        self.layers
+            .first()
+            .map_or(LayerInput::Hidden, |id| id.input())
+    }
+
+    /// Whether the stage holds the model's last layer, and so returns the logits the loss reads.
+    pub fn ends_model(&self) -> bool {
+        self.ends_model
     }
 }
 
-/// One pipeline stage of a GPT: optional embedding, blocks, optional head.
+/// One pipeline stage of a GPT: a run of the model's layers.
 #[derive(Debug, Clone)]
 pub struct StageModel {
     config: GptConfig,
@@ -101,43 +112,14 @@ pub struct StageModel {
     dtype: DType,
     recompute: bool,
     ops: Arc<dyn Primitives>,
-    embedding: Option<Embedding>,
-    blocks: Vec<Block>,
-    head: Option<Head>,
+    /// One per entry of the layout, in order.
+    layers: Vec<AnyLayer>,
 }
-
-/// One entry per layer of a stage, in forward order: the layers' saved states or their pending
-/// weight-gradient states.
-#[derive(Debug)]
-struct PerLayer<E, B, H> {
-    embedding: Option<E>,
-    blocks: Vec<B>,
-    head: Option<H>,
-}
-
-impl<E, B, H> PerLayer<E, B, H> {
-    fn empty() -> Self {
-        PerLayer {
-            embedding: None,
-            blocks: Vec::new(),
-            head: None,
-        }
-    }
-
-    /// Whether there is an embedding entry, the number of block entries, whether there is a head
-    /// entry.
-    fn layout(&self) -> (bool, usize, bool) {
-        let (embedding, head) = (self.embedding.is_some(), self.head.is_some());
-        (embedding, self.blocks.len(), head)
-    }
-}
-
-/// The saved states of every layer of a stage, in forward order.
-type LayerStates = PerLayer<EmbeddingSaved, BlockSaved, HeadSaved>;
 
 #[derive(Debug)]
 enum SavedKind {
-    Full(LayerStates),
+    /// Every layer's saved state, in forward order.
+    Full(Vec<AnySaved>),
     InputOnly(Tensor),
 }
 
@@ -147,13 +129,12 @@ pub struct StageSaved {
     kind: SavedKind,
 }
 
-/// What [`StageModel::backward_weight`] needs, per layer.
+/// What [`StageModel::backward_weight`] needs, per layer in forward order.
 #[derive(Debug)]
 pub struct StagePendingWeightGrad {
-    layers: PerLayer<EmbeddingPendingWeightGrad, BlockPendingWeightGrad, HeadPendingWeightGrad>,
+    layers: Vec<AnyPending>,
 }
 
-held_tensors!(mut PerLayer<E, B, H> { embedding, blocks, head });
 held_tensors!(mut StageSaved { kind });
 held_tensors!(StagePendingWeightGrad { layers });
 
@@ -189,34 +170,21 @@ impl StageModel {
         ops: Arc<dyn Primitives>,
     ) -> Result<Self> {
         check_dtype(dtype)?;
-        StageLayout::new(
-            &config,
-            layout.has_embedding,
-            layout.blocks(),
-            layout.has_head,
-        )?;
+        // The layout read against this model (it may have been made for another).
+        let layout = StageLayout::new(&config, layout.span())?;
         let factory = ParameterFactory::new(ops.as_ref(), seed, dtype);
-        let embedding = match layout.has_embedding {
-            true => Some(factory.embedding(&config)?),
-            false => None,
-        };
-        let blocks = layout
-            .blocks()
-            .map(|index| factory.block(&config, index))
+        let layers = layout
+            .layers()
+            .iter()
+            .map(|id| id.kind().build(&factory, &config, id.index()))
             .collect::<Result<Vec<_>>>()?;
-        let head = match layout.has_head {
-            true => Some(factory.head(&config)?),
-            false => None,
-        };
         Ok(StageModel {
             config,
             layout,
             dtype,
             recompute: false,
             ops,
-            embedding,
-            blocks,
-            head,
+            layers,
         })
     }
 
@@ -283,59 +251,36 @@ impl StageModel {
             SavedKind::Full(states) => states,
             SavedKind::InputOnly(input) => self.run_layers(&input, true)?.1,
         };
-        self.check_layer_count("saved", states.layout())?;
+        self.check_states("saved", states.iter().map(AnySaved::kind))?;
         let ops = self.ops.as_ref();
-        let mut grad = grad_output.clone();
-        let head = match (&self.head, states.head) {
-            (Some(layer), Some(saved)) => Some(backward_input_at(
-                ops,
-                layer,
-                saved,
-                &mut grad,
-                HEAD_LOCATION,
-            )?),
-            _ => None,
-        };
-        let mut blocks = Vec::with_capacity(self.blocks.len());
-        for (offset, (layer, saved)) in self.blocks.iter().zip(states.blocks).enumerate().rev() {
-            let location = self.block_location(offset);
-            blocks.push(backward_input_at(ops, layer, saved, &mut grad, &location)?);
+        let mut grad = Some(grad_output.clone());
+        let mut pending = Vec::with_capacity(self.layers.len());
+        for ((id, layer), saved) in self.located().zip(states).rev() {
+            // Only a layer taking token ids hands no gradient back, and it comes first.
+            let grad_output = grad.take().ok_or_else(|| KernelError::InvalidArgument {
+                field: "layout",
+                value: id.label(),
+                reason: "follows a layer whose input has no gradient",
+            })?;
+            let (grad_input, state) = layer
+                .backward_input(ops, saved, &grad_output)
+                .map_err(|e| e.at(id.location()))?;
+            grad = grad_input;
+            pending.push(state);
         }
-        blocks.reverse();
-        let (grad_input, embedding) = match (&self.embedding, states.embedding) {
-            (Some(layer), Some(saved)) => {
-                let ((), pending) = layer
-                    .backward_input(ops, saved, &grad)
-                    .map_err(|e| e.at(EMBEDDING_LOCATION))?;
-                (None, Some(pending))
-            }
-            _ => (Some(grad), None),
-        };
-        let layers = PerLayer {
-            embedding,
-            blocks,
-            head,
-        };
-        Ok((grad_input, StagePendingWeightGrad { layers }))
+        pending.reverse();
+        Ok((grad, StagePendingWeightGrad { layers: pending }))
     }
 
     /// The weight gradients, one per parameter in the order of [`StageModel::parameters`].
     pub fn backward_weight(&self, pending: StagePendingWeightGrad) -> Result<Vec<Tensor>> {
         let pending = pending.layers;
-        self.check_layer_count("pending", pending.layout())?;
+        self.check_states("pending", pending.iter().map(AnyPending::kind))?;
         let ops = self.ops.as_ref();
         let mut grads = Vec::new();
-        if let (Some(layer), Some(pending)) = (&self.embedding, pending.embedding) {
+        for ((id, layer), pending) in self.located().zip(pending) {
             let layer_grads = layer.backward_weight(ops, pending);
-            grads.extend(layer_grads.map_err(|e| e.at(EMBEDDING_LOCATION))?);
-        }
-        for (offset, (layer, pending)) in self.blocks.iter().zip(pending.blocks).enumerate() {
-            let layer_grads = layer.backward_weight(ops, pending);
-            grads.extend(layer_grads.map_err(|e| e.at(self.block_location(offset)))?);
-        }
-        if let (Some(layer), Some(pending)) = (&self.head, pending.head) {
-            let layer_grads = layer.backward_weight(ops, pending);
-            grads.extend(layer_grads.map_err(|e| e.at(HEAD_LOCATION))?);
+            grads.extend(layer_grads.map_err(|e| e.at(id.location()))?);
         }
         Ok(grads)
     }
@@ -343,21 +288,31 @@ impl StageModel {
     /// The parameters with their Hugging Face `GPT2LMHeadModel` names, in order.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
         let mut params = Vec::new();
-        if let Some(embedding) = &self.embedding {
-            embedding.push_parameters("transformer", &mut params);
-        }
-        for (offset, block) in self.blocks.iter().enumerate() {
-            block.push_parameters(&self.block_location(offset), &mut params);
-        }
-        if let Some(head) = &self.head {
-            params.extend(head.parameters().into_iter().map(|(name, tensor)| {
-                match name.starts_with("ln_f.") {
-                    true => (format!("transformer.{name}"), tensor),
-                    false => (name, tensor),
-                }
-            }));
+        for (id, layer) in self.located() {
+            layer.push_model_parameters(id.index(), &mut params);
         }
         params
+    }
+
+    /// The names and shapes of the parameters a stage of `config` holding `layout` has, in the
+    /// order of [`StageModel::parameters`], without drawing or keeping their values (what a
+    /// checkpoint of the model holds).
+    pub fn parameter_shapes(
+        config: &GptConfig,
+        layout: &StageLayout,
+    ) -> Result<Vec<(String, Vec<usize>)>> {
+        let ops = CpuPrimitives::new();
+        let factory = ParameterFactory::shapes_only(&ops, DType::F32);
+        let layout = StageLayout::new(config, layout.span())?;
+        let mut params = Vec::new();
+        for &id in layout.layers() {
+            let layer = id.kind().build(&factory, config, id.index())?;
+            layer.push_model_parameters(id.index(), &mut params);
+        }
+        let shapes = params
+            .into_iter()
+            .map(|(name, t)| (name, t.dims().to_vec()));
+        Ok(shapes.collect())
     }
 
     /// The parameter names, in order.
@@ -386,45 +341,45 @@ impl StageModel {
                 .map_err(|e| e.at(name))?;
         }
         let mut slots = Vec::new();
-        self.embedding.push_slots(&mut slots);
-        self.blocks.push_slots(&mut slots);
-        self.head.push_slots(&mut slots);
+        self.layers.push_slots(&mut slots);
         for (slot, value) in slots.into_iter().zip(values) {
             *slot = value;
         }
         Ok(())
     }
 
-    /// The GPT-2 name of the stage's block at `offset` (its global index is shifted).
-    fn block_location(&self, offset: usize) -> String {
-        block_prefix(self.layout.blocks.start + offset)
+    /// Every layer with its place in the model.
+    fn located(&self) -> impl DoubleEndedIterator<Item = (LayerId, &AnyLayer)> + ExactSizeIterator {
+        self.layout.layers().iter().copied().zip(&self.layers)
     }
 
-    /// Fails unless a saved or pending state has one entry per layer of this stage.
-    fn check_layer_count(
+    /// Fails unless a saved or pending state has one entry per layer of this stage, each of
+    /// the layer's kind.
+    fn check_states(
         &self,
         field: &'static str,
-        (has_embedding, blocks, has_head): (bool, usize, bool),
+        kinds: impl Iterator<Item = LayerKind>,
     ) -> Result<()> {
-        let matches = has_embedding == self.embedding.is_some()
-            && blocks == self.blocks.len()
-            && has_head == self.head.is_some();
-        if matches {
+        let kinds: Vec<LayerKind> = kinds.collect();
+        if kinds
+            .iter()
+            .copied()
+            .eq(self.layers.iter().map(AnyLayer::kind))
+        {
             return Ok(());
         }
+        let names: Vec<&str> = kinds.iter().map(|kind| kind.name()).collect();
         Err(KernelError::InvalidArgument {
             field,
-            value: format!(
-                "state of (embedding: {has_embedding}, blocks: {blocks}, head: {has_head})"
-            ),
+            value: format!("state of layers [{}]", names.join(", ")),
             reason: "was produced by a stage with another layout",
         })
     }
 
     /// Checks the stage input: token ids for a first stage, else hidden states `[B, T, d]`.
     fn check_input(&self, input: &Tensor) -> Result<()> {
-        if self.embedding.is_some() {
-            return Ok(()); // the embedding checks its ids itself
+        if self.layout.input() == LayerInput::TokenIds {
+            return Ok(()); // the first layer checks its ids itself
         }
         let checked = check::named(LAYER, "input", input);
         checked.rank_is(3, "[B, T, d] hidden states")?;
@@ -442,55 +397,22 @@ impl StageModel {
     }
 
     /// The forward through every layer; keeps the layer states only if `keep_states`.
-    fn run_layers(&self, input: &Tensor, keep_states: bool) -> Result<(Tensor, LayerStates)> {
+    fn run_layers(&self, input: &Tensor, keep_states: bool) -> Result<(Tensor, Vec<AnySaved>)> {
         self.check_input(input)?;
         let ops = self.ops.as_ref();
-        let mut states = LayerStates::empty();
+        let mut states = Vec::with_capacity(if keep_states { self.layers.len() } else { 0 });
         let mut hidden = input.clone();
-        if let Some(embedding) = &self.embedding {
-            let saved = forward_at(ops, embedding, &mut hidden, EMBEDDING_LOCATION)?;
-            states.embedding = keep_states.then_some(saved);
-        }
-        for (offset, block) in self.blocks.iter().enumerate() {
-            let saved = forward_at(ops, block, &mut hidden, &self.block_location(offset))?;
+        for (id, layer) in self.located() {
+            let (output, saved) = layer
+                .forward(ops, &hidden)
+                .map_err(|e| e.at(id.location()))?;
+            hidden = output;
             if keep_states {
-                states.blocks.push(saved);
+                states.push(saved);
             }
-        }
-        if let Some(head) = &self.head {
-            let saved = forward_at(ops, head, &mut hidden, HEAD_LOCATION)?;
-            states.head = keep_states.then_some(saved);
         }
         Ok((hidden, states))
     }
-}
-
-/// `layer`'s forward on `hidden`, which becomes the output; errors located at `location`.
-fn forward_at<L: Layer>(
-    ops: &dyn Primitives,
-    layer: &L,
-    hidden: &mut Tensor,
-    location: &str,
-) -> Result<L::Saved> {
-    let (output, saved) = layer.forward(ops, hidden).map_err(|e| e.at(location))?;
-    *hidden = output;
-    Ok(saved)
-}
-
-/// `layer`'s input backward from `grad`, which becomes the input gradient; errors located at
-/// `location`.
-fn backward_input_at<L: Layer<InputGrad = Tensor>>(
-    ops: &dyn Primitives,
-    layer: &L,
-    saved: L::Saved,
-    grad: &mut Tensor,
-    location: &str,
-) -> Result<L::PendingWeightGrad> {
-    let (grad_input, pending) = layer
-        .backward_input(ops, saved, grad)
-        .map_err(|e| e.at(location))?;
-    *grad = grad_input;
-    Ok(pending)
 }
 
 fn check_dtype(dtype: DType) -> Result<()> {

@@ -17,6 +17,23 @@ fn config() -> GptConfig {
     GptConfig::new(2, 8, 2, 8).unwrap()
 }
 
+/// The stage of `blocks` (global indices), after the embedding and before the head where asked:
+/// a span of the model's layers `[embedding, blocks.., head]`.
+fn stage_layout(
+    config: &GptConfig,
+    embedding: bool,
+    blocks: Range<usize>,
+    head: bool,
+) -> StageLayout {
+    let start = if embedding { 0 } else { 1 + blocks.start };
+    let end = if head {
+        config.n_layer() + 2
+    } else {
+        1 + blocks.end
+    };
+    StageLayout::new(config, start..end).unwrap()
+}
+
 /// The whole model of [`config`] in one stage, initialised from `seed`.
 fn whole_model(seed: u64, dtype: DType) -> StageModel {
     StageModel::new(config(), StageLayout::whole_model(&config()), seed, dtype).unwrap()
@@ -137,7 +154,7 @@ fn recompute_is_bit_identical() {
         assert_all_bit_identical("recomputed weight gradient", &again.grads, &plain.grads);
 
         // A middle stage: the input gradient too.
-        let layout = StageLayout::new(&config(), false, 0..2, false).unwrap();
+        let layout = stage_layout(&config(), false, 0..2, false);
         let middle = StageModel::new(config(), layout, 3, dtype).unwrap();
         let input = random(5, &[2, 6, 8], 1.0, dtype);
         let grad_output = random(6, &[2, 6, 8], 1.0, dtype);
@@ -157,7 +174,7 @@ fn recompute_is_bit_identical() {
 fn dropped_and_offloaded_states_give_bit_identical_gradients() {
     for dtype in DTYPES {
         for (embedding, head) in [(true, false), (false, false), (false, true)] {
-            let layout = StageLayout::new(&config(), embedding, 0..2, head).unwrap();
+            let layout = stage_layout(&config(), embedding, 0..2, head);
             let stage = StageModel::new(config(), layout, 3, dtype).unwrap();
             let input = if embedding {
                 random_ids(4, &[2, 6], 256)
@@ -207,8 +224,8 @@ fn two_stages_equal_one() {
     let (ids, targets) = batch();
     for dtype in DTYPES {
         let whole = whole_model(5, dtype);
-        let first = StageLayout::new(&config(), true, 0..1, false).unwrap();
-        let last = StageLayout::new(&config(), false, 1..2, true).unwrap();
+        let first = stage_layout(&config(), true, 0..1, false);
+        let last = stage_layout(&config(), false, 1..2, true);
         let stage_0 = StageModel::new(config(), first, 5, dtype).unwrap();
         let stage_1 = StageModel::new(config(), last, 5, dtype).unwrap();
 
@@ -270,7 +287,7 @@ fn same_seed_gives_the_same_weights_for_any_split() {
     let whole = StageModel::new(config, StageLayout::whole_model(&config), 1, DType::F32).unwrap();
     let middle = StageModel::new(
         config,
-        StageLayout::new(&config, false, 2..4, false).unwrap(),
+        stage_layout(&config, false, 2..4, false),
         1,
         DType::F32,
     )
@@ -320,9 +337,29 @@ fn initialisation_follows_gpt2() {
 }
 
 #[test]
+fn parameter_shapes_are_the_parameters_without_values() {
+    let config = GptConfig::new(3, 8, 2, 8).unwrap();
+    for layout in [
+        StageLayout::whole_model(&config),
+        StageLayout::new(&config, 2..5).unwrap(),
+    ] {
+        let model = StageModel::new(config, layout.clone(), 0, DType::F32).unwrap();
+        let expected: Vec<(String, Vec<usize>)> = model
+            .parameters()
+            .into_iter()
+            .map(|(name, t)| (name, t.dims().to_vec()))
+            .collect();
+        assert_eq!(
+            StageModel::parameter_shapes(&config, &layout).unwrap(),
+            expected
+        );
+    }
+}
+
+#[test]
 fn names_use_global_block_indices() {
     let config = GptConfig::new(4, 8, 2, 8).unwrap();
-    let layout = StageLayout::new(&config, false, 2..4, true).unwrap();
+    let layout = stage_layout(&config, false, 2..4, true);
     let names = StageModel::new(config, layout, 0, DType::F32)
         .unwrap()
         .parameter_names();
@@ -337,7 +374,7 @@ fn names_use_global_block_indices() {
             "lm_head.weight"
         ]
     );
-    let first = StageLayout::new(&config, true, 0..0, false).unwrap();
+    let first = stage_layout(&config, true, 0..0, false);
     let names = StageModel::new(config, first, 0, DType::F32)
         .unwrap()
         .parameter_names();
@@ -346,7 +383,7 @@ fn names_use_global_block_indices() {
 
 #[test]
 fn a_stage_without_layers_passes_through() {
-    let layout = StageLayout::new(&config(), false, 1..1, false).unwrap();
+    let layout = stage_layout(&config(), false, 1..1, false);
     let empty = StageModel::new(config(), layout, 0, DType::F64).unwrap();
     let input = random(1, &[2, 3, 8], 1.0, DType::F64);
     let (output, saved) = empty.forward(&input).unwrap();
@@ -399,7 +436,7 @@ fn bad_inputs_are_typed_errors() {
         err
     );
 
-    let layout = StageLayout::new(&config(), false, 0..2, true).unwrap();
+    let layout = stage_layout(&config(), false, 0..2, true);
     let rest = StageModel::new(config(), layout, 0, DType::F32).unwrap();
     let err = rest
         .forward(&random(1, &[2, 3, 7], 1.0, DType::F32))
@@ -433,8 +470,8 @@ fn bad_inputs_are_typed_errors() {
     let err = rest.backward_input(foreign, &logits).unwrap_err();
     assert_eq!(invalid_argument(&err), "saved");
 
-    let err = StageLayout::new(&config(), false, 1..3, false).unwrap_err();
-    assert_eq!(invalid_argument(&err), "blocks");
+    let err = StageLayout::new(&config(), 2..5).unwrap_err();
+    assert_eq!(invalid_argument(&err), "layers");
     let err =
         StageModel::new(config(), StageLayout::whole_model(&config()), 0, DType::U32).unwrap_err();
     assert_eq!(invalid_argument(&err), "dtype");

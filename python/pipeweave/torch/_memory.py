@@ -58,67 +58,61 @@ def parameter_keys(modules: Iterable[torch.nn.Module]) -> Set[StorageKey]:
     return keys
 
 
+class _Holdings:
+    """The storages saved tensors hold in one memory of a ledger (the device's storages, or the
+    host copies of offloaded ones): each with how many saved tensors hold it and its bytes, and
+    their total. Takes the ledger's lock; tells the ledger whenever the total changes."""
+
+    def __init__(self, ledger: "_Ledger") -> None:
+        self._ledger = ledger
+        self.entries: Dict[Any, List[int]] = {}  # key -> [holders, bytes]
+        self.bytes = 0
+
+    def hold(self, key: Any, nbytes: int) -> None:
+        """One more saved tensor holds storage `key` of `nbytes`."""
+        with self._ledger.lock:
+            entry = self.entries.get(key)
+            if entry is None:
+                self.entries[key] = [1, nbytes]
+                self.bytes += nbytes
+                self._ledger._notify()
+            else:
+                entry[0] += 1
+
+    def release(self, key: Any) -> None:
+        """A saved tensor let go of storage `key`."""
+        with self._ledger.lock:
+            entry = self.entries.get(key)
+            if entry is None:
+                return
+            entry[0] -= 1
+            if entry[0] == 0:
+                del self.entries[key]
+                self.bytes -= entry[1]
+                self._ledger._notify()
+
+
 class _Ledger:
     """Per process: each storage held by saved activations, with how many saved tensors hold it,
     on the device and on the host; the totals; and the meters that follow them."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.device: Dict[StorageKey, List[int]] = {}  # key -> [holders, bytes]
-        self.host: Dict[int, List[int]] = {}  # id of a host copy -> [holders, bytes]
-        self.device_bytes = 0
-        self.host_bytes = 0
+        self.device = _Holdings(self)  # keys: StorageKey
+        self.host = _Holdings(self)  # keys: the id of a host copy
         self.meters: "weakref.WeakSet[SavedActivationMeter]" = weakref.WeakSet()
+
+    @property
+    def device_bytes(self) -> int:
+        return self.device.bytes
+
+    @property
+    def host_bytes(self) -> int:
+        return self.host.bytes
 
     def _notify(self) -> None:
         for meter in list(self.meters):
             meter._observe(self.device_bytes, self.host_bytes)
-
-    def hold(self, key: StorageKey, nbytes: int) -> None:
-        """One more saved tensor holds device storage `key` of `nbytes`."""
-        with self.lock:
-            entry = self.device.get(key)
-            if entry is None:
-                self.device[key] = [1, nbytes]
-                self.device_bytes += nbytes
-                self._notify()
-            else:
-                entry[0] += 1
-
-    def release(self, key: StorageKey) -> None:
-        """A saved tensor let go of device storage `key`."""
-        with self.lock:
-            entry = self.device.get(key)
-            if entry is None:
-                return
-            entry[0] -= 1
-            if entry[0] == 0:
-                del self.device[key]
-                self.device_bytes -= entry[1]
-                self._notify()
-
-    def hold_host(self, key: int, nbytes: int) -> None:
-        """One more saved tensor holds the host copy `key` of `nbytes`."""
-        with self.lock:
-            entry = self.host.get(key)
-            if entry is None:
-                self.host[key] = [1, nbytes]
-                self.host_bytes += nbytes
-                self._notify()
-            else:
-                entry[0] += 1
-
-    def release_host(self, key: int) -> None:
-        """A saved tensor let go of the host copy `key`."""
-        with self.lock:
-            entry = self.host.get(key)
-            if entry is None:
-                return
-            entry[0] -= 1
-            if entry[0] == 0:
-                del self.host[key]
-                self.host_bytes -= entry[1]
-                self._notify()
 
 
 LEDGER = _Ledger()
@@ -135,11 +129,11 @@ class _Counted:
         self.tensor = tensor.detach()
         self.key = key
         if key is not None:
-            LEDGER.hold(key, storage_nbytes(tensor))
+            LEDGER.device.hold(key, storage_nbytes(tensor))
 
     def __del__(self) -> None:
         if self.key is not None:
-            LEDGER.release(self.key)
+            LEDGER.device.release(self.key)
 
 
 class SavedActivationMeter:

@@ -137,18 +137,18 @@ class _Holder:
         self.host: Optional[torch.Tensor] = None
         self.meta: Any = None
         if counted and key is not None:
-            LEDGER.hold(key, storage_nbytes(tensor))
+            LEDGER.device.hold(key, storage_nbytes(tensor))
 
     def _let_go(self) -> None:
         """Stops counting the device tensor (before it is dropped or moved)."""
         if self.counted and self.tensor is not None and self.key is not None:
-            LEDGER.release(self.key)
+            LEDGER.device.release(self.key)
 
     def __del__(self) -> None:
         try:
             self._let_go()
             if self.host is not None:
-                LEDGER.release_host(id(self.host))
+                LEDGER.host.release(id(self.host))
         except Exception:  # interpreter shutdown
             pass
 
@@ -266,7 +266,7 @@ class _Frame:
                 h.tensor = t
                 h.key = storage_key(t)
                 if h.key is not None:
-                    LEDGER.hold(h.key, storage_nbytes(t))
+                    LEDGER.device.hold(h.key, storage_nbytes(t))
         self.args = self.kwargs = None
 
     # ------------------------------------------------------------------ offload
@@ -292,7 +292,7 @@ class _Frame:
                 h._let_go()
                 h.tensor = None
                 h.host = host
-                LEDGER.hold_host(id(host), nbytes)
+                LEDGER.host.hold(id(host), nbytes)
 
     def reload(self) -> None:
         """The plan's RELOAD: the offloaded tensors come back to the device, once per storage."""
@@ -310,8 +310,8 @@ class _Frame:
             h.tensor = t
             h.key = storage_key(t)
             if h.key is not None:
-                LEDGER.hold(h.key, storage_nbytes(t))
-            LEDGER.release_host(id(host))
+                LEDGER.device.hold(h.key, storage_nbytes(t))
+            LEDGER.host.release(id(host))
             h.host = None
 
 

@@ -1,7 +1,8 @@
 //! Helpers shared by the train crate's integration tests.
 #![allow(dead_code)]
 
-use pipeweave_core::{CostModel, MemoryModel, Plan, ProblemSpec, StageCosts};
+use pipeweave_core::testing::unit_plan_scaled;
+use pipeweave_core::Plan;
 use pipeweave_transforms::compile_expression;
 
 /// The verified plan of `expression` on `ranks` ranks and `microbatches` microbatches, unit costs.
@@ -11,20 +12,7 @@ pub fn plan(expression: &str, ranks: u32, microbatches: u32) -> Plan {
 
 /// [`plan`] with microbatch `m`'s costs scaled by `scales[m]` (variable-length microbatches).
 pub fn plan_scaled(expression: &str, ranks: u32, microbatches: u32, scales: Vec<f64>) -> Plan {
-    let problem = ProblemSpec::builder()
-        .ranks(ranks)
-        .microbatches(microbatches)
-        .build()
-        .validate()
-        .unwrap();
-    let start = Plan::unscheduled(
-        problem,
-        CostModel::uniform(ranks, StageCosts::default(), 0.0)
-            .and_then(|c| c.with_microbatch_scales(scales))
-            .unwrap(),
-        MemoryModel::uniform(ranks, Default::default()),
-    )
-    .unwrap();
+    let start = unit_plan_scaled(ranks, microbatches, scales);
     compile_expression(expression)
         .and_then(|passes| passes.run(start))
         .unwrap_or_else(|e| panic!("{expression}: {e}"))

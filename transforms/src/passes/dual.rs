@@ -183,20 +183,11 @@ impl Pass for Dual {
     }
 
     fn contract(&self) -> Contract {
-        Contract {
-            requires: Requires {
-                pacing: &[Pacing::OneForwardOneBackward],
-                layout: &[LayoutKind::Linear, LayoutKind::Interleaved],
-                whole_backwards: true,
-                residency: Requires::KEPT,
-            },
-            changes: Changes {
-                placement: true,
-                layout: true,
-                ..Changes::default()
-            },
-            establishes: Some(LayoutKind::Dual),
-        }
+        let requires = Requires::paced(&[Pacing::OneForwardOneBackward])
+            .on_layouts(&[LayoutKind::Linear, LayoutKind::Interleaved])
+            .with_whole_backwards();
+        Contract::new(requires, Changes::PLACEMENT.and(Changes::LAYOUT))
+            .establishing(LayoutKind::Dual)
     }
 
     /// The plan stays as it is where one microbatch cannot fill two routes, or where no

@@ -31,39 +31,35 @@ impl F1b {
     pub const NAME: &'static str = "f1b";
 }
 
+/// Every rank's order of `plan` rewritten to 1F1B: rank `r` of `P` keeps `P - r - 1` forwards as
+/// warm-up, then alternates (see the module doc).
+fn one_f_one_b(plan: &Plan) -> Vec<Vec<Task>> {
+    let ranks = plan.problem().ranks() as usize;
+    plan.orders()
+        .iter()
+        .enumerate()
+        .map(|(r, order)| {
+            let (forwards, backwards): (Vec<Task>, Vec<Task>) =
+                order.iter().partition(|t| t.is_forward());
+            warmup_merge(&forwards, &backwards, ranks - r - 1)
+        })
+        .collect()
+}
+
 impl Pass for F1b {
     fn name(&self) -> &str {
         Self::NAME
     }
 
     fn contract(&self) -> Contract {
-        Contract {
-            requires: Requires {
-                pacing: &[Pacing::FillDrain],
-                layout: &[LayoutKind::Linear],
-                whole_backwards: true,
-                residency: Requires::KEPT,
-            },
-            changes: Changes {
-                pacing: true,
-                ..Changes::default()
-            },
-            establishes: None,
-        }
+        let requires = Requires::paced(&[Pacing::FillDrain])
+            .on_layouts(&[LayoutKind::Linear])
+            .with_whole_backwards();
+        Contract::new(requires, Changes::PACING)
     }
 
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
-        let ranks = plan.problem().ranks() as usize;
-        let orders = plan
-            .orders()
-            .iter()
-            .enumerate()
-            .map(|(r, order)| {
-                let (forwards, backwards): (Vec<Task>, Vec<Task>) =
-                    order.iter().partition(|t| t.is_forward());
-                warmup_merge(&forwards, &backwards, ranks - r - 1)
-            })
-            .collect();
+        let orders = one_f_one_b(&plan);
         repaced(Self::NAME, plan, orders, Pacing::OneForwardOneBackward)
     }
 }

@@ -17,7 +17,7 @@ use super::repaced;
 use crate::error::TransformError;
 use crate::order::fill_drain;
 use crate::pass::{Changes, Contract, Pass, Requires};
-use pipeweave_core::{LayoutKind, Pacing, Plan};
+use pipeweave_core::{Pacing, Plan};
 
 /// The GPipe baseline pass, `gpipe`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -34,19 +34,7 @@ impl Pass for Gpipe {
     }
 
     fn contract(&self) -> Contract {
-        Contract {
-            requires: Requires {
-                pacing: &[Pacing::Unscheduled],
-                layout: LayoutKind::ALL,
-                whole_backwards: false,
-                residency: Requires::KEPT,
-            },
-            changes: Changes {
-                pacing: true,
-                ..Changes::default()
-            },
-            establishes: None,
-        }
+        Contract::new(Requires::paced(&[Pacing::Unscheduled]), Changes::PACING)
     }
 
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {

@@ -21,7 +21,7 @@ pub use gpipe::Gpipe;
 pub use offload::Offload;
 pub use recompute::Recompute;
 pub use relief::{Relief, ReliefStrategy};
-pub use vpp::Vpp;
+pub use vpp::{Vpp, VppOrder};
 pub use zero_bubble::{Policy, ZeroBubble};
 
 use crate::error::TransformError;

@@ -19,7 +19,10 @@
 //! estimates; repeated until the plan fits. While breaks remain, a reload lands late (right after
 //! the last break of its window, often right before its backward); once the plan fits, each
 //! reload in turn moves as early as the limit allows, or to where it is issued just in time for
-//! its backward, where a simulation shows the plan no slower for it.
+//! its backward, where a simulation shows the plan no slower for it. The estimates decide alone
+//! (the relief loop's default of one proposal simulated per step): the estimate of a transfer's
+//! stalls ranks them as well as a simulation does (measured over 1F1B and ZB-V, unit and latency
+//! costs), at a third of the time.
 //!
 //! The pass is [`Relief<Offload>`](super::Relief) (`relief.rs`: the argument, the contract and
 //! the limit it shares with `recompute`); this file holds the strategy.
@@ -40,6 +43,7 @@
 //! ```
 
 use super::relief::ReliefStrategy;
+use crate::pass::Requires;
 use crate::schedules::relief::{issued_at, reordered, Proposal, Step, Window, EPSILON};
 use pipeweave_core::{held_during, simulate, OpKind, Plan, RankId, Residency, Simulation, Task};
 
@@ -67,50 +71,32 @@ fn start_of(simulation: &Simulation, rank: usize, position: usize) -> f64 {
 impl ReliefStrategy for Offload {
     const NAME: &'static str = "offload";
     const DONE: &'static str = "offloaded";
-    /// One: the estimate of a transfer's stalls ranks them as well as a simulation does
-    /// (measured over 1F1B and ZB-V, unit and latency costs), at a third of the time.
-    const TRIES: usize = 1;
     /// Kept, or recomputed (left as they are).
-    const ACCEPTS: &'static [Residency] = &[
-        Residency::KEPT,
-        Residency {
-            recomputed: true,
-            offloaded: false,
-        },
-    ];
+    const ACCEPTS: &'static [Residency] = Requires::KEPT_OR_RECOMPUTED;
 
-    /// One proposal per candidate: offloaded after its forward, reloaded after the last break of
-    /// its window; estimated by the stalls its transfers would cause on an idle link.
-    fn propose(&self, step: &Step<'_>) -> Vec<Proposal> {
-        let costs = step.plan.costs();
-        let memory = step.plan.memory().stages();
-        let timeline = &step.simulation.timeline()[step.at.rank];
-        let order = step.order();
-        step.candidates
-            .iter()
-            .map(|window| {
-                let transfer = costs.task_duration(&Task::Offload(window.work));
-                let reload_at = step.last_break_in(window) + 1;
-                let offloaded = timeline[window.forward].end + transfer;
-                let fence_stall = (window.forward + 1..order.len())
-                    .find(|&p| order[p].allocates())
-                    .map_or(0.0, |p| {
-                        let waits = offloaded - start_of(step.simulation, step.at.rank, p);
-                        (waits - step.slack[p]).max(0.0)
-                    });
-                let issued = issued_at(step.simulation, step.at.rank, reload_at);
-                let backward = start_of(step.simulation, step.at.rank, window.backward);
-                let reload_stall =
-                    (issued + transfer - backward - step.slack[window.backward]).max(0.0);
-                Proposal {
-                    estimate: fence_stall + reload_stall,
-                    relieves: memory[window.work.stage.index()].total(),
-                    frees: window.forward + 1..reload_at,
-                    work: window.work,
-                    inserted: transfers(window, reload_at),
-                }
-            })
-            .collect()
+    /// The pair offloaded after its forward and reloaded after the last break of its window,
+    /// estimated by the stalls its transfers would cause on an idle link.
+    fn propose(&self, step: &Step<'_>, window: &Window) -> Proposal {
+        let (simulation, rank, order) = (step.simulation, step.at.rank, step.order());
+        let transfer = step.plan.costs().task_duration(&Task::Offload(window.work));
+        let reload_at = step.last_break_in(window) + 1;
+        let offloaded = simulation.timeline()[rank][window.forward].end + transfer;
+        let fence_stall = (window.forward + 1..order.len())
+            .find(|&p| order[p].allocates())
+            .map_or(0.0, |p| {
+                let waits = offloaded - start_of(simulation, rank, p);
+                (waits - step.slack[p]).max(0.0)
+            });
+        let issued = issued_at(simulation, rank, reload_at);
+        let backward = start_of(simulation, rank, window.backward);
+        let reload_stall = (issued + transfer - backward - step.slack[window.backward]).max(0.0);
+        Proposal {
+            estimate: fence_stall + reload_stall,
+            relieves: step.plan.memory().stages()[window.work.stage.index()].total(),
+            frees: window.forward + 1..reload_at,
+            work: window.work,
+            inserted: transfers(window, reload_at),
+        }
     }
 
     fn relieve_whole(&self, window: &Window) -> Vec<(usize, Task)> {

@@ -19,7 +19,7 @@
 use crate::error::TransformError;
 use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::relief::{floor, relieve, stuck_error, target_limit, Proposal, Step, Window};
-use pipeweave_core::{LayoutKind, Pacing, Plan, Residency, Task};
+use pipeweave_core::{Plan, Residency, Task};
 use std::fmt::Debug;
 
 /// What a relief pass does to the pairs it relieves: recompute them, offload them, or a
@@ -29,13 +29,14 @@ pub trait ReliefStrategy: Copy + Debug + PartialEq + Send + Sync + 'static {
     const NAME: &'static str;
     /// What the strategy does to a pair, as errors say it (`recomputed`, `offloaded`).
     const DONE: &'static str;
-    /// Proposals simulated per step of the relief loop (see [`relieve`]).
-    const TRIES: usize;
+    /// Proposals simulated per step of the relief loop (see [`relieve`]); by default one: the
+    /// estimates decide alone, and every break of a rank is relieved in one sweep.
+    const TRIES: usize = 1;
     /// The residencies the pass accepts: activations kept, or relieved by other strategies only.
     const ACCEPTS: &'static [Residency];
 
-    /// One proposal per candidate of `step`, with its estimated cost.
-    fn propose(&self, step: &Step<'_>) -> Vec<Proposal>;
+    /// The proposal for `window`, one of `step`'s candidates, with its estimated cost.
+    fn propose(&self, step: &Step<'_>, window: &Window) -> Proposal;
 
     /// The tasks that relieve `window`'s pair over its whole window (what the least the
     /// strategy can reach is measured with).
@@ -85,21 +86,8 @@ impl<S: ReliefStrategy> Pass for Relief<S> {
 
     fn contract(&self) -> Contract {
         Contract::new(
-            Requires {
-                pacing: &[
-                    Pacing::FillDrain,
-                    Pacing::OneForwardOneBackward,
-                    Pacing::Custom,
-                ],
-                layout: LayoutKind::ALL,
-                whole_backwards: false,
-                residency: S::ACCEPTS,
-            },
-            Changes {
-                residency: true,
-                memory_limit: true,
-                ..Changes::default()
-            },
+            Requires::paced(Requires::SCHEDULED).with_residency(S::ACCEPTS),
+            Changes::RESIDENCY.and(Changes::MEMORY_LIMIT),
         )
     }
 
@@ -113,7 +101,8 @@ impl<S: ReliefStrategy> Pass for Relief<S> {
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
         let limit = target_limit(self.memory, &plan)?;
         let fitted = relieve(plan.clone(), limit, S::TRIES, |step| {
-            self.strategy.propose(step)
+            let propose = |window| self.strategy.propose(step, window);
+            step.candidates.iter().map(propose).collect()
         })
         .map_err(|stuck| {
             let least = floor(&plan, |window| self.strategy.relieve_whole(window));

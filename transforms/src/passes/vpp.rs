@@ -28,13 +28,20 @@
 //!   forwards flow down the ranks and chunk-1 forwards back up, so a warm-up that shrinks in one
 //!   direction would starve the other).
 //! - after `gpipe`: all forwards in table order, then all backwards (breadth-first).
+//! - after `f1b`, standard layout, an explicit `group` below `P` (or `order=block` with any
+//!   group, default `P`): PipeOffload's group building block ([`crate::schedules::group_block`],
+//!   sail-sg's `group_interleaved_1f1b.py` op for op), whose smaller groups keep fewer
+//!   activations in flight for `offload` to move; its backwards are meant to be split in place
+//!   (`zero_bubble(...)`), as the block runs each W right after its B. `order=megatron` keeps
+//!   Megatron's table and its rules on the group.
 //!
 //! Requires: fill-drain (`gpipe`) or one-forward-one-backward (`f1b`) pacing on the linear layout,
 //! whole backwards. Preconditions: `chunks >= 1` (`chunks = 1` leaves the plan as it is);
-//! `layout = v` needs `chunks = 2`; an explicit `group` with `chunks >= 2` follows Megatron's
-//! rules on every layout after `f1b`: `P <= group <= M` and `M mod group` is 0 or at least `P`
-//! (otherwise the last group has dependency bubbles); after `gpipe` (breadth-first) it must not
-//! exceed `M`.
+//! `layout = v` needs `chunks = 2`; an explicit `group >= P` with `chunks >= 2` follows
+//! Megatron's rules on every layout after `f1b`: `P <= group <= M` and `M mod group` is 0 or at
+//! least `P` (otherwise the last group has dependency bubbles); the building block needs
+//! `group <= M`, the standard layout and a block that exists for the sizes; after `gpipe`
+//! (breadth-first) the group must not exceed `M`.
 //! May change: placement (stages, stage-to-rank), per-stage costs and memory, the layout (to
 //! interleaved), and the orders; the pacing stays.
 //!
@@ -52,6 +59,7 @@ use super::relaid;
 use crate::error::TransformError;
 use crate::order::warmup_merge_with;
 use crate::pass::{Changes, Contract, Pass, Requires};
+use crate::schedules::group_block::{self, ShareCosts};
 use crate::schedules::zbv::v_one_f_one_b;
 use pipeweave_core::ir::problem::{MAX_STAGES, MAX_STAGE_MICROBATCH_PAIRS};
 use pipeweave_core::{simulate, verify_schedule, TOLERANCE};
@@ -70,6 +78,32 @@ pub struct Vpp {
     chunks: u32,
     group: Option<u32>,
     placement: ChunkPlacement,
+    order: VppOrder,
+}
+
+/// Which interleaved order `vpp` builds after `f1b` on the standard layout (`order=...`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VppOrder {
+    /// Megatron's schedule table where its rules accept the group, PipeOffload's building block
+    /// for an explicit group below the rank count (the default).
+    #[default]
+    Auto,
+    /// Megatron's schedule table (`order=megatron`): a group below the rank count is refused.
+    Megatron,
+    /// PipeOffload's group building block (`order=block`,
+    /// [`crate::schedules::group_block`]), for any group (default `P`).
+    Block,
+}
+
+impl VppOrder {
+    /// The argument's word.
+    pub fn name(self) -> &'static str {
+        match self {
+            VppOrder::Auto => "auto",
+            VppOrder::Megatron => "megatron",
+            VppOrder::Block => "block",
+        }
+    }
 }
 
 impl Vpp {
@@ -107,7 +141,32 @@ impl Vpp {
             chunks,
             group,
             placement,
+            order: VppOrder::Auto,
         })
+    }
+
+    /// The same pass, building `order`; the block needs the standard layout.
+    pub fn with_order(self, order: VppOrder) -> Result<Vpp, TransformError> {
+        if order == VppOrder::Block && self.placement == ChunkPlacement::V {
+            return Err(TransformError::precondition(
+                Self::NAME,
+                "order = block needs layout = standard",
+                "layout = v",
+            ));
+        }
+        Ok(Vpp { order, ..self })
+    }
+
+    /// Whether the orders come from PipeOffload's building block on a plan of `ranks` ranks:
+    /// asked for, or an explicit group below the ranks under the default order.
+    fn uses_block(&self, ranks: u32) -> bool {
+        match self.order {
+            VppOrder::Block => true,
+            VppOrder::Megatron => false,
+            VppOrder::Auto => {
+                self.placement == ChunkPlacement::Standard && self.group.is_some_and(|g| g < ranks)
+            }
+        }
     }
 
     /// Number of chunks per rank.
@@ -209,6 +268,11 @@ impl Vpp {
         if self.placement == ChunkPlacement::V && default_group {
             return v_one_f_one_b(p, m);
         }
+        if self.uses_block(p) {
+            if let Some(orders) = self.block_orders(plan) {
+                return orders;
+            }
+        }
         if let Some(g) = self.group {
             return self.table_orders(p, m, g, true);
         }
@@ -216,6 +280,32 @@ impl Vpp {
             return self.table_orders(p, m, p, true);
         }
         self.generalised_orders(plan, shape)
+    }
+
+    /// PipeOffload's building block with the pass's group (default `P`) and the minimum group of
+    /// the plan's per-rank costs; `None` where no block exists for the sizes (refused by
+    /// [`Vpp::check`] before the rewrite).
+    fn block_orders(&self, plan: &Plan) -> Option<Vec<Vec<Task>>> {
+        let problem = plan.problem();
+        let (p, m) = (problem.ranks(), problem.microbatches());
+        let shares: Vec<ShareCosts> = plan
+            .costs()
+            .stages()
+            .iter()
+            .map(|s| ShareCosts {
+                forward: s.forward(),
+                input: s.input_grad(),
+                weight: s.weight_grad(),
+            })
+            .collect();
+        let group = self.group.unwrap_or(p);
+        group_block::orders(
+            p,
+            m,
+            self.chunks,
+            group,
+            group_block::minimum_group(&shares),
+        )
     }
 
     /// Interleaved 1F1B for sizes Megatron refuses (`M < P`, or `M mod P` below `P`): Megatron's
@@ -352,27 +442,25 @@ impl Pass for Vpp {
     }
 
     fn contract(&self) -> Contract {
-        Contract {
-            requires: Requires {
-                pacing: &[Pacing::FillDrain, Pacing::OneForwardOneBackward],
-                layout: &[LayoutKind::Linear],
-                whole_backwards: true,
-                residency: Requires::KEPT,
-            },
-            changes: Changes {
-                placement: true,
-                layout: true,
-                ..Changes::default()
-            },
-            establishes: Some(LayoutKind::Interleaved),
-        }
+        let requires = Requires::paced(&[Pacing::FillDrain, Pacing::OneForwardOneBackward])
+            .on_layouts(&[LayoutKind::Linear])
+            .with_whole_backwards();
+        Contract::new(requires, Changes::PLACEMENT.and(Changes::LAYOUT))
+            .establishing(LayoutKind::Interleaved)
     }
 
     fn describe(&self) -> String {
         let layout = self.placement.name();
+        let order = match self.order {
+            VppOrder::Auto => String::new(),
+            other => format!(", order={}", other.name()),
+        };
         match self.group {
-            Some(g) => format!("vpp(chunks={}, group={g}, layout={layout})", self.chunks),
-            None => format!("vpp(chunks={}, layout={layout})", self.chunks),
+            Some(g) => format!(
+                "vpp(chunks={}, group={g}, layout={layout}{order})",
+                self.chunks
+            ),
+            None => format!("vpp(chunks={}, layout={layout}{order})", self.chunks),
         }
     }
 
@@ -391,8 +479,12 @@ impl Vpp {
     /// The preconditions that need the plan: its size once split, and an explicit `group`.
     fn check(&self, plan: &Plan) -> Result<(), TransformError> {
         self.check_size(plan.problem())?;
+        let one_f_one_b = plan.facts().pacing == Pacing::OneForwardOneBackward;
+        if self.chunks >= 2 && one_f_one_b && self.uses_block(plan.problem().ranks()) {
+            return self.check_block(plan);
+        }
         if let Some(group) = self.group.filter(|_| self.chunks >= 2) {
-            if plan.facts().pacing == Pacing::OneForwardOneBackward {
+            if one_f_one_b {
                 self.check_megatron_group(plan.problem(), group)?;
             } else if group > plan.problem().microbatches() {
                 // Breadth-first orders only need the group to exist.
@@ -404,6 +496,30 @@ impl Vpp {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// The building block's preconditions: a group within the microbatches and a block that
+    /// exists for the sizes.
+    fn check_block(&self, plan: &Plan) -> Result<(), TransformError> {
+        let (p, m) = (plan.problem().ranks(), plan.problem().microbatches());
+        let group = self.group.unwrap_or(p);
+        if group > m {
+            return Err(TransformError::unmet(
+                "group <= microbatches",
+                format!("group = {group}, microbatches = {m}"),
+            ));
+        }
+        if self.block_orders(plan).is_none() {
+            return Err(TransformError::unmet(
+                "PipeOffload's building block exists for the sizes (no two ops of a rank share a \
+                 slot of the block, the warm-up offset stays below the ranks)",
+                format!(
+                    "ranks = {p}, chunks = {}, group = {group}: another group, or order = megatron",
+                    self.chunks
+                ),
+            ));
         }
         Ok(())
     }

@@ -7,7 +7,8 @@
 //! - `h1`: ZB-H1, memory as the input schedule (see [`crate::schedules::lagged`]);
 //! - `h2`: ZB-H2, about twice 1F1B's activations, near zero bubble;
 //! - `auto` (with `memory=N`, or `auto(N)`): cost-model driven. Candidates are the input order,
-//!   `h1`, `h2` (non-dual plans), the handcrafted ZB-V and sail-sg's ZB-V search (V placement,
+//!   the input with each backward split in place (its W right after its I), `h1`, `h2` (non-dual
+//!   plans), the handcrafted ZB-V and sail-sg's ZB-V search (V placement,
 //!   [`crate::schedules::zbv`], [`crate::schedules::zbv_auto`]), DeepSeek's order (dual plans)
 //!   and the list scheduler of [`crate::schedules::greedy`] in several variants; each is verified
 //!   and simulated, those within the memory limit compete and the shortest longest per-rank span
@@ -56,12 +57,12 @@ use crate::schedules::controllable::Controllable;
 use crate::schedules::dualpipe::DualShape;
 use crate::schedules::greedy::{self, FillWaits, InFlight, Variant};
 use crate::schedules::ladder::fastest_within;
-use crate::schedules::lagged::{lagged_orders, Hand};
+use crate::schedules::lagged::{lagged_orders, split_in_place, Hand};
 use crate::schedules::refine::refine;
 use crate::schedules::score::{refine_budget, Scored};
 use crate::schedules::zbv::{zbv_orders, Cooldown};
 use crate::schedules::zbv_auto::zbv_auto_orders;
-use pipeweave_core::{max_peak, Backwards, Facts, LayoutKind, Pacing, Plan, Task};
+use pipeweave_core::{max_peak, Backwards, Facts, Pacing, Plan, Task};
 
 /// How `zero_bubble` places weight gradients.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -196,8 +197,8 @@ fn best_greedy(plan: &Plan, limit: f64, dual: bool, bound: f64) -> Option<Vec<Ve
     best.map(|b| b.orders)
 }
 
-/// The handcrafted candidates of `auto`: the input order and DeepSeek's (dual plans), or `h1`,
-/// `h2` and, on the V placement, ZB-V and sail-sg's ZB-V search within `limit` (other plans).
+/// The handcrafted candidates of `auto`: the input order and DeepSeek's (dual plans), or the
+/// input with its backwards split in place, `h1`, `h2` and, on the V placement, ZB-V and sail-sg's ZB-V search within `limit` (other plans).
 fn handcrafted(
     plan: &Plan,
     dual: Option<DualShape>,
@@ -208,6 +209,7 @@ fn handcrafted(
     match dual {
         Some(shape) => candidates.push(shape.orders(plan, true)),
         None => {
+            candidates.push(split_in_place(plan.orders()));
             for hand in [Hand::H1, Hand::H2] {
                 if let Ok(orders) = lagged_orders(plan, hand) {
                     candidates.push(orders);
@@ -308,20 +310,10 @@ impl Pass for ZeroBubble {
     }
 
     fn contract(&self) -> Contract {
-        Contract {
-            requires: Requires {
-                pacing: &[Pacing::OneForwardOneBackward],
-                layout: LayoutKind::ALL,
-                whole_backwards: true,
-                residency: Requires::KEPT,
-            },
-            changes: Changes {
-                backwards: true,
-                memory_limit: true,
-                ..Changes::default()
-            },
-            establishes: None,
-        }
+        Contract::new(
+            Requires::paced(&[Pacing::OneForwardOneBackward]).with_whole_backwards(),
+            Changes::BACKWARDS.and(Changes::MEMORY_LIMIT),
+        )
     }
 
     fn describe(&self) -> String {
@@ -376,8 +368,9 @@ impl ZeroBubble {
                 };
                 let orders = lagged_orders(plan, hand).map_err(|e| {
                     TransformError::unmet(
-                        "plain forwards and full backwards",
-                        format!("rank {} runs {}", e.rank, e.task),
+                        "plain forwards and full backwards in a warm-up / steady / cool-down \
+                         order (no input gradient moved ahead of its forward)",
+                        format!("on rank {}, {} {}", e.rank, e.task, e.why),
                     )
                 })?;
                 Ok(Prepared::Orders(orders))

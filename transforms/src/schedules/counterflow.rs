@@ -30,7 +30,7 @@
 //! routes, placement, costs and memory, so it takes any layout; `dual` uses it on DualPipe's.
 
 use crate::schedules::greedy::FillWaits;
-use crate::schedules::kernel::{self, ChoiceRule, Decision, Timeline};
+use crate::schedules::kernel::{self, activation, ChoiceRule, Decision, Timeline};
 use crate::schedules::refine::refine;
 use crate::schedules::score::{refine_budget, Scored};
 use pipeweave_core::ir::problem::Route;
@@ -314,15 +314,6 @@ impl<'a> CounterFlow<'a> {
         }
     }
 
-    /// The activation memory one forward on `stage` takes.
-    fn activation(&self, stage: StageId) -> f64 {
-        self.plan
-            .memory()
-            .stages()
-            .get(stage.index())
-            .map_or(0.0, |m| m.total())
-    }
-
     /// The steps rank `r`'s lanes may run next, with when each could start, and whether memory
     /// kept a forward back.
     fn candidates(&self, timeline: &Timeline<'_>, r: usize) -> (Vec<Candidate>, bool) {
@@ -331,7 +322,7 @@ impl<'a> CounterFlow<'a> {
         let mut out = Vec::new();
         for (i, lane) in rank.lanes.iter().enumerate() {
             for step in lane.heads() {
-                let fits = timeline.fits(r, self.activation(lane.stage), self.budget);
+                let fits = timeline.fits(r, activation(self.plan, lane.stage), self.budget);
                 if matches!(step, Step::Forward(_)) && !fits {
                     blocked = true;
                     continue;

@@ -16,7 +16,7 @@
 //! many forwards as memory and the first backward's arrival allow, then one F and one B per round,
 //! Ws into waits and when memory runs out); `zero_bubble(policy=auto)` tries several variants.
 
-use crate::schedules::kernel::{self, Agenda, ChoiceRule, Decision, Time, Timeline};
+use crate::schedules::kernel::{self, activation, Agenda, ChoiceRule, Decision, Time, Timeline};
 use crate::schedules::score::Score;
 use pipeweave_core::{Op, OpKind, Plan, StageId, Task, Work, TOLERANCE};
 use std::collections::VecDeque;
@@ -279,14 +279,6 @@ impl<'a> Greedy<'a> {
         }
     }
 
-    fn total(&self, stage: StageId) -> f64 {
-        self.plan
-            .memory()
-            .stages()
-            .get(stage.index())
-            .map_or(0.0, |m| m.total())
-    }
-
     /// What rank `r` could run at time `t`.
     fn candidates(&mut self, timeline: &Timeline<'_>, r: usize, t: f64) -> Candidates {
         let mut next_known = f64::INFINITY;
@@ -340,7 +332,7 @@ impl<'a> Greedy<'a> {
                     }
                 }
             };
-            let extra = self.total(stage) + self.reserved(r, k);
+            let extra = activation(self.plan, stage) + self.reserved(r, k);
             let within = timeline.fits(r, extra, self.limit);
             let fits = within && rank.in_flight < rank.in_flight_cap;
             if at > t + TOLERANCE {
@@ -373,7 +365,7 @@ impl<'a> Greedy<'a> {
             .filter(|(j, s)| {
                 self.stage_microbatches[s.index()].len() > rank.next_forward[k + 1 + j]
             })
-            .map(|(_, s)| self.total(*s))
+            .map(|(_, s)| activation(self.plan, *s))
             .sum::<f64>()
     }
 
@@ -395,7 +387,7 @@ impl<'a> Greedy<'a> {
         });
         let overlap_fits = c
             .forward
-            .is_some_and(|(_, f)| timeline.fits(r, self.total(f.stage), self.limit));
+            .is_some_and(|(_, f)| timeline.fits(r, activation(self.plan, f.stage), self.limit));
         match (c.input, c.forward) {
             (Some(backward), Some((k, forward))) if self.variant.overlap && overlap_fits => {
                 Some(Choice::Overlapped {
@@ -542,22 +534,7 @@ impl ChoiceRule for Greedy<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pipeweave_core::{CostModel, MemoryModel, ProblemSpec, StageCosts};
-
-    fn linear(ranks: u32, microbatches: u32) -> Plan {
-        let problem = ProblemSpec::builder()
-            .ranks(ranks)
-            .microbatches(microbatches)
-            .build()
-            .validate()
-            .unwrap();
-        Plan::unscheduled(
-            problem,
-            CostModel::uniform(ranks, StageCosts::default(), 0.0).unwrap(),
-            MemoryModel::uniform(ranks, Default::default()),
-        )
-        .unwrap()
-    }
+    use pipeweave_core::testing::unit_plan;
 
     fn variant() -> Variant {
         Variant {
@@ -571,7 +548,7 @@ mod tests {
 
     #[test]
     fn schedules_every_op_within_the_memory_limit() {
-        let plan = linear(4, 8);
+        let plan = unit_plan(4, 8);
         let found = schedule(&plan, 4.0, variant()).unwrap();
         let ops: usize = found.orders.iter().flatten().map(|t| t.ops().len()).sum();
         assert_eq!(ops, 4 * 8 * 3);
@@ -590,7 +567,7 @@ mod tests {
 
     #[test]
     fn too_little_memory_or_a_beaten_bound_gives_up() {
-        let plan = linear(2, 4);
+        let plan = unit_plan(2, 4);
         assert!(schedule(&plan, 0.5, variant()).is_none());
         assert!(schedule_within(&plan, 4.0, variant(), 1.0).is_none());
     }

@@ -173,19 +173,7 @@ mod tests {
         let config = (4, 8);
         let plan = crate::compile_expression("f1b(gpipe)")
             .unwrap()
-            .run(
-                pipeweave_core::Plan::unscheduled(
-                    pipeweave_core::ProblemSpec::builder()
-                        .ranks(config.0)
-                        .microbatches(config.1)
-                        .build()
-                        .validate()
-                        .unwrap(),
-                    pipeweave_core::CostModel::uniform(4, Default::default(), 0.0).unwrap(),
-                    pipeweave_core::MemoryModel::uniform(4, Default::default()),
-                )
-                .unwrap(),
-            )
+            .run(pipeweave_core::testing::unit_plan(config.0, config.1))
             .unwrap();
         let searched = std::sync::atomic::AtomicUsize::new(0);
         let found = fastest_within(&plan, 1e12, &SearchCache::new(), |_, _| {

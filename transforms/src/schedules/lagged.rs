@@ -29,9 +29,13 @@ pub struct NotWarmupOrder {
     pub rank: usize,
     /// The task that does not fit.
     pub task: Task,
+    /// Why: not a plain forward or a full backward, or ahead of its own forward once rewritten.
+    pub why: &'static str,
 }
 
-/// Rewrites every rank's order of `plan`; fails on a task other than F or B.
+/// Rewrites every rank's order of `plan`; fails on a task other than F or B, and on an order
+/// too far from warm-up / steady / cool-down (interleaving in groups smaller than the ranks) for
+/// the rewrite: one that would move an input gradient ahead of its own forward.
 pub fn lagged_orders(plan: &Plan, hand: Hand) -> Result<Vec<Vec<Task>>, NotWarmupOrder> {
     let mut split: Vec<(Vec<Work>, Vec<Work>, usize)> = Vec::with_capacity(plan.orders().len());
     for (rank, order) in plan.orders().iter().enumerate() {
@@ -45,7 +49,13 @@ pub fn lagged_orders(plan: &Plan, hand: Hand) -> Result<Vec<Vec<Task>>, NotWarmu
                     warmup.get_or_insert(forwards.len());
                     backwards.push(w);
                 }
-                other => return Err(NotWarmupOrder { rank, task: other }),
+                other => {
+                    return Err(NotWarmupOrder {
+                        rank,
+                        task: other,
+                        why: "is not a plain forward or a full backward",
+                    })
+                }
             }
         }
         let base = warmup.unwrap_or(forwards.len());
@@ -56,7 +66,7 @@ pub fn lagged_orders(plan: &Plan, hand: Hand) -> Result<Vec<Vec<Task>>, NotWarmu
         split.push((forwards, backwards, warmup));
     }
     let deepest = split.iter().map(|(_, _, w)| *w).max().unwrap_or(0);
-    Ok(split
+    let orders: Vec<Vec<Task>> = split
         .into_iter()
         .map(|(forwards, backwards, warmup)| {
             let lag = deepest - warmup;
@@ -85,5 +95,47 @@ pub fn lagged_orders(plan: &Plan, hand: Hand) -> Result<Vec<Vec<Task>>, NotWarmu
             );
             out
         })
-        .collect())
+        .collect();
+    for (rank, order) in orders.iter().enumerate() {
+        if let Some(task) = ahead_of_its_forward(order) {
+            return Err(NotWarmupOrder {
+                rank,
+                task,
+                why: "would run before its own forward",
+            });
+        }
+    }
+    Ok(orders)
+}
+
+/// Every rank's order with each full backward split in place: its input gradient, then right
+/// after it its weight gradient (the activations held as before; the gradient leaves for the
+/// previous stage after the I instead of after the whole backward).
+pub fn split_in_place(orders: &[Vec<Task>]) -> Vec<Vec<Task>> {
+    orders
+        .iter()
+        .map(|order| {
+            let mut out = Vec::with_capacity(order.len() * 3 / 2);
+            for &task in order {
+                match task {
+                    Task::Backward(w) => out.extend([Task::InputGrad(w), Task::WeightGrad(w)]),
+                    other => out.push(other),
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+/// The first input gradient of `order` that comes before its own forward, if any.
+fn ahead_of_its_forward(order: &[Task]) -> Option<Task> {
+    let mut forwarded = std::collections::HashSet::with_capacity(order.len() / 3);
+    order.iter().find_map(|task| match *task {
+        Task::Forward(w) => {
+            forwarded.insert(w);
+            None
+        }
+        Task::InputGrad(w) if !forwarded.contains(&w) => Some(*task),
+        _ => None,
+    })
 }

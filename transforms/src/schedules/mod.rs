@@ -1,5 +1,5 @@
 //! Order generators and rewriters that passes share: DualPipe's phases, Zero Bubble's lagged
-//! weight gradients, the handcrafted ZB-V order, V-Half and V-Min, the cost-model-driven list scheduler behind
+//! weight gradients, the handcrafted ZB-V order, PipeOffload's group building block ([`group_block`]), V-Half and V-Min, the cost-model-driven list scheduler behind
 //! `zero_bubble(policy=auto)`, the critical-path local search, the score they compete on, and the
 //! memory relief `recompute` and `offload` share; and, for microbatches of different costs,
 //! which data goes into which microbatch slot ([`microbatch_order`]).
@@ -13,6 +13,7 @@ pub mod controllable;
 pub mod counterflow;
 pub mod dualpipe;
 pub mod greedy;
+pub mod group_block;
 pub mod kernel;
 pub mod ladder;
 pub mod lagged;

@@ -120,19 +120,7 @@ fn misplaced_recomputes_and_transfers_are_named() {
 
 #[test]
 fn a_plan_missing_almost_everything_lists_a_bounded_report() {
-    let problem = crate::ir::problem::ProblemSpec::builder()
-        .ranks(1)
-        .microbatches(4000)
-        .build()
-        .validate()
-        .unwrap();
-    let plan = Plan::new(
-        problem,
-        crate::ir::cost::CostModel::uniform(1, Default::default(), 0.0).unwrap(),
-        crate::ir::memory::MemoryModel::uniform(1, Default::default()),
-        vec![vec!["0F0".parse().unwrap()]],
-    )
-    .unwrap();
+    let plan = crate::testing::plan(4000, &["0F0"]);
     let found = violations(&plan);
     assert_eq!(found.len(), MAX_LISTED + 1);
     assert_eq!(

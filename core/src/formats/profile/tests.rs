@@ -2,6 +2,7 @@
 //! figures of cuts and layouts it gives through its layer table.
 
 use super::*;
+use crate::ir::facts::tests::placed;
 use crate::ir::layers::LayerLayout;
 use serde_json::json;
 
@@ -27,23 +28,23 @@ fn profile() -> Profile {
     layers.push(layer("output", LayerPlacement::Last, 3.0, 2000));
     let mut extra = Map::new();
     extra.insert("width".into(), json!(64));
+    let model = ProfiledModel {
+        name: Some("toy".to_string()),
+        seq_len: Some(32),
+        microbatch_size: Some(2),
+        dtype: Some("f32".to_string()),
+        extra,
+    };
+    let send = SendProfile {
+        bytes: 64,
+        seconds: 0.01,
+    };
     Profile {
-        format: PROFILE_FORMAT.to_string(),
-        model: ProfiledModel {
-            name: Some("toy".to_string()),
-            seq_len: Some(32),
-            microbatch_size: Some(2),
-            dtype: Some("f32".to_string()),
-            extra,
-        },
-        threads_per_rank: 1,
+        model,
         repeats: 3,
-        calibrated: false,
         layers,
-        send: SendProfile {
-            bytes: 64,
-            seconds: 0.01,
-        },
+        send,
+        ..plain(0)
     }
 }
 
@@ -63,6 +64,13 @@ fn plain(n: usize) -> Profile {
             seconds: 0.0,
         },
     }
+}
+
+/// Why [`profile`] with layer `k` placed `placement` is refused.
+fn refusal_with(k: usize, placement: LayerPlacement) -> String {
+    let mut p = profile();
+    p.layers[k].placement = placement;
+    p.validate().unwrap_err().to_string()
 }
 
 #[test]
@@ -104,16 +112,9 @@ fn a_stage_is_charged_the_larger_of_what_its_forward_and_its_input_gradient_leav
 
 #[test]
 fn a_layout_gives_every_position_its_own_layers() {
-    use crate::ir::problem::ProblemSpec;
     let p = profile();
     // The V placement on 2 ranks: rank 0 holds positions 0 and 3, rank 1 positions 1 and 2.
-    let v = ProblemSpec::builder()
-        .ranks(2)
-        .microbatches(4)
-        .stage_to_rank(vec![0, 1, 1, 0])
-        .build()
-        .validate()
-        .unwrap();
+    let v = placed(2, vec![0, 1, 1, 0]);
     let shares = LayerLayout::new(p.table().unwrap(), Some(vec![1, 3]), 3100.0).unwrap();
     assert_eq!(shares.positions_of(&v), Some(vec![1, 2, 1, 0]));
     let (costs, memory) = shares.stages_of(&v).unwrap().unwrap();
@@ -127,13 +128,7 @@ fn a_layout_gives_every_position_its_own_layers() {
     assert_eq!(even.positions_of(&v), Some(vec![1, 1, 1, 1]));
     // Interleaved: rank 0 holds positions 0 and 2, so one free layer for it leaves
     // position 2 (between the first and the last) empty.
-    let interleaved = ProblemSpec::builder()
-        .ranks(2)
-        .microbatches(4)
-        .stage_to_rank(vec![0, 1, 0, 1])
-        .build()
-        .validate()
-        .unwrap();
+    let interleaved = placed(2, vec![0, 1, 0, 1]);
     let err = shares.stages_of(&interleaved).unwrap_err().to_string();
     assert!(
         err.contains("spread over the 4 positions of this layout is 1,2,0,1"),
@@ -195,18 +190,14 @@ fn a_profile_round_trips_and_bad_ones_say_why() {
 
 #[test]
 fn pinned_layers_open_and_end_the_list() {
-    let mut p = profile();
     // A layer placed last in the middle.
-    p.layers[2].placement = LayerPlacement::Last;
-    let err = p.validate().unwrap_err().to_string();
+    let err = refusal_with(2, LayerPlacement::Last);
     assert!(
         err.contains("layer 3 (`layer.2`) is placed `any` after layer 2 (`layer.1`) placed `last`"),
         "{err}"
     );
     // A layer placed first after a free one.
-    let mut p = profile();
-    p.layers[3].placement = LayerPlacement::First;
-    let err = p.validate().unwrap_err().to_string();
+    let err = refusal_with(3, LayerPlacement::First);
     assert!(
         err.contains("layer 3 (`layer.2`) is placed `first`"),
         "{err}"

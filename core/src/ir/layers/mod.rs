@@ -208,19 +208,7 @@ impl LayerCosts {
     }
 }
 
-impl PartialEq for LayerCosts {
-    fn eq(&self, other: &LayerCosts) -> bool {
-        self.key() == other.key()
-    }
-}
-
-impl Eq for LayerCosts {}
-
-impl Hash for LayerCosts {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.key().hash(state);
-    }
-}
+eq_and_hash_by_key!(LayerCosts);
 
 /// The share of a phase's cost that grows linearly with the tokens, from its time at the full
 /// length `full` and at half of it `half`: with `cost(x) = full · (a·x + (1 - a)·x²)` at

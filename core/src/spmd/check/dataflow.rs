@@ -11,8 +11,8 @@ use crate::ir::ids::RankId;
 use crate::ir::op::Task;
 use crate::ir::problem::Problem;
 use crate::ir::slots::OpSlots;
-use crate::spmd::messages::remote_inputs;
-use crate::spmd::program::{CommOp, Direction, Instr, Message, ProgramSet};
+use crate::spmd::messages::{edge_message, remote_inputs};
+use crate::spmd::program::{CommOp, Instr, Message, ProgramSet};
 
 /// What the pass of check 1 counted on the way: the sends and receives of every ordered pair
 /// (or check 2's error for the first peer out of range) and the communication groups.
@@ -179,16 +179,12 @@ pub(super) fn check_dataflow(problem: &Problem, set: &ProgramSet) -> Result<Traf
 /// Whether `message` crosses a real boundary of its microbatch's route: an activation from a stage
 /// to the next, a gradient from a stage to the previous, with that boundary's shape slot.
 fn is_edge(links: &Links, message: &Message) -> bool {
-    let (stage, microbatch) = (message.from_stage, message.microbatch);
-    let expected = match message.direction {
-        Direction::Activation => links
-            .next(stage, microbatch)
-            .map(|next| Message::activation(stage, next, microbatch)),
-        Direction::Gradient => links
-            .prev(stage, microbatch)
-            .map(|prev| Message::gradient(stage, prev, microbatch)),
-    };
-    expected == Some(*message)
+    edge_message(
+        links,
+        message.from_stage,
+        message.microbatch,
+        message.direction,
+    ) == Some(*message)
 }
 
 impl CommReplay<'_> {

@@ -2,6 +2,7 @@
 //! [`Waiting`], one rank of a deadlock's cycle), and [`CheckReport`], what a passing check
 //! measured.
 
+use crate::analysis::replay::describe_waits;
 use crate::ir::ids::RankId;
 use crate::spmd::params::{ParamFault, ParamUse};
 use crate::spmd::program::{CommOp, Message, Semantics};
@@ -156,21 +157,13 @@ pub enum CommError {
         fault: ResidencyFault,
     },
     /// The programs cannot finish under the given semantics.
-    #[error("deadlock under {semantics} semantics: {}", describe(.cycle))]
+    #[error("deadlock under {semantics} semantics: {}", describe_waits(.cycle))]
     Deadlock {
         /// The semantics.
         semantics: Semantics,
         /// The cycle of waiting ranks.
         cycle: Vec<Waiting>,
     },
-}
-
-fn describe(cycle: &[Waiting]) -> String {
-    cycle
-        .iter()
-        .map(Waiting::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 /// What a successful check measured.

@@ -3,11 +3,16 @@
 
 use super::{project, ProjectionOptions, RecvPolicy};
 use crate::ir::plan::Plan;
-use crate::spmd::program::{Instr, RankProgram, Semantics};
+use crate::spmd::program::{Instr, ProgramSet, RankProgram, Semantics};
 
 /// 1F1B on two ranks and two microbatches.
 fn one_f_one_b() -> Plan {
     crate::testing::plan(2, &["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"])
+}
+
+/// `plan` projected with receives placed by `recv`, forward-only or not.
+fn projected(plan: &Plan, recv: RecvPolicy, forward_only: bool) -> ProgramSet {
+    project(plan, ProjectionOptions { recv, forward_only }).unwrap()
 }
 
 fn text(program: &RankProgram) -> Vec<String> {
@@ -44,11 +49,7 @@ fn early_receives_sit_where_the_message_is_produced() {
 
 #[test]
 fn just_in_time_receives_sit_before_their_consumer() {
-    let options = ProjectionOptions {
-        recv: RecvPolicy::JustInTime,
-        forward_only: false,
-    };
-    let set = project(&one_f_one_b(), options).unwrap();
+    let set = projected(&one_f_one_b(), RecvPolicy::JustInTime, false);
     assert_eq!(set.semantics, Semantics::Batched);
     let rank1 = text(&set.programs[1]);
     let position = |s: &str| rank1.iter().position(|i| i.contains(s)).unwrap();
@@ -60,11 +61,7 @@ fn just_in_time_receives_sit_before_their_consumer() {
 
 #[test]
 fn forward_only_programs_hold_forwards_and_losses() {
-    let options = ProjectionOptions {
-        recv: RecvPolicy::Early,
-        forward_only: true,
-    };
-    let set = project(&one_f_one_b(), options).unwrap();
+    let set = projected(&one_f_one_b(), RecvPolicy::Early, true);
     assert!(set.forward_only);
     let all: Vec<String> = set.programs.iter().flat_map(text).collect();
     assert!(
@@ -80,11 +77,7 @@ fn forward_only_programs_of_a_residency_plan_run_no_residency() {
         2,
         &["0F0 0OFFLOAD0 0F1 0RELOAD0 0B0 0B1", "1F0 1R0 1B0 1F1 1B1"],
     );
-    let options = ProjectionOptions {
-        recv: RecvPolicy::Early,
-        forward_only: true,
-    };
-    let set = project(&plan, options).unwrap();
+    let set = projected(&plan, RecvPolicy::Early, true);
     let all: Vec<String> = set.programs.iter().flat_map(text).collect();
     assert!(
         all.iter()

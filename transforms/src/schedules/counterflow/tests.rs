@@ -1,19 +1,13 @@
 //! Unit tests of [`super`]: every order it builds verified and simulated.
 use super::*;
-use pipeweave_core::{simulate, verify, DualKind, Layout, Pacing, ProblemSpec, StageCostsSpec};
+use pipeweave_core::testing::{costs, problem, unscheduled_on};
+use pipeweave_core::{simulate, verify, DualKind, Layout, Pacing, ProblemSpec};
 
 fn dual_plan(ranks: u32, microbatches: u32, f: f64, b: f64) -> Plan {
     let problem = ProblemSpec::dualpipe(ranks, microbatches)
         .validate()
         .unwrap();
-    let costs = StageCostsSpec::builder()
-        .forward(f)
-        .input_grad(b / 2.0)
-        .weight_grad(b / 2.0)
-        .build()
-        .validate()
-        .unwrap();
-    let plan = pipeweave_core::testing::unscheduled_on(problem, costs);
+    let plan = unscheduled_on(problem, costs(f, b / 2.0, b / 2.0));
     let facts = Facts {
         layout: Layout::Dual(DualKind::DualPipe),
         pacing: Pacing::OneForwardOneBackward,
@@ -25,12 +19,7 @@ fn dual_plan(ranks: u32, microbatches: u32, f: f64, b: f64) -> Plan {
 
 #[test]
 fn strict_lanes_run_1f1b_per_position() {
-    let problem = ProblemSpec::builder()
-        .ranks(4)
-        .microbatches(3)
-        .build()
-        .validate()
-        .unwrap();
+    let problem = problem(4, 3);
     let route = &problem.routes()[0];
     // A strict lane run alone: always its one next step.
     let run = |position: usize, warmup: Warmup| {

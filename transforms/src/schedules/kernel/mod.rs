@@ -30,7 +30,7 @@ pub mod agenda;
 pub mod timeline;
 
 pub use agenda::{Agenda, Time};
-pub use timeline::Timeline;
+pub use timeline::{activation, Timeline};
 
 use pipeweave_core::Task;
 
@@ -204,7 +204,8 @@ pub fn run<'p, R: ChoiceRule>(mut timeline: Timeline<'p>, rule: &mut R) -> Optio
 mod tests {
     use super::*;
     use crate::compile_expression;
-    use pipeweave_core::{simulate, CostModel, MemoryModel, Plan, ProblemSpec, StageCostsSpec};
+    use pipeweave_core::testing::{costs, unscheduled_with_latency};
+    use pipeweave_core::{simulate, Plan};
 
     /// Runs each rank's order of the plan as given, every task as early as it can start.
     struct InOrder<'a> {
@@ -249,25 +250,8 @@ mod tests {
     }
 
     fn plan(expression: &str, ranks: u32, microbatches: u32, comm: f64) -> Plan {
-        let problem = ProblemSpec::builder()
-            .ranks(ranks)
-            .microbatches(microbatches)
-            .build()
-            .validate()
-            .expect("valid sizes");
-        let costs = StageCostsSpec::builder()
-            .forward(1.0)
-            .input_grad(1.5)
-            .weight_grad(0.75)
-            .build()
-            .validate()
-            .expect("valid costs");
-        let unscheduled = Plan::unscheduled(
-            problem,
-            CostModel::uniform(ranks, costs, comm).expect("valid latency"),
-            MemoryModel::uniform(ranks, Default::default()),
-        )
-        .expect("a consistent plan");
+        let unscheduled =
+            unscheduled_with_latency(ranks, microbatches, costs(1.0, 1.5, 0.75), comm);
         compile_expression(expression)
             .expect("a known expression")
             .run(unscheduled)

@@ -9,6 +9,16 @@
 use pipeweave_core::ir::deps::predecessors;
 use pipeweave_core::{Op, OpKind, Plan, StageId, Task, TOLERANCE};
 
+/// The activations one forward on `stage` of `plan` takes (the stage's whole figure, none for a
+/// stage out of range): what a list scheduler checks against its memory limit before it runs one.
+#[inline]
+pub fn activation(plan: &Plan, stage: StageId) -> f64 {
+    plan.memory()
+        .stages()
+        .get(stage.index())
+        .map_or(0.0, |m| m.total())
+}
+
 /// One rank's clock, memory and order.
 #[derive(Clone, Debug)]
 struct RankLine {

@@ -1,33 +1,13 @@
 //! Unit tests of [`super`]: every order it builds verified and simulated.
 use super::*;
 use crate::compile_expression;
-use pipeweave_core::{
-    max_peak, simulate, verify, Backwards, CostModel, Facts, MemoryModel, ProblemSpec,
-    StageCostsSpec,
-};
+use pipeweave_core::testing::unscheduled_with_latency;
+use pipeweave_core::{max_peak, simulate, verify, Backwards, Facts, StageCosts};
 
 /// `expr` on `ranks` x `microbatches` at unit costs (a rank's share) and latency `comm`,
 /// with its backwards split as `zero_bubble` sees them.
 fn plan(expr: &str, ranks: u32, microbatches: u32, comm: f64) -> Plan {
-    let problem = ProblemSpec::builder()
-        .ranks(ranks)
-        .microbatches(microbatches)
-        .build()
-        .validate()
-        .unwrap();
-    let costs = StageCostsSpec::builder()
-        .forward(1.0)
-        .input_grad(1.0)
-        .weight_grad(1.0)
-        .build()
-        .validate()
-        .unwrap();
-    let unscheduled = Plan::unscheduled(
-        problem,
-        CostModel::uniform(ranks, costs, comm).unwrap(),
-        MemoryModel::uniform(ranks, Default::default()),
-    )
-    .unwrap();
+    let unscheduled = unscheduled_with_latency(ranks, microbatches, StageCosts::default(), comm);
     let plan = compile_expression(expr).unwrap().run(unscheduled).unwrap();
     let split = Facts {
         backwards: Backwards::Split,
