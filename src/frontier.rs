@@ -14,7 +14,9 @@
 //! fastest point's above the first knee; the config's memory limit; on half-microbatch steps),
 //! `recompute(BASE, memory=r)` and `offload(BASE, memory=r)` for BASE each knee above `r` and
 //! 1F1B (whose whole backwards let every activation move), or the fastest point above the knees,
-//! and the frontier's point just above `r`. These reach
+//! and the frontier's point just above `r`; and at the config's memory limit itself (not rounded),
+//! both passes on the whole-backward bases of [`LIMIT_BASES`] (1F1B and 2- to 4-chunk
+//! interleaving), whose own peaks lie above the limit where the kept frontier cannot see them. These reach
 //! below the least memory any kept schedule needs, and can beat kept schedules above it (a fast
 //! schedule with hidden transfers against a slower one that keeps everything).
 //!
@@ -24,6 +26,7 @@
 //! listed first (fixed schedules before the ladder, lower rungs first, the residency stage last).
 
 use crate::config::{build_plan, PipelineConfig};
+use crate::report::tidy;
 use crate::tune::{candidate_expressions, tune_with, Candidate, TuneReport};
 use pipeweave_core::TOLERANCE;
 use pipeweave_transforms::Registry;
@@ -128,6 +131,17 @@ pub const WHOLE_BACKWARDS_BASE: &str = "f1b(gpipe)";
 /// within a quarter of the fastest makespan, and within a half.
 pub const KNEES: [f64; 2] = [1.25, 1.5];
 
+/// The bases the residency stage also fits to a user's limit itself: whole-backward schedules
+/// (every activation can move) from 1F1B to 4-chunk interleaving, whose peaks lie above the
+/// limit, so the kept frontier within it never names them. PipeOffload's low-memory points are
+/// offloaded interleavings of this kind.
+pub const LIMIT_BASES: [&str; 4] = [
+    "f1b(gpipe)",
+    "vpp(f1b(gpipe), chunks=2)",
+    "vpp(f1b(gpipe), chunks=3)",
+    "vpp(f1b(gpipe), chunks=4)",
+];
+
 /// A knee of a kept frontier: its least peak within `slower` times its fastest makespan.
 pub fn knee(kept: &[FrontierPoint], slower: f64) -> Option<&FrontierPoint> {
     let fastest = kept.last()?;
@@ -170,17 +184,33 @@ pub fn residency_rungs(kept: &[FrontierPoint], total: f64, cap: Option<f64>) -> 
 /// The residency stage's expressions with their families: at every rung, each residency pass on
 /// the knees of `kept` whose peaks are above the rung (moving the fastest schedule's activations
 /// costs more there) and on 1F1B there, on its fastest point where the rung is above the knees,
-/// and on its point just above the rung.
+/// and on its point just above the rung; and at the limit `cap` itself, each on the whole-backward bases of [`LIMIT_BASES`].
 pub fn residency_expressions(
     kept: &[FrontierPoint],
     total: f64,
     cap: Option<f64>,
 ) -> Vec<(String, String)> {
-    let Some(fastest) = kept.last() else {
-        return Vec::new();
-    };
-    let knees: Vec<&FrontierPoint> = KNEES.iter().filter_map(|&k| knee(kept, k)).collect();
     let mut out: Vec<(String, String)> = Vec::new();
+    if let Some(fastest) = kept.last() {
+        below_the_kept(&mut out, kept, fastest, total, cap);
+    }
+    // At the limit itself, the whole-backward bases, whatever the kept frontier holds.
+    if let Some(limit) = cap.filter(|&c| c > 0.0) {
+        push_residency(&mut out, &LIMIT_BASES, tidy(limit));
+    }
+    out
+}
+
+/// The residency expressions at the rungs below the kept frontier's fastest point (see
+/// [`residency_expressions`]).
+fn below_the_kept(
+    out: &mut Vec<(String, String)>,
+    kept: &[FrontierPoint],
+    fastest: &FrontierPoint,
+    total: f64,
+    cap: Option<f64>,
+) {
+    let knees: Vec<&FrontierPoint> = KNEES.iter().filter_map(|&k| knee(kept, k)).collect();
     for rung in residency_rungs(kept, total, cap) {
         let above = kept
             .iter()
@@ -200,16 +230,20 @@ pub fn residency_expressions(
         }
         bases.push(above.expression.as_str());
         bases.dedup();
-        for pass in RESIDENCY_PASSES {
-            for base in &bases {
-                let expression = format!("{pass}({base}, memory={rung})");
-                if !out.iter().any(|(e, _)| *e == expression) {
-                    out.push((expression, pass.to_string()));
-                }
+        push_residency(out, &bases, rung);
+    }
+}
+
+/// Each residency pass on each of `bases` at `rung`, where not listed yet.
+fn push_residency(out: &mut Vec<(String, String)>, bases: &[&str], rung: f64) {
+    for pass in RESIDENCY_PASSES {
+        for base in bases {
+            let expression = format!("{pass}({base}, memory={rung})");
+            if !out.iter().any(|(e, _)| *e == expression) {
+                out.push((expression, pass.to_string()));
             }
         }
     }
-    out
 }
 
 /// Runs the search (on every core, every expression built under `config`, its memory limit
@@ -560,6 +594,31 @@ mod tests {
         }
         let svg = frontier_svg(&found, "frontier");
         assert!(svg.contains("offload") || svg.contains("recompute"));
+    }
+
+    #[test]
+    fn a_limit_below_every_kept_schedule_gets_offloaded_interleavings_at_the_limit() {
+        // PipeOffload's grid: P = 8, M = 32, a transfer half a forward, one unit per rank.
+        let costs = pipeweave_core::StageCostsSpec::builder()
+            .offload(0.5)
+            .build()
+            .validate()
+            .unwrap();
+        let config = PipelineConfig::new(8, 32)
+            .and_then(|c| c.with_costs(costs, 0.0))
+            .unwrap()
+            .with_memory_limit(Some(1.0));
+        let found = frontier(&config, &|_| {});
+        let best = &found.ranked().candidates[0];
+        // Before the limit bases, the best within one unit took 513 (ZB-V's ladder at one unit).
+        assert!(best.makespan < 120.0, "{best:?}");
+        assert!(best.peak_activations <= 1.0 + TOLERANCE);
+        assert!(best.expression.starts_with("offload(vpp("), "{best:?}");
+        // Nothing fits a limit of 0.67 but what moves activations, at the limit itself.
+        let expressions = residency_expressions(&[], 1.0, Some(0.67));
+        assert!(expressions
+            .iter()
+            .any(|(e, _)| e == "offload(vpp(f1b(gpipe), chunks=3), memory=0.67)"));
     }
 
     #[test]
