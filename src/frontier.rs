@@ -15,7 +15,7 @@
 //! `recompute(BASE, memory=r)` and `offload(BASE, memory=r)` for BASE each knee above `r` and
 //! 1F1B (whose whole backwards let every activation move), or the fastest point above the knees,
 //! and the frontier's point just above `r`; and at the config's memory limit itself (not rounded),
-//! both passes on the whole-backward bases of [`LIMIT_BASES`] (1F1B and 2- to 4-chunk
+//! both passes on the whole-backward bases of [`LIMIT_BASES`] (1F1B and 2- to 8-chunk
 //! interleaving), whose own peaks lie above the limit where the kept frontier cannot see them. These reach
 //! below the least memory any kept schedule needs, and can beat kept schedules above it (a fast
 //! schedule with hidden transfers against a slower one that keeps everything).
@@ -132,14 +132,19 @@ pub const WHOLE_BACKWARDS_BASE: &str = "f1b(gpipe)";
 pub const KNEES: [f64; 2] = [1.25, 1.5];
 
 /// The bases the residency stage also fits to a user's limit itself: whole-backward schedules
-/// (every activation can move) from 1F1B to 4-chunk interleaving, whose peaks lie above the
+/// (every activation can move) from 1F1B to 8-chunk interleaving, whose peaks lie above the
 /// limit, so the kept frontier within it never names them. PipeOffload's low-memory points are
-/// offloaded interleavings of this kind.
-pub const LIMIT_BASES: [&str; 4] = [
+/// offloaded interleavings of this kind; more chunks hold less per microbatch in flight (at
+/// P = 8, M = 32, a transfer a quarter of a forward: 8 chunks reach a quarter unit at 103.2).
+pub const LIMIT_BASES: [&str; 8] = [
     "f1b(gpipe)",
     "vpp(f1b(gpipe), chunks=2)",
     "vpp(f1b(gpipe), chunks=3)",
     "vpp(f1b(gpipe), chunks=4)",
+    "vpp(f1b(gpipe), chunks=5)",
+    "vpp(f1b(gpipe), chunks=6)",
+    "vpp(f1b(gpipe), chunks=7)",
+    "vpp(f1b(gpipe), chunks=8)",
 ];
 
 /// A knee of a kept frontier: its least peak within `slower` times its fastest makespan.
