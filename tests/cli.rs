@@ -318,12 +318,12 @@ fn tune_ranks_schedules_and_each_expression_gives_the_same_figures_to_plan() {
         assert_eq!(plan["makespan"], c["makespan"], "{}", c["expression"]);
         assert_eq!(plan["bubble_rate"], c["bubble_rate"], "{}", c["expression"]);
     }
-    // Half a unit is reached by moving a 4-chunk interleaving's activations at the limit; a
-    // fifth of one (less than a chunk's share) by nothing.
+    // Half a unit is reached by moving an interleaving's activations at the limit; a tenth of
+    // one (less than one chunk of the 8-chunk interleaving holds) by nothing.
     let half = cli("tune -p 4 -m 8 --memory-limit 0.5 --top 1 --format json").json();
     let best = &half["candidates"][0];
     assert!(best["peak_activations"].as_f64().unwrap() <= 0.5 + TOLERANCE);
-    cli("tune -p 4 -m 8 --memory-limit 0.2").exit_2_with("no schedule fits");
+    cli("tune -p 4 -m 8 --memory-limit 0.1").exit_2_with("no schedule fits");
 }
 
 /// The JSON report of `plan EXPR -p P -m M --stage-costs FILE` with `costs` in FILE.
