@@ -97,6 +97,10 @@ fn bad_block_arguments_name_the_rule() {
             "vpp(f1b(gpipe), chunks=3, order=fast)",
             "expected `auto`, `megatron` or `block`",
         ),
+        (
+            "vpp(gpipe, chunks=3, order=block)",
+            "order = block needs a one-forward-one-backward",
+        ),
     ] {
         let error = build_plan(expression, &config).unwrap_err().to_string();
         assert!(error.contains(rule), "{expression}: {error}");

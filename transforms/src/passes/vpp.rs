@@ -480,6 +480,12 @@ impl Vpp {
     fn check(&self, plan: &Plan) -> Result<(), TransformError> {
         self.check_size(plan.problem())?;
         let one_f_one_b = plan.facts().pacing == Pacing::OneForwardOneBackward;
+        if self.order == VppOrder::Block && !one_f_one_b {
+            return Err(TransformError::unmet(
+                "order = block needs a one-forward-one-backward input (f1b)",
+                format!("the input's pacing is {:?}", plan.facts().pacing),
+            ));
+        }
         if self.chunks >= 2 && one_f_one_b && self.uses_block(plan.problem().ranks()) {
             return self.check_block(plan);
         }
