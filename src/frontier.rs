@@ -16,9 +16,9 @@
 //! 1F1B (whose whole backwards let every activation move), or the fastest point above the knees,
 //! and the frontier's point just above `r`; and at the config's memory limit itself (not rounded),
 //! both passes on the whole-backward bases of [`LIMIT_BASES`] (1F1B and 2- to 8-chunk
-//! interleaving), whose own peaks lie above the limit where the kept frontier cannot see them. These reach
-//! below the least memory any kept schedule needs, and can beat kept schedules above it (a fast
-//! schedule with hidden transfers against a slower one that keeps everything).
+//! interleaving), whose own peaks lie above the limit where the kept frontier cannot see them.
+//! These reach below the least memory any kept schedule needs, and can beat kept schedules above
+//! it (a fast schedule with hidden transfers against a slower one that keeps everything).
 //!
 //! The frontier: for each limit, the fastest expression whose peak fits; its rows are the limits
 //! where that changes (the point's own peak), so it is monotone by construction: a larger limit
@@ -125,7 +125,7 @@ pub fn frontier_expressions(config: &PipelineConfig) -> Vec<(String, String)> {
 pub const RESIDENCY_PASSES: [&str; 2] = ["recompute", "offload"];
 
 /// The base below the knees whose backwards are whole (its activations can all move).
-pub const WHOLE_BACKWARDS_BASE: &str = "f1b(gpipe)";
+pub const WHOLE_BACKWARDS_BASE: &str = LIMIT_BASES[0];
 
 /// How much slower than the fastest point the knees of a kept frontier may be: its least peak
 /// within a quarter of the fastest makespan, and within a half.
@@ -189,7 +189,8 @@ pub fn residency_rungs(kept: &[FrontierPoint], total: f64, cap: Option<f64>) -> 
 /// The residency stage's expressions with their families: at every rung, each residency pass on
 /// the knees of `kept` whose peaks are above the rung (moving the fastest schedule's activations
 /// costs more there) and on 1F1B there, on its fastest point where the rung is above the knees,
-/// and on its point just above the rung; and at the limit `cap` itself, each on the whole-backward bases of [`LIMIT_BASES`].
+/// and on its point just above the rung; and at the limit `cap` itself, each on the
+/// whole-backward bases of [`LIMIT_BASES`].
 pub fn residency_expressions(
     kept: &[FrontierPoint],
     total: f64,

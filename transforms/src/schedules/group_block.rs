@@ -89,10 +89,8 @@ pub fn orders(
         let mut taken = vec![false; period as usize];
         for &(slot, backward, ..) in &block {
             // A backward's weight gradient takes the slot after it.
-            for s in [slot, slot + 1]
-                .into_iter()
-                .take(if backward { 2 } else { 1 })
-            {
+            let cells = if backward { 2 } else { 1 };
+            for s in slot..slot + cells {
                 let cell = &mut taken[(s % period) as usize];
                 if *cell {
                     return None;
