@@ -28,7 +28,7 @@ pub mod testing;
 pub mod tolerance;
 
 pub use analysis::peak::{held_during, held_per_task, max_peak, peak_per_rank, RankPeak};
-pub use analysis::replay::{Blocked, ReplayError};
+pub use analysis::replay::{replay_within, Blocked, Replay, ReplayError, TimedTask};
 pub use analysis::shared_cores::simulate_on_cores;
 pub use analysis::simulate::{simulate, simulate_with, Simulation};
 pub use analysis::slack::slack;

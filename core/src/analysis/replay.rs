@@ -16,6 +16,10 @@
 //! [`crate::analysis::peak`] counts on). The timeline keeps every task at its place in the rank's
 //! order, transfers with their times on the link.
 //!
+//! A search that tries one change of a plan at a time ([`replay_within`]) resumes from an earlier
+//! replay (every task it completed before the change's first task keeps its times) and stops as
+//! soon as a task ends after the makespan it must beat.
+//!
 //! The engine assumes every op of every task is in range (the verifier checks that first); an op out
 //! of range, an op run twice, and a deadlock are reported as a [`ReplayError`] rather than a panic.
 //! It assumes residency tasks come in their verified order (a reload before its backward); a
@@ -113,6 +117,18 @@ pub struct Replay {
     pub timeline: Vec<Vec<TimedTask>>,
 }
 
+impl Replay {
+    /// When the last recorded task ends (transfers included; 0 when nothing was recorded): the
+    /// simulator's makespan.
+    pub fn makespan(&self) -> f64 {
+        self.timeline
+            .iter()
+            .flatten()
+            .map(|t| t.end)
+            .fold(0.0, f64::max)
+    }
+}
+
 /// Replays `plan` with `duration` giving each task's length and `comm` the cross-rank latency.
 /// With `record` false the timeline comes back empty (a feasibility check needs no times).
 pub fn replay(
@@ -132,6 +148,41 @@ pub fn replay_linked(
     comm: f64,
     record: bool,
 ) -> Result<Replay, ReplayError> {
+    let replayed = replay_bounded(plan, links, duration, comm, record, f64::INFINITY, None)?;
+    Ok(replayed.expect("no task ends after an infinite bound"))
+}
+
+/// The recorded replay of `plan` under its cost model, or None as soon as some task would end
+/// after `bound` (so the makespan would exceed it): a search that keeps a plan only when it is
+/// no slower than one it holds stops a losing candidate early. With `resume` (an earlier
+/// replay and a sequence number), every task the earlier replay completed before that number
+/// keeps its times and the engine goes on from there: right when `plan`'s orders begin with those
+/// tasks (checked; the replay starts afresh when they do not) and nothing they waited for has
+/// changed, e.g. a candidate that moves a task of one rank to position `p` resumed at the
+/// sequence number of the task that was at `p`. Errors as [`replay`]; a candidate stopped early
+/// is not checked further.
+pub fn replay_within(
+    plan: &Plan,
+    bound: f64,
+    resume: Option<(&Replay, usize)>,
+) -> Result<Option<Replay>, ReplayError> {
+    let costs = plan.costs();
+    let links = Links::of(plan.problem());
+    let duration = |t: &Task| costs.task_duration(t);
+    replay_bounded(plan, &links, duration, costs.comm(), true, bound, resume)
+}
+
+/// The engine: [`replay_linked`] giving up (None) when a task would end after `bound`, resumed
+/// from a prefix of an earlier replay where one is given and agrees with `plan`.
+fn replay_bounded(
+    plan: &Plan,
+    links: &Links,
+    duration: impl Fn(&Task) -> f64,
+    comm: f64,
+    record: bool,
+    bound: f64,
+    resume: Option<(&Replay, usize)>,
+) -> Result<Option<Replay>, ReplayError> {
     let ranks = plan.orders().len();
     let slots = links.slots();
     let mut finish = vec![f64::NAN; slots.len()];
@@ -148,6 +199,25 @@ pub fn replay_linked(
     let mut ready: VecDeque<usize> = (0..ranks).collect();
     let mut completed = 0usize;
     let mut host = HostLinks::new(plan, ranks, slots.pairs());
+    if let Some((earlier, cut)) = resume.filter(|_| record) {
+        if let Some(prefix) = agreeing_prefix(plan, earlier, cut) {
+            if prefix
+                .iter()
+                .flat_map(|done| done.iter())
+                .any(|t| t.end > bound)
+            {
+                return Ok(None);
+            }
+            for (r, done) in prefix.iter().enumerate() {
+                for timed in done.iter() {
+                    host.seed(r, timed, links, &mut finish, &mut clock[r]);
+                }
+                position[r] = done.len();
+                completed += done.len();
+                timeline[r].extend_from_slice(done);
+            }
+        }
+    }
 
     while let Some(r) = ready.pop_front() {
         let order = &plan.orders()[r];
@@ -161,7 +231,11 @@ pub fn replay_linked(
                     return Err(ReplayError::OutOfRange(rank, position, op));
                 }
                 let pair = slots.pair(w.stage, w.microbatch);
-                host.run(r, &task, pair, &mut clock[r], duration(&task))
+                let (start, end) = host.run(r, &task, pair, &mut clock[r], duration(&task));
+                if end > bound {
+                    return Ok(None);
+                }
+                (start, end)
             } else {
                 let mut start = clock[r];
                 if task.allocates() {
@@ -207,6 +281,9 @@ pub fn replay_linked(
                     }
                 }
                 let end = start + duration(&task);
+                if end > bound {
+                    return Ok(None);
+                }
                 let mut k = 0;
                 let twice = task.try_for_each_op(|op| {
                     let slot = own[k];
@@ -259,7 +336,7 @@ pub fn replay_linked(
         })
         .collect();
     if blocked.is_empty() {
-        Ok(Replay { timeline })
+        Ok(Some(Replay { timeline }))
     } else {
         Err(ReplayError::Deadlock(wait_cycle(plan, &blocked)))
     }
@@ -314,11 +391,70 @@ impl HostLinks {
         (start, end)
     }
 
+    /// Takes over `timed`, a task of rank `r` an earlier replay ran: the ends of its ops, the
+    /// rank's clock, its link and fence, as running it here would have left them.
+    fn seed(
+        &mut self,
+        r: usize,
+        timed: &TimedTask,
+        links: &Links,
+        finish: &mut [f64],
+        clock: &mut f64,
+    ) {
+        let task = timed.task;
+        if task.on_link() {
+            self.free[r] = timed.end;
+            let pair = links
+                .slots()
+                .pair(task.work().stage, task.work().microbatch);
+            match (task, pair) {
+                (Task::Reload(_), Some(pair)) if self.offloads => self.reloaded[pair] = timed.end,
+                _ => self.fence[r] = self.fence[r].max(timed.end),
+            }
+            return;
+        }
+        *clock = timed.end;
+        if !task.is_residency() {
+            let _ = task.try_for_each_op(|op| {
+                if let Some(slot) = links.slot(op) {
+                    finish[slot] = timed.end;
+                }
+                ControlFlow::<()>::Continue(())
+            });
+        }
+    }
+
     /// When the reload of `pair` ends (0 when it has none, or none yet).
     fn reloaded(&self, pair: Option<usize>) -> f64 {
         let ends = pair.and_then(|p| self.reloaded.get(p)).copied();
         ends.filter(|e| !e.is_nan()).unwrap_or(0.0)
     }
+}
+
+/// Per rank, the tasks `earlier` completed before sequence number `cut`, when they begin the
+/// rank's order in `plan` (None when some do not: the replay then starts afresh).
+fn agreeing_prefix<'r>(
+    plan: &Plan,
+    earlier: &'r Replay,
+    cut: usize,
+) -> Option<Vec<&'r [TimedTask]>> {
+    if earlier.timeline.len() != plan.orders().len() {
+        return None;
+    }
+    earlier
+        .timeline
+        .iter()
+        .zip(plan.orders())
+        .map(|(row, order)| {
+            let done = row.iter().take_while(|t| t.sequence < cut).count();
+            let agrees = done <= order.len()
+                && row[..done]
+                    .iter()
+                    .zip(order)
+                    .all(|(t, task)| t.task == *task);
+            agrees.then_some(&row[..done])
+        })
+        .collect()
 }
 
 /// Follows "rank waits for an op of rank q" from the first blocked rank until a rank repeats and
@@ -427,6 +563,54 @@ mod tests {
         let plan = crate::testing::plan(2, &["0F0 0F1 0B1 0R0 0B0"]);
         let replayed = replay(&plan, |_| 1.0, 0.0, true).unwrap();
         assert_eq!(replayed.timeline[0][4].end, 5.0);
+    }
+
+    #[test]
+    fn a_resumed_replay_equals_a_fresh_one_and_a_bound_stops_it() {
+        let before = crate::testing::plan(
+            2,
+            &[
+                "0F0 0OFFLOAD0 0F1 0OFFLOAD1 0RELOAD0 0B0 0RELOAD1 0B1",
+                "1F0 1B0 1F1 1B1",
+            ],
+        );
+        let earlier = replay_within(&before, f64::INFINITY, None)
+            .unwrap()
+            .unwrap();
+        // The second reload moved before the first backward: every task that ran before the
+        // task now displaced (0B0, at position 5) keeps its times.
+        let after = crate::testing::plan(
+            2,
+            &[
+                "0F0 0OFFLOAD0 0F1 0OFFLOAD1 0RELOAD0 0RELOAD1 0B0 0B1",
+                "1F0 1B0 1F1 1B1",
+            ],
+        );
+        let cut = earlier.timeline[0][5].sequence;
+        let fresh = replay_within(&after, f64::INFINITY, None).unwrap().unwrap();
+        let resumed = replay_within(&after, f64::INFINITY, Some((&earlier, cut))).unwrap();
+        let times = |r: &Replay| -> Vec<Vec<(Task, f64, f64)>> {
+            let row = |row: &Vec<TimedTask>| row.iter().map(|t| (t.task, t.start, t.end)).collect();
+            r.timeline.iter().map(row).collect()
+        };
+        assert_eq!(times(&resumed.unwrap()), times(&fresh));
+        assert_ne!(
+            times(&fresh)[0],
+            times(&earlier)[0],
+            "the move changes rank 0's times"
+        );
+        // A prefix that does not begin the plan's orders is ignored: the replay starts afresh.
+        let wrong = replay_within(&after, f64::INFINITY, Some((&earlier, usize::MAX))).unwrap();
+        assert_eq!(times(&wrong.unwrap()), times(&fresh));
+        // No task ends after the makespan; one unit less is beaten, resumed or not.
+        let makespan = fresh.makespan();
+        assert!(replay_within(&after, makespan, None).unwrap().is_some());
+        assert!(replay_within(&after, makespan - 1.0, None)
+            .unwrap()
+            .is_none());
+        assert!(replay_within(&after, makespan - 1.0, Some((&earlier, cut)))
+            .unwrap()
+            .is_none());
     }
 
     #[test]

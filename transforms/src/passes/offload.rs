@@ -45,7 +45,9 @@
 use super::relief::ReliefStrategy;
 use crate::pass::Requires;
 use crate::schedules::relief::{issued_at, reordered, Proposal, Step, Window, EPSILON};
-use pipeweave_core::{held_during, simulate, OpKind, Plan, RankId, Residency, Simulation, Task};
+use pipeweave_core::{
+    held_during, replay_within, OpKind, Plan, RankId, Residency, Simulation, Task,
+};
 
 /// The offload strategy: `offload` is [`Relief<Offload>`](super::Relief), built with
 /// `Relief::new(Offload, memory)`.
@@ -87,7 +89,7 @@ impl ReliefStrategy for Offload {
                 let waits = offloaded - start_of(simulation, rank, p);
                 (waits - step.slack[p]).max(0.0)
             });
-        let issued = issued_at(simulation, rank, reload_at);
+        let issued = issued_at(&simulation.timeline()[rank], reload_at);
         let backward = start_of(simulation, rank, window.backward);
         let reload_stall = (issued + transfer - backward - step.slack[window.backward]).max(0.0);
         Proposal {
@@ -110,14 +112,19 @@ impl ReliefStrategy for Offload {
     }
 }
 
-/// Moves each reload (rank by rank, in order) earlier where the limit allows and a simulation
-/// shows the plan no slower: to the earliest place the memory allows, else to the last place
-/// from which it is issued early enough to end before its backward starts.
+/// Moves each reload (rank by rank, in order) earlier where the limit allows and a replay shows
+/// the plan no slower: to the earliest place the memory allows, else to the last place from
+/// which it is issued early enough to end before its backward starts. A candidate is replayed
+/// from the first task its move can change, and only until one of its tasks ends after the
+/// makespan to beat.
 fn hoist_reloads(mut plan: Plan, limit: f64) -> Plan {
-    let Ok(mut current) = simulate(&plan) else {
+    let Ok(Some(mut current)) = replay_within(&plan, f64::INFINITY, None) else {
         return plan;
     };
+    let mut makespan = current.makespan();
     for rank in 0..plan.orders().len() {
+        // What the rank holds during each task, kept until a move changes its order.
+        let mut held = held_during(&plan, RankId::new(rank as u32));
         let mut position = 0;
         while position < plan.orders()[rank].len() {
             let order = &plan.orders()[rank];
@@ -125,7 +132,6 @@ fn hoist_reloads(mut plan: Plan, limit: f64) -> Plan {
                 position += 1;
                 continue;
             };
-            let held = &held_during(&plan, RankId::new(rank as u32));
             let size = plan.memory().stages()[work.stage.index()].total();
             let offloaded = order[..position]
                 .iter()
@@ -137,7 +143,7 @@ fn hoist_reloads(mut plan: Plan, limit: f64) -> Plan {
             while earliest > offloaded + 1 && held[earliest - 1] + size <= limit + EPSILON {
                 earliest -= 1;
             }
-            let timeline = &current.timeline()[rank];
+            let timeline = &current.timeline[rank];
             let transfer = plan.costs().task_duration(&order[position]);
             let backward = (position..order.len())
                 .find(|&p| {
@@ -150,7 +156,7 @@ fn hoist_reloads(mut plan: Plan, limit: f64) -> Plan {
                 .map_or(f64::INFINITY, |p| timeline[p].start);
             let in_time = (earliest..position)
                 .rev()
-                .find(|&p| issued_at(&current, rank, p) + transfer <= backward + EPSILON)
+                .find(|&p| issued_at(timeline, p) + transfer <= backward + EPSILON)
                 .unwrap_or(earliest);
             let mut moved = false;
             for target in [earliest, in_time] {
@@ -163,12 +169,13 @@ fn hoist_reloads(mut plan: Plan, limit: f64) -> Plan {
                 let Ok(candidate) = reordered(&plan, orders) else {
                     continue;
                 };
-                let Ok(simulated) = simulate(&candidate) else {
-                    continue;
-                };
-                if simulated.makespan() <= current.makespan() + EPSILON {
+                // Every task that ran before the one at `target` keeps its times.
+                let resume = Some((&current, current.timeline[rank][target].sequence));
+                if let Ok(Some(replayed)) = replay_within(&candidate, makespan + EPSILON, resume) {
                     plan = candidate;
-                    current = simulated;
+                    makespan = replayed.makespan();
+                    current = replayed;
+                    held = held_during(&plan, RankId::new(rank as u32));
                     moved = true;
                     break;
                 }

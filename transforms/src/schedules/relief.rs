@@ -18,7 +18,7 @@
 use crate::error::TransformError;
 use pipeweave_core::{
     held_during, held_per_task, max_peak, simulate, slack, Facts, OpKind, Plan, RankId, Residency,
-    Simulation, Task, Work, TOLERANCE,
+    Simulation, Task, TimedTask, Work, TOLERANCE,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -421,10 +421,9 @@ pub fn with_inserted(order: &[Task], inserted: &[(usize, Task)]) -> Vec<Task> {
     out
 }
 
-/// When the compute before position `position` of `rank`'s timeline ends (0 when none does):
+/// When the compute before position `position` of a rank's timeline ends (0 when none does):
 /// when a task placed there could start, and a transfer placed there is issued.
-pub fn issued_at(simulation: &Simulation, rank: usize, position: usize) -> f64 {
-    let timeline = &simulation.timeline()[rank];
+pub fn issued_at(timeline: &[TimedTask], position: usize) -> f64 {
     timeline[..position.min(timeline.len())]
         .iter()
         .rev()
@@ -438,7 +437,7 @@ pub fn idle_before(simulation: &Simulation, rank: usize, position: usize) -> f64
     let Some(task) = simulation.timeline()[rank].get(position) else {
         return 0.0;
     };
-    (task.start - issued_at(simulation, rank, position)).max(0.0)
+    (task.start - issued_at(&simulation.timeline()[rank], position)).max(0.0)
 }
 
 #[cfg(test)]
