@@ -12,8 +12,8 @@
 //! moves the activation to a host store and a reload brings it back, each a transfer on the rank's
 //! host link, which runs beside the computes (one transfer at a time, in the program's order): a
 //! transfer does not hold the rank up, a forward or recompute waits for every offload issued
-//! before it, and a backward for its reload. A backward that finds its activation dropped or on
-//! the host is an error.
+//! before it, and a backward for its reload (the W, for a pair offloaded between its I and W). A
+//! backward that finds its activation dropped or on the host is an error.
 
 use crate::compute::{Capabilities, StageCompute};
 use crate::stage_error::StageError;
@@ -346,6 +346,16 @@ impl StageCompute for AffineStage {
     }
 
     fn backward_weight(&mut self, work: Work) -> Result<(), StageError> {
+        // A pair offloaded between its I and W: the W waits for its reload.
+        if let Some(end) = self.link.reloaded.remove(&work) {
+            sleep_until(end);
+        }
+        if self.host.contains_key(&work) {
+            return Err(Self::weight_grad_bug(
+                work,
+                "with its input on the host (no reload ran)",
+            ));
+        }
         self.spend(Task::WeightGrad(work));
         let g = self
             .saved_grad

@@ -73,4 +73,6 @@ pub use layers::{
 pub use primitives::{
     adamw_update, squared_norm, AdamWStep, CpuPrimitives, Primitives, TensorSum, TimedPrimitives,
 };
-pub use stage::{HostSaved, StageLayout, StageModel, StagePendingWeightGrad, StageSaved};
+pub use stage::{
+    HostCopy, HostPending, HostSaved, StageLayout, StageModel, StagePendingWeightGrad, StageSaved,
+};

@@ -32,7 +32,8 @@ use candle_core::Tensor;
 use pipeweave_backends::{Capabilities, StageCompute, StageError};
 use pipeweave_core::{FailureKind, Problem, RankId, StageId, Task, Work};
 use pipeweave_kernels::{
-    CrossEntropy, HostSaved, KernelError, StageModel, StagePendingWeightGrad, StageSaved,
+    CrossEntropy, HostPending, HostSaved, KernelError, StageModel, StagePendingWeightGrad,
+    StageSaved,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -94,6 +95,8 @@ pub struct GptStage {
     last_input: Option<(Work, Tensor)>,
     /// Saved states copied to host memory.
     host: HashMap<Work, HostSaved>,
+    /// Weight-gradient states copied to host memory (offloaded between a pair's I and W).
+    host_pending: HashMap<Work, HostPending>,
     host_bytes: usize,
     host_peak_bytes: usize,
     /// Stages whose output leaves the rank (sent, or consumed by the loss): their output stays
@@ -165,6 +168,7 @@ impl GptStage {
             output_bytes: HashMap::new(),
             last_input: None,
             host: HashMap::new(),
+            host_pending: HashMap::new(),
             host_bytes: 0,
             host_peak_bytes: 0,
             outputs_leave,
@@ -378,17 +382,11 @@ impl StageCompute for GptStage {
         grad_output: Tensor,
     ) -> Result<Option<Tensor>, StageError> {
         let start = Instant::now();
-        let saved = self.saved.remove(&work).ok_or_else(|| {
-            let place = if self.host.contains_key(&work) {
-                " on the device (it is in the host store: no reload ran)"
-            } else {
-                ""
-            };
-            StageError::bug(format!(
-                "no saved forward state for {}{place}",
-                display(work)
-            ))
-        })?;
+        let on_host = self.host.contains_key(&work);
+        let saved = self
+            .saved
+            .remove(&work)
+            .ok_or_else(|| missing_state("saved forward state", work, on_host))?;
         let held = self.stage(work.stage)?;
         let (grad_input, pending) = held
             .model
@@ -404,9 +402,11 @@ impl StageCompute for GptStage {
 
     fn backward_weight(&mut self, work: Work) -> Result<(), StageError> {
         let start = Instant::now();
-        let pending = self.pending.remove(&work).ok_or_else(|| {
-            StageError::bug(format!("no input-gradient state for {}", display(work)))
-        })?;
+        let on_host = self.host_pending.contains_key(&work);
+        let pending = self
+            .pending
+            .remove(&work)
+            .ok_or_else(|| missing_state("input-gradient state", work, on_host))?;
         let held = self.stage(work.stage)?;
         let position = held.position;
         let grads = held
@@ -476,31 +476,52 @@ impl StageCompute for GptStage {
         Ok(())
     }
 
+    /// Moves the pair's saved state to host memory, or, after its input-gradient backward, what
+    /// that backward keeps for the weight gradient.
     fn offload(&mut self, work: Work) -> Result<(), StageError> {
         let start = Instant::now();
-        let saved = self.saved.remove(&work).ok_or_else(|| {
-            StageError::bug(format!("offload of {}: no saved state", display(work)))
-        })?;
-        let copied = saved.to_host().map_err(kernel_failure(work, "offload"))?;
-        self.release(Table::Saved, work);
-        self.host_bytes += copied.bytes();
+        let copied = if let Some(saved) = self.saved.remove(&work) {
+            let copied = saved.to_host().map_err(kernel_failure(work, "offload"))?;
+            self.release(Table::Saved, work);
+            let bytes = copied.bytes();
+            self.host.insert(work, copied);
+            bytes
+        } else if let Some(pending) = self.pending.remove(&work) {
+            let copied = pending.to_host().map_err(kernel_failure(work, "offload"))?;
+            self.release(Table::Pending, work);
+            let bytes = copied.bytes();
+            self.host_pending.insert(work, copied);
+            bytes
+        } else {
+            return Err(StageError::bug(format!(
+                "offload of {}: no saved or weight-gradient state",
+                display(work)
+            )));
+        };
+        self.host_bytes += copied;
         self.host_peak_bytes = self.host_peak_bytes.max(self.host_bytes);
-        self.host.insert(work, copied);
         self.record(Task::Offload(work), start);
         Ok(())
     }
 
     fn reload(&mut self, work: Work) -> Result<(), StageError> {
         let start = Instant::now();
-        let copied = self.host.remove(&work).ok_or_else(|| {
-            StageError::bug(format!(
+        if let Some(copied) = self.host.remove(&work) {
+            self.host_bytes -= copied.bytes();
+            let saved = copied.to_device().map_err(kernel_failure(work, "reload"))?;
+            self.keep_saved(work, saved);
+        } else if let Some(copied) = self.host_pending.remove(&work) {
+            self.host_bytes -= copied.bytes();
+            let pending = copied.to_device().map_err(kernel_failure(work, "reload"))?;
+            let kept = pending.held_bytes();
+            self.pending.insert(work, pending);
+            self.hold(Table::Pending, work, kept);
+        } else {
+            return Err(StageError::bug(format!(
                 "reload of {}: nothing in the host store",
                 display(work)
-            ))
-        })?;
-        self.host_bytes -= copied.bytes();
-        let saved = copied.to_device().map_err(kernel_failure(work, "reload"))?;
-        self.keep_saved(work, saved);
+            )));
+        }
         self.record(Task::Reload(work), start);
         Ok(())
     }
@@ -512,7 +533,7 @@ impl StageCompute for GptStage {
     }
 
     fn flush(&mut self) -> Result<(), StageError> {
-        match self.pending.keys().next() {
+        match self.pending.keys().chain(self.host_pending.keys()).next() {
             Some(work) => Err(StageError::bug(format!(
                 "the weight gradient of {} never ran",
                 display(*work)
@@ -526,6 +547,17 @@ impl StageCompute for GptStage {
 /// built every tensor the kernels check but the data's).
 fn kernel_failure(work: Work, what: &'static str) -> impl FnOnce(KernelError) -> StageError {
     move |e| StageError::caused_by(kernel_fault(&e), format!("{what} of {}", display(work)), e)
+}
+
+/// The bug of a backward that finds no `what` for `work` on the device (`on_host`: it is in the
+/// host store, no reload ran).
+fn missing_state(what: &str, work: Work, on_host: bool) -> StageError {
+    let place = if on_host {
+        " on the device (it is in the host store: no reload ran)"
+    } else {
+        ""
+    };
+    StageError::bug(format!("no {what} for {}{place}", display(work)))
 }
 
 fn display(work: Work) -> String {

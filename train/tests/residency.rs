@@ -13,14 +13,17 @@ use tiny_gpt::{batch, bits, config};
 
 const MICROBATCHES: u32 = 8;
 
-/// Recompute and offload on their own and together, over 1F1B, interleaving, DualPipe and the
-/// full composition with DualPipeV (4 ranks, 8 microbatches).
+/// Recompute and offload on their own and together, over 1F1B, interleaving, DualPipe, the full
+/// composition with DualPipeV, ZB-H1 and ZB-V (4 ranks, 8 microbatches).
 const RESIDENCY_SCHEDULES: &[&str] = &[
     "recompute(f1b(gpipe), memory=1)",
     "offload(f1b(gpipe), memory=1)",
     "offload(vpp(f1b(gpipe), chunks=2), memory=2)",
     "recompute(zero_bubble(dual(f1b(gpipe))), memory=3)",
     "offload(recompute(zero_bubble(dual(vpp(f1b(gpipe), chunks=2))), memory=4), memory=3.5)",
+    // What the delayed Ws keep moved out between their I and W.
+    "offload(zero_bubble(f1b(gpipe), policy=h1), memory=2)",
+    "offload(zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v)), memory=2)",
 ];
 
 /// One deterministic step of `expression` on `ranks` ranks, and its gradients in order.
@@ -56,6 +59,10 @@ fn measured_device_bytes_fall_as_the_plan_predicts() {
     for (kept, managed) in [
         ("f1b(gpipe)", "recompute(f1b(gpipe), memory=1)"),
         ("f1b(gpipe)", "offload(f1b(gpipe), memory=1)"),
+        (
+            "zero_bubble(f1b(gpipe), policy=h1)",
+            "offload(zero_bubble(f1b(gpipe), policy=h1), memory=2)",
+        ),
     ] {
         let predicted = |e: &str| -> Vec<f64> {
             peak_per_rank(&plan(e, 4, MICROBATCHES))

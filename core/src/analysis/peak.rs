@@ -6,7 +6,9 @@
 //! - F adds `total`; I frees `total - weight_grad`; W frees `weight_grad` (B both);
 //! - the forward of a recomputed pair (one with an `R` task) frees `total - checkpoint` right after
 //!   it (the peak counts the forward's activations while it runs); its `R` holds them again;
-//! - `OFFLOAD` moves the pair's `total` from the device to the host, `RELOAD` moves it back.
+//! - `OFFLOAD` moves what the pair holds from the device to the host (its `total` before its
+//!   input-gradient backward, its `weight_grad` part between that and its W), `RELOAD` moves it
+//!   back.
 //!
 //! The order is exact about time as well, by the rule the replay engine keeps
 //! ([`crate::analysis::replay`]): a task that allocates on the device (a forward, a recompute, a
@@ -52,6 +54,9 @@ fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
     let figures = plan.memory().stages();
     let dropped = dropped_in(order);
     let (mut held, mut host, mut host_peak) = (0.0f64, 0.0f64, 0.0f64);
+    // With transfers: the pairs whose input gradient ran (an offload after it moves the W's part).
+    let transfers = order.iter().any(Task::on_link);
+    let mut backed: HashSet<Work> = HashSet::new();
     for task in order {
         let Some(m) = figures.get(task.work().stage.index()) else {
             visit(task, held);
@@ -63,14 +68,16 @@ fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
                 held += m.dropped();
                 during = held;
             }
-            Task::Offload(_) => {
-                held -= m.total();
-                host += m.total();
+            Task::Offload(w) => {
+                let moved = moved_by(m, backed.contains(&w));
+                held -= moved;
+                host += moved;
                 host_peak = host_peak.max(host);
             }
-            Task::Reload(_) => {
-                held += m.total();
-                host -= m.total();
+            Task::Reload(w) => {
+                let moved = moved_by(m, backed.contains(&w));
+                held += moved;
+                host -= moved;
                 during = held;
             }
             _ => {
@@ -88,6 +95,9 @@ fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
                     {
                         held -= m.dropped();
                     }
+                    if transfers && op.kind == OpKind::InputGrad {
+                        backed.insert(work);
+                    }
                     ControlFlow::Continue(())
                 });
             }
@@ -95,6 +105,16 @@ fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
         visit(task, during);
     }
     host_peak
+}
+
+/// What a transfer of a pair on a stage with figures `m` moves: all its activations, or after its
+/// input-gradient backward (`backed`) the part kept for its weight gradient.
+fn moved_by(m: &crate::ir::memory::StageMemory, backed: bool) -> f64 {
+    if backed {
+        m.weight_grad()
+    } else {
+        m.total()
+    }
 }
 
 /// Per rank, per task of its order, the most device memory held while the task runs: where a
@@ -230,5 +250,31 @@ mod tests {
         let peaks = peak_per_rank(&one_rank(&cells, 1.0, 0.0));
         assert_eq!((peaks[0].peak, peaks[0].host_peak), (2.0, 1.0));
         assert_eq!(peaks[0].at.unwrap().to_string(), "0F1");
+    }
+
+    #[test]
+    fn an_offload_after_the_input_gradient_moves_what_the_w_keeps() {
+        // Half of each pair is kept for its W. 0F0 is moved out whole before its I (1) and
+        // again, its W's half (0.5), between its I and W (a transfer counts what was held
+        // before it).
+        let cells = [
+            "0F0",
+            "0OFFLOAD0",
+            "0F1",
+            "0RELOAD0",
+            "0I0",
+            "0OFFLOAD0",
+            "0I1",
+            "0RELOAD0",
+            "0W0",
+            "0W1",
+        ];
+        let plan = one_rank(&cells, 0.5, 0.0);
+        let held = held_per_task(&plan);
+        assert_eq!(
+            held,
+            vec![vec![1.0, 1.0, 1.0, 2.0, 2.0, 1.5, 1.0, 1.0, 1.0, 0.5]]
+        );
+        assert_eq!(peak_per_rank(&plan)[0].host_peak, 1.0);
     }
 }

@@ -9,8 +9,8 @@
 //! The residency tasks ([`Task::is_residency`]) have their own rules. A recompute runs on the rank
 //! like any compute. The transfers (offload, reload) run on the rank's host link, one at a time in
 //! their order: a transfer is issued when the compute before it in the order has ended and starts
-//! once the link is free; the computes go on beside it. A backward (the I of an offloaded pair)
-//! starts only after its reload has ended, and a task that allocates device memory (a forward, a
+//! once the link is free; the computes go on beside it. A backward (the I of an offloaded pair,
+//! or its W when the transfers sit between its I and W) starts only after its reload has ended, and a task that allocates device memory (a forward, a
 //! recompute; a reload by the link's own order) only after every offload earlier in the rank's order
 //! has ended, so the memory freed at an offload's place in the order is free by then (what
 //! [`crate::analysis::peak`] counts on). The timeline keeps every task at its place in the rank's
@@ -260,7 +260,9 @@ fn replay_bounded(
                     let Some((slot, flow)) = located else {
                         return ControlFlow::Break(Stop::OutOfRange(op));
                     };
-                    if host.offloads && op.kind == OpKind::InputGrad {
+                    // A backward of an offloaded pair waits for its reload (an I, or the W of a
+                    // pair offloaded between its I and W).
+                    if host.offloads && op.kind != OpKind::Forward {
                         start = start.max(host.reloaded(slots.pair(op.stage, op.microbatch)));
                     }
                     own[count] = slot;
@@ -550,6 +552,23 @@ mod tests {
             .map(|&(t, a, b)| (t.to_string(), a, b))
             .collect();
         assert_eq!(times, expected);
+    }
+
+    #[test]
+    fn a_w_waits_for_the_reload_of_what_it_keeps() {
+        // 0F0 [0,1], 0I0 [1,2]; what its W keeps goes out [2,4] and comes back [4,6] (issued
+        // after 0I0, once the link is free): 0W0 waits for it.
+        let plan = crate::testing::plan(1, &["0F0 0I0 0OFFLOAD0 0RELOAD0 0W0"]);
+        let duration = |t: &Task| if t.on_link() { 2.0 } else { 1.0 };
+        let replayed = replay(&plan, duration, 0.0, true).unwrap();
+        let times: Vec<(f64, f64)> = replayed.timeline[0]
+            .iter()
+            .map(|t| (t.start, t.end))
+            .collect();
+        assert_eq!(
+            times,
+            [(0.0, 1.0), (1.0, 2.0), (2.0, 4.0), (4.0, 6.0), (6.0, 7.0)]
+        );
     }
 
     #[test]

@@ -29,8 +29,9 @@ pub fn slack(plan: &Plan, simulation: &Simulation) -> Vec<Vec<f64>> {
     let comm = plan.costs().comm();
     // Where each op runs: (rank, position).
     let mut at_op = vec![(u32::MAX, u32::MAX); slots.len()];
-    // Per pair, where its reload runs.
-    let mut reload_of = vec![(u32::MAX, u32::MAX); slots.pairs()];
+    // Per pair, the positions of its reloads on its rank (one before its I, maybe one between its
+    // I and W), in order.
+    let mut reload_of = vec![[u32::MAX; 2]; slots.pairs()];
     for (r, tasks) in timeline.iter().enumerate() {
         for (i, t) in tasks.iter().enumerate() {
             let (ops, count) = t.task.op_array();
@@ -41,7 +42,8 @@ pub fn slack(plan: &Plan, simulation: &Simulation) -> Vec<Vec<f64>> {
             }
             if let Task::Reload(w) = t.task {
                 if let Some(pair) = slots.pair(w.stage, w.microbatch) {
-                    reload_of[pair] = (r as u32, i as u32);
+                    let at = &mut reload_of[pair];
+                    at[usize::from(at[0] != u32::MAX)] = i as u32;
                 }
             }
         }
@@ -107,11 +109,13 @@ pub fn slack(plan: &Plan, simulation: &Simulation) -> Vec<Vec<f64>> {
                 bound(dr as usize, di as usize, latest_start - latency);
                 ControlFlow::Continue(())
             });
-            if op.kind == OpKind::InputGrad {
+            // A backward waits for its pair's reload when the reload comes before it (an I, or
+            // the W of a pair moved out between its I and W).
+            if op.kind != OpKind::Forward {
                 if let Some(pair) = slots.pair(op.stage, op.microbatch) {
-                    let (rr, ri) = reload_of[pair];
-                    if rr != u32::MAX {
-                        bound(rr as usize, ri as usize, latest_start);
+                    let before = reload_of[pair].iter().rev().find(|&&ri| (ri as usize) < i);
+                    if let Some(&ri) = before {
+                        bound(r, ri as usize, latest_start);
                     }
                 }
             }

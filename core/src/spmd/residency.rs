@@ -6,10 +6,12 @@
 //! none yet; on the device after its forward; dropped (`Drop`, keeping the stage input) until its
 //! recompute (`R`) puts them back; on the host after an `Offload` until its `Reload`. So:
 //! - a `Drop` or an `Offload` follows the pair's forward on this rank, with the activations on
-//!   the device and not reloaded or recomputed already (each happens once);
+//!   the device and not reloaded or recomputed already (each happens once), except a second
+//!   `Offload` after a reload (what the W keeps, moved out between the I and the W);
 //! - an `R` finds the pair dropped, a `Reload` finds it offloaded;
 //! - the pair's input-gradient backward (an I, a B, or an overlapped F&B's backward) finds its
-//!   activations on the device;
+//!   activations on the device, and so does its weight-gradient backward (an offload between a
+//!   split backward's I and W moves what the W needs; its reload must come before the W);
 //! - every residency instruction names a stage of the rank.
 
 use crate::ir::ids::{RankId, StageId};
@@ -139,7 +141,10 @@ pub fn check_residency(problem: &Problem, set: &ProgramSet) -> Result<(), Locate
                 _ if matches!(instr, Instr::Reload(_)) => Held::Host,
                 _ => Held::Dropped,
             };
-            if held[pair] != needed {
+            // A second offload (what the W keeps, after the I) may follow a reload.
+            let again =
+                matches!(instr, Instr::Offload(_)) && held[pair] == Held::Device { moved: true };
+            if held[pair] != needed && !again {
                 return Err(fault(ResidencyFault::OutOfOrder {
                     instr: instr.to_string(),
                     found: place(held[pair]),
@@ -159,7 +164,7 @@ fn pairs_of<'a>(slots: &'a OpSlots, task: &Task, kind: OpKind) -> impl Iterator<
         .filter_map(|op| slots.pair(op.stage, op.microbatch))
 }
 
-/// A backward in `task` needs its pair's activations on the device.
+/// A backward in `task` needs its pair's activations on the device (a W: not on the host).
 fn backward_finds_activations(
     slots: &OpSlots,
     held: &[Held],
@@ -167,6 +172,14 @@ fn backward_finds_activations(
 ) -> Result<(), ResidencyFault> {
     for pair in pairs_of(slots, task, OpKind::InputGrad) {
         if matches!(held[pair], Held::Dropped | Held::Host) {
+            return Err(ResidencyFault::BackwardWithout {
+                task: *task,
+                found: place(held[pair]),
+            });
+        }
+    }
+    for pair in pairs_of(slots, task, OpKind::WeightGrad) {
+        if held[pair] == Held::Host {
             return Err(ResidencyFault::BackwardWithout {
                 task: *task,
                 found: place(held[pair]),
@@ -196,6 +209,36 @@ mod tests {
         (plan.problem().clone(), set)
     }
 
+    /// `set` with the first reload of `rank`'s program moved to its end.
+    fn first_reload_last(set: &ProgramSet, rank: usize) -> ProgramSet {
+        let mut broken = set.clone();
+        let instrs = &mut broken.programs[rank].instrs;
+        let reload = instrs
+            .iter()
+            .position(|i| matches!(i, Instr::Reload(_)))
+            .expect("the fixture reloads on that rank");
+        let moved = instrs.remove(reload);
+        instrs.push(moved);
+        broken
+    }
+
+    #[test]
+    fn what_a_w_keeps_may_leave_between_its_halves_but_must_be_back_for_it() {
+        let (problem, set) = projected(&[
+            "0F0 0OFFLOAD0 0F1 0RELOAD0 0I0 0OFFLOAD0 0I1 0RELOAD0 0W0 0W1",
+            "1F0 1I0 1F1 1I1 1OFFLOAD1 1W0 1RELOAD1 1W1",
+        ]);
+        check_residency(&problem, &set).unwrap();
+        // The second reload moved behind the W it is for.
+        let broken = first_reload_last(&set, 1);
+        let (rank, _, fault) = check_residency(&problem, &broken).unwrap_err();
+        assert_eq!(rank, RankId::new(1));
+        assert_eq!(
+            fault.to_string(),
+            "1W1 needs its forward's activations on the device, but they are on the host"
+        );
+    }
+
     #[test]
     fn projected_residency_passes_and_broken_orders_are_named() {
         let (problem, set) =
@@ -220,14 +263,7 @@ mod tests {
         );
 
         // The reload moved behind the backward.
-        let mut broken = set.clone();
-        let instrs = &mut broken.programs[0].instrs;
-        let reload = instrs
-            .iter()
-            .position(|i| matches!(i, Instr::Reload(_)))
-            .unwrap();
-        let moved = instrs.remove(reload);
-        instrs.push(moved);
+        let broken = first_reload_last(&set, 0);
         let (rank, _, fault) = check_residency(&problem, &broken).unwrap_err();
         assert_eq!(rank, RankId::new(0));
         assert_eq!(

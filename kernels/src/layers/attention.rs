@@ -149,7 +149,7 @@ impl Layer for Attention {
 composite!(Attention: AttentionPendingWeightGrad { c_attn, c_proj });
 held_tensors!(mut CoreSaved { qkv, probs });
 held_tensors!(mut AttentionSaved { c_attn, core, c_proj });
-held_tensors!(AttentionPendingWeightGrad { c_attn, c_proj });
+held_tensors!(mut AttentionPendingWeightGrad { c_attn, c_proj });
 
 #[cfg(test)]
 mod tests {

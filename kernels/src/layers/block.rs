@@ -213,7 +213,7 @@ impl ModelLayer for Block {
 
 composite!(Block: BlockPendingWeightGrad { ln_1, attn, ln_2, mlp });
 held_tensors!(mut BlockSaved { ln_1, attn, ln_2, mlp });
-held_tensors!(BlockPendingWeightGrad {
+held_tensors!(mut BlockPendingWeightGrad {
     ln_1,
     attn,
     ln_2,

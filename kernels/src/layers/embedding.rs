@@ -172,7 +172,7 @@ impl ModelLayer for Embedding {
 
 parameters!(Embedding { "wte.weight" => wte, "wpe.weight" => wpe });
 held_tensors!(mut EmbeddingSaved { token_ids, position_ids });
-held_tensors!(EmbeddingPendingWeightGrad {
+held_tensors!(mut EmbeddingPendingWeightGrad {
     token_ids,
     position_ids,
     grad_rows

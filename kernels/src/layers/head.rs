@@ -151,7 +151,7 @@ impl ModelLayer for Head {
 
 parameters!(Head { "ln_f" => ln_f, "lm_head.weight" => lm_head });
 held_tensors!(mut HeadSaved { normed_rows, ln_f });
-held_tensors!(HeadPendingWeightGrad {
+held_tensors!(mut HeadPendingWeightGrad {
     normed_rows,
     grad_rows,
     ln_f

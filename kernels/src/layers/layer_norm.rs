@@ -99,7 +99,7 @@ impl Layer for LayerNorm {
 
 parameters!(LayerNorm { "weight" => weight, "bias" => bias });
 held_tensors!(mut LayerNormSaved { normalized, rstd });
-held_tensors!(LayerNormPendingWeightGrad {
+held_tensors!(mut LayerNormPendingWeightGrad {
     normalized,
     grad_output
 });

@@ -121,7 +121,7 @@ impl Layer for Linear {
 
 parameters!(Linear { "weight" => weight, "bias" => bias });
 held_tensors!(mut LinearSaved { input_rows });
-held_tensors!(LinearPendingWeightGrad {
+held_tensors!(mut LinearPendingWeightGrad {
     input_rows,
     grad_rows
 });

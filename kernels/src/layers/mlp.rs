@@ -86,7 +86,7 @@ impl Layer for Mlp {
 
 composite!(Mlp: MlpPendingWeightGrad { c_fc, c_proj });
 held_tensors!(mut MlpSaved { c_fc, gelu, c_proj });
-held_tensors!(MlpPendingWeightGrad { c_fc, c_proj });
+held_tensors!(mut MlpPendingWeightGrad { c_fc, c_proj });
 
 #[cfg(test)]
 mod tests {

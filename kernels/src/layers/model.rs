@@ -388,7 +388,7 @@ macro_rules! register_layers {
         }
 
         $crate::layers::held_tensors!(mut enum AnySaved { $($kind(state)),+ });
-        $crate::layers::held_tensors!(enum AnyPending { $($kind(state)),+ });
+        $crate::layers::held_tensors!(mut enum AnyPending { $($kind(state)),+ });
     };
     (@kind $enum:ident { $($kind:ident),+ }) => {
         impl $enum {

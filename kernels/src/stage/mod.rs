@@ -136,7 +136,7 @@ pub struct StagePendingWeightGrad {
 }
 
 held_tensors!(mut StageSaved { kind });
-held_tensors!(StagePendingWeightGrad { layers });
+held_tensors!(mut StagePendingWeightGrad { layers });
 
 held_tensors!(mut enum SavedKind { Full(states), InputOnly(input) });
 
@@ -430,4 +430,4 @@ mod residency;
 #[cfg(test)]
 mod tests;
 
-pub use residency::HostSaved;
+pub use residency::{HostCopy, HostPending, HostSaved};

@@ -8,12 +8,16 @@
 //! - copied to host memory ([`StageSaved::to_host`]: every distinct tensor's elements into a host
 //!   buffer, the device tensors released) and copied back ([`HostSaved::to_device`]). Tensors that
 //!   several layers share are copied once and shared again after the reload.
+//!
+//! What the input-gradient backward keeps for the weight gradient moves the same way
+//! ([`StagePendingWeightGrad::to_host`], [`HostPending::to_device`]), for an offload between a
+//! split backward's I and W.
 
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 
-use super::{SavedKind, StageModel, StageSaved};
+use super::{SavedKind, StageModel, StagePendingWeightGrad, StageSaved};
 use crate::error::{KernelError, Result};
 use crate::layers::SavedTensorsMut;
 
@@ -75,11 +79,11 @@ impl HostTensor {
     }
 }
 
-/// A forward's saved state in host memory: its structure with placeholders where the tensors were,
-/// and the tensors' copies.
+/// A state in host memory: its structure with placeholders where the tensors were, and the
+/// tensors' copies.
 #[derive(Debug)]
-pub struct HostSaved {
-    shell: StageSaved,
+pub struct HostCopy<T> {
+    shell: T,
     /// The distinct tensors' copies.
     copies: Vec<HostTensor>,
     /// Per tensor slot of the shell (in [`SavedTensorsMut`] order), the copy it takes.
@@ -87,72 +91,100 @@ pub struct HostSaved {
     device: Device,
 }
 
-impl HostSaved {
+/// A forward's saved state in host memory.
+pub type HostSaved = HostCopy<StageSaved>;
+
+/// An input-gradient backward's state for the weight gradient in host memory.
+pub type HostPending = HostCopy<StagePendingWeightGrad>;
+
+impl<T> HostCopy<T> {
     /// Bytes the copies take in host memory.
     pub fn bytes(&self) -> usize {
         self.copies.iter().map(HostTensor::bytes).sum()
     }
+}
 
+impl HostSaved {
     /// Copies the state back to the device it came from.
     pub fn to_device(self) -> Result<StageSaved> {
-        let HostSaved {
-            mut shell,
-            copies,
-            slots,
-            device,
-        } = self;
-        let restored = copies
-            .iter()
-            .map(|c| c.to_device(&device))
-            .collect::<Result<Vec<_>>>()?;
-        for (tensor, &copy) in shell.tensor_slots().into_iter().zip(&slots) {
-            *tensor = restored[copy].clone();
-        }
-        Ok(shell)
+        back_to_device(self)
+    }
+}
+
+impl HostPending {
+    /// Copies the state back to the device it came from.
+    pub fn to_device(self) -> Result<StagePendingWeightGrad> {
+        back_to_device(self)
+    }
+}
+
+/// Copies every distinct tensor of `state` to host memory and releases its device tensors.
+fn to_host_copy<T: SavedTensorsMut>(mut state: T) -> Result<HostCopy<T>> {
+    let mut copies = Vec::new();
+    let mut slots = Vec::new();
+    let mut seen: HashMap<candle_core::TensorId, usize> = HashMap::new();
+    let mut device = Device::Cpu;
+    let placeholder =
+        Tensor::zeros(0, DType::F32, &Device::Cpu).map_err(KernelError::backend("copy to host"))?;
+    let mut tensors = Vec::new();
+    state.tensors_mut(&mut tensors);
+    for tensor in tensors {
+        device = tensor.device().clone();
+        let copy = match seen.get(&tensor.id()) {
+            Some(&k) => k,
+            None => {
+                copies.push(HostTensor::copy_of(tensor)?);
+                seen.insert(tensor.id(), copies.len() - 1);
+                copies.len() - 1
+            }
+        };
+        slots.push(copy);
+        *tensor = placeholder.clone();
+    }
+    Ok(HostCopy {
+        shell: state,
+        copies,
+        slots,
+        device,
+    })
+}
+
+/// The state of `copy` on its device again, tensors shared as they were.
+fn back_to_device<T: SavedTensorsMut>(copy: HostCopy<T>) -> Result<T> {
+    let HostCopy {
+        mut shell,
+        copies,
+        slots,
+        device,
+    } = copy;
+    let restored = copies
+        .iter()
+        .map(|c| c.to_device(&device))
+        .collect::<Result<Vec<_>>>()?;
+    let mut tensors = Vec::new();
+    shell.tensors_mut(&mut tensors);
+    for (tensor, &copy) in tensors.into_iter().zip(&slots) {
+        *tensor = restored[copy].clone();
+    }
+    Ok(shell)
+}
+
+impl StagePendingWeightGrad {
+    /// Copies the state to host memory and releases its device tensors.
+    pub fn to_host(self) -> Result<HostPending> {
+        to_host_copy(self)
     }
 }
 
 impl StageSaved {
-    /// Every tensor slot of the state, mutably (the same tensors [`StageSaved::held_bytes`]
-    /// counts).
-    fn tensor_slots(&mut self) -> Vec<&mut Tensor> {
-        let mut out = Vec::new();
-        self.tensors_mut(&mut out);
-        out
-    }
-
     /// Whether the state holds only the stage input (a dropped forward, or recompute mode).
     pub fn is_checkpoint(&self) -> bool {
         matches!(self.kind, SavedKind::InputOnly(_))
     }
 
     /// Copies the state to host memory and releases its device tensors.
-    pub fn to_host(mut self) -> Result<HostSaved> {
-        let mut copies = Vec::new();
-        let mut slots = Vec::new();
-        let mut seen: HashMap<candle_core::TensorId, usize> = HashMap::new();
-        let mut device = Device::Cpu;
-        let placeholder = Tensor::zeros(0, DType::F32, &Device::Cpu)
-            .map_err(KernelError::backend("copy to host"))?;
-        for tensor in self.tensor_slots() {
-            device = tensor.device().clone();
-            let copy = match seen.get(&tensor.id()) {
-                Some(&k) => k,
-                None => {
-                    copies.push(HostTensor::copy_of(tensor)?);
-                    seen.insert(tensor.id(), copies.len() - 1);
-                    copies.len() - 1
-                }
-            };
-            slots.push(copy);
-            *tensor = placeholder.clone();
-        }
-        Ok(HostSaved {
-            shell: self,
-            copies,
-            slots,
-            device,
-        })
+    pub fn to_host(self) -> Result<HostSaved> {
+        to_host_copy(self)
     }
 }
 

@@ -11,6 +11,8 @@
 //!
 //! Which pairs: the relief loop of [`crate::schedules::relief`]. At the first task where a rank
 //! holds more than `N`, every pair held across it is a candidate: offloaded right after its forward
+//! (or, where what its W keeps is held across it, right after its input-gradient backward, and
+//! reloaded before its W: the memory of zero-bubble plans' delayed Ws)
 //! and reloaded right after the last task of its window that breaks the limit (as early as memory
 //! allows, so the transfer has the most time to finish before the backward). Each is estimated by
 //! the stalls its transfers would cause (the next allocation waiting for the offload, the backward
@@ -44,7 +46,7 @@
 
 use super::relief::ReliefStrategy;
 use crate::pass::Requires;
-use crate::schedules::relief::{issued_at, reordered, Proposal, Step, Window, EPSILON};
+use crate::schedules::relief::{issued_at, reordered, Proposal, Reach, Step, Window, EPSILON};
 use pipeweave_core::{
     held_during, replay_within, OpKind, Plan, RankId, Residency, Simulation, Task,
 };
@@ -75,6 +77,8 @@ impl ReliefStrategy for Offload {
     const DONE: &'static str = "offloaded";
     /// Kept, or recomputed (left as they are).
     const ACCEPTS: &'static [Residency] = Requires::KEPT_OR_RECOMPUTED;
+    /// What a W keeps too, moved out between its I and W.
+    const REACH: Reach = Reach::WeightGrads;
 
     /// The pair offloaded after its forward and reloaded after the last break of its window,
     /// estimated by the stalls its transfers would cause on an idle link.
@@ -94,7 +98,7 @@ impl ReliefStrategy for Offload {
         let reload_stall = (issued + transfer - backward - step.slack[window.backward]).max(0.0);
         Proposal {
             estimate: fence_stall + reload_stall,
-            relieves: step.plan.memory().stages()[window.work.stage.index()].total(),
+            relieves: window.held(&step.plan.memory().stages()[window.work.stage.index()]),
             frees: window.forward + 1..reload_at,
             work: window.work,
             inserted: transfers(window, reload_at),
@@ -132,11 +136,31 @@ fn hoist_reloads(mut plan: Plan, limit: f64) -> Plan {
                 position += 1;
                 continue;
             };
-            let size = plan.memory().stages()[work.stage.index()].total();
             let offloaded = order[..position]
                 .iter()
                 .rposition(|t| *t == Task::Offload(work))
                 .unwrap_or(0);
+            // What comes back: the pair's activations, or (offloaded after its input-gradient
+            // backward) what its W keeps; the backward that waits for it.
+            let runs = |p: usize, kind: OpKind| {
+                order[p].ops().iter().any(|op| {
+                    op.kind == kind && op.stage == work.stage && op.microbatch == work.microbatch
+                })
+            };
+            let after_input = (offloaded..position).any(|p| runs(p, OpKind::InputGrad));
+            let (waiting, memory) = (
+                if after_input {
+                    OpKind::WeightGrad
+                } else {
+                    OpKind::InputGrad
+                },
+                &plan.memory().stages()[work.stage.index()],
+            );
+            let size = if after_input {
+                memory.weight_grad()
+            } else {
+                memory.total()
+            };
             // The earliest place from which every task up to the reload still fits with the pair
             // held again.
             let mut earliest = position;
@@ -146,13 +170,7 @@ fn hoist_reloads(mut plan: Plan, limit: f64) -> Plan {
             let timeline = &current.timeline[rank];
             let transfer = plan.costs().task_duration(&order[position]);
             let backward = (position..order.len())
-                .find(|&p| {
-                    order[p].ops().iter().any(|op| {
-                        op.kind == OpKind::InputGrad
-                            && op.stage == work.stage
-                            && op.microbatch == work.microbatch
-                    })
-                })
+                .find(|&p| runs(p, waiting))
                 .map_or(f64::INFINITY, |p| timeline[p].start);
             let in_time = (earliest..position)
                 .rev()
@@ -191,7 +209,7 @@ fn hoist_reloads(mut plan: Plan, limit: f64) -> Plan {
 mod tests {
     use crate::error::TransformError;
     use crate::testing::built;
-    use pipeweave_core::{max_peak, peak_per_rank, simulate, Plan, StageCostsSpec};
+    use pipeweave_core::{max_peak, peak_per_rank, simulate, Plan, StageCostsSpec, Task};
 
     /// The plan `expression` builds at `ranks` x `microbatches`, unit costs and transfers of
     /// `transfer`.
@@ -271,5 +289,26 @@ mod tests {
             err.contains("reachable with pairs offloaded") && err.contains("still needs"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn what_delayed_weight_gradients_keep_is_offloaded_between_their_halves() {
+        // ZB-H1 at 8 ranks holds up to 8 pairs, most of them kept for Ws it runs late (every
+        // pair's memory is kept until its W by default): only moving that out reaches 3.
+        for expression in [
+            "offload(zero_bubble(f1b(gpipe), policy=h1), memory=3)",
+            "offload(zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v)), memory=4)",
+        ] {
+            let plan = build(expression, 8, 32, 0.5).unwrap();
+            assert!(max_peak(&plan) <= plan.memory_limit().unwrap() + 1e-9);
+            assert!(pipeweave_core::verify(&plan).is_ok(), "{expression}");
+            let between = plan.orders().iter().any(|order| {
+                order.iter().enumerate().any(|(p, t)| {
+                    let Task::Offload(w) = *t else { return false };
+                    order[..p].contains(&Task::InputGrad(w))
+                })
+            });
+            assert!(between, "{expression}: no offload between an I and its W");
+        }
     }
 }

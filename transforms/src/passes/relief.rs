@@ -18,7 +18,9 @@
 
 use crate::error::TransformError;
 use crate::pass::{Changes, Contract, Pass, Requires};
-use crate::schedules::relief::{floor, relieve, stuck_error, target_limit, Proposal, Step, Window};
+use crate::schedules::relief::{
+    floor, relieve, stuck_error, target_limit, Proposal, Reach, Step, Window,
+};
 use pipeweave_core::{Plan, Residency, Task};
 use std::fmt::Debug;
 
@@ -34,6 +36,10 @@ pub trait ReliefStrategy: Copy + Debug + PartialEq + Send + Sync + 'static {
     const TRIES: usize = 1;
     /// The residencies the pass accepts: activations kept, or relieved by other strategies only.
     const ACCEPTS: &'static [Residency];
+    /// The windows the strategy can relieve: by default a pair's activations (forward to
+    /// input-gradient backward); an offload also takes what a W keeps between a split
+    /// backward's I and W.
+    const REACH: Reach = Reach::Activations;
 
     /// The proposal for `window`, one of `step`'s candidates, with its estimated cost.
     fn propose(&self, step: &Step<'_>, window: &Window) -> Proposal;
@@ -100,13 +106,15 @@ impl<S: ReliefStrategy> Pass for Relief<S> {
 
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
         let limit = target_limit(self.memory, &plan)?;
-        let fitted = relieve(plan.clone(), limit, S::TRIES, |step| {
+        let fitted = relieve(plan.clone(), limit, S::TRIES, S::REACH, |step| {
             let propose = |window| self.strategy.propose(step, window);
             step.candidates.iter().map(propose).collect()
         })
         .map_err(|stuck| {
-            let least = floor(&plan, |window| self.strategy.relieve_whole(window));
-            stuck_error(S::DONE, limit, &stuck, least)
+            let least = floor(&plan, S::REACH, |window| {
+                self.strategy.relieve_whole(window)
+            });
+            stuck_error(S::DONE, S::REACH, limit, &stuck, least)
         })?;
         self.strategy
             .finish(fitted, limit)

@@ -6,7 +6,8 @@
 //! The loop: find the first task, in rank order, during which a rank holds more than the limit
 //! (a [`Break`], from [`held_per_task`]); the pairs whose activations are held across it (their
 //! forward before it, their input-gradient backward after it, no residency task yet) are the
-//! candidates ([`Window`]s). The pass's strategy proposes one rewrite per candidate with an
+//! candidates ([`Window`]s), and, for a strategy that reaches them ([`Reach::WeightGrads`]: an
+//! offload), the pairs whose W keeps memory across it (their I before it, their W after it). The pass's strategy proposes one rewrite per candidate with an
 //! estimate of the time it costs; with one try per step (both built-in strategies) the estimates
 //! decide and every break of the rank is relieved in one sweep, with more the cheapest few are
 //! simulated and the fastest is kept. A relieved pair holds nothing at the break any more and no
@@ -36,15 +37,49 @@ pub struct Break {
     pub held: f64,
 }
 
-/// A pair whose activations a rank holds from its forward to its backward.
+/// What a window's pair holds in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Span {
+    /// Its activations, from its forward to its input-gradient backward.
+    Activations,
+    /// What its weight gradient needs, from its input-gradient backward to its W (a split
+    /// backward only).
+    WeightGrad,
+}
+
+/// A pair whose memory a rank holds from one of its tasks to a later one.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Window {
     /// The pair.
     pub work: Work,
-    /// Position of the task running its forward.
+    /// Position of the task after which it is held: its forward (its input-gradient backward
+    /// for [`Span::WeightGrad`]).
     pub forward: usize,
-    /// Position of the task running its input-gradient backward.
+    /// Position of the task that needs it: its input-gradient backward (its W for
+    /// [`Span::WeightGrad`]).
     pub backward: usize,
+    /// What is held.
+    pub span: Span,
+}
+
+impl Window {
+    /// The memory the pair holds in the window on a stage of figures `memory`.
+    pub fn held(&self, memory: &pipeweave_core::StageMemory) -> f64 {
+        match self.span {
+            Span::Activations => memory.total(),
+            Span::WeightGrad => memory.weight_grad(),
+        }
+    }
+}
+
+/// Which windows a relief pass may take: activations only (a recompute), or the memory kept for
+/// weight gradients too (an offload can move it out between a split backward's I and W).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// Forward to input-gradient backward.
+    Activations,
+    /// Those, and input-gradient backward to W.
+    WeightGrads,
 }
 
 /// A rewrite one candidate proposes: its estimated cost in time, what it frees and where, and
@@ -75,15 +110,23 @@ pub fn first_break(held: &[Vec<f64>], limit: f64) -> Option<Break> {
     })
 }
 
-/// Every pair on `order` (a rank's order) with its forward's and backward's positions, leaving
-/// out pairs that already have a residency task.
-pub fn windows(order: &[Task]) -> Vec<Window> {
+/// Every pair on `order` (a rank's order) with its forward's and backward's positions; with
+/// [`Reach::WeightGrads`], also every pair whose split backward's I and W run apart, from the I to
+/// the W. A window that already has a residency task is left out.
+pub fn windows(order: &[Task], reach: Reach) -> Vec<Window> {
     let mut forward: HashMap<Work, usize> = HashMap::new();
-    let mut managed: HashSet<Work> = HashSet::new();
+    let mut input: HashMap<Work, usize> = HashMap::new();
+    let mut managed: HashSet<(Work, Span)> = HashSet::new();
     let mut out = Vec::new();
     for (position, task) in order.iter().enumerate() {
         if task.is_residency() {
-            managed.insert(task.work());
+            let work = task.work();
+            let span = if input.contains_key(&work) {
+                Span::WeightGrad
+            } else {
+                Span::Activations
+            };
+            managed.insert((work, span));
             continue;
         }
         for op in task.ops() {
@@ -101,20 +144,30 @@ pub fn windows(order: &[Task]) -> Vec<Window> {
                             work,
                             forward: at,
                             backward: position,
+                            span: Span::Activations,
                         });
                     }
+                    input.insert(work, position);
                 }
-                OpKind::WeightGrad => {}
+                OpKind::WeightGrad => match input.get(&work) {
+                    Some(&at) if reach == Reach::WeightGrads && at < position => out.push(Window {
+                        work,
+                        forward: at,
+                        backward: position,
+                        span: Span::WeightGrad,
+                    }),
+                    _ => {}
+                },
             }
         }
     }
-    out.retain(|w| !managed.contains(&w.work));
+    out.retain(|w| !managed.contains(&(w.work, w.span)));
     out
 }
 
-/// The windows of `order` held across `position`.
-pub fn spanning(order: &[Task], position: usize) -> Vec<Window> {
-    windows(order)
+/// The windows of `order` within `reach` held across `position`.
+pub fn spanning(order: &[Task], position: usize, reach: Reach) -> Vec<Window> {
+    windows(order, reach)
         .into_iter()
         .filter(|w| w.forward < position && position < w.backward)
         .collect()
@@ -176,6 +229,7 @@ pub fn relieve(
     mut plan: Plan,
     limit: f64,
     tries: usize,
+    reach: Reach,
     propose: impl Fn(&Step<'_>) -> Vec<Proposal>,
 ) -> Result<Plan, Stuck> {
     let mut simulation = simulate(&plan).ok();
@@ -200,7 +254,7 @@ pub fn relieve(
                 &slacks[at.rank],
                 at,
                 &held[at.rank],
-                limit,
+                (limit, reach),
                 &propose,
             );
             if swept.is_empty() {
@@ -208,7 +262,7 @@ pub fn relieve(
             }
             vec![swept]
         } else {
-            let candidates = ranked_candidates(order, at.position, &HashSet::new());
+            let candidates = ranked_candidates(order, at.position, reach, &HashSet::new());
             let step = Step {
                 plan: &plan,
                 simulation: current,
@@ -248,9 +302,15 @@ pub fn relieve(
     }
 }
 
-/// The windows of `order` held across `position`, leaving out `taken` pairs, longest-held first.
-fn ranked_candidates(order: &[Task], position: usize, taken: &HashSet<Work>) -> Vec<Window> {
-    let mut candidates: Vec<Window> = spanning(order, position)
+/// The windows of `order` within `reach` held across `position`, leaving out `taken` pairs,
+/// longest-held first.
+fn ranked_candidates(
+    order: &[Task],
+    position: usize,
+    reach: Reach,
+    taken: &HashSet<Work>,
+) -> Vec<Window> {
+    let mut candidates: Vec<Window> = spanning(order, position, reach)
         .into_iter()
         .filter(|w| !taken.contains(&w.work))
         .collect();
@@ -268,7 +328,7 @@ fn sweep(
     slack: &[f64],
     first: Break,
     held: &[f64],
-    limit: f64,
+    (limit, reach): (f64, Reach),
     propose: &impl Fn(&Step<'_>) -> Vec<Proposal>,
 ) -> Vec<(usize, Task)> {
     let order = &plan.orders()[first.rank];
@@ -277,7 +337,7 @@ fn sweep(
     let mut inserted = Vec::new();
     let mut at = first;
     loop {
-        let candidates = ranked_candidates(order, at.position, &taken);
+        let candidates = ranked_candidates(order, at.position, reach, &taken);
         let step = Step {
             plan,
             simulation,
@@ -375,14 +435,21 @@ pub fn reordered(plan: &Plan, orders: Vec<Vec<Task>>) -> Result<Plan, TransformE
 }
 
 /// The peak of `plan` with every pair that has no residency task relieved as `relieve_all` says
-/// (the tasks it inserts into the pair's rank's order): the least a relief pass can reach.
-pub fn floor(plan: &Plan, relieve_all: impl Fn(&Window) -> Vec<(usize, Task)>) -> f64 {
+/// over its windows within `reach` (the tasks it inserts into the pair's rank's order): the least
+/// a relief pass can reach.
+pub fn floor(
+    plan: &Plan,
+    reach: Reach,
+    relieve_all: impl Fn(&Window) -> Vec<(usize, Task)>,
+) -> f64 {
     let orders = plan
         .orders()
         .iter()
         .map(|order| {
-            let inserted: Vec<(usize, Task)> =
-                windows(order).iter().flat_map(&relieve_all).collect();
+            let inserted: Vec<(usize, Task)> = windows(order, reach)
+                .iter()
+                .flat_map(&relieve_all)
+                .collect();
             with_inserted(order, &inserted)
         })
         .collect();
@@ -391,13 +458,26 @@ pub fn floor(plan: &Plan, relieve_all: impl Fn(&Window) -> Vec<(usize, Task)>) -
 
 /// The error of a relief pass stuck at `stuck`, naming the least it can reach: `how` is what
 /// the pass does to a pair (`recomputed`, `offloaded`).
-pub fn stuck_error(how: &str, limit: f64, stuck: &Stuck, least: f64) -> TransformError {
+pub fn stuck_error(
+    how: &str,
+    reach: Reach,
+    limit: f64,
+    stuck: &Stuck,
+    least: f64,
+) -> TransformError {
+    let held_there = match reach {
+        Reach::Activations => "belongs to a running forward, or is kept for a weight gradient",
+        Reach::WeightGrads => {
+            "belongs to the running task, or to a pair whose backward runs whole or already has \
+             a residency task"
+        }
+    };
     TransformError::unmet(
         &format!("memory={limit} reachable with pairs {how}"),
         format!(
             "rank {} holds {:.4} while it runs {} (task {}), and no pair held across it can be \
-             {how} (what is held there belongs to a running forward, or is kept for a weight \
-             gradient); with every pair it may take {how}, this plan still needs {:.4}",
+             {how} (what is held there {held_there}); with every pair it may take {how}, this \
+             plan still needs {:.4}",
             stuck.at.rank, stuck.at.held, stuck.task, stuck.at.position, least
         ),
     )
@@ -446,25 +526,33 @@ mod tests {
     use crate::testing::tasks;
 
     #[test]
-    fn windows_span_from_forward_to_input_gradient() {
+    fn windows_span_from_forward_to_input_gradient_and_from_there_to_w() {
         let order = tasks("0F0 0F1 0I0 0F2 0W0 0B1 0R2 0B2");
-        let found: Vec<(String, usize, usize)> = windows(&order)
-            .iter()
-            .map(|w| {
-                (
-                    w.work.op(OpKind::Forward).to_string(),
-                    w.forward,
-                    w.backward,
-                )
-            })
-            .collect();
-        // Pair 2 has a recompute already.
-        assert_eq!(
-            found,
-            [("0F0".to_string(), 0, 2), ("0F1".to_string(), 1, 5)]
-        );
-        let across: Vec<usize> = spanning(&order, 3).iter().map(|w| w.forward).collect();
-        assert_eq!(across, [1]);
+        let found = |reach| -> Vec<(String, usize, usize, Span)> {
+            windows(&order, reach)
+                .iter()
+                .map(|w| {
+                    let forward = w.work.op(OpKind::Forward).to_string();
+                    (forward, w.forward, w.backward, w.span)
+                })
+                .collect()
+        };
+        // Pair 2 has a recompute already (before its backward).
+        let activations = [
+            ("0F0".to_string(), 0, 2, Span::Activations),
+            ("0F1".to_string(), 1, 5, Span::Activations),
+        ];
+        assert_eq!(found(Reach::Activations), activations);
+        // Pair 0's I and W run apart (positions 2 and 4); pair 1's B runs both at once.
+        let mut with_weights = activations.to_vec();
+        with_weights.insert(1, ("0F0".to_string(), 2, 4, Span::WeightGrad));
+        assert_eq!(found(Reach::WeightGrads), with_weights);
+        let across = |reach| -> Vec<usize> {
+            let spans = spanning(&order, 3, reach);
+            spans.iter().map(|w| w.forward).collect()
+        };
+        assert_eq!(across(Reach::Activations), [1]);
+        assert_eq!(across(Reach::WeightGrads), [2, 1]);
     }
 
     #[test]

@@ -18,9 +18,11 @@
 //!    `total - weight_grad`, W frees `weight_grad`, with the residency tasks' moves) exceed it.
 //! 7. **Residency.** Every recompute and transfer names an existing (stage, microbatch) pair and
 //!    runs on the rank of its stage; a pair is recomputed at most once, offloaded and reloaded at
-//!    most once each, never both recomputed and offloaded, and an offload has its reload; on the
-//!    rank, the pair's F comes before its R, and the R before the task running its I; F before
-//!    OFFLOAD, OFFLOAD before RELOAD, RELOAD before the I.
+//!    most once each before its I and once each between a split backward's I and W, never both
+//!    recomputed and offloaded before its I, and an offload has its reload in the same window; on
+//!    the rank, the pair's F comes before its R, and the R before the task running its I; F before
+//!    OFFLOAD, OFFLOAD before RELOAD, RELOAD before the I (or, between the I and the W, before
+//!    the W).
 //!
 //! Check 7 runs right after 1 to 3 (the replay of check 5 relies on it); checks 4 to 7 run only
 //! when 1 to 3 hold, because they are meaningless on an incomplete plan.

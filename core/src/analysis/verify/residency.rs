@@ -1,5 +1,8 @@
-//! Check 7 of the verifier: every recompute and transfer names a pair of its rank, at most once
-//! of each kind, in the order F, R or OFFLOAD and RELOAD, then the backward.
+//! Check 7 of the verifier: every recompute and transfer names a pair of its rank, in the order
+//! F, R or OFFLOAD and RELOAD, then the backward; and, for a pair whose backward is split, maybe
+//! a second OFFLOAD and RELOAD between its input-gradient and its weight-gradient backward (what
+//! the W keeps moved to the host and back). Each at most once per window; a pair is not both
+//! recomputed and offloaded before its backward.
 
 use super::structure::{out_of_range, positions};
 use super::{Report, Violation};
@@ -8,12 +11,13 @@ use crate::ir::ids::RankId;
 use crate::ir::op::{OpKind, Task, Work};
 use crate::ir::plan::Plan;
 
-/// Where a pair's residency tasks sit in its rank's order (`NONE` for none).
+/// Where a pair's residency tasks sit in its rank's order (`NONE` for none); transfers per
+/// window: before the input-gradient backward (0), between it and the W (1).
 #[derive(Clone, Copy)]
 struct PairTasks {
     recompute: u32,
-    offload: u32,
-    reload: u32,
+    offload: [u32; 2],
+    reload: [u32; 2],
 }
 
 const NONE: u32 = u32::MAX;
@@ -31,8 +35,8 @@ pub(super) fn check_residency(plan: &Plan, links: &Links, out: &mut Report) {
     let mut pairs = vec![
         PairTasks {
             recompute: NONE,
-            offload: NONE,
-            reload: NONE,
+            offload: [NONE; 2],
+            reload: [NONE; 2],
         };
         slots.pairs()
     ];
@@ -64,30 +68,42 @@ pub(super) fn check_residency(plan: &Plan, links: &Links, out: &mut Report) {
                 )));
                 continue;
             }
+            let at = at as u32;
             let pair = slots.pair(w.stage, w.microbatch).expect("the pair exists");
+            let input = at_op(w, OpKind::InputGrad);
+            let k = window_of(task, at, input, &pairs[pair]);
             let entry = &mut pairs[pair];
             let (slot, what) = match task {
                 Task::Recompute(_) => (&mut entry.recompute, "recomputed"),
-                Task::Offload(_) => (&mut entry.offload, "offloaded"),
-                _ => (&mut entry.reload, "reloaded"),
+                Task::Offload(_) => (&mut entry.offload[k], "offloaded"),
+                _ => (&mut entry.reload[k], "reloaded"),
             };
             if *slot != NONE {
                 out.push(fault(format!("the pair is {what} a second time")));
                 continue;
             }
-            *slot = at as u32;
+            *slot = at;
             let forward = at_op(w, OpKind::Forward);
-            let backward = at_op(w, OpKind::InputGrad);
-            if forward >= at as u32 {
+            let weight = at_op(w, OpKind::WeightGrad);
+            if forward >= at {
                 out.push(fault(format!(
                     "it comes before {}, the forward it follows",
                     w.op(OpKind::Forward)
                 )));
             }
-            if backward <= at as u32 {
+            let placed = if k == 0 {
+                at < input
+            } else {
+                input < at && at < weight
+            };
+            if !placed {
+                let (op, what) = if k == 1 && input < weight {
+                    (w.op(OpKind::WeightGrad), "weight-gradient backward")
+                } else {
+                    (w.op(OpKind::InputGrad), "backward")
+                };
                 out.push(fault(format!(
-                    "it comes after {}, the backward it must precede",
-                    w.op(OpKind::InputGrad)
+                    "it comes after {op}, the {what} it must precede"
                 )));
             }
         }
@@ -99,23 +115,26 @@ pub(super) fn check_residency(plan: &Plan, links: &Links, out: &mut Report) {
                 continue;
             };
             let entry = pairs[pair];
+            let at = at as u32;
+            let input = slots
+                .op(w.op(OpKind::InputGrad))
+                .map_or(NONE, |slot| position[slot]);
+            let k = window_of(task, at, input, &entry);
             let reason = match task {
-                Task::Recompute(_) if entry.offload != NONE => {
+                Task::Recompute(_) if entry.offload[0] != NONE => {
                     "the pair is both recomputed and offloaded"
                 }
-                Task::Offload(_) if entry.reload == NONE => "the pair is never reloaded",
-                Task::Reload(_) if entry.offload == NONE => "the pair was never offloaded",
-                Task::Reload(_) if entry.offload > at as u32 => {
-                    "it comes before the pair's offload"
-                }
+                Task::Offload(_) if entry.reload[k] == NONE => "the pair is never reloaded",
+                Task::Reload(_) if entry.offload[k] == NONE => "the pair was never offloaded",
+                Task::Reload(_) if entry.offload[k] > at => "it comes before the pair's offload",
                 _ => continue,
             };
-            if entry_at(task, entry) != at as u32 {
+            if entry_at(task, entry, k) != at {
                 continue; // a repeat, reported above
             }
             out.push(Violation::Residency {
                 rank: RankId::new(r as u32),
-                position: at,
+                position: at as usize,
                 task: *task,
                 reason: reason.to_string(),
             });
@@ -123,11 +142,22 @@ pub(super) fn check_residency(plan: &Plan, links: &Links, out: &mut Report) {
     }
 }
 
-/// Where `pairs` recorded the first of `task`'s kind.
-fn entry_at(task: &Task, entry: PairTasks) -> u32 {
+/// The window of residency task `task` at position `at` of its pair (`input`: where its I runs;
+/// `entry`: its tasks seen so far): an offload's by where it sits, a reload's that of the
+/// offload before it, a recompute's always the first.
+fn window_of(task: &Task, at: u32, input: u32, entry: &PairTasks) -> usize {
+    match task {
+        Task::Offload(_) => usize::from(input < at),
+        Task::Reload(_) => usize::from(entry.offload[1] < at),
+        _ => 0,
+    }
+}
+
+/// Where `pairs` recorded the first of `task`'s kind (a transfer's in window `k`).
+fn entry_at(task: &Task, entry: PairTasks, k: usize) -> u32 {
     match task {
         Task::Recompute(_) => entry.recompute,
-        Task::Offload(_) => entry.offload,
-        _ => entry.reload,
+        Task::Offload(_) => entry.offload[k],
+        _ => entry.reload[k],
     }
 }

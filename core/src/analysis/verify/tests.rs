@@ -119,6 +119,37 @@ fn misplaced_recomputes_and_transfers_are_named() {
 }
 
 #[test]
+fn transfers_between_a_split_backward_s_halves_are_checked_like_the_others() {
+    // Pair 0 moved out before its I and again between its I and W; pair 1 recomputed, then what
+    // its W keeps moved out.
+    let sound = [
+        "0F0 0OFFLOAD0 0F1 0RELOAD0 0I0 0OFFLOAD0 0I1 0RELOAD0 0W0 0W1",
+        "1F0 1I0 1F1 1R1 1I1 1OFFLOAD1 1W0 1RELOAD1 1W1",
+    ];
+    check(sound, &[]);
+    check(
+        ["0F0 0F1 0I0 0OFFLOAD0 0I1 0W0 0RELOAD0 0W1", "1F0 1B0 1F1 1B1"],
+        &["task 0RELOAD0 at position 6 on rank 0: it comes after 0W0, the weight-gradient backward it must precede"],
+    );
+    check(
+        [
+            "0F0 0OFFLOAD0 0F1 0I0 0RELOAD0 0I1 0W0 0W1",
+            "1F0 1B0 1F1 1B1",
+        ],
+        &[
+            "task 0RELOAD0 at position 4 on rank 0: it comes after 0I0, the backward it must precede",
+        ],
+    );
+    check(
+        ["0F0 0F1 0B0 0OFFLOAD0 0RELOAD0 0B1", "1F0 1B0 1F1 1B1"],
+        &[
+            "task 0OFFLOAD0 at position 3 on rank 0: it comes after 0I0, the backward it must precede",
+            "task 0RELOAD0 at position 4 on rank 0: it comes after 0I0, the backward it must precede",
+        ],
+    );
+}
+
+#[test]
 fn a_plan_missing_almost_everything_lists_a_bounded_report() {
     let plan = crate::testing::plan(4000, &["0F0"]);
     let found = violations(&plan);
