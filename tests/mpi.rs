@@ -90,6 +90,8 @@ fn recompute_and_offload_give_the_single_device_gradients() {
     gradients_are_equal(
         "offload(recompute(zero_bubble(vpp(f1b(gpipe), chunks=2)), memory=4), memory=3.5)",
     );
+    // What late Ws keep, moved out between their I and W.
+    gradients_are_equal("offload(zero_bubble(f1b(gpipe), policy=h1), memory=2)");
 }
 
 #[test]

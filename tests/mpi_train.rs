@@ -190,6 +190,12 @@ fn recompute_and_offload_give_the_threads_losses_bit_for_bit() {
         "4",
         "8",
     );
+    // What late Ws keep, moved out between their I and W.
+    equal_on_both_backends(
+        "offload(zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v)), memory=2)",
+        "4",
+        "8",
+    );
 }
 
 #[test]
