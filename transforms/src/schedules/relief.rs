@@ -262,7 +262,8 @@ pub fn relieve(
             }
             vec![swept]
         } else {
-            let candidates = ranked_candidates(order, at.position, reach, &HashSet::new());
+            let all = windows(order, reach);
+            let candidates = ranked_candidates(&all, at.position, &HashSet::new());
             let step = Step {
                 plan: &plan,
                 simulation: current,
@@ -302,17 +303,13 @@ pub fn relieve(
     }
 }
 
-/// The windows of `order` within `reach` held across `position`, leaving out `taken` pairs,
-/// longest-held first.
-fn ranked_candidates(
-    order: &[Task],
-    position: usize,
-    reach: Reach,
-    taken: &HashSet<Work>,
-) -> Vec<Window> {
-    let mut candidates: Vec<Window> = spanning(order, position, reach)
-        .into_iter()
-        .filter(|w| !taken.contains(&w.work))
+/// The windows of `all` (a rank's, [`windows`]) held across `position`, leaving out `taken`
+/// pairs, longest-held first.
+fn ranked_candidates(all: &[Window], position: usize, taken: &HashSet<Work>) -> Vec<Window> {
+    let mut candidates: Vec<Window> = all
+        .iter()
+        .filter(|w| w.forward < position && position < w.backward && !taken.contains(&w.work))
+        .copied()
         .collect();
     candidates.sort_by_key(|w| std::cmp::Reverse(w.backward - w.forward));
     candidates
@@ -332,12 +329,14 @@ fn sweep(
     propose: &impl Fn(&Step<'_>) -> Vec<Proposal>,
 ) -> Vec<(usize, Task)> {
     let order = &plan.orders()[first.rank];
+    // The order does not change during the sweep: its windows are found once.
+    let all = windows(order, reach);
     let mut held = held.to_vec();
     let mut taken: HashSet<Work> = HashSet::new();
     let mut inserted = Vec::new();
     let mut at = first;
     loop {
-        let candidates = ranked_candidates(order, at.position, reach, &taken);
+        let candidates = ranked_candidates(&all, at.position, &taken);
         let step = Step {
             plan,
             simulation,
