@@ -121,12 +121,13 @@ impl Replay {
     /// When the last recorded task ends (transfers included; 0 when nothing was recorded): the
     /// simulator's makespan.
     pub fn makespan(&self) -> f64 {
-        self.timeline
-            .iter()
-            .flatten()
-            .map(|t| t.end)
-            .fold(0.0, f64::max)
+        latest_end(&self.timeline)
     }
+}
+
+/// When the last task of `timeline` (per rank, its timed tasks) ends; 0 for none.
+pub(crate) fn latest_end(timeline: &[Vec<TimedTask>]) -> f64 {
+    timeline.iter().flatten().map(|t| t.end).fold(0.0, f64::max)
 }
 
 /// Replays `plan` with `duration` giving each task's length and `comm` the cross-rank latency.

@@ -13,7 +13,7 @@
 //! - the timeline of every task.
 
 use crate::analysis::peak::peak_per_rank;
-use crate::analysis::replay::{replay, ReplayError, TimedTask};
+use crate::analysis::replay::{latest_end, replay, ReplayError, TimedTask};
 use crate::ir::op::Task;
 use crate::ir::plan::Plan;
 
@@ -94,7 +94,7 @@ impl Simulation {
     pub fn from_timeline(plan: &Plan, timeline: Vec<Vec<TimedTask>>) -> Simulation {
         let costs = plan.costs();
         let peaks = peak_per_rank(plan);
-        let makespan = timeline.iter().flatten().map(|t| t.end).fold(0.0, f64::max);
+        let makespan = latest_end(&timeline);
         let ranks: Vec<RankFigures> = timeline
             .iter()
             .enumerate()
