@@ -10,9 +10,9 @@
 //! `pipeweave_core::analysis::replay`). Host memory holds what is offloaded (reported per rank).
 //!
 //! Which pairs: the relief loop of [`crate::schedules::relief`]. At the first task where a rank
-//! holds more than `N`, every pair held across it is a candidate: offloaded right after its forward
-//! (or, where what its W keeps is held across it, right after its input-gradient backward, and
-//! reloaded before its W: the memory of zero-bubble plans' delayed Ws)
+//! holds more than `N`, every pair held across it is a candidate (what a W keeps, held from its
+//! input-gradient backward to its late W in zero-bubble plans, is a pair's second window, moved out
+//! right after the I and back before the W): offloaded right after its forward
 //! and reloaded right after the last task of its window that breaks the limit (as early as memory
 //! allows, so the transfer has the most time to finish before the backward). Each is estimated by
 //! the stalls its transfers would cause (the next allocation waiting for the offload, the backward
@@ -142,24 +142,13 @@ fn hoist_reloads(mut plan: Plan, limit: f64) -> Plan {
                 .unwrap_or(0);
             // What comes back: the pair's activations, or (offloaded after its input-gradient
             // backward) what its W keeps; the backward that waits for it.
-            let runs = |p: usize, kind: OpKind| {
-                order[p].ops().iter().any(|op| {
-                    op.kind == kind && op.stage == work.stage && op.microbatch == work.microbatch
-                })
-            };
+            let runs = |p: usize, kind: OpKind| order[p].runs(work.op(kind));
             let after_input = (offloaded..position).any(|p| runs(p, OpKind::InputGrad));
-            let (waiting, memory) = (
-                if after_input {
-                    OpKind::WeightGrad
-                } else {
-                    OpKind::InputGrad
-                },
-                &plan.memory().stages()[work.stage.index()],
-            );
-            let size = if after_input {
-                memory.weight_grad()
+            let memory = &plan.memory().stages()[work.stage.index()];
+            let (waiting, size) = if after_input {
+                (OpKind::WeightGrad, memory.weight_grad())
             } else {
-                memory.total()
+                (OpKind::InputGrad, memory.total())
             };
             // The earliest place from which every task up to the reload still fits with the pair
             // held again.
