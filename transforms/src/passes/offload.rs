@@ -21,7 +21,10 @@
 //! estimates; repeated until the plan fits. While breaks remain, a reload lands late (right after
 //! the last break of its window, often right before its backward); once the plan fits, each
 //! reload in turn moves as early as the limit allows, or to where it is issued just in time for
-//! its backward, where a simulation shows the plan no slower for it. The estimates decide alone
+//! its backward, where a simulation shows the plan no slower for it (a rank's reloads are first
+//! all moved as early as the limit allows and checked by one replay; move by move only where
+//! that is slower, and a move that passes no other transfer needs no replay, as it cannot make
+//! any task later). The estimates decide alone
 //! (the relief loop's default of one proposal simulated per step): the estimate of a transfer's
 //! stalls ranks them as well as a simulation does (measured over 1F1B and ZB-V, unit and latency
 //! costs), at a third of the time.
@@ -48,7 +51,7 @@ use super::relief::ReliefStrategy;
 use crate::pass::Requires;
 use crate::schedules::relief::{issued_at, reordered, Proposal, Reach, Step, Window, EPSILON};
 use pipeweave_core::{
-    held_during, replay_within, OpKind, Plan, RankId, Residency, Simulation, Task,
+    held_during, replay_within, OpKind, Plan, RankId, Replay, Residency, Simulation, Task,
 };
 
 /// The offload strategy: `offload` is [`Relief<Offload>`](super::Relief), built with
@@ -120,78 +123,244 @@ impl ReliefStrategy for Offload {
 /// the plan no slower: to the earliest place the memory allows, else to the last place from
 /// which it is issued early enough to end before its backward starts. A candidate is replayed
 /// from the first task its move can change, and only until one of its tasks ends after the
-/// makespan to beat.
-fn hoist_reloads(mut plan: Plan, limit: f64) -> Plan {
-    let Ok(Some(mut current)) = replay_within(&plan, f64::INFINITY, None) else {
+/// makespan to beat. Each rank's reloads are first all moved to their earliest places and
+/// checked by one replay ([`Hoisting::hoist_on`]); a move that passes no other transfer needs
+/// no replay (see [`passes_no_transfer`]).
+fn hoist_reloads(plan: Plan, limit: f64) -> Plan {
+    let Ok(Some(current)) = replay_within(&plan, f64::INFINITY, None) else {
         return plan;
     };
-    let mut makespan = current.makespan();
-    for rank in 0..plan.orders().len() {
-        // What the rank holds during each task, kept until a move changes its order.
-        let mut held = held_during(&plan, RankId::new(rank as u32));
+    let mut hoisting = Hoisting {
+        makespan: current.makespan(),
+        plan,
+        current,
+        stale_from: None,
+    };
+    for rank in 0..hoisting.plan.orders().len() {
+        hoisting.hoist_on(rank, limit);
+    }
+    hoisting.plan
+}
+
+/// Whether moving the task at `position` of `order` to `target` (earlier) passes no other
+/// transfer. Such a move of a reload cannot make any task later: the reload is issued after
+/// an earlier compute (or the same one), behind the same transfer on the link, and nothing
+/// but its backward and the transfers after it wait for it (a reload is no offload: no
+/// allocation waits for it). So the plan is no slower without replaying it.
+fn passes_no_transfer(order: &[Task], target: usize, position: usize) -> bool {
+    !order[target..position].iter().any(Task::on_link)
+}
+
+/// A reload found by [`Hoisting::reload_at`].
+struct Reload {
+    /// The earliest place the limit allows it.
+    earliest: usize,
+    /// The position of the backward that waits for it, if any.
+    backward: Option<usize>,
+}
+
+/// The state of [`hoist_reloads`]: the plan as moved so far, its replay and the makespan to
+/// beat.
+struct Hoisting {
+    plan: Plan,
+    /// The replay of `plan`, true before the sequence number `stale_from` (from where moves
+    /// taken without a replay changed it); its rows follow the plan's orders.
+    current: Replay,
+    stale_from: Option<usize>,
+    makespan: f64,
+}
+
+impl Hoisting {
+    /// Brings `current` up to date with `plan` (replaying from where it went stale).
+    fn refresh(&mut self) {
+        let Some(cut) = self.stale_from.take() else {
+            return;
+        };
+        let replayed = replay_within(&self.plan, f64::INFINITY, Some((&self.current, cut)));
+        if let Ok(Some(replayed)) = replayed {
+            self.makespan = replayed.makespan();
+            self.current = replayed;
+        }
+    }
+
+    /// Takes `candidate` (the plan with `rank`'s task at `position` moved to `target`) without
+    /// replaying it: the move passes no other transfer.
+    fn take_unreplayed(&mut self, candidate: Plan, rank: usize, target: usize, position: usize) {
+        let row = &mut self.current.timeline[rank];
+        let sequence = row[target].sequence;
+        let timed = row.remove(position);
+        row.insert(target, timed);
+        self.stale_from = Some(self.stale_from.map_or(sequence, |s| s.min(sequence)));
+        self.plan = candidate;
+    }
+
+    /// Hoists `rank`'s reloads in order (see [`hoist_reloads`]): first every reload to the
+    /// earliest place the limit allows, checked by one replay; where that leaves the plan slower,
+    /// move by move instead.
+    fn hoist_on(&mut self, rank: usize, limit: f64) {
+        let before = (
+            self.plan.clone(),
+            self.current.clone(),
+            self.stale_from,
+            self.makespan,
+        );
+        if self.hoist_all_earliest(rank, limit) {
+            return;
+        }
+        (self.plan, self.current, self.stale_from, self.makespan) = before;
+        self.hoist_each(rank, limit);
+    }
+
+    /// Moves each of `rank`'s reloads to the earliest place the limit allows, without a replay
+    /// per move, then replays the plan once; whether it is no slower (else `self` is left
+    /// stale, for the caller to restore).
+    fn hoist_all_earliest(&mut self, rank: usize, limit: f64) -> bool {
+        let mut held = held_during(&self.plan, RankId::new(rank as u32));
         let mut position = 0;
-        while position < plan.orders()[rank].len() {
-            let order = &plan.orders()[rank];
-            let Task::Reload(work) = order[position] else {
-                position += 1;
-                continue;
-            };
-            let offloaded = order[..position]
-                .iter()
-                .rposition(|t| *t == Task::Offload(work))
-                .unwrap_or(0);
-            // What comes back: the pair's activations, or (offloaded after its input-gradient
-            // backward) what its W keeps; the backward that waits for it.
-            let runs = |p: usize, kind: OpKind| order[p].runs(work.op(kind));
-            let after_input = (offloaded..position).any(|p| runs(p, OpKind::InputGrad));
-            let memory = &plan.memory().stages()[work.stage.index()];
-            let (waiting, size) = if after_input {
-                (OpKind::WeightGrad, memory.weight_grad())
-            } else {
-                (OpKind::InputGrad, memory.total())
-            };
-            // The earliest place from which every task up to the reload still fits with the pair
-            // held again.
-            let mut earliest = position;
-            while earliest > offloaded + 1 && held[earliest - 1] + size <= limit + EPSILON {
-                earliest -= 1;
+        let mut moved_any = false;
+        while position < self.plan.orders()[rank].len() {
+            let moved = self
+                .reload_at(rank, position, &held, limit)
+                .filter(|reload| reload.earliest < position)
+                .is_some_and(|reload| {
+                    let target = reload.earliest;
+                    let mut orders = self.plan.orders().to_vec();
+                    let task = orders[rank].remove(position);
+                    orders[rank].insert(target, task);
+                    let Ok(candidate) = reordered(&self.plan, orders) else {
+                        return false;
+                    };
+                    self.take_unreplayed(candidate, rank, target, position);
+                    true
+                });
+            if moved {
+                held = held_during(&self.plan, RankId::new(rank as u32));
+                moved_any = true;
             }
-            let timeline = &current.timeline[rank];
-            let transfer = plan.costs().task_duration(&order[position]);
-            let backward = (position..order.len())
-                .find(|&p| runs(p, waiting))
-                .map_or(f64::INFINITY, |p| timeline[p].start);
-            let in_time = (earliest..position)
-                .rev()
-                .find(|&p| issued_at(timeline, p) + transfer <= backward + EPSILON)
-                .unwrap_or(earliest);
-            let mut moved = false;
-            for target in [earliest, in_time] {
-                if target >= position {
-                    continue;
-                }
-                let mut orders = plan.orders().to_vec();
-                let task = orders[rank].remove(position);
-                orders[rank].insert(target, task);
-                let Ok(candidate) = reordered(&plan, orders) else {
-                    continue;
-                };
-                // Every task that ran before the one at `target` keeps its times.
-                let resume = Some((&current, current.timeline[rank][target].sequence));
-                if let Ok(Some(replayed)) = replay_within(&candidate, makespan + EPSILON, resume) {
-                    plan = candidate;
-                    makespan = replayed.makespan();
-                    current = replayed;
-                    held = held_during(&plan, RankId::new(rank as u32));
-                    moved = true;
-                    break;
-                }
+            position += usize::from(!moved);
+        }
+        if !moved_any {
+            return true;
+        }
+        let Some(cut) = self.stale_from else {
+            return true;
+        };
+        let replayed = replay_within(
+            &self.plan,
+            self.makespan + EPSILON,
+            Some((&self.current, cut)),
+        );
+        let Ok(Some(replayed)) = replayed else {
+            return false;
+        };
+        self.makespan = replayed.makespan();
+        self.current = replayed;
+        self.stale_from = None;
+        true
+    }
+
+    /// The reload at `rank`'s `position`, if the task there is one: the earliest place from
+    /// which every task up to it still fits `limit` with its pair held again (`held`: what the
+    /// rank holds during each task), and the position of the backward that waits for it.
+    fn reload_at(&self, rank: usize, position: usize, held: &[f64], limit: f64) -> Option<Reload> {
+        let order = &self.plan.orders()[rank];
+        let Task::Reload(work) = order[position] else {
+            return None;
+        };
+        let offloaded = order[..position]
+            .iter()
+            .rposition(|t| *t == Task::Offload(work))
+            .unwrap_or(0);
+        // What comes back: the pair's activations, or (offloaded after its input-gradient
+        // backward) what its W keeps; the backward that waits for it.
+        let runs = |p: usize, kind: OpKind| order[p].runs(work.op(kind));
+        let after_input = (offloaded..position).any(|p| runs(p, OpKind::InputGrad));
+        let memory = &self.plan.memory().stages()[work.stage.index()];
+        let (waiting, size) = if after_input {
+            (OpKind::WeightGrad, memory.weight_grad())
+        } else {
+            (OpKind::InputGrad, memory.total())
+        };
+        let mut earliest = position;
+        while earliest > offloaded + 1 && held[earliest - 1] + size <= limit + EPSILON {
+            earliest -= 1;
+        }
+        let backward = (position..order.len()).find(|&p| runs(p, waiting));
+        Some(Reload { earliest, backward })
+    }
+
+    /// Hoists `rank`'s reloads one at a time, each move kept where a replay shows the plan no
+    /// slower for it (see [`hoist_reloads`]).
+    fn hoist_each(&mut self, rank: usize, limit: f64) {
+        // What the rank holds during each task, kept until a move changes its order.
+        let mut held = held_during(&self.plan, RankId::new(rank as u32));
+        let mut position = 0;
+        while position < self.plan.orders()[rank].len() {
+            let moved = self
+                .reload_at(rank, position, &held, limit)
+                .filter(|reload| reload.earliest < position)
+                .is_some_and(|Reload { earliest, backward }| {
+                    self.try_move(rank, position, earliest)
+                        || self.try_move_in_time(rank, position, earliest, backward)
+                });
+            if moved {
+                held = held_during(&self.plan, RankId::new(rank as u32));
             }
             // A moved reload sits earlier; the task now at `position` is the next to look at.
             position += usize::from(!moved);
         }
     }
-    plan
+
+    /// Moves the reload at `rank`'s `position` to the last place from `earliest` on from which
+    /// it is issued early enough to end before the backward at `backward` starts, where that
+    /// leaves the plan no slower.
+    fn try_move_in_time(
+        &mut self,
+        rank: usize,
+        position: usize,
+        earliest: usize,
+        backward: Option<usize>,
+    ) -> bool {
+        self.refresh();
+        let timeline = &self.current.timeline[rank];
+        let transfer = self
+            .plan
+            .costs()
+            .task_duration(&self.plan.orders()[rank][position]);
+        let backward = backward.map_or(f64::INFINITY, |p| timeline[p].start);
+        let in_time = (earliest..position)
+            .rev()
+            .find(|&p| issued_at(timeline, p) + transfer <= backward + EPSILON)
+            .unwrap_or(earliest);
+        in_time != earliest && self.try_move(rank, position, in_time)
+    }
+
+    /// Moves `rank`'s task at `position` to `target` where the plan stays no slower: taken
+    /// without a replay where it passes no other transfer, else replayed.
+    fn try_move(&mut self, rank: usize, position: usize, target: usize) -> bool {
+        let mut orders = self.plan.orders().to_vec();
+        let task = orders[rank].remove(position);
+        orders[rank].insert(target, task);
+        let Ok(candidate) = reordered(&self.plan, orders) else {
+            return false;
+        };
+        if passes_no_transfer(&self.plan.orders()[rank], target, position) {
+            self.take_unreplayed(candidate, rank, target, position);
+            return true;
+        }
+        self.refresh();
+        // Every task that ran before the one at `target` keeps its times.
+        let resume = Some((&self.current, self.current.timeline[rank][target].sequence));
+        match replay_within(&candidate, self.makespan + EPSILON, resume) {
+            Ok(Some(replayed)) => {
+                self.plan = candidate;
+                self.makespan = replayed.makespan();
+                self.current = replayed;
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 #[cfg(test)]
