@@ -171,20 +171,32 @@ struct Hoisting {
 }
 
 impl Hoisting {
-    /// Brings `current` up to date with `plan` (replaying from where it went stale).
-    fn refresh(&mut self) {
-        let Some(cut) = self.stale_from.take() else {
-            return;
+    /// Replays `plan` from where `current` went stale, giving up when it ends after `bound`:
+    /// whether `current` is up to date (trivially so when nothing went stale).
+    fn replay_stale(&mut self, bound: f64) -> bool {
+        let Some(cut) = self.stale_from else {
+            return true;
         };
-        let replayed = replay_within(&self.plan, f64::INFINITY, Some((&self.current, cut)));
-        if let Ok(Some(replayed)) = replayed {
-            self.makespan = replayed.makespan();
-            self.current = replayed;
-        }
+        let replayed = replay_within(&self.plan, bound, Some((&self.current, cut)));
+        let Ok(Some(replayed)) = replayed else {
+            return false;
+        };
+        self.makespan = replayed.makespan();
+        self.current = replayed;
+        self.stale_from = None;
+        true
+    }
+
+    /// The plan with `rank`'s task at `position` moved to `target`, where it is a plan.
+    fn moved(&self, rank: usize, position: usize, target: usize) -> Option<Plan> {
+        let mut orders = self.plan.orders().to_vec();
+        let task = orders[rank].remove(position);
+        orders[rank].insert(target, task);
+        reordered(&self.plan, orders).ok()
     }
 
     /// Takes `candidate` (the plan with `rank`'s task at `position` moved to `target`) without
-    /// replaying it: the move passes no other transfer.
+    /// replaying it; `current` goes stale from there.
     fn take_unreplayed(&mut self, candidate: Plan, rank: usize, target: usize, position: usize) {
         let row = &mut self.current.timeline[rank];
         let sequence = row[target].sequence;
@@ -204,59 +216,44 @@ impl Hoisting {
             self.stale_from,
             self.makespan,
         );
-        if self.hoist_all_earliest(rank, limit) {
+        // Every reload to its earliest place, unreplayed, then one replay.
+        self.hoist_with(rank, limit, |h, position, reload| {
+            h.moved(rank, position, reload.earliest)
+                .map(|candidate| h.take_unreplayed(candidate, rank, reload.earliest, position))
+                .is_some()
+        });
+        if self.replay_stale(self.makespan + EPSILON) {
             return;
         }
         (self.plan, self.current, self.stale_from, self.makespan) = before;
-        self.hoist_each(rank, limit);
+        self.hoist_with(rank, limit, |h, position, Reload { earliest, backward }| {
+            h.try_move(rank, position, earliest)
+                || h.try_move_in_time(rank, position, earliest, backward)
+        });
     }
 
-    /// Moves each of `rank`'s reloads to the earliest place the limit allows, without a replay
-    /// per move, then replays the plan once; whether it is no slower (else `self` is left
-    /// stale, for the caller to restore).
-    fn hoist_all_earliest(&mut self, rank: usize, limit: f64) -> bool {
+    /// Walks `rank`'s reloads in order, giving each that can move earlier to `hoist` (which
+    /// says whether it moved it).
+    fn hoist_with(
+        &mut self,
+        rank: usize,
+        limit: f64,
+        mut hoist: impl FnMut(&mut Self, usize, Reload) -> bool,
+    ) {
+        // What the rank holds during each task, kept until a move changes its order.
         let mut held = held_during(&self.plan, RankId::new(rank as u32));
         let mut position = 0;
-        let mut moved_any = false;
         while position < self.plan.orders()[rank].len() {
             let moved = self
                 .reload_at(rank, position, &held, limit)
                 .filter(|reload| reload.earliest < position)
-                .is_some_and(|reload| {
-                    let target = reload.earliest;
-                    let mut orders = self.plan.orders().to_vec();
-                    let task = orders[rank].remove(position);
-                    orders[rank].insert(target, task);
-                    let Ok(candidate) = reordered(&self.plan, orders) else {
-                        return false;
-                    };
-                    self.take_unreplayed(candidate, rank, target, position);
-                    true
-                });
+                .is_some_and(|reload| hoist(self, position, reload));
             if moved {
                 held = held_during(&self.plan, RankId::new(rank as u32));
-                moved_any = true;
             }
+            // A moved reload sits earlier; the task now at `position` is the next to look at.
             position += usize::from(!moved);
         }
-        if !moved_any {
-            return true;
-        }
-        let Some(cut) = self.stale_from else {
-            return true;
-        };
-        let replayed = replay_within(
-            &self.plan,
-            self.makespan + EPSILON,
-            Some((&self.current, cut)),
-        );
-        let Ok(Some(replayed)) = replayed else {
-            return false;
-        };
-        self.makespan = replayed.makespan();
-        self.current = replayed;
-        self.stale_from = None;
-        true
     }
 
     /// The reload at `rank`'s `position`, if the task there is one: the earliest place from
@@ -289,28 +286,6 @@ impl Hoisting {
         Some(Reload { earliest, backward })
     }
 
-    /// Hoists `rank`'s reloads one at a time, each move kept where a replay shows the plan no
-    /// slower for it (see [`hoist_reloads`]).
-    fn hoist_each(&mut self, rank: usize, limit: f64) {
-        // What the rank holds during each task, kept until a move changes its order.
-        let mut held = held_during(&self.plan, RankId::new(rank as u32));
-        let mut position = 0;
-        while position < self.plan.orders()[rank].len() {
-            let moved = self
-                .reload_at(rank, position, &held, limit)
-                .filter(|reload| reload.earliest < position)
-                .is_some_and(|Reload { earliest, backward }| {
-                    self.try_move(rank, position, earliest)
-                        || self.try_move_in_time(rank, position, earliest, backward)
-                });
-            if moved {
-                held = held_during(&self.plan, RankId::new(rank as u32));
-            }
-            // A moved reload sits earlier; the task now at `position` is the next to look at.
-            position += usize::from(!moved);
-        }
-    }
-
     /// Moves the reload at `rank`'s `position` to the last place from `earliest` on from which
     /// it is issued early enough to end before the backward at `backward` starts, where that
     /// leaves the plan no slower.
@@ -321,7 +296,7 @@ impl Hoisting {
         earliest: usize,
         backward: Option<usize>,
     ) -> bool {
-        self.refresh();
+        self.replay_stale(f64::INFINITY);
         let timeline = &self.current.timeline[rank];
         let transfer = self
             .plan
@@ -338,17 +313,14 @@ impl Hoisting {
     /// Moves `rank`'s task at `position` to `target` where the plan stays no slower: taken
     /// without a replay where it passes no other transfer, else replayed.
     fn try_move(&mut self, rank: usize, position: usize, target: usize) -> bool {
-        let mut orders = self.plan.orders().to_vec();
-        let task = orders[rank].remove(position);
-        orders[rank].insert(target, task);
-        let Ok(candidate) = reordered(&self.plan, orders) else {
+        let Some(candidate) = self.moved(rank, position, target) else {
             return false;
         };
         if passes_no_transfer(&self.plan.orders()[rank], target, position) {
             self.take_unreplayed(candidate, rank, target, position);
             return true;
         }
-        self.refresh();
+        self.replay_stale(f64::INFINITY);
         // Every task that ran before the one at `target` keeps its times.
         let resume = Some((&self.current, self.current.timeline[rank][target].sequence));
         match replay_within(&candidate, self.makespan + EPSILON, resume) {
