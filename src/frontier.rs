@@ -16,8 +16,9 @@
 //! 1F1B (whose whole backwards let every activation move), or the fastest point above the knees,
 //! and the frontier's point just above `r`; and at the config's memory limit itself (not rounded),
 //! both passes on the whole-backward bases of [`LIMIT_BASES`] (1F1B and 2- to 8-chunk
-//! interleaving), whose own peaks lie above the limit where the kept frontier cannot see them.
-//! These reach below the least memory any kept schedule needs, and can beat kept schedules above
+//! interleaving), whose own peaks lie above the limit where the kept frontier cannot see them,
+//! and on the kept knees and fastest point (a residency pass outermost is the one that fits a
+//! declared limit, so their schedules are built as without it). These reach below the least memory any kept schedule needs, and can beat kept schedules above
 //! it (a fast schedule with hidden transfers against a slower one that keeps everything).
 //!
 //! The frontier: for each limit, the fastest expression whose peak fits; its rows are the limits
@@ -190,7 +191,7 @@ pub fn residency_rungs(kept: &[FrontierPoint], total: f64, cap: Option<f64>) -> 
 /// the knees of `kept` whose peaks are above the rung (moving the fastest schedule's activations
 /// costs more there) and on 1F1B there, on its fastest point where the rung is above the knees,
 /// and on its point just above the rung; and at the limit `cap` itself, each on the
-/// whole-backward bases of [`LIMIT_BASES`].
+/// whole-backward bases of [`LIMIT_BASES`] and on the knees and fastest point of `kept`.
 pub fn residency_expressions(
     kept: &[FrontierPoint],
     total: f64,
@@ -200,9 +201,17 @@ pub fn residency_expressions(
     if let Some(fastest) = kept.last() {
         below_the_kept(&mut out, kept, fastest, total, cap);
     }
-    // At the limit itself, the whole-backward bases, whatever the kept frontier holds.
+    // At the limit itself, the whole-backward bases, whatever the kept frontier holds, and the
+    // kept knees and fastest point (built under the limit, a residency pass outermost moves
+    // their activations rather than their schedules fitting it alone: `PassList`'s rule).
     if let Some(limit) = cap.filter(|&c| c > 0.0) {
-        push_residency(&mut out, &LIMIT_BASES, tidy(limit));
+        let kept_bases = KNEES
+            .iter()
+            .filter_map(|&k| knee(kept, k))
+            .chain(kept.last())
+            .map(|p| p.expression.as_str());
+        let bases: Vec<&str> = LIMIT_BASES.iter().copied().chain(kept_bases).collect();
+        push_residency(&mut out, &bases, tidy(limit));
     }
     out
 }

@@ -15,6 +15,15 @@
 //!    tight ([`TransformError::MemoryLimit`]); any other violation is a bug in the pass
 //!    ([`TransformError::PassBroke`]).
 //!
+//!
+//! **Where a declared memory limit binds.** When the list ends with passes that change where
+//! activations live (`recompute`, `offload`: [`Changes::residency`]), the declared limit binds
+//! from the first of them on: the passes before it build the schedule as they would without it,
+//! and the residency passes fit it (so `offload(zero_bubble(...), memory=N)` under
+//! `--memory-limit N` moves activations of the zero-bubble schedule, rather than finding a
+//! zero-bubble schedule that already fits and nothing to move). Without such a tail every pass
+//! sees it.
+//!
 //! [`PassList::run_beside`] gives the same result and the same first error, with the verifications
 //! on a second thread: each intermediate plan's (on a copy) while the next passes run, then the
 //! final plan's, while the caller's own work on the final plan (the simulation, say) runs. Its
@@ -115,8 +124,9 @@ impl PassList {
         mut plan: Plan,
         observer: &mut dyn FnMut(&str, &Plan),
     ) -> Result<Plan, TransformError> {
+        let declared = plan.memory_limit();
         for (index, pass) in self.passes.iter().enumerate() {
-            plan = self.rewrite_one(index, plan)?;
+            plan = self.rewrite_one(index, plan, declared)?;
             verify_after(pass.name(), &plan, index + 1 == self.passes.len())?;
             observer(pass.name(), &plan);
         }
@@ -136,6 +146,7 @@ impl PassList {
             let result = beside(&plan);
             return Ok((plan, result));
         };
+        let declared = plan.memory_limit();
         std::thread::scope(|scope| {
             let (sender, receiver) = std::sync::mpsc::channel::<(&str, Plan)>();
             let intermediate = scope.spawn(move || {
@@ -146,11 +157,11 @@ impl PassList {
             let rewrite_all = || {
                 let mut plan = plan;
                 for (index, pass) in earlier.iter().enumerate() {
-                    plan = self.rewrite_one(index, plan)?;
+                    plan = self.rewrite_one(index, plan, declared)?;
                     // The verifier stops early only on a failure, which is reported first.
                     let _ = sender.send((pass.name(), plan.clone()));
                 }
-                self.rewrite_one(earlier.len(), plan)
+                self.rewrite_one(earlier.len(), plan, declared)
             };
             let rewritten = std::panic::catch_unwind(std::panic::AssertUnwindSafe(rewrite_all));
             drop(sender);
@@ -179,8 +190,37 @@ impl PassList {
         })
     }
 
-    /// Steps 1 to 3 of the module doc for the pass at `index`.
-    fn rewrite_one(&self, index: usize, plan: Plan) -> Result<Plan, TransformError> {
+    /// The index of the first pass the declared memory limit binds (see the module doc): the
+    /// first of the trailing passes that change residency, else 0.
+    fn limit_binds_from(&self) -> usize {
+        let trailing = self
+            .passes
+            .iter()
+            .rev()
+            .take_while(|p| p.contract().changes.residency)
+            .count();
+        if trailing == 0 {
+            0
+        } else {
+            self.passes.len() - trailing
+        }
+    }
+
+    /// Steps 1 to 3 of the module doc for the pass at `index`, on `plan` with the list's
+    /// `declared` memory limit withheld or restored as the pass's place says.
+    fn rewrite_one(
+        &self,
+        index: usize,
+        plan: Plan,
+        declared: Option<f64>,
+    ) -> Result<Plan, TransformError> {
+        let binds_from = self.limit_binds_from();
+        let plan = match index {
+            0 if binds_from > 0 => plan.with_memory_limit(None),
+            i if i == binds_from && i > 0 => plan.with_memory_limit(declared),
+            _ => Ok(plan),
+        }
+        .map_err(|e| TransformError::core("the declared memory limit", e))?;
         let pass = &self.passes[index];
         check_requirements(pass.as_ref(), &self.passes[..index], &plan)?;
         let before = Before::of(&plan);
@@ -319,6 +359,44 @@ mod tests {
             contract: Contract::new(requires, changes),
             rewrite,
         })
+    }
+
+    #[test]
+    fn a_declared_limit_binds_from_the_outermost_residency_passes() {
+        let run = |expression: &str| {
+            let passes = crate::builtins::compile_expression(expression).unwrap();
+            let plan = crate::testing::unscheduled(4, 12, StageCosts::default())
+                .with_memory_limit(Some(3.0))
+                .unwrap();
+            let mut seen = Vec::new();
+            let plan = passes
+                .run_observed(plan, &mut |name, p| {
+                    seen.push((
+                        name.to_string(),
+                        p.memory_limit(),
+                        pipeweave_core::max_peak(p),
+                    ))
+                })
+                .unwrap();
+            (plan, seen)
+        };
+        // Under offload, zero bubble builds its schedule as without the limit (ZB-V holds 4) and
+        // offload fits it.
+        let (plan, seen) =
+            run("offload(zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v)), memory=3)");
+        let inner = seen
+            .iter()
+            .find(|(name, ..)| name == "zero_bubble")
+            .unwrap();
+        assert_eq!(inner.2, 4.0);
+        assert_ne!(inner.1, Some(3.0));
+        assert_eq!(plan.memory_limit(), Some(3.0));
+        assert!(pipeweave_core::max_peak(&plan) <= 3.0 + 1e-9);
+        assert!(plan.facts().residency.offloaded);
+        // Without a residency pass outermost, every pass sees it: zero bubble fits 3 alone.
+        let (plan, seen) = run("zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))");
+        assert!(seen.iter().all(|(_, limit, _)| *limit == Some(3.0)));
+        assert!(pipeweave_core::max_peak(&plan) <= 3.0 + 1e-9);
     }
 
     #[test]

@@ -8,13 +8,17 @@
 //!
 //! The residency tasks ([`Task::is_residency`]) have their own rules. A recompute runs on the rank
 //! like any compute. The transfers (offload, reload) run on the rank's host link, one at a time in
-//! their order: a transfer is issued when the compute before it in the order has ended and starts
-//! once the link is free; the computes go on beside it. A backward (the I of an offloaded pair,
-//! or its W when the transfers sit between its I and W) starts only after its reload has ended, and a task that allocates device memory (a forward, a
-//! recompute; a reload by the link's own order) only after every offload earlier in the rank's order
-//! has ended, so the memory freed at an offload's place in the order is free by then (what
-//! [`crate::analysis::peak`] counts on). The timeline keeps every task at its place in the rank's
-//! order, transfers with their times on the link.
+//! their order, each starting once it is issued and the link is free; the computes go on beside
+//! them. An offload is issued as soon as what it moves exists (its pair's forward ended, or its
+//! input-gradient backward for what a W keeps), wherever it sits in the order: its place is where
+//! the device copy is freed (PipeOffload's offload end), so it may sit later than its forward and
+//! leave the allocations between free of its fence. A reload is issued when the compute before it
+//! in the order has ended. A backward (the I of an offloaded pair, or its W when the transfers sit
+//! between its I and W) starts only after its reload has ended, and a task that allocates device
+//! memory (a forward, a recompute; a reload by the link's own order) only after every offload
+//! earlier in the rank's order has ended, so the memory freed at an offload's place in the order
+//! is free by then (what [`crate::analysis::peak`] counts on). The timeline keeps every task at
+//! its place in the rank's order, transfers with their times on the link.
 //!
 //! A search that tries one change of a plan at a time ([`replay_within`]) resumes from an earlier
 //! replay (every task it completed before the change's first task keeps its times) and stops as
@@ -27,7 +31,7 @@
 
 use crate::ir::deps::Links;
 use crate::ir::ids::RankId;
-use crate::ir::op::{Op, OpKind, Task};
+use crate::ir::op::{Op, OpKind, Task, Work};
 use crate::ir::plan::Plan;
 use std::collections::VecDeque;
 use std::fmt;
@@ -232,7 +236,14 @@ fn replay_bounded(
                     return Err(ReplayError::OutOfRange(rank, position, op));
                 }
                 let pair = slots.pair(w.stage, w.microbatch);
-                let (start, end) = host.run(r, &task, pair, &mut clock[r], duration(&task));
+                // An offload is issued once what it moves exists (wherever it sits in the
+                // order), any other transfer once the compute before it ended.
+                let issued = match task {
+                    Task::Offload(w) => produced(links, &finish, w).unwrap_or(clock[r]),
+                    _ => clock[r],
+                };
+                let (start, end) =
+                    host.run(r, &task, pair, (&mut clock[r], issued), duration(&task));
                 if end > bound {
                     return Ok(None);
                 }
@@ -376,7 +387,7 @@ impl HostLinks {
         r: usize,
         task: &Task,
         pair: Option<usize>,
-        clock: &mut f64,
+        (clock, issued): (&mut f64, f64),
         length: f64,
     ) -> (f64, f64) {
         if let Task::Recompute(_) = task {
@@ -384,7 +395,7 @@ impl HostLinks {
             *clock = start + length;
             return (start, *clock);
         }
-        let start = clock.max(self.free[r]);
+        let start = issued.max(self.free[r]);
         let end = start + length;
         self.free[r] = end;
         match (task, pair) {
@@ -432,6 +443,17 @@ impl HostLinks {
         let ends = pair.and_then(|p| self.reloaded.get(p)).copied();
         ends.filter(|e| !e.is_nan()).unwrap_or(0.0)
     }
+}
+
+/// When what an offload of `work` moves exists: the end of the pair's input-gradient backward
+/// where it ran already (the offload moves what the W keeps), else of its forward; None when
+/// neither has run.
+fn produced(links: &Links, finish: &[f64], work: Work) -> Option<f64> {
+    [OpKind::InputGrad, OpKind::Forward]
+        .into_iter()
+        .filter_map(|kind| links.slot(work.op(kind)))
+        .map(|slot| finish[slot])
+        .find(|end| !end.is_nan())
 }
 
 /// Per rank, the tasks `earlier` completed before sequence number `cut`, when they begin the
@@ -553,6 +575,34 @@ mod tests {
             .map(|&(t, a, b)| (t.to_string(), a, b))
             .collect();
         assert_eq!(times, expected);
+    }
+
+    #[test]
+    fn an_offload_placed_late_is_issued_when_its_forward_ends() {
+        // The offload of 0F0 sits after 0F1 (its device copy freed there): it is issued when
+        // 0F0 ends, [1, 3], and 0F1 (before it in the order) does not wait for it: [1, 2].
+        // 0B1 [2, 4]; the reload is issued after 0B1, [4, 6]; 0B0 waits for it.
+        let plan = crate::testing::plan(2, &["0F0 0F1 0OFFLOAD0 0B1 0RELOAD0 0B0"]);
+        let duration = |t: &Task| match t {
+            Task::Offload(_) | Task::Reload(_) | Task::Backward(_) => 2.0,
+            _ => 1.0,
+        };
+        let replayed = replay(&plan, duration, 0.0, true).unwrap();
+        let times: Vec<(f64, f64)> = replayed.timeline[0]
+            .iter()
+            .map(|t| (t.start, t.end))
+            .collect();
+        assert_eq!(
+            times,
+            [
+                (0.0, 1.0),
+                (1.0, 2.0),
+                (1.0, 3.0),
+                (2.0, 4.0),
+                (4.0, 6.0),
+                (6.0, 8.0)
+            ]
+        );
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //! at the makespan. What waits for a task, by the replay engine's rules
 //! ([`crate::analysis::replay`]): the next compute of its rank; the ops that depend on its ops
 //! (across ranks after the latency); for a transfer, the next transfer on its link, and the
-//! backward it reloads for or the allocations after the offload; for a compute, the transfers
-//! issued right after it.
+//! backward it reloads for or the allocations after the offload; for a compute, the reloads
+//! issued right after it and the offloads of what it produced.
 //!
 //! Passes use it to tell a delay the plan absorbs from one that lengthens it.
 
@@ -84,8 +84,18 @@ pub fn slack(plan: &Plan, simulation: &Simulation) -> Vec<Vec<f64>> {
             bound(r, p, latest_start);
         }
         if on_link {
-            // Issued once the compute before it ended.
-            if let Some(p) = tasks[..i].iter().rposition(|x| !x.task.on_link()) {
+            // An offload is issued once what it moves exists (the task that ran its pair's I,
+            // else its F), a reload once the compute before it ended.
+            let issuer = match t.task {
+                Task::Offload(w) => [OpKind::InputGrad, OpKind::Forward]
+                    .into_iter()
+                    .filter_map(|kind| slots.op(w.op(kind)))
+                    .map(|k| at_op[k])
+                    .find(|&(dr, di)| dr as usize == r && (di as usize) < i)
+                    .map(|(_, di)| di as usize),
+                _ => tasks[..i].iter().rposition(|x| !x.task.on_link()),
+            };
+            if let Some(p) = issuer {
                 bound(r, p, latest_start);
             }
             continue;

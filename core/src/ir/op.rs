@@ -125,7 +125,9 @@ pub enum Task {
     /// R: the forward of a pair whose activations were dropped after its F, run again before
     /// its backward to rebuild them.
     Recompute(Work),
-    /// The pair's activations move from device to host over the rank's link (after its F).
+    /// The pair's activations (or, after its I, what its W keeps) move from device to host over
+    /// the rank's link: issued when its F (or I) ends; its place in the order is where the device
+    /// copy is freed.
     Offload(Work),
     /// The pair's activations move back from host to device (before its backward).
     Reload(Work),

@@ -24,7 +24,10 @@
 //! its backward, where a simulation shows the plan no slower for it (a rank's reloads are first
 //! all moved as early as the limit allows and checked by one replay; move by move only where
 //! that is slower, and a move that passes no other transfer needs no replay, as it cannot make
-//! any task later). The estimates decide alone
+//! any task later). Then each offload sinks as late as the limit allows without passing another
+//! transfer: it is issued at its forward's end wherever it sits, and its place is where the
+//! device copy is freed (PipeOffload's offload end), so the forwards between no longer wait for
+//! it. The estimates decide alone
 //! (the relief loop's default of one proposal simulated per step): the estimate of a transfer's
 //! stalls ranks them as well as a simulation does (measured over 1F1B and ZB-V, unit and latency
 //! costs), at a third of the time.
@@ -139,16 +142,26 @@ fn hoist_reloads(plan: Plan, limit: f64) -> Plan {
     for rank in 0..hoisting.plan.orders().len() {
         hoisting.hoist_on(rank, limit);
     }
+    for rank in 0..hoisting.plan.orders().len() {
+        hoisting.sink_on(rank, limit);
+    }
     hoisting.plan
 }
 
-/// Whether moving the task at `position` of `order` to `target` (earlier) passes no other
-/// transfer. Such a move of a reload cannot make any task later: the reload is issued after
-/// an earlier compute (or the same one), behind the same transfer on the link, and nothing
-/// but its backward and the transfers after it wait for it (a reload is no offload: no
-/// allocation waits for it). So the plan is no slower without replaying it.
-fn passes_no_transfer(order: &[Task], target: usize, position: usize) -> bool {
-    !order[target..position].iter().any(Task::on_link)
+/// Whether moving the transfer at `position` of `order` to `target` (its index once removed)
+/// passes no other transfer. Such a move cannot make any task later: a reload moved earlier is
+/// issued after an earlier compute (or the same one), behind the same transfer on the link, and
+/// nothing but its backward and the transfers after it wait for it (no allocation waits for a
+/// reload); an offload moved later is issued as before (at its forward's end), behind the same
+/// transfer, and only frees the allocations it passes from waiting for it. So the plan is no
+/// slower without replaying it.
+fn passes_no_transfer(order: &[Task], position: usize, target: usize) -> bool {
+    let passed = if target < position {
+        &order[target..position]
+    } else {
+        &order[position + 1..=target]
+    };
+    !passed.iter().any(Task::on_link)
 }
 
 /// A reload found by [`Hoisting::reload_at`].
@@ -197,9 +210,10 @@ impl Hoisting {
 
     /// Takes `candidate` (the plan with `rank`'s task at `position` moved to `target`) without
     /// replaying it; `current` goes stale from there.
-    fn take_unreplayed(&mut self, candidate: Plan, rank: usize, target: usize, position: usize) {
+    fn take_unreplayed(&mut self, candidate: Plan, rank: usize, position: usize, target: usize) {
         let row = &mut self.current.timeline[rank];
-        let sequence = row[target].sequence;
+        // The first task the move changes: the moved one or the one it lands before.
+        let sequence = row[position.min(target)].sequence;
         let timed = row.remove(position);
         row.insert(target, timed);
         self.stale_from = Some(self.stale_from.map_or(sequence, |s| s.min(sequence)));
@@ -219,7 +233,7 @@ impl Hoisting {
         // Every reload to its earliest place, unreplayed, then one replay.
         self.hoist_with(rank, limit, |h, position, reload| {
             h.moved(rank, position, reload.earliest)
-                .map(|candidate| h.take_unreplayed(candidate, rank, reload.earliest, position))
+                .map(|candidate| h.take_unreplayed(candidate, rank, position, reload.earliest))
                 .is_some()
         });
         if self.replay_stale(self.makespan + EPSILON) {
@@ -254,6 +268,56 @@ impl Hoisting {
             // A moved reload sits earlier; the task now at `position` is the next to look at.
             position += usize::from(!moved);
         }
+    }
+
+    /// Moves each of `rank`'s offloads as late as the limit allows without passing another
+    /// transfer (the pair's device copy freed right before the first task that needs its
+    /// memory; the transfer is still issued at its forward's end). No replay is needed: such a
+    /// move cannot make any task later (see [`passes_no_transfer`]).
+    fn sink_on(&mut self, rank: usize, limit: f64) {
+        let mut held = held_during(&self.plan, RankId::new(rank as u32));
+        let mut position = 0;
+        while position < self.plan.orders()[rank].len() {
+            let moved = self
+                .sink_target(rank, position, &held, limit)
+                .and_then(|target| Some((target, self.moved(rank, position, target)?)))
+                .map(|(target, candidate)| self.take_unreplayed(candidate, rank, position, target))
+                .is_some();
+            if moved {
+                held = held_during(&self.plan, RankId::new(rank as u32));
+            }
+            // A sunk offload sits later; the task now at `position` is the next to look at.
+            position += usize::from(!moved);
+        }
+    }
+
+    /// Where the offload at `rank`'s `position` (if the task there is one) can sink to: the
+    /// index (after its removal) right before the first later task during which the rank would
+    /// hold more than `limit` with its pair still held, at most right before its reload; None
+    /// when it cannot move.
+    fn sink_target(&self, rank: usize, position: usize, held: &[f64], limit: f64) -> Option<usize> {
+        let order = &self.plan.orders()[rank];
+        let Task::Offload(work) = order[position] else {
+            return None;
+        };
+        let reload = (position + 1..order.len()).find(|&p| order[p] == Task::Reload(work))?;
+        let after_input = order[..position]
+            .iter()
+            .any(|t| t.runs(work.op(OpKind::InputGrad)));
+        let memory = &self.plan.memory().stages()[work.stage.index()];
+        let size = if after_input {
+            memory.weight_grad()
+        } else {
+            memory.total()
+        };
+        // Never past another transfer: the link keeps its order (and two offloads never trade
+        // places back and forth).
+        let mut latest = position + 1;
+        while latest < reload && !order[latest].on_link() && held[latest] + size <= limit + EPSILON
+        {
+            latest += 1;
+        }
+        (latest - 1 > position).then_some(latest - 1)
     }
 
     /// The reload at `rank`'s `position`, if the task there is one: the earliest place from
@@ -316,13 +380,14 @@ impl Hoisting {
         let Some(candidate) = self.moved(rank, position, target) else {
             return false;
         };
-        if passes_no_transfer(&self.plan.orders()[rank], target, position) {
-            self.take_unreplayed(candidate, rank, target, position);
+        if passes_no_transfer(&self.plan.orders()[rank], position, target) {
+            self.take_unreplayed(candidate, rank, position, target);
             return true;
         }
         self.replay_stale(f64::INFINITY);
-        // Every task that ran before the one at `target` keeps its times.
-        let resume = Some((&self.current, self.current.timeline[rank][target].sequence));
+        // Every task that ran before the first one the move changes keeps its times.
+        let first = position.min(target);
+        let resume = Some((&self.current, self.current.timeline[rank][first].sequence));
         match replay_within(&candidate, self.makespan + EPSILON, resume) {
             Ok(Some(replayed)) => {
                 self.plan = candidate;
@@ -384,6 +449,46 @@ mod tests {
         assert!(max_peak(&offloaded) <= 2.0);
         let makespan = simulate(&offloaded).unwrap().makespan();
         assert!(makespan <= kept * 1.1, "{makespan} against {kept}");
+    }
+
+    #[test]
+    fn offloads_sink_to_where_memory_needs_them_and_never_slow_the_plan() {
+        // 3-chunk interleaving at 0.67 units: a forward may run while the offload before it is
+        // still on the link, as long as the two fit.
+        let plan = build("offload(vpp(f1b(gpipe), chunks=3), memory=0.67)", 4, 8, 0.5).unwrap();
+        assert!(max_peak(&plan) <= 0.67 + 1e-9);
+        let sunk = simulate(&plan).unwrap().makespan();
+        // The same plan with every offload right after the task that produced what it moves.
+        let mut some_sunk = false;
+        let unsunk: Vec<Vec<Task>> = plan
+            .orders()
+            .iter()
+            .map(|order| {
+                let mut out: Vec<Task> = order
+                    .iter()
+                    .copied()
+                    .filter(|t| !matches!(t, Task::Offload(_)))
+                    .collect();
+                for (p, task) in order.iter().enumerate() {
+                    let Task::Offload(w) = *task else { continue };
+                    let producer = order[..p]
+                        .iter()
+                        .rposition(|t| {
+                            t.runs(w.op(pipeweave_core::OpKind::Forward))
+                                || t.runs(w.op(pipeweave_core::OpKind::InputGrad))
+                        })
+                        .expect("an offload comes after its forward");
+                    some_sunk |= order[producer + 1..p].iter().any(|t| !t.on_link());
+                    let at = out.iter().position(|t| *t == order[producer]).unwrap() + 1;
+                    out.insert(at, *task);
+                }
+                out
+            })
+            .collect();
+        assert!(some_sunk, "no offload sits later than its forward");
+        let unsunk = crate::schedules::relief::reordered(&plan, unsunk).unwrap();
+        let before = simulate(&unsunk).unwrap().makespan();
+        assert!(sunk <= before + 1e-9, "{sunk} against {before}");
     }
 
     #[test]
