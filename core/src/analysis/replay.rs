@@ -445,13 +445,12 @@ impl HostLinks {
     }
 }
 
-/// When what an offload of `work` moves exists: the end of the pair's input-gradient backward
-/// where it ran already (the offload moves what the W keeps), else of its forward; None when
-/// neither has run.
+/// When what an offload of `work` moves exists: the end of the first of its
+/// [`Work::offload_sources`] that ran; None when neither has.
 fn produced(links: &Links, finish: &[f64], work: Work) -> Option<f64> {
-    [OpKind::InputGrad, OpKind::Forward]
+    work.offload_sources()
         .into_iter()
-        .filter_map(|kind| links.slot(work.op(kind)))
+        .filter_map(|op| links.slot(op))
         .map(|slot| finish[slot])
         .find(|end| !end.is_nan())
 }

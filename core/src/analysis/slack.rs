@@ -87,9 +87,10 @@ pub fn slack(plan: &Plan, simulation: &Simulation) -> Vec<Vec<f64>> {
             // An offload is issued once what it moves exists (the task that ran its pair's I,
             // else its F), a reload once the compute before it ended.
             let issuer = match t.task {
-                Task::Offload(w) => [OpKind::InputGrad, OpKind::Forward]
+                Task::Offload(w) => w
+                    .offload_sources()
                     .into_iter()
-                    .filter_map(|kind| slots.op(w.op(kind)))
+                    .filter_map(|op| slots.op(op))
                     .map(|k| at_op[k])
                     .find(|&(dr, di)| dr as usize == r && (di as usize) < i)
                     .map(|(_, di)| di as usize),

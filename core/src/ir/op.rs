@@ -102,6 +102,12 @@ impl Work {
     pub fn op(self, kind: OpKind) -> Op {
         Op::new(kind, self.stage, self.microbatch)
     }
+
+    /// The ops whose end issues an offload of this pair, in the order to look for them: its I
+    /// where it ran already (the offload moves what the W keeps), else its F.
+    pub fn offload_sources(self) -> [Op; 2] {
+        [self.op(OpKind::InputGrad), self.op(OpKind::Forward)]
+    }
 }
 
 /// One step of a rank's order.
