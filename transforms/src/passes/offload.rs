@@ -54,7 +54,7 @@ use super::relief::ReliefStrategy;
 use crate::pass::Requires;
 use crate::schedules::relief::{issued_at, reordered, Proposal, Reach, Step, Window, EPSILON};
 use pipeweave_core::{
-    held_during, replay_within, OpKind, Plan, RankId, Replay, Residency, Simulation, Task,
+    held_during, replay_within, OpKind, Plan, RankId, Replay, Residency, Simulation, Task, Work,
 };
 
 /// The offload strategy: `offload` is [`Relief<Offload>`](super::Relief), built with
@@ -301,15 +301,7 @@ impl Hoisting {
             return None;
         };
         let reload = (position + 1..order.len()).find(|&p| order[p] == Task::Reload(work))?;
-        let after_input = order[..position]
-            .iter()
-            .any(|t| t.runs(work.op(OpKind::InputGrad)));
-        let memory = &self.plan.memory().stages()[work.stage.index()];
-        let size = if after_input {
-            memory.weight_grad()
-        } else {
-            memory.total()
-        };
+        let (_, size) = self.carried(order, position, work);
         // Never past another transfer: the link keeps its order (and two offloads never trade
         // places back and forth).
         let mut latest = position + 1;
@@ -332,22 +324,26 @@ impl Hoisting {
             .iter()
             .rposition(|t| *t == Task::Offload(work))
             .unwrap_or(0);
-        // What comes back: the pair's activations, or (offloaded after its input-gradient
-        // backward) what its W keeps; the backward that waits for it.
-        let runs = |p: usize, kind: OpKind| order[p].runs(work.op(kind));
-        let after_input = (offloaded..position).any(|p| runs(p, OpKind::InputGrad));
-        let memory = &self.plan.memory().stages()[work.stage.index()];
-        let (waiting, size) = if after_input {
-            (OpKind::WeightGrad, memory.weight_grad())
-        } else {
-            (OpKind::InputGrad, memory.total())
-        };
+        let (waiting, size) = self.carried(order, position, work);
         let mut earliest = position;
         while earliest > offloaded + 1 && held[earliest - 1] + size <= limit + EPSILON {
             earliest -= 1;
         }
-        let backward = (position..order.len()).find(|&p| runs(p, waiting));
+        let backward = (position..order.len()).find(|&p| order[p].runs(work.op(waiting)));
         Some(Reload { earliest, backward })
+    }
+
+    /// What a transfer of `work`'s pair at `position` of `order` carries, and the backward that
+    /// needs it on the device: what its W keeps where its I ran before (moved between its I and
+    /// W), else its activations (needed by its I).
+    fn carried(&self, order: &[Task], position: usize, work: Work) -> (OpKind, f64) {
+        let memory = &self.plan.memory().stages()[work.stage.index()];
+        let input = work.op(OpKind::InputGrad);
+        if order[..position].iter().any(|t| t.runs(input)) {
+            (OpKind::WeightGrad, memory.weight_grad())
+        } else {
+            (OpKind::InputGrad, memory.total())
+        }
     }
 
     /// Moves the reload at `rank`'s `position` to the last place from `earliest` on from which
