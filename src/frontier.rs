@@ -148,6 +148,47 @@ pub const LIMIT_BASES: [&str; 8] = [
     "vpp(f1b(gpipe), chunks=8)",
 ];
 
+/// The chunk counts of PipeOffload's building block the residency stage offloads whole chunks
+/// of (`offload(..., chunks=K)`), as their sweep does: more chunks hold less per microbatch.
+pub const CHUNK_OFFLOAD_CHUNKS: std::ops::RangeInclusive<u32> = 2..=8;
+
+/// PipeOffload's own points: `offload(zero_bubble(vpp(f1b(gpipe), chunks=C, group=G,
+/// order=block), policy=in_place), chunks=K)` (their group building block, its backwards split
+/// in place, its first `K` chunks offloaded in slots of the link) for every `C` of
+/// [`CHUNK_OFFLOAD_CHUNKS`], each group `G` of [`chunk_offload_groups`] and `K` from 1 to `C` (the family `offload`), and each block without offload (`K = 0`, a fixed schedule).
+/// Their peaks follow from `K` and the link's speed, not from a limit, so the frontier keeps
+/// those that fit.
+pub fn chunk_offload_expressions(ranks: u32, microbatches: u32) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for c in CHUNK_OFFLOAD_CHUNKS {
+        for g in chunk_offload_groups(ranks, microbatches) {
+            let base = format!(
+                "zero_bubble(vpp(f1b(gpipe), chunks={c}, group={g}, order=block), policy=in_place)"
+            );
+            out.push((base.clone(), base.clone()));
+            for k in 1..=c {
+                out.push((
+                    format!("offload({base}, chunks={k})"),
+                    "offload".to_string(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The groups of PipeOffload's building block the residency stage tries: those their README
+/// recommends (`ceil(P/2)` to `P`) and the powers of two below (their slow-link points use
+/// groups of 1, 2 and 4), at most `microbatches`.
+pub fn chunk_offload_groups(ranks: u32, microbatches: u32) -> Vec<u32> {
+    let half = ranks.div_ceil(2);
+    let below = std::iter::successors(Some(1u32), |g| g.checked_mul(2)).take_while(|&g| g < half);
+    below
+        .chain(half..=ranks)
+        .filter(|&g| g <= microbatches)
+        .collect()
+}
+
 /// A knee of a kept frontier: its least peak within `slower` times its fastest makespan.
 pub fn knee(kept: &[FrontierPoint], slower: f64) -> Option<&FrontierPoint> {
     let fastest = kept.last()?;
@@ -282,7 +323,11 @@ pub fn frontier(config: &PipelineConfig, progress: &(dyn Fn(usize) + Sync)) -> F
         .map(|c| (family_of(&jobs, &c.expression), c))
         .collect();
     let kept_points = walk(kept.clone(), &kept_expressions, cap);
-    let residency = residency_expressions(&kept_points, config.memory().total(), cap);
+    let mut residency = residency_expressions(&kept_points, config.memory().total(), cap);
+    residency.extend(chunk_offload_expressions(
+        config.ranks(),
+        config.microbatches(),
+    ));
     let residency_expressions: Vec<String> = residency.iter().map(|(e, _)| e.clone()).collect();
     let offset = kept_expressions.len();
     let residency_report = tune_with(&registry, config, &residency_expressions, &|done| {
@@ -625,10 +670,17 @@ mod tests {
             .with_memory_limit(Some(1.0));
         let found = frontier(&config, &|_| {});
         let best = &found.ranked().candidates[0];
-        // Before the limit bases, the best within one unit took 513 (ZB-V's ladder at one unit).
-        assert!(best.makespan < 120.0, "{best:?}");
+        // Before the limit bases, the best within one unit took 513 (ZB-V's ladder at one unit);
+        // PipeOffload's own point is 97.75 at a quarter unit (8 chunks, all offloaded).
+        assert!(best.makespan <= 97.75 + TOLERANCE, "{best:?}");
         assert!(best.peak_activations <= 1.0 + TOLERANCE);
-        assert!(best.expression.starts_with("offload(vpp("), "{best:?}");
+        assert!(
+            best.expression.starts_with("offload(zero_bubble(vpp("),
+            "{best:?}"
+        );
+        assert!(best
+            .expression
+            .ends_with("order=block), policy=in_place), chunks=8)"));
         // Nothing fits a limit of 0.67 but what moves activations, at the limit itself.
         let expressions = residency_expressions(&[], 1.0, Some(0.67));
         assert!(expressions

@@ -2,7 +2,8 @@
 //! `tests/fixtures/group_block_sailsg.json` (made by `tools/group_block_sailsg.py` from their
 //! `group_interleaved_1f1b.py`), `vpp(f1b(gpipe), chunks=C, group=g, order=block)` runs their
 //! order op for op (their W right after its B being our full backward), and with its backwards
-//! split (`zero_bubble(...)`) it is no slower than their schedule at unit costs.
+//! split (`zero_bubble(...)`) it is no slower than their schedule at unit costs; split in place
+//! (`policy=in_place`) it is their F, B, W order op for op.
 
 mod common;
 
@@ -73,6 +74,27 @@ fn split_it_is_no_slower_than_theirs() {
             "{expression} at P={} M={}: {ours} against their {theirs}",
             s.ranks,
             s.microbatches
+        );
+    }
+}
+
+#[test]
+fn split_in_place_it_runs_their_f_b_w_and_is_no_slower() {
+    for s in sizes().into_iter().step_by(7) {
+        let (c, g) = (s.chunks, s.group);
+        let theirs = f64::from(s.slots) / f64::from(c);
+        let expression = format!(
+            "zero_bubble(vpp(f1b(gpipe), chunks={c}, group={g}, order=block), policy=in_place)"
+        );
+        let config = PipelineConfig::new(s.ranks, s.microbatches).unwrap();
+        let plan = build_plan(&expression, &config).unwrap_or_else(|e| panic!("{expression}: {e}"));
+        let at = format!("{expression} at P={} M={}", s.ranks, s.microbatches);
+        // Their B, W pairs (read as I, W) op for op.
+        assert_eq!(plan_orders(&plan), s.orders, "{at}");
+        let ours = simulate(&plan).unwrap().makespan();
+        assert!(
+            ours <= theirs + TOLERANCE,
+            "{at}: {ours} against their {theirs}"
         );
     }
 }

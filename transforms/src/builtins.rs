@@ -9,7 +9,8 @@ use crate::error::TransformError;
 use crate::expr::Node;
 use crate::pass::Pass;
 use crate::passes::{
-    Dual, F1b, Gpipe, Offload, Policy, Recompute, Relief, ReliefStrategy, Vpp, VppOrder, ZeroBubble,
+    ChunkOffload, Dual, F1b, Gpipe, Offload, Policy, Recompute, Relief, ReliefStrategy, Vpp,
+    VppOrder, ZeroBubble,
 };
 use crate::registry::{Arguments, Arity, Factory, Registry};
 use crate::schedules::cache::SearchCache;
@@ -58,7 +59,7 @@ pub fn register_builtins(registry: &mut Registry) {
             Box::new(move |args: &Arguments| zero_bubble(args, &cache)),
         ),
         (Recompute::NAME, Arity::Rewrite, Box::new(relief(Recompute))),
-        (Offload::NAME, Arity::Rewrite, Box::new(relief(Offload))),
+        (Offload::NAME, Arity::Rewrite, Box::new(offload)),
     ];
     for (name, arity, factory) in entries {
         registry
@@ -104,11 +105,11 @@ fn vpp(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
     Ok(Box::new(pass))
 }
 
-/// `zero_bubble(schedule, policy=h1|h2|auto|auto(N)|deepseek|v_half|v_min, memory=N)`.
+/// `zero_bubble(schedule, policy=h1|h2|auto|auto(N)|deepseek|in_place|v_half|v_min, memory=N)`.
 fn zero_bubble(args: &Arguments, cache: &SearchCache) -> Result<Box<dyn Pass>, TransformError> {
     args.allow_only(&["policy", "memory"])?;
     let memory = args.number("memory")?;
-    let expected = "expected h1, h2, auto, auto(N), deepseek, v_half or v_min";
+    let expected = "expected h1, h2, auto, auto(N), deepseek, in_place, v_half or v_min";
     let policy = match args.value("policy") {
         None if memory.is_some() => Policy::Auto { memory },
         None => Policy::Default,
@@ -116,6 +117,7 @@ fn zero_bubble(args: &Arguments, cache: &SearchCache) -> Result<Box<dyn Pass>, T
             ("h1", []) => Policy::H1,
             ("h2", []) => Policy::H2,
             ("deepseek", []) => Policy::DeepSeek,
+            ("in_place", []) => Policy::InPlace,
             ("v_half", []) => Policy::Controllable(Controllable::Half),
             ("v_min", []) => Policy::Controllable(Controllable::Min),
             ("auto", []) => Policy::Auto { memory },
@@ -161,6 +163,25 @@ fn relief<S: ReliefStrategy>(
     }
 }
 
+/// `offload(schedule, memory=N)` (the relief pass) or `offload(schedule, chunks=K)`
+/// ([`ChunkOffload`]), not both.
+fn offload(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
+    args.allow_only(&["memory", "chunks"])?;
+    let Some(chunks) = args.integer("chunks")? else {
+        return relief(Offload)(args);
+    };
+    let column = args.value("chunks").map_or(args.column(), |(c, _)| c);
+    if args.value("memory").is_some() {
+        return Err(args.bad(
+            "chunks",
+            column,
+            "give memory=N (fit a limit pair by pair) or chunks=K (whole chunks), not both",
+        ));
+    }
+    let pass = ChunkOffload::new(chunks).map_err(|e| refused(args, "chunks", column, e))?;
+    Ok(Box::new(pass))
+}
+
 /// The column of the `memory` argument, else of the call.
 fn memory_column(args: &Arguments) -> usize {
     args.value("memory").map_or(args.column(), |(c, _)| c)
@@ -204,6 +225,16 @@ mod tests {
                 "offload(f1b(gpipe), memory=-1)",
                 "pass `offload`, argument `memory` at column 21: memory > 0 violated: \
                  memory=-1 is not a positive number of activations",
+            ),
+            (
+                "offload(f1b(gpipe), memory=1, chunks=1)",
+                "pass `offload`, argument `chunks` at column 31: give memory=N (fit a limit pair \
+                 by pair) or chunks=K (whole chunks), not both",
+            ),
+            (
+                "offload(f1b(gpipe), chunks=0)",
+                "pass `offload`, argument `chunks` at column 21: 1 <= chunks <= 64 violated: \
+                 chunks=0 offloads no chunk or more than a plan can have",
             ),
             (
                 "zero_bubble(f1b(gpipe), memory=0)",

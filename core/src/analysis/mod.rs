@@ -2,6 +2,7 @@
 //! per-rank memory replay, the verifier of every invariant, the simulator of the figures people
 //! compare (also for ranks time-sharing fewer cores), and each task's slack in a simulation. They read the IR ([`crate::ir`]) and never change it.
 
+pub mod link;
 pub mod peak;
 pub mod replay;
 pub mod shared_cores;

@@ -8,12 +8,13 @@
 //!
 //! The residency tasks ([`Task::is_residency`]) have their own rules. A recompute runs on the rank
 //! like any compute. The transfers (offload, reload) run on the rank's host link, one at a time in
-//! their order, each starting once it is issued and the link is free; the computes go on beside
-//! them. An offload is issued as soon as what it moves exists (its pair's forward ended, or its
-//! input-gradient backward for what a W keeps), wherever it sits in the order: its place is where
-//! the device copy is freed (PipeOffload's offload end), so it may sit later than its forward and
-//! leave the allocations between free of its fence. A reload is issued when the compute before it
-//! in the order has ended. A backward (the I of an offloaded pair, or its W when the transfers sit
+//! the order they are issued ([`crate::analysis::link`]), each starting once it is issued and the
+//! link is free; the computes go on beside them. An offload is issued as soon as what it moves
+//! exists (its pair's forward ended, or its input-gradient backward for what a W keeps), right
+//! after that compute, wherever it sits in the order: its place is where the device copy is freed
+//! (PipeOffload's offload end), so it may sit later than its forward and leave the allocations
+//! between free of its fence. A reload is issued when the compute before it in the order has
+//! ended. A backward (the I of an offloaded pair, or its W when the transfers sit
 //! between its I and W) starts only after its reload has ended, and a task that allocates device
 //! memory (a forward, a recompute; a reload by the link's own order) only after every offload
 //! earlier in the rank's order has ended, so the memory freed at an offload's place in the order
@@ -29,6 +30,7 @@
 //! It assumes residency tasks come in their verified order (a reload before its backward); a
 //! backward whose reload comes later in the order runs as though its pair had not been offloaded.
 
+use crate::analysis::link::offload_producers;
 use crate::ir::deps::Links;
 use crate::ir::ids::RankId;
 use crate::ir::op::{Op, OpKind, Task, Work};
@@ -205,7 +207,7 @@ fn replay_bounded(
     let mut completed = 0usize;
     let mut host = HostLinks::new(plan, ranks, slots.pairs());
     if let Some((earlier, cut)) = resume.filter(|_| record) {
-        if let Some(prefix) = agreeing_prefix(plan, earlier, cut) {
+        if let Some(prefix) = agreeing_prefix(plan, &host.producers, earlier, cut) {
             if prefix
                 .iter()
                 .flat_map(|done| done.iter())
@@ -214,8 +216,11 @@ fn replay_bounded(
                 return Ok(None);
             }
             for (r, done) in prefix.iter().enumerate() {
-                for timed in done.iter() {
-                    host.seed(r, timed, links, &mut finish, &mut clock[r]);
+                for (p, timed) in done.iter().enumerate() {
+                    host.seed(r, (p, timed), links, &mut finish, &mut clock[r]);
+                    if let Some(over) = host.issue(r, p, timed.end, plan, &duration, bound) {
+                        return over;
+                    }
                 }
                 position[r] = done.len();
                 completed += done.len();
@@ -236,14 +241,19 @@ fn replay_bounded(
                     return Err(ReplayError::OutOfRange(rank, position, op));
                 }
                 let pair = slots.pair(w.stage, w.microbatch);
-                // An offload is issued once what it moves exists (wherever it sits in the
-                // order), any other transfer once the compute before it ended.
-                let issued = match task {
-                    Task::Offload(w) => produced(links, &finish, w).unwrap_or(clock[r]),
-                    _ => clock[r],
+                // An offload went on the link when its producer ended (see `HostLinks::issue`);
+                // one without a producer before it, once what it moves exists; any other
+                // transfer once the compute before it ended.
+                let (start, end) = match host.issued_here(r, position[r]) {
+                    Some(times) => times,
+                    None => {
+                        let issued = match task {
+                            Task::Offload(w) => produced(links, &finish, w).unwrap_or(clock[r]),
+                            _ => clock[r],
+                        };
+                        host.run(r, &task, pair, (&mut clock[r], issued), duration(&task))
+                    }
                 };
-                let (start, end) =
-                    host.run(r, &task, pair, (&mut clock[r], issued), duration(&task));
                 if end > bound {
                     return Ok(None);
                 }
@@ -324,6 +334,9 @@ fn replay_bounded(
                     return Err(ReplayError::RunsTwice(rank, position, op));
                 }
                 clock[r] = end;
+                if let Some(over) = host.issue(r, position[r], end, plan, &duration, bound) {
+                    return over;
+                }
                 (start, end)
             };
             if record {
@@ -362,21 +375,85 @@ struct HostLinks {
     offloads: bool,
     /// Per rank, when its link is free.
     free: Vec<f64>,
-    /// Per rank, when the last offload issued on its link ends.
+    /// Per rank, when the last offload whose place the rank passed ends.
     fence: Vec<f64>,
     /// Per pair, when its reload ends (NaN: not reloaded, or not yet); empty without offload.
     reloaded: Vec<f64>,
+    /// Per rank, its offloads with their producers ([`offload_producers`]); empty without
+    /// offload.
+    producers: Vec<Vec<(usize, usize)>>,
+    /// Per rank, how many of `producers` have been issued.
+    next_issue: Vec<usize>,
+    /// Per rank, per position, the link times of the offload there once issued by its producer
+    /// (NaN before); empty without offload.
+    issued: Vec<Vec<(f64, f64)>>,
 }
 
 impl HostLinks {
     fn new(plan: &Plan, ranks: usize, pairs: usize) -> HostLinks {
         let offloads = plan.facts().residency.offloaded;
+        let slots = plan.slots();
+        let producers: Vec<Vec<(usize, usize)>> = if offloads {
+            plan.orders()
+                .iter()
+                .map(|o| offload_producers(o, slots))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let issued = if offloads {
+            let unset = (f64::NAN, f64::NAN);
+            plan.orders().iter().map(|o| vec![unset; o.len()]).collect()
+        } else {
+            Vec::new()
+        };
         HostLinks {
             offloads,
             free: vec![0.0; ranks],
             fence: vec![0.0; ranks],
             reloaded: vec![f64::NAN; if offloads { pairs } else { 0 }],
+            producers,
+            next_issue: vec![0; ranks],
+            issued,
         }
+    }
+
+    /// Puts on rank `r`'s link the offloads the compute at `position` (ended at `end`) issues,
+    /// if any; `Some(Ok(None))` when one would end after `bound`.
+    fn issue(
+        &mut self,
+        r: usize,
+        position: usize,
+        end: f64,
+        plan: &Plan,
+        duration: &impl Fn(&Task) -> f64,
+        bound: f64,
+    ) -> Option<Result<Option<Replay>, ReplayError>> {
+        let producers = self.producers.get(r)?;
+        let mut over = false;
+        while let Some(&(producer, offload)) = producers.get(self.next_issue[r]) {
+            if producer != position {
+                break;
+            }
+            self.next_issue[r] += 1;
+            let start = end.max(self.free[r]);
+            let finish = start + duration(&plan.orders()[r][offload]);
+            self.free[r] = finish;
+            self.issued[r][offload] = (start, finish);
+            over |= finish > bound;
+        }
+        over.then_some(Ok(None))
+    }
+
+    /// The link times of the offload at `position` of rank `r` if its producer issued it; its
+    /// place frees the device copy once it ends (the fence of what allocates after it).
+    fn issued_here(&mut self, r: usize, position: usize) -> Option<(f64, f64)> {
+        let &(start, end) = self.issued.get(r)?.get(position)?;
+        if start.is_nan() {
+            return None;
+        }
+        self.fence[r] = self.fence[r].max(end);
+        Some((start, end))
     }
 
     /// Runs a residency task of rank `r` (on pair `pair`) taking `length`: a recompute on the
@@ -410,13 +487,16 @@ impl HostLinks {
     fn seed(
         &mut self,
         r: usize,
-        timed: &TimedTask,
+        (position, timed): (usize, &TimedTask),
         links: &Links,
         finish: &mut [f64],
         clock: &mut f64,
     ) {
         let task = timed.task;
         if task.on_link() {
+            if self.issued_here(r, position).is_some() {
+                return;
+            }
             self.free[r] = timed.end;
             let pair = links
                 .slots()
@@ -457,13 +537,45 @@ fn produced(links: &Links, finish: &[f64], work: Work) -> Option<f64> {
 
 /// Per rank, the tasks `earlier` completed before sequence number `cut`, when they begin the
 /// rank's order in `plan` (None when some do not: the replay then starts afresh).
+/// With offloads, the prefix ends before the first compute (on any rank) that issues another
+/// offload in `plan` than in `earlier` (`producers`: `plan`'s, per rank), as the link's times
+/// after it change.
 fn agreeing_prefix<'r>(
     plan: &Plan,
+    producers: &[Vec<(usize, usize)>],
     earlier: &'r Replay,
     cut: usize,
 ) -> Option<Vec<&'r [TimedTask]>> {
     if earlier.timeline.len() != plan.orders().len() {
         return None;
+    }
+    let mut cut = cut;
+    if !producers.is_empty() {
+        let slots = plan.slots();
+        for (r, row) in earlier.timeline.iter().enumerate() {
+            let tasks: Vec<Task> = row.iter().map(|t| t.task).collect();
+            let before = offload_producers(&tasks, slots);
+            let now = &producers[r];
+            let issuing = |list: &[(usize, usize)], k: usize| {
+                list.get(k)
+                    .map(|&(p, o)| (p, plan.orders()[r].get(o).copied()))
+            };
+            let differs = (0..before.len().max(now.len())).find(|&k| {
+                let earlier_issue = before.get(k).map(|&(p, o)| (p, Some(tasks[o])));
+                earlier_issue != issuing(now, k)
+            });
+            if let Some(k) = differs {
+                let first = [before.get(k), now.get(k)]
+                    .into_iter()
+                    .flatten()
+                    .map(|&(p, _)| p)
+                    .min()
+                    .unwrap_or(0);
+                if let Some(t) = row.get(first) {
+                    cut = cut.min(t.sequence);
+                }
+            }
+        }
     }
     earlier
         .timeline

@@ -6,17 +6,20 @@
 //! everything that waits for it, and starts its own duration before that; the last tasks may end
 //! at the makespan. What waits for a task, by the replay engine's rules
 //! ([`crate::analysis::replay`]): the next compute of its rank; the ops that depend on its ops
-//! (across ranks after the latency); for a transfer, the next transfer on its link, and the
-//! backward it reloads for or the allocations after the offload; for a compute, the reloads
-//! issued right after it and the offloads of what it produced.
+//! (across ranks after the latency); for a transfer, the next transfer on its link (in the
+//! link's order, [`crate::analysis::link`]), and the backward it reloads for or the allocations
+//! after the offload; for a compute, the reloads issued right after it and the offloads of what
+//! it produced.
 //!
 //! Passes use it to tell a delay the plan absorbs from one that lengthens it.
 
+use crate::analysis::link::{link_order, offload_producers};
 use crate::analysis::replay::TimedTask;
 use crate::analysis::simulate::Simulation;
 use crate::ir::deps::Links;
 use crate::ir::op::{OpKind, Task};
 use crate::ir::plan::Plan;
+use std::collections::HashMap;
 use std::ops::ControlFlow;
 
 /// Per rank, per task of its order (as the simulation's timeline holds them), how much later the
@@ -48,6 +51,21 @@ pub fn slack(plan: &Plan, simulation: &Simulation) -> Vec<Vec<f64>> {
             }
         }
     }
+    // Per rank, each transfer's predecessor on the link and each offload's producer, by
+    // position ([`crate::analysis::link`]).
+    let links_of: Vec<(HashMap<usize, usize>, HashMap<usize, usize>)> = timeline
+        .iter()
+        .map(|tasks| {
+            let order: Vec<Task> = tasks.iter().map(|t| t.task).collect();
+            let sequence = link_order(&order, slots);
+            let before = sequence.windows(2).map(|w| (w[1], w[0])).collect();
+            let producer = offload_producers(&order, slots)
+                .into_iter()
+                .map(|(p, o)| (o, p))
+                .collect();
+            (before, producer)
+        })
+        .collect();
     let makespan = simulation.makespan();
     let mut latest_end: Vec<Vec<f64>> = timeline
         .iter()
@@ -78,28 +96,25 @@ pub fn slack(plan: &Plan, simulation: &Simulation) -> Vec<Vec<f64>> {
             }
         };
         let tasks = &timeline[r];
-        let on_link = t.task.on_link();
-        // The task before it on the same resource (compute or link) ends before it starts.
-        if let Some(p) = tasks[..i].iter().rposition(|x| x.task.on_link() == on_link) {
-            bound(r, p, latest_start);
-        }
-        if on_link {
-            // An offload is issued once what it moves exists (the task that ran its pair's I,
-            // else its F), a reload once the compute before it ended.
-            let issuer = match t.task {
-                Task::Offload(w) => w
-                    .offload_sources()
-                    .into_iter()
-                    .filter_map(|op| slots.op(op))
-                    .map(|k| at_op[k])
-                    .find(|&(dr, di)| dr as usize == r && (di as usize) < i)
-                    .map(|(_, di)| di as usize),
-                _ => tasks[..i].iter().rposition(|x| !x.task.on_link()),
-            };
+        if t.task.on_link() {
+            // The transfer before it on the link ends before it starts; it is issued by its
+            // producer (an offload) or once the compute before it ended.
+            let (before, producer) = &links_of[r];
+            if let Some(&p) = before.get(&i) {
+                bound(r, p, latest_start);
+            }
+            let issuer = producer
+                .get(&i)
+                .copied()
+                .or_else(|| tasks[..i].iter().rposition(|x| !x.task.on_link()));
             if let Some(p) = issuer {
                 bound(r, p, latest_start);
             }
             continue;
+        }
+        // The compute before it ends before it starts.
+        if let Some(p) = tasks[..i].iter().rposition(|x| !x.task.on_link()) {
+            bound(r, p, latest_start);
         }
         if t.task.allocates() {
             // The offloads before it must have ended.

@@ -2,10 +2,12 @@
 //! schedules `gpipe` ([`Gpipe`]), `f1b` ([`F1b`]), `vpp` ([`Vpp`]), `dual` ([`Dual`]) and
 //! `zero_bubble` ([`ZeroBubble`]), and `recompute` and `offload`, which decide where activations
 //! live: one pass, [`Relief`], generic over its strategy ([`Recompute`], [`Offload`]), in
-//! `relief.rs`. Each file's doc names its source schedule, its contract (the facts it requires,
+//! `relief.rs`; `offload(schedule, chunks=K)` is [`ChunkOffload`], PipeOffload's rule of whole
+//! chunks in slots of the host link. Each file's doc names its source schedule, its contract (the facts it requires,
 //! what it may change), its preconditions, and shows a before/after grid. [`crate::builtins`]
 //! registers them under their names.
 
+pub mod chunk_offload;
 pub mod dual;
 pub mod f1b;
 pub mod gpipe;
@@ -15,6 +17,7 @@ pub mod relief;
 pub mod vpp;
 pub mod zero_bubble;
 
+pub use chunk_offload::ChunkOffload;
 pub use dual::Dual;
 pub use f1b::F1b;
 pub use gpipe::Gpipe;

@@ -24,6 +24,10 @@
 //!   `N` grows, and no handcrafted schedule that fits `N` is faster.
 //! - `deepseek` (dual plans only): DeepSeek's DualPipe/DualPipeV order with its split backwards and
 //!   W queue.
+//! - `in_place`: each backward split where it stands, its W right after its I: no W moves into a
+//!   bubble, but the gradient leaves for the previous stage after the I. PipeOffload's group
+//!   building block runs its ops so (`zero_bubble(vpp(f1b(gpipe), chunks=C, order=block),
+//!   policy=in_place)` is their order op for op), and nothing is held for a late W.
 //! - `v_half` / `v_min` (the V placement only): sail-sg's controllable-memory V schedules, about
 //!   half and a third of 1F1B's activations, op for op as their generator orders them
 //!   ([`crate::schedules::controllable`]). `auto` tries both among its candidates.
@@ -78,6 +82,8 @@ pub enum Policy {
         /// The per-rank limit; None takes the plan's declared limit or the input's peak.
         memory: Option<f64>,
     },
+    /// Each backward split where it stands, its W right after its I.
+    InPlace,
     /// DeepSeek's DualPipe/DualPipeV order.
     DeepSeek,
     /// sail-sg's V-Half or V-Min (V placement).
@@ -322,6 +328,7 @@ impl Pass for ZeroBubble {
             Policy::H1 => "zero_bubble(policy=h1)".to_string(),
             Policy::H2 => "zero_bubble(policy=h2)".to_string(),
             Policy::DeepSeek => "zero_bubble(policy=deepseek)".to_string(),
+            Policy::InPlace => "zero_bubble(policy=in_place)".to_string(),
             Policy::Auto { memory: Some(m) } => format!("zero_bubble(policy=auto, memory={m})"),
             Policy::Auto { memory: None } => "zero_bubble(policy=auto)".to_string(),
             Policy::Controllable(Controllable::Half) => "zero_bubble(policy=v_half)".to_string(),
@@ -375,6 +382,7 @@ impl ZeroBubble {
                 })?;
                 Ok(Prepared::Orders(orders))
             }
+            (Policy::InPlace, _) => Ok(Prepared::Orders(split_in_place(plan.orders()))),
             (Policy::Controllable(kind), _) => {
                 let p = plan.problem().ranks();
                 if dual.is_some() || !plan.facts().layout.is_v_shaped(p) {
