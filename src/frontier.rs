@@ -323,34 +323,76 @@ pub fn frontier(config: &PipelineConfig, progress: &(dyn Fn(usize) + Sync)) -> F
         .map(|c| (family_of(&jobs, &c.expression), c))
         .collect();
     let kept_points = walk(kept.clone(), &kept_expressions, cap);
-    let mut residency = residency_expressions(&kept_points, config.memory().total(), cap);
-    residency.extend(chunk_offload_expressions(
-        config.ranks(),
-        config.microbatches(),
-    ));
-    let residency_expressions: Vec<String> = residency.iter().map(|(e, _)| e.clone()).collect();
-    let offset = kept_expressions.len();
-    let residency_report = tune_with(&registry, config, &residency_expressions, &|done| {
-        progress(offset + done)
-    });
-    jobs.extend(residency);
-    let expressions: Vec<String> = jobs.iter().map(|(e, _)| e.clone()).collect();
+    let residency = residency_expressions(&kept_points, config.memory().total(), cap);
+    let mut done = kept_expressions.len();
     let mut evaluated = kept;
-    evaluated.extend(
-        residency_report
+    let mut rejected = kept_report.rejected;
+    let mut stage = |jobs: &mut Vec<(String, String)>,
+                     config: &PipelineConfig,
+                     stage_jobs: Vec<(String, String)>| {
+        let expressions: Vec<String> = stage_jobs.iter().map(|(e, _)| e.clone()).collect();
+        let offset = done;
+        let report = tune_with(&registry, config, &expressions, &|k| progress(offset + k));
+        done += expressions.len();
+        jobs.extend(stage_jobs);
+        rejected.extend(report.rejected);
+        report
             .candidates
             .into_iter()
-            .map(|c| (family_of(&jobs, &c.expression), c)),
+            .map(|c| (family_of(jobs, &c.expression), c))
+            .collect::<Vec<_>>()
+    };
+    evaluated.extend(stage(&mut jobs, config, residency));
+    // PipeOffload's blocks with whole chunks offloaded: their peaks do not depend on a limit,
+    // so they are built without it; those above it are kept only to be relieved at it.
+    let chunked = stage(
+        &mut jobs,
+        &config.clone().with_memory_limit(None),
+        chunk_offload_expressions(config.ranks(), config.microbatches()),
     );
+    let fits = |c: &Candidate| cap.is_none_or(|cap| c.peak_activations <= cap + TOLERANCE);
+    let (within, above): (Vec<_>, Vec<_>) = chunked.into_iter().partition(|(_, c)| fits(c));
+    evaluated.extend(within);
+    if let Some(limit) = cap {
+        let relieved = relieved_chunk_offloads(&above, limit);
+        evaluated.extend(stage(&mut jobs, config, relieved));
+    }
+    let expressions: Vec<String> = jobs.iter().map(|(e, _)| e.clone()).collect();
     let points = walk(evaluated.clone(), &expressions, cap);
-    let mut rejected = kept_report.rejected;
-    rejected.extend(residency_report.rejected);
     Frontier {
         frontier: points,
         evaluated: sorted(evaluated, &expressions),
         expressions: expressions.len(),
         rejected,
     }
+}
+
+/// How many of the whole-chunk offloads just above a limit the residency stage relieves at it.
+pub const RELIEVED_CHUNK_OFFLOADS: usize = 6;
+
+/// `recompute(E, memory=limit)` for the first [`RELIEVED_CHUNK_OFFLOADS`] points of the frontier
+/// of `above` (whole-chunk offloads whose peaks exceed `limit`), from the least peak up: what
+/// the link could not hide is recomputed (PipeOffload's slow-link points at their least memory).
+fn relieved_chunk_offloads(above: &[(String, Candidate)], limit: f64) -> Vec<(String, String)> {
+    let mut by_peak: Vec<&Candidate> = above.iter().map(|(_, c)| c).collect();
+    by_peak.sort_by(|a, b| {
+        a.peak_activations
+            .total_cmp(&b.peak_activations)
+            .then(a.makespan.total_cmp(&b.makespan))
+    });
+    let mut out = Vec::new();
+    let mut fastest = f64::INFINITY;
+    for c in by_peak {
+        if c.makespan < fastest - TOLERANCE {
+            fastest = c.makespan;
+            let expression = format!("recompute({}, memory={})", c.expression, tidy(limit));
+            out.push((expression, "recompute".to_string()));
+        }
+        if out.len() == RELIEVED_CHUNK_OFFLOADS {
+            break;
+        }
+    }
+    out
 }
 
 /// `evaluated` by peak, then makespan, then listing order in `expressions`.

@@ -160,3 +160,57 @@ fn whole_chunks_offloaded_on_their_blocks_reach_their_figures() {
         "{link_bound} points slower where the link is slow"
     );
 }
+
+/// `tune --memory-limit N` (the frontier search) at the least memory PipeOffload reaches in each
+/// cell of its grid: a plan within N, no slower than theirs (the full table is
+/// `cargo bench --bench pipeoffload`).
+#[test]
+fn tune_reaches_their_least_memory_no_slower() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/pipeoffload_sailsg.json"
+    );
+    let file = read_json(path);
+    let mut checked = 0;
+    for entry in file["frontier"].as_array().unwrap() {
+        let (p, m, t) = (
+            number(entry, "p") as u32,
+            number(entry, "m") as u32,
+            number(entry, "t"),
+        );
+        let least = entry["points"].as_array().unwrap().last().unwrap();
+        let (limit, theirs) = (number(least, "peak_units"), number(least, "makespan"));
+        let at = format!("P={p} M={m} T={t} at {limit}");
+        let found =
+            pipeweave::frontier::frontier(&config(p, m, t).with_memory_limit(Some(limit)), &|_| {})
+                .ranked();
+        let best = found
+            .candidates
+            .first()
+            .unwrap_or_else(|| panic!("{at}: nothing fits"));
+        assert!(
+            best.peak_activations <= limit + TOLERANCE,
+            "{at}: {} peaks at {}",
+            best.expression,
+            best.peak_activations
+        );
+        assert!(
+            best.makespan <= theirs + TOLERANCE,
+            "{at}: {} takes {} against their {theirs}",
+            best.expression,
+            best.makespan
+        );
+        let plan = build_plan(
+            &best.expression,
+            &config(p, m, t).with_memory_limit(Some(limit)),
+        )
+        .unwrap_or_else(|e| panic!("{at}: {} does not rebuild: {e}", best.expression));
+        assert!(
+            (simulate(&plan).unwrap().makespan() - best.makespan).abs() <= TOLERANCE,
+            "{at}: {} reproduces in plan",
+            best.expression
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 16, "every cell of their grid");
+}
