@@ -125,6 +125,33 @@ pub fn frontier_expressions(config: &PipelineConfig) -> Vec<(String, String)> {
 /// The passes of the residency stage, which fit a plan to a limit by moving its activations.
 pub const RESIDENCY_PASSES: [&str; 2] = ["recompute", "offload"];
 
+/// The family of PipeOffload's building blocks with whole chunks offloaded
+/// (`offload(BLOCK, chunks=K)`, [`chunk_offload_expressions`]).
+pub const CHUNK_OFFLOAD_FAMILY: &str = "chunk offload";
+
+/// Whether a family's plans move activations (recompute, offload, chunk offload): the frontier's
+/// residency points.
+pub fn moves_activations(family: &str) -> bool {
+    RESIDENCY_PASSES.contains(&family) || family == CHUNK_OFFLOAD_FAMILY
+}
+
+/// The schedules the frontier's picture names beside their dots (expression, name).
+pub const NAMED_SCHEDULES: [(&str, &str); 7] = [
+    ("gpipe", "GPipe"),
+    ("f1b(gpipe)", "1F1B"),
+    ("zero_bubble(f1b(gpipe), policy=h1)", "ZB-H1"),
+    ("zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))", "ZB-V"),
+    (
+        "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v), policy=v_half)",
+        "V-Half",
+    ),
+    (
+        "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v), policy=v_min)",
+        "V-Min",
+    ),
+    ("zero_bubble(dual(f1b(gpipe)))", "DualPipe"),
+];
+
 /// The base below the knees whose backwards are whole (its activations can all move).
 pub const WHOLE_BACKWARDS_BASE: &str = LIMIT_BASES[0];
 
@@ -169,7 +196,7 @@ pub fn chunk_offload_expressions(ranks: u32, microbatches: u32) -> Vec<(String, 
             for k in 1..=c {
                 out.push((
                     format!("offload({base}, chunks={k})"),
-                    "offload".to_string(),
+                    CHUNK_OFFLOAD_FAMILY.to_string(),
                 ));
             }
         }
@@ -464,20 +491,27 @@ pub fn point_within(frontier: &Frontier, limit: f64) -> Option<&FrontierPoint> {
 /// fixed schedules and the residency stage's plans as dots (recompute and offload coloured),
 /// the frontier's points ringed and joined as a step line.
 pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
-    const W: f64 = 860.0;
+    const W: f64 = 900.0;
     const H: f64 = 460.0;
     const LEFT: f64 = 80.0;
-    const RIGHT: f64 = 300.0;
+    const RIGHT: f64 = 340.0;
     const TOP: f64 = 40.0;
     const BOTTOM: f64 = 60.0;
     let all = &frontier.evaluated;
     let best = frontier.frontier.last().map_or(1.0, |p| p.makespan);
     // The picture shows what matters: up to 1.25 times the fastest point's peak, and makespans up
     // to three times the fastest (the tightest limits run far slower and would flatten the rest).
+    // Wide enough for 1F1B's peak too, so the named schedules stay in view where the frontier's
+    // fastest point needs far less memory.
+    let f1b_peak = all
+        .iter()
+        .find(|(_, c)| c.expression == "f1b(gpipe)")
+        .map_or(0.0, |(_, c)| c.peak_activations * 1.1);
     let max_x = frontier
         .frontier
         .last()
         .map_or(1.0, |p| p.peak_activations * 1.25)
+        .max(f1b_peak)
         .max(1e-9);
     let max_y = all
         .iter()
@@ -554,13 +588,14 @@ pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
     let dot = |family: &str| match family {
         "recompute" => "#8c564b",
         "offload" => "#e377c2",
+        CHUNK_OFFLOAD_FAMILY => "#17becf",
         _ => "#7f7f7f",
     };
     for (family, c) in all
         .iter()
         .filter(|(f, c)| !f.starts_with("auto on ") && shown(c))
     {
-        let title = if RESIDENCY_PASSES.contains(&family.as_str()) {
+        let title = if moves_activations(family) {
             &c.expression
         } else {
             family
@@ -574,11 +609,19 @@ pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
             y(c.makespan),
             dot(family)
         ));
+        if let Some((_, name)) = NAMED_SCHEDULES.iter().find(|(e, _)| *e == c.expression) {
+            svg.push_str(&format!(
+                "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\">{name}</text>\n",
+                x(c.peak_activations) + 5.0,
+                y(c.makespan) - 5.0
+            ));
+        }
     }
     for (name, family) in [
         ("fixed schedules", ""),
         ("recompute(...)", "recompute"),
         ("offload(...)", "offload"),
+        ("offload(block, chunks=K)", CHUNK_OFFLOAD_FAMILY),
     ] {
         svg.push_str(&legend_row(legend, dot(family), name));
         legend += 1;
@@ -676,7 +719,7 @@ mod tests {
         let residency: Vec<&FrontierPoint> = found
             .frontier
             .iter()
-            .filter(|p| RESIDENCY_PASSES.contains(&p.family.as_str()))
+            .filter(|p| moves_activations(&p.family))
             .collect();
         assert!(residency.len() >= 2, "{:?}", found.frontier);
         // Below V-Min's peak (4 at this size) the residency points beat every schedule that
@@ -687,7 +730,7 @@ mod tests {
                 .evaluated
                 .iter()
                 .filter(|(f, c)| {
-                    !RESIDENCY_PASSES.contains(&f.as_str())
+                    !moves_activations(f)
                         && c.peak_activations <= point.peak_activations + TOLERANCE
                 })
                 .map(|(_, c)| c.makespan)
