@@ -102,7 +102,8 @@ fn in_notation<S: Serializer>(orders: &[Vec<Task>], serializer: S) -> Result<S::
 /// Rounds away floating-point noise (1e-9) so reports are stable; figures too large to scale
 /// stay as they are.
 pub(crate) fn tidy(x: f64) -> f64 {
-    let scaled = (x * 1e9).round() / 1e9;
+    // `+ 0.0` turns -0 into 0 (a report never prints "-0.000").
+    let scaled = (x * 1e9).round() / 1e9 + 0.0;
     if scaled.is_finite() {
         scaled
     } else {

@@ -101,7 +101,12 @@ impl Simulation {
             .map(|(r, tasks)| {
                 let length = |t: &TimedTask| t.end - t.start;
                 let busy: f64 = tasks.iter().filter(|t| !t.task.on_link()).map(length).sum();
-                let link_busy: f64 = tasks.iter().filter(|t| t.task.on_link()).map(length).sum();
+                // A fold from +0, not `sum` (whose empty sum is -0, printed "-0.000").
+                let link_busy = tasks
+                    .iter()
+                    .filter(|t| t.task.on_link())
+                    .map(length)
+                    .fold(0.0, |a, b| a + b);
                 let mut computes = tasks.iter().filter(|t| !t.task.on_link());
                 let first = computes.next();
                 let last = computes.next_back().or(first);
@@ -177,6 +182,8 @@ mod tests {
         // span 33, work 24 on every rank: the bubble is 9 / 33.
         assert!((sim.bubble_rate() - 9.0 / 33.0).abs() < 1e-12);
         assert_eq!(sim.timeline()[1][0].start, 1.0);
+        // No transfers: the link is idle, +0 (not -0, which prints as "-0.000").
+        assert!(sim.ranks()[0].link_busy.is_sign_positive());
     }
 
     #[test]
