@@ -187,7 +187,8 @@ impl PlanReport {
             self.offloads_per_rank = Some(count(|t| matches!(t, Task::Offload(_))));
         }
         if residency.recomputed {
-            let recomputes = count(|t| matches!(t, Task::Recompute(_)));
+            let recomputes =
+                count(|t| matches!(t, Task::Recompute(_) | Task::RecomputeWeightGrad(_)));
             self.recomputed_ops = Some(recomputes.iter().sum());
             self.recomputes_per_rank = Some(recomputes);
         }

@@ -430,9 +430,23 @@ fn recompute_and_offload_report_device_and_host_memory_and_their_counts() {
     assert!(text.contains("offloads  host peak  link busy"), "{text}");
     assert!(text.contains("   link |"), "{text}");
 
-    // A limit no recompute reaches: exit 2, one line naming the constraint.
-    cli("plan recompute(zero_bubble(f1b(gpipe), policy=h1), memory=1) -p 4 -m 8")
-        .refused("`memory=1 reachable with pairs recomputed`");
+    // What ZB-H1's late Ws keep, recomputed for them (RW): counted with the recomputes.
+    let late = json_of("recompute(zero_bubble(f1b(gpipe), policy=h1), memory=1)");
+    let orders = late["order"].as_array().unwrap();
+    let rebuilt = orders[3].as_array().unwrap().iter();
+    let rebuilt = rebuilt
+        .filter(|a| a.as_str().unwrap().contains("RW"))
+        .count() as u64;
+    assert!(rebuilt > 0, "{late}");
+    assert!(
+        late["recomputes_per_rank"][3].as_u64().unwrap() >= rebuilt,
+        "{late}"
+    );
+
+    // A limit no recompute reaches (a running forward holds its own activations): exit 2, one
+    // line naming the constraint.
+    cli("plan recompute(zero_bubble(f1b(gpipe), policy=h1), memory=0.5) -p 4 -m 8")
+        .refused("`memory=0.5 reachable with pairs recomputed`");
 }
 
 #[test]

@@ -92,6 +92,8 @@ fn recompute_and_offload_give_the_single_device_gradients() {
     );
     // What late Ws keep, moved out between their I and W.
     gradients_are_equal("offload(zero_bubble(f1b(gpipe), policy=h1), memory=2)");
+    // What late Ws keep, recomputed for them (RW).
+    gradients_are_equal("recompute(zero_bubble(f1b(gpipe), policy=h1), memory=2)");
 }
 
 #[test]

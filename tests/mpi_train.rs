@@ -196,6 +196,12 @@ fn recompute_and_offload_give_the_threads_losses_bit_for_bit() {
         "4",
         "8",
     );
+    // What late Ws keep, recomputed for them (RW).
+    equal_on_both_backends(
+        "recompute(zero_bubble(f1b(gpipe), policy=h1), memory=2)",
+        "4",
+        "8",
+    );
 }
 
 #[test]

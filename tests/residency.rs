@@ -100,7 +100,7 @@ proptest! {
         }
         let residency = plan.facts().residency;
         let has = |f: fn(&Task) -> bool| plan.orders().iter().flatten().any(f);
-        prop_assert_eq!(residency.recomputed, has(|t| matches!(t, Task::Recompute(_))));
+        prop_assert_eq!(residency.recomputed, has(|t| matches!(t, Task::Recompute(_) | Task::RecomputeWeightGrad(_))));
         prop_assert_eq!(residency.offloaded, has(|t| matches!(t, Task::Offload(_))));
         simulate(&plan).unwrap();
         let model = AffineModel::new(plan.problem());

@@ -16,7 +16,9 @@ use crate::stage_error::StageError;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Capability {
     /// Drop a forward's saved state to its input and rebuild it before the backward
-    /// (`Instr::Drop`, `Task::Recompute`).
+    /// (`Instr::Drop`, `Task::Recompute`); drop what a W keeps after its input-gradient
+    /// backward and rebuild it before the W (`Instr::Drop` after the I,
+    /// `Task::RecomputeWeightGrad`).
     Recompute,
     /// Move a forward's saved state to host memory and back (`Instr::Offload`, `Instr::Reload`,
     /// `Task::Offload`, `Task::Reload`).
@@ -27,7 +29,9 @@ impl Capability {
     /// The capability `instr` needs, if any.
     pub fn needed_by(instr: &Instr) -> Option<Capability> {
         match instr {
-            Instr::Drop(_) | Instr::Compute(Task::Recompute(_)) => Some(Capability::Recompute),
+            Instr::Drop(_) | Instr::Compute(Task::Recompute(_) | Task::RecomputeWeightGrad(_)) => {
+                Some(Capability::Recompute)
+            }
             Instr::Offload(_)
             | Instr::Reload(_)
             | Instr::Compute(Task::Offload(_))
@@ -169,6 +173,21 @@ pub trait StageCompute {
     /// is an error.
     fn recompute(&mut self, work: Work) -> Result<(), StageError> {
         Err(not_implemented("recompute", work))
+    }
+
+    /// The input-gradient backward of `work` ran and the plan rebuilds what its W needs right
+    /// before the W: release that state except what [`StageCompute::recompute_weight_grad`]
+    /// needs (the stage input and the output gradient the backward received). Called only with
+    /// the `recompute` capability; the default is an error.
+    fn drop_weight_grad(&mut self, work: Work) -> Result<(), StageError> {
+        Err(not_implemented("drop (weight-gradient state)", work))
+    }
+
+    /// Rebuilds what the W of `work` needs from what [`StageCompute::drop_weight_grad`] kept
+    /// (runs the forward and the input-gradient backward again; the input gradient is not
+    /// used). Called only with the `recompute` capability; the default is an error.
+    fn recompute_weight_grad(&mut self, work: Work) -> Result<(), StageError> {
+        Err(not_implemented("recompute (weight-gradient state)", work))
     }
 
     /// Moves what the forward of `work` saved to the rank's host memory. Called only with the

@@ -23,7 +23,7 @@ pub use pipeweave_core::spmd::checked::CheckedRank;
 use pipeweave_core::{
     CommGroup, CommOp, Direction, Instr, Problem, RankId, RankProgram, StageId, Task, Work,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Which side of the interpreter a call goes to, for error reports.
@@ -101,6 +101,9 @@ pub struct RankRun<'a, C: StageCompute, T> {
     compute: &'a mut C,
     transport: &'a mut T,
     tensors: Tensors<C::Tensor>,
+    /// The pairs whose input-gradient backward ran: a `Drop` of one of them drops what its W
+    /// keeps (the plan rebuilds it with an `RW`), not its forward's saved state.
+    input_grads_ran: HashSet<Work>,
 }
 
 /// Refuses `program` when it has a residency instruction (drop, recompute, offload, reload) that
@@ -177,6 +180,7 @@ where
         compute,
         transport,
         tensors: Tensors::new(),
+        input_grads_ran: HashSet::new(),
     }
     .run()
 }
@@ -254,6 +258,9 @@ where
             // PyTorch's parameter actions: every stage of ours keeps its whole parameters, and
             // its gradients are reduced at `GradSync` and `FlushWeightGrads`, which ours call.
             Instr::Params { .. } => Ok(()),
+            Instr::Drop(work) if self.input_grads_ran.contains(work) => {
+                self.compute.drop_weight_grad(*work).map_err(Fault::Stage)
+            }
             Instr::Drop(work) => self.compute.drop_activations(*work).map_err(Fault::Stage),
             Instr::Offload(work) => self.compute.offload(*work).map_err(Fault::Stage),
             Instr::Reload(work) => self.compute.reload(*work).map_err(Fault::Stage),
@@ -315,6 +322,7 @@ where
                 let grad = take(&mut self.tensors.grads, w, "output gradient")?;
                 let grad_input = self.compute.backward_input(w, grad).map_err(Fault::Stage)?;
                 self.place_grad_input(w, grad_input);
+                self.input_grads_ran.insert(w);
             }
             Task::WeightGrad(w) => self.compute.backward_weight(w).map_err(Fault::Stage)?,
             Task::Backward(w) => {
@@ -333,6 +341,10 @@ where
                 self.place_grad_input(backward, grad_input);
             }
             Task::Recompute(w) => self.compute.recompute(w).map_err(Fault::Stage)?,
+            Task::RecomputeWeightGrad(w) => self
+                .compute
+                .recompute_weight_grad(w)
+                .map_err(Fault::Stage)?,
             // Transfers are instructions of their own in programs (`Instr::Offload`,
             // `Instr::Reload`); a compute naming one is run as that instruction.
             Task::Offload(w) => self.compute.offload(w).map_err(Fault::Stage)?,

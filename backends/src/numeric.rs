@@ -13,7 +13,9 @@
 //! host link, which runs beside the computes (one transfer at a time, in the program's order): a
 //! transfer does not hold the rank up, a forward or recompute waits for every offload issued
 //! before it, and a backward for its reload (the W, for a pair offloaded between its I and W). A
-//! backward that finds its activation dropped or on the host is an error.
+//! backward that finds its activation dropped or on the host is an error. A drop after an I keeps
+//! the stage input and the output gradient, and an `RW` (spending its time) restores what the W
+//! needs.
 
 use crate::compute::{Capabilities, StageCompute};
 use crate::stage_error::StageError;
@@ -106,6 +108,7 @@ impl AffineModel {
         AffineStage {
             model: self.clone(),
             saved_input: HashMap::new(),
+            weight_dropped: HashMap::new(),
             dropped: HashMap::new(),
             host: HashMap::new(),
             link: HostLink::default(),
@@ -153,6 +156,9 @@ pub struct AffineStage {
     saved_input: HashMap<Work, f64>,
     /// The inputs dropped forwards keep for their recomputes.
     dropped: HashMap<Work, f64>,
+    /// What a pair whose W state was dropped after its I keeps for its `RW`: its stage input and
+    /// the output gradient its I received.
+    weight_dropped: HashMap<Work, (f64, f64)>,
     /// Activations on the host.
     host: HashMap<Work, f64>,
     link: HostLink,
@@ -275,12 +281,12 @@ fn of_microbatch(values: &[f64], work: Work, what: &str) -> Result<f64, StageErr
 
 /// Takes `work`'s entry out of `store`: the bug "nothing to `doing`: no `what` of ..." when it has
 /// none.
-fn take(
-    store: &mut HashMap<Work, f64>,
+fn take<V>(
+    store: &mut HashMap<Work, V>,
     work: Work,
     doing: &str,
     what: &str,
-) -> Result<f64, StageError> {
+) -> Result<V, StageError> {
     store.remove(&work).ok_or_else(|| {
         StageError::bug(format!(
             "nothing to {doing}: no {}",
@@ -356,6 +362,12 @@ impl StageCompute for AffineStage {
                 "with its input on the host (no reload ran)",
             ));
         }
+        if self.weight_dropped.contains_key(&work) {
+            return Err(Self::weight_grad_bug(
+                work,
+                "with its state dropped (no recompute for it ran)",
+            ));
+        }
         self.spend(Task::WeightGrad(work));
         let g = self
             .saved_grad
@@ -409,6 +421,34 @@ impl StageCompute for AffineStage {
         self.wait_for_offloads();
         self.spend(Task::Recompute(work));
         self.saved_input.insert(work, input);
+        Ok(())
+    }
+
+    fn drop_weight_grad(&mut self, work: Work) -> Result<(), StageError> {
+        let input = take(&mut self.saved_input, work, "drop", "forward")?;
+        let grad = take(
+            &mut self.saved_grad,
+            work,
+            "drop",
+            "input-gradient backward",
+        )?;
+        self.weight_dropped.insert(work, (input, grad));
+        Ok(())
+    }
+
+    fn recompute_weight_grad(&mut self, work: Work) -> Result<(), StageError> {
+        let (input, grad) = take(
+            &mut self.weight_dropped,
+            work,
+            "recompute for the weight gradient from",
+            "dropped weight-gradient state",
+        )?;
+        self.wait_for_offloads();
+        self.spend(Task::RecomputeWeightGrad(work));
+        // The forward and the input-gradient backward again: for an affine stage, what the W
+        // needs is the stage input and the output gradient themselves.
+        self.saved_input.insert(work, input);
+        self.saved_grad.insert(work, grad);
         Ok(())
     }
 

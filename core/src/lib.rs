@@ -52,7 +52,7 @@ pub use ir::layers::{
 };
 pub use ir::memory::{MemoryModel, StageMemory, StageMemorySpec};
 pub use ir::op::{Op, OpKind, Task, TaskKind, Work};
-pub use ir::plan::Plan;
+pub use ir::plan::{Dropped, Plan};
 pub use ir::problem::{Problem, ProblemSpec, RouteSpec};
 pub use ir::slots::OpSlots;
 pub use spmd::check::{check_programs, CheckReport, CommError};

@@ -242,7 +242,8 @@ fn implied_facts(before: Facts, changes: Changes, orders: &[Vec<Task>]) -> Facts
     }
     if changes.residency {
         facts.residency = Residency {
-            recomputed: tasks().any(|t| matches!(t, Task::Recompute(_))),
+            recomputed: tasks()
+                .any(|t| matches!(t, Task::Recompute(_) | Task::RecomputeWeightGrad(_))),
             offloaded: tasks().any(|t| matches!(t, Task::Offload(_))),
         };
     }

@@ -1,5 +1,6 @@
 """What `pipeweave.torch.schedule` refuses, with `pipeweave.Error`: DualPipe's two routes (naming
-the DualPipeV expression that does the same on one route), and stages that do not match the plan."""
+the DualPipeV expression that does the same on one route), recomputes for a weight gradient, and
+stages that do not match the plan."""
 
 import types
 
@@ -30,6 +31,14 @@ def test_dualpipe_names_dualpipev(expression):
 def test_the_dualpipev_expression_has_one_route():
     plan = H.make_plan(pwt.DUALPIPE_V, 2, 4)
     assert len(plan.routes) == 1 and not plan.tied_stages
+
+
+def test_recomputes_for_a_weight_gradient_are_refused():
+    plan = H.make_plan("recompute(zero_bubble(f1b(gpipe), policy=h1), memory=1)", 2, 4)
+    assert any(a.endswith("RW0") or "RW" in a for a in plan.order[1])
+    stages = [fake_stage(s, plan.stages, 2, 1) for s in plan.stages_on(1)]
+    with pytest.raises(Error, match="recomputes what [0-9]+ weight-gradient backward\\(s\\) keep"):
+        pwt.schedule(plan, stages, loss_fn=H.loss_fn)
 
 
 def test_stages_must_match_the_plan():

@@ -418,7 +418,10 @@ impl Cluster for MpiCluster {
             offset: self.replica * self.problem.microbatches(),
         };
         let batch = Arc::new(batch.clone());
-        let mut stage = model.rank_stage(&self.problem, self.rank, &batch, &sync, how)?;
+        let program = &self.programs.programs().programs[self.rank.index()];
+        let mut stage = model
+            .rank_stage(&self.problem, self.rank, &batch, &sync, how)?
+            .with_weight_recomputes(program);
         drop(sync);
         self.run(false, &mut stage, Some(&reduction))
             .map_err(|e| self.located(e))?;

@@ -15,6 +15,11 @@
 //! - free-output: the sent activation's bytes leave the live count;
 //! - drop and recompute (a plan's `recompute` pass): the forward's saved state is cut to its input
 //!   right after the forward, and rebuilt by running the forward again before the backward;
+//! - drop and recompute for the W (an `RW` of a plan's `recompute` pass): after the
+//!   input-gradient backward, what the W needs is released, the stage input (kept from the
+//!   forward) and the output gradient kept; before the W the forward and the input-gradient
+//!   backward run again from them (the pairs are known from the program,
+//!   [`GptStage::with_weight_recomputes`]);
 //! - offload and reload (a plan's `offload` pass): the saved state is copied to this rank's host
 //!   store and its device tensors released, then copied back (real copies, run in the rank's
 //!   thread: this backend has no separate copy engine, so a transfer takes the rank's time);
@@ -30,7 +35,7 @@ use crate::error::{kernel_fault, TrainError};
 use crate::gradients::GradSync;
 use candle_core::Tensor;
 use pipeweave_backends::{Capabilities, StageCompute, StageError};
-use pipeweave_core::{FailureKind, Problem, RankId, StageId, Task, Work};
+use pipeweave_core::{FailureKind, Instr, Problem, RankId, RankProgram, StageId, Task, Work};
 use pipeweave_kernels::{
     CrossEntropy, HostPending, HostSaved, KernelError, StageModel, StagePendingWeightGrad,
     StageSaved,
@@ -99,6 +104,14 @@ pub struct GptStage {
     host_pending: HashMap<Work, HostPending>,
     host_bytes: usize,
     host_peak_bytes: usize,
+    /// The pairs this rank's program recomputes for their Ws (`RW`): their stage inputs are kept
+    /// from the forward and their output gradients from the I, for the recompute.
+    weight_recomputed: HashSet<Work>,
+    /// Per such pair, its stage input (from its forward) and, once its I ran, the output
+    /// gradient it received.
+    weight_inputs: HashMap<Work, (Tensor, Option<Tensor>)>,
+    /// Per pair whose W state is dropped, the live bytes of what it keeps for its `RW`.
+    weight_checkpoint_bytes: HashMap<Work, usize>,
     /// Stages whose output leaves the rank (sent, or consumed by the loss): their output stays
     /// live until freed; a hand-over to a local next stage is not counted twice.
     outputs_leave: HashSet<StageId>,
@@ -171,6 +184,9 @@ impl GptStage {
             host_pending: HashMap::new(),
             host_bytes: 0,
             host_peak_bytes: 0,
+            weight_recomputed: HashSet::new(),
+            weight_inputs: HashMap::new(),
+            weight_checkpoint_bytes: HashMap::new(),
             outputs_leave,
             injection: None,
             offset: 0,
@@ -213,6 +229,20 @@ impl GptStage {
     /// Injects `injection` into this rank's first forward.
     pub fn with_injection(mut self, injection: Option<Injection>) -> GptStage {
         self.injection = injection;
+        self
+    }
+
+    /// The pairs `program` recomputes for their Ws (its `RW` tasks): their stage inputs and
+    /// output gradients are kept for the recompute.
+    pub fn with_weight_recomputes(mut self, program: &RankProgram) -> GptStage {
+        self.weight_recomputed = program
+            .instrs
+            .iter()
+            .filter_map(|i| match i {
+                Instr::Compute(Task::RecomputeWeightGrad(w)) => Some(*w),
+                _ => None,
+            })
+            .collect();
         self
     }
 
@@ -268,6 +298,7 @@ impl GptStage {
             Table::Saved => &mut self.saved_bytes,
             Table::Pending => &mut self.pending_bytes,
             Table::Output => &mut self.output_bytes,
+            Table::WeightCheckpoint => &mut self.weight_checkpoint_bytes,
         }
     }
 
@@ -298,6 +329,8 @@ enum Table {
     Saved,
     Pending,
     Output,
+    /// What a pair whose W state was dropped keeps for its `RW` (stage input, output gradient).
+    WeightCheckpoint,
 }
 
 impl StageCompute for GptStage {
@@ -321,6 +354,9 @@ impl StageCompute for GptStage {
             .map_err(kernel_failure(work, "forward"))?;
         if !self.forward_only {
             self.keep_saved(work, saved);
+            if self.weight_recomputed.contains(&work) {
+                self.weight_inputs.insert(work, (input.clone(), None));
+            }
             self.last_input = Some((work, input));
         }
         if self.outputs_leave.contains(&work.stage) {
@@ -392,6 +428,9 @@ impl StageCompute for GptStage {
             .model
             .backward_input(saved, &grad_output)
             .map_err(kernel_failure(work, "input-gradient backward"))?;
+        if let Some((_, grad)) = self.weight_inputs.get_mut(&work) {
+            *grad = Some(grad_output);
+        }
         let kept = pending.held_bytes();
         self.pending.insert(work, pending);
         self.release(Table::Saved, work);
@@ -473,6 +512,49 @@ impl StageCompute for GptStage {
         self.release(Table::Saved, work);
         self.keep_saved(work, rebuilt);
         self.record(Task::Recompute(work), start);
+        Ok(())
+    }
+
+    fn drop_weight_grad(&mut self, work: Work) -> Result<(), StageError> {
+        let kept = match self.weight_inputs.get(&work) {
+            Some((input, Some(grad))) => bytes(input) + bytes(grad),
+            _ => {
+                return Err(StageError::bug(format!(
+                    "drop of {}'s weight-gradient state: its input and output gradient were not \
+                     kept (the program does not recompute it for its W)",
+                    display(work)
+                )))
+            }
+        };
+        if self.pending.remove(&work).is_none() {
+            return Err(missing_state("input-gradient state to drop", work, false));
+        }
+        self.release(Table::Pending, work);
+        self.hold(Table::WeightCheckpoint, work, kept);
+        Ok(())
+    }
+
+    fn recompute_weight_grad(&mut self, work: Work) -> Result<(), StageError> {
+        let start = Instant::now();
+        let Some((input, Some(grad_output))) = self.weight_inputs.remove(&work) else {
+            return Err(StageError::bug(format!(
+                "recompute of {}'s weight-gradient state: nothing was kept for it",
+                display(work)
+            )));
+        };
+        let model = &self.stage(work.stage)?.model;
+        let saved = model
+            .recompute_state(model.checkpoint(&input))
+            .map_err(kernel_failure(work, "recompute for the weight gradient"))?;
+        // The input gradient computed again is not used: the I sent it already.
+        let (_, pending) = model
+            .backward_input(saved, &grad_output)
+            .map_err(kernel_failure(work, "recompute for the weight gradient"))?;
+        self.release(Table::WeightCheckpoint, work);
+        let kept = pending.held_bytes();
+        self.pending.insert(work, pending);
+        self.hold(Table::Pending, work, kept);
+        self.record(Task::RecomputeWeightGrad(work), start);
         Ok(())
     }
 

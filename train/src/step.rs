@@ -324,8 +324,9 @@ impl GptModel {
                     injection,
                     offset,
                 };
+                let program = &runner.checked.programs().programs[r as usize];
                 self.rank_stage(problem, RankId::new(r), batch, &sync, how)
-                    .map(Some)
+                    .map(|stage| Some(stage.with_weight_recomputes(program)))
             })
             .collect::<Result<Vec<_>, TrainError>>()?;
         drop(sync);

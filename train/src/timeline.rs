@@ -39,7 +39,8 @@ fn cost_slot(task: &Task) -> Option<usize> {
         Task::WeightGrad(_) => Some(2),
         Task::Recompute(_) => Some(3),
         Task::Offload(_) | Task::Reload(_) => Some(4),
-        Task::Backward(_) | Task::Overlapped { .. } => None,
+        // A forward and an I again: no figure of its own in the cost model.
+        Task::Backward(_) | Task::Overlapped { .. } | Task::RecomputeWeightGrad(_) => None,
     }
 }
 

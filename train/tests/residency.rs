@@ -24,6 +24,9 @@ const RESIDENCY_SCHEDULES: &[&str] = &[
     // What the delayed Ws keep moved out between their I and W.
     "offload(zero_bubble(f1b(gpipe), policy=h1), memory=2)",
     "offload(zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v)), memory=2)",
+    // What the delayed Ws keep recomputed for them (RW: the forward and the I again).
+    "recompute(zero_bubble(f1b(gpipe), policy=h1), memory=2)",
+    "recompute(zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v)), memory=2)",
 ];
 
 /// One deterministic step of `expression` on `ranks` ranks, and its gradients in order.
@@ -56,12 +59,23 @@ fn recompute_and_offload_give_the_single_rank_bits() {
 
 #[test]
 fn measured_device_bytes_fall_as_the_plan_predicts() {
-    for (kept, managed) in [
-        ("f1b(gpipe)", "recompute(f1b(gpipe), memory=1)"),
-        ("f1b(gpipe)", "offload(f1b(gpipe), memory=1)"),
+    // The measured bytes also count outputs waiting to be sent and what a dropped pair keeps
+    // (a forward's input; for a W recomputed, its input and output gradient), which the unit
+    // plans' memory model (checkpoint 0) does not: a little above the plan's ratio, never below.
+    // RW keeps an input and an output gradient per dropped pair, and on the last stage that
+    // gradient is the logits' (vocabulary wide): measured 0.72 against 0.5 there, hence its margin.
+    for (kept, managed, margin) in [
+        ("f1b(gpipe)", "recompute(f1b(gpipe), memory=1)", 0.1),
+        ("f1b(gpipe)", "offload(f1b(gpipe), memory=1)", 0.1),
         (
             "zero_bubble(f1b(gpipe), policy=h1)",
             "offload(zero_bubble(f1b(gpipe), policy=h1), memory=2)",
+            0.1,
+        ),
+        (
+            "zero_bubble(f1b(gpipe), policy=h1)",
+            "recompute(zero_bubble(f1b(gpipe), policy=h1), memory=2)",
+            0.3,
         ),
     ] {
         let predicted = |e: &str| -> Vec<f64> {
@@ -80,10 +94,8 @@ fn measured_device_bytes_fall_as_the_plan_predicts() {
             );
             let measured = a as f64 / b as f64;
             let planned = p_after[r] / p_before[r];
-            // The measured bytes also count outputs waiting to be sent and the inputs dropped
-            // forwards keep: a little above the plan's ratio, never below it.
             assert!(
-                measured >= planned - 1e-9 && measured <= planned + 0.1,
+                measured >= planned - 1e-9 && measured <= planned + margin,
                 "{managed}, rank {r}: measured {b} -> {a} bytes ({measured:.3}), planned {planned:.3}"
             );
         }

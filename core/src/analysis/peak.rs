@@ -6,6 +6,10 @@
 //! - F adds `total`; I frees `total - weight_grad`; W frees `weight_grad` (B both);
 //! - the forward of a recomputed pair (one with an `R` task) frees `total - checkpoint` right after
 //!   it (the peak counts the forward's activations while it runs); its `R` holds them again;
+//! - the I of a pair recomputed for its W (one with an `RW` task) frees what the W keeps beyond
+//!   its own checkpoint (`weight_grad - weight_grad_checkpoint`) right after it; its `RW` holds
+//!   the whole forward's activations while it runs (`total`, over that checkpoint) and leaves
+//!   what the W keeps;
 //! - `OFFLOAD` moves what the pair holds from the device to the host (its `total` before its
 //!   input-gradient backward, its `weight_grad` part between that and its W), `RELOAD` moves it
 //!   back.
@@ -35,16 +39,23 @@ pub struct RankPeak {
     pub host_peak: f64,
 }
 
-/// The pairs a rank's order recomputes: their forwards are dropped after they run. A rank's
-/// memory depends on its own order alone (a recompute runs on its pair's rank).
-fn dropped_in(order: &[Task]) -> HashSet<Work> {
-    order
-        .iter()
-        .filter_map(|t| match t {
-            Task::Recompute(w) => Some(*w),
-            _ => None,
-        })
-        .collect()
+/// The pairs a rank's order recomputes: their forwards (`R`) and what their Ws keep (`RW`) are
+/// dropped after they run. A rank's memory depends on its own order alone (a recompute runs on
+/// its pair's rank).
+fn dropped_in(order: &[Task]) -> (HashSet<Work>, HashSet<Work>) {
+    let (mut forwards, mut weight_grads) = (HashSet::new(), HashSet::new());
+    for task in order {
+        match task {
+            Task::Recompute(w) => {
+                forwards.insert(*w);
+            }
+            Task::RecomputeWeightGrad(w) => {
+                weight_grads.insert(*w);
+            }
+            _ => {}
+        }
+    }
+    (forwards, weight_grads)
 }
 
 /// Walks one rank's order, calling `visit(task, held)` with the most device memory held while
@@ -52,7 +63,7 @@ fn dropped_in(order: &[Task]) -> HashSet<Work> {
 /// memory's peak. Tasks whose stage is out of range hold nothing (the verifier reports them).
 fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
     let figures = plan.memory().stages();
-    let dropped = dropped_in(order);
+    let (dropped, weight_dropped) = dropped_in(order);
     let (mut held, mut host, mut host_peak) = (0.0f64, 0.0f64, 0.0f64);
     // With transfers: the pairs whose input gradient ran (an offload after it moves the W's part).
     let transfers = order.iter().any(Task::on_link);
@@ -67,6 +78,11 @@ fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
             Task::Recompute(_) => {
                 held += m.dropped();
                 during = held;
+            }
+            Task::RecomputeWeightGrad(_) => {
+                let kept = m.weight_grad_checkpoint();
+                during = held - kept + m.total();
+                held += m.weight_grad() - kept;
             }
             Task::Offload(w) => {
                 let moved = moved_by(m, backed.contains(&w));
@@ -94,6 +110,12 @@ fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
                     if op.kind == OpKind::Forward && !dropped.is_empty() && dropped.contains(&work)
                     {
                         held -= m.dropped();
+                    }
+                    if op.kind == OpKind::InputGrad
+                        && !weight_dropped.is_empty()
+                        && weight_dropped.contains(&work)
+                    {
+                        held -= m.weight_grad() - m.weight_grad_checkpoint();
                     }
                     if transfers && op.kind == OpKind::InputGrad {
                         backed.insert(work);

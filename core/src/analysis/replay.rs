@@ -467,7 +467,7 @@ impl HostLinks {
         (clock, issued): (&mut f64, f64),
         length: f64,
     ) -> (f64, f64) {
-        if let Task::Recompute(_) = task {
+        if let Task::Recompute(_) | Task::RecomputeWeightGrad(_) = task {
             let start = clock.max(self.fence[r]);
             *clock = start + length;
             return (start, *clock);

@@ -2,7 +2,7 @@
 //!
 //! Each task shows its kind and microbatch in the cell where it starts (`F3`, `I3`, `W3`, `B3`,
 //! `X3` for an overlapped forward+backward, labelled by its forward's microbatch, `R3` for a
-//! recompute); the cells it continues over show `~`, idle cells `.`. A rank whose plan offloads gets
+//! recompute, `RW3` for a recompute for the weight gradient); the cells it continues over show `~`, idle cells `.`. A rank whose plan offloads gets
 //! a second row, `link`, with its transfers (`O3` offload, `L3` reload). A rank's first local stage is written in capitals, its
 //! other stages (model chunks) in lower case, so interleaved schedules read like the papers' figures.
 //! The quantum is the shortest task duration, widened so the grid has at most [`MAX_COLUMNS`] columns.
@@ -37,6 +37,13 @@ fn label(first_local: Option<usize>, task: &Task) -> String {
     };
     let mut out = Vec::with_capacity(8);
     out.push(letter as u8);
+    if matches!(task, Task::RecomputeWeightGrad(_)) {
+        out.push(if letter.is_ascii_uppercase() {
+            b'W'
+        } else {
+            b'w'
+        });
+    }
     push_decimal(&mut out, work.microbatch.get());
     String::from_utf8(out).expect("a label is ASCII")
 }
@@ -44,9 +51,11 @@ fn label(first_local: Option<usize>, task: &Task) -> String {
 /// The length of a task's label, without writing it.
 fn label_len(task: &Task) -> usize {
     let microbatch = task.work().microbatch.get();
-    1 + microbatch
-        .checked_ilog10()
-        .map_or(1, |digits| digits as usize + 1)
+    let letters = 1 + usize::from(matches!(task, Task::RecomputeWeightGrad(_)));
+    letters
+        + microbatch
+            .checked_ilog10()
+            .map_or(1, |digits| digits as usize + 1)
 }
 
 /// What a cell of a rank's row shows: idle, or the task (its index in the rank's timeline)

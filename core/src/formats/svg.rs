@@ -36,7 +36,7 @@ fn label(kind: TaskKind) -> &'static str {
         TaskKind::InputGrad => "I input-gradient backward",
         TaskKind::WeightGrad => "W weight-gradient backward",
         TaskKind::Overlapped => "F&B overlapped forward and backward",
-        TaskKind::Recompute => "R recompute",
+        TaskKind::Recompute => "R, RW recompute (RW: for the weight gradient)",
         TaskKind::Offload => "offload to host",
         TaskKind::Reload => "reload from host",
     }

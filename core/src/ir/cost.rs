@@ -355,6 +355,8 @@ impl CostModel {
                 }
             }
             Task::Recompute(w) => cost(w).recompute() * scale(w),
+            // The forward again, then the input-gradient backward again.
+            Task::RecomputeWeightGrad(w) => (cost(w).recompute() + cost(w).input_grad()) * scale(w),
             Task::Offload(w) | Task::Reload(w) => cost(w).offload() * scale(w),
         }
     }

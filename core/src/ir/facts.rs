@@ -330,7 +330,7 @@ impl Residency {
         let mut found = Residency::KEPT;
         for task in orders.iter().flatten() {
             match task {
-                Task::Recompute(_) => found.recomputed = true,
+                Task::Recompute(_) | Task::RecomputeWeightGrad(_) => found.recomputed = true,
                 Task::Offload(_) | Task::Reload(_) => found.offloaded = true,
                 _ => {}
             }

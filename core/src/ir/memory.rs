@@ -94,6 +94,11 @@ impl StageMemory {
     pub fn dropped(&self) -> f64 {
         self.total - self.checkpoint
     }
+    /// What a pair recomputed for its W keeps from its I to its `RW`: its stage input and the
+    /// output gradient its I received (each the size of a checkpoint), at most what the W keeps.
+    pub fn weight_grad_checkpoint(&self) -> f64 {
+        (2.0 * self.checkpoint).min(self.weight_grad)
+    }
     /// Every figure divided by `parts`.
     pub fn split(&self, parts: u32) -> StageMemory {
         let k = f64::from(parts.max(1));
@@ -177,6 +182,7 @@ mod tests {
         assert_eq!(m.delta(OpKind::InputGrad), -0.75);
         assert_eq!(m.split(2).total(), 0.5);
         assert_eq!((m.checkpoint(), m.dropped()), (0.0, 1.0));
+        assert_eq!(m.weight_grad_checkpoint(), 0.0);
         let kept = StageMemorySpec::builder()
             .total(1.0)
             .checkpoint(0.125)
@@ -187,6 +193,7 @@ mod tests {
             (kept.dropped(), kept.split(2).checkpoint()),
             (0.875, 0.0625)
         );
+        assert_eq!(kept.weight_grad_checkpoint(), 0.25);
         let err = StageMemorySpec::builder()
             .checkpoint(2.0)
             .build()

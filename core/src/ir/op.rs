@@ -5,14 +5,16 @@
 //! step: a single op, a fused full backward (I directly followed by its W, notation `B`), or one
 //! forward overlapped with one full backward (`(<s>F<m>;<s>B<m>)OVERLAP_F_B`).
 //!
-//! Three tasks manage where a forward's activations live between the forward and the backward
+//! Four tasks manage where a forward's activations live between the forward and the backward
 //! (the residency tasks, added by the `recompute` and `offload` passes; they run no op of their
 //! own): a recompute forward (`R`: the forward's activations were dropped after it, this task
-//! runs the forward again before the backward), and the two transfers over the rank's host link,
+//! runs the forward again before the backward), a recompute for the weight gradient (`RW`: what
+//! a split backward's W keeps was dropped after its I, this task runs the forward and the I
+//! again before the W), and the two transfers over the rank's host link,
 //! `OFFLOAD` (device to host, after the forward) and `RELOAD` (host to device, before the
 //! backward). Transfers run on the link, beside the rank's computes ([`Task::on_link`]).
 //!
-//! Notation: `<stage><kind><microbatch>`, kinds `F`, `I`, `W`, `B`, `R`, `OFFLOAD`, `RELOAD`;
+//! Notation: `<stage><kind><microbatch>`, kinds `F`, `I`, `W`, `B`, `R`, `RW`, `OFFLOAD`, `RELOAD`;
 //! e.g. `4B12`, `2OFFLOAD5`.
 
 use crate::error::CoreError;
@@ -131,6 +133,11 @@ pub enum Task {
     /// R: the forward of a pair whose activations were dropped after its F, run again before
     /// its backward to rebuild them.
     Recompute(Work),
+    /// RW: what the W of a pair keeps, dropped after its I and rebuilt right before its W by
+    /// running its forward and its input-gradient backward again (from the stage input and the
+    /// output gradient its I received, both kept until here; the gradient it computes again is
+    /// not sent).
+    RecomputeWeightGrad(Work),
     /// The pair's activations (or, after its I, what its W keeps) move from device to host over
     /// the rank's link: issued when its F (or I) ends; its place in the order is where the device
     /// copy is freed.
@@ -173,7 +180,10 @@ impl Task {
                 backward.op(OpKind::InputGrad),
                 backward.op(OpKind::WeightGrad)
             ],
-            Task::Recompute(_) | Task::Offload(_) | Task::Reload(_) => SmallVec::new(),
+            Task::Recompute(_)
+            | Task::RecomputeWeightGrad(_)
+            | Task::Offload(_)
+            | Task::Reload(_) => SmallVec::new(),
         }
     }
 
@@ -197,7 +207,10 @@ impl Task {
                 visit(backward.op(OpKind::InputGrad))?;
                 visit(backward.op(OpKind::WeightGrad))
             }
-            Task::Recompute(_) | Task::Offload(_) | Task::Reload(_) => ControlFlow::Continue(()),
+            Task::Recompute(_)
+            | Task::RecomputeWeightGrad(_)
+            | Task::Offload(_)
+            | Task::Reload(_) => ControlFlow::Continue(()),
         }
     }
 
@@ -238,9 +251,10 @@ impl Task {
                 ],
                 3,
             ),
-            Task::Recompute(w) | Task::Offload(w) | Task::Reload(w) => {
-                ([w.op(OpKind::Forward); 3], 0)
-            }
+            Task::Recompute(w)
+            | Task::RecomputeWeightGrad(w)
+            | Task::Offload(w)
+            | Task::Reload(w) => ([w.op(OpKind::Forward); 3], 0),
         }
     }
 
@@ -252,7 +266,7 @@ impl Task {
             Task::WeightGrad(_) => TaskKind::WeightGrad,
             Task::Backward(_) => TaskKind::Backward,
             Task::Overlapped { .. } => TaskKind::Overlapped,
-            Task::Recompute(_) => TaskKind::Recompute,
+            Task::Recompute(_) | Task::RecomputeWeightGrad(_) => TaskKind::Recompute,
             Task::Offload(_) => TaskKind::Offload,
             Task::Reload(_) => TaskKind::Reload,
         }
@@ -272,6 +286,7 @@ impl Task {
             | Task::WeightGrad(w)
             | Task::Backward(w)
             | Task::Recompute(w)
+            | Task::RecomputeWeightGrad(w)
             | Task::Offload(w)
             | Task::Reload(w) => w,
             Task::Overlapped { forward, .. } => forward,
@@ -294,7 +309,7 @@ impl Task {
     pub fn is_residency(&self) -> bool {
         matches!(
             self,
-            Task::Recompute(_) | Task::Offload(_) | Task::Reload(_)
+            Task::Recompute(_) | Task::RecomputeWeightGrad(_) | Task::Offload(_) | Task::Reload(_)
         )
     }
 
@@ -303,7 +318,11 @@ impl Task {
     pub fn allocates(&self) -> bool {
         matches!(
             self,
-            Task::Forward(_) | Task::Overlapped { .. } | Task::Recompute(_) | Task::Reload(_)
+            Task::Forward(_)
+                | Task::Overlapped { .. }
+                | Task::Recompute(_)
+                | Task::RecomputeWeightGrad(_)
+                | Task::Reload(_)
         )
     }
 }
@@ -321,6 +340,7 @@ impl fmt::Display for Task {
                 forward.stage, forward.microbatch, backward.stage, backward.microbatch
             ),
             Task::Recompute(w) => write!(f, "{}R{}", w.stage, w.microbatch),
+            Task::RecomputeWeightGrad(w) => write!(f, "{}RW{}", w.stage, w.microbatch),
             Task::Offload(w) => write!(f, "{}OFFLOAD{}", w.stage, w.microbatch),
             Task::Reload(w) => write!(f, "{}RELOAD{}", w.stage, w.microbatch),
         }
@@ -358,6 +378,7 @@ impl Task {
                 out.extend_from_slice(b")OVERLAP_F_B");
             }
             Task::Recompute(w) => w.push_action(b'R', out),
+            Task::RecomputeWeightGrad(w) => w.push_named(b"RW", out),
             Task::Offload(w) => w.push_named(b"OFFLOAD", out),
             Task::Reload(w) => w.push_named(b"RELOAD", out),
         }
@@ -439,11 +460,14 @@ impl FromStr for Task {
             "W" => Ok(Task::WeightGrad(work)),
             "B" => Ok(Task::Backward(work)),
             "R" => Ok(Task::Recompute(work)),
+            "RW" => Ok(Task::RecomputeWeightGrad(work)),
             "OFFLOAD" => Ok(Task::Offload(work)),
             "RELOAD" => Ok(Task::Reload(work)),
             other => Err(notation_error(
                 text,
-                format!("unknown action kind `{other}`; expected F, I, W, B, R, OFFLOAD or RELOAD"),
+                format!(
+                    "unknown action kind `{other}`; expected F, I, W, B, R, RW, OFFLOAD or RELOAD"
+                ),
             )),
         }
     }
@@ -465,6 +489,7 @@ mod tests {
             "(0F3;7B9)OVERLAP_F_B",
             "4095F1048575",
             "2R5",
+            "2RW5",
             "2OFFLOAD5",
             "2RELOAD5",
             "3R1",

@@ -17,6 +17,16 @@ use crate::ir::op::{Op, Task};
 use crate::ir::problem::Problem;
 use crate::ir::slots::OpSlots;
 
+/// What a plan drops of one (stage, microbatch) pair for a recompute
+/// ([`Plan::recomputed_pairs`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// Its forward's activations, right after the forward (until its `R`).
+    pub after_forward: bool,
+    /// What its W keeps, right after its input-gradient backward (until its `RW`).
+    pub after_input_grad: bool,
+}
+
 /// A global pipeline plan.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
@@ -243,18 +253,23 @@ impl Plan {
     pub fn manages_residency(&self) -> bool {
         !self.facts.residency.is_kept()
     }
-    /// Per (stage, microbatch) pair ([`OpSlots::pair`]), whether the plan recomputes it (its
-    /// forward's activations are dropped after the forward): empty when it recomputes nothing.
-    pub fn recomputed_pairs(&self) -> Vec<bool> {
+    /// Per (stage, microbatch) pair ([`OpSlots::pair`]), what the plan drops for a recompute:
+    /// its forward's activations (an `R` rebuilds them), what its W keeps (an `RW` rebuilds
+    /// it); empty when it recomputes nothing.
+    pub fn recomputed_pairs(&self) -> Vec<Dropped> {
         if !self.facts.residency.recomputed {
             return Vec::new();
         }
         let slots = self.slots();
-        let mut dropped = vec![false; slots.pairs()];
+        let mut dropped = vec![Dropped::default(); slots.pairs()];
         for task in self.orders.iter().flatten() {
-            if let Task::Recompute(w) = task {
-                if let Some(pair) = slots.pair(w.stage, w.microbatch) {
-                    dropped[pair] = true;
+            let (Task::Recompute(w) | Task::RecomputeWeightGrad(w)) = task else {
+                continue;
+            };
+            if let Some(pair) = slots.pair(w.stage, w.microbatch) {
+                match task {
+                    Task::Recompute(_) => dropped[pair].after_forward = true,
+                    _ => dropped[pair].after_input_grad = true,
                 }
             }
         }

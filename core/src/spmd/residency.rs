@@ -9,9 +9,12 @@
 //!   the device and not reloaded or recomputed already (each happens once), except a second
 //!   `Offload` after a reload (what the W keeps, moved out between the I and the W);
 //! - an `R` finds the pair dropped, a `Reload` finds it offloaded;
+//! - after the pair's input-gradient backward, a `Drop` of what its W keeps (the pair on the
+//!   device) and then an `RW` that rebuilds it (the pair dropped) may run;
 //! - the pair's input-gradient backward (an I, a B, or an overlapped F&B's backward) finds its
 //!   activations on the device, and so does its weight-gradient backward (an offload between a
-//!   split backward's I and W moves what the W needs; its reload must come before the W);
+//!   split backward's I and W moves what the W needs; its reload, or the `RW` after a drop there,
+//!   must come before the W);
 //! - every residency instruction names a stage of the rank.
 
 use crate::ir::ids::{RankId, StageId};
@@ -103,7 +106,7 @@ pub fn check_residency(problem: &Problem, set: &ProgramSet) -> Result<(), Locate
             Instr::Drop(_)
                 | Instr::Offload(_)
                 | Instr::Reload(_)
-                | Instr::Compute(Task::Recompute(_))
+                | Instr::Compute(Task::Recompute(_) | Task::RecomputeWeightGrad(_))
         )
     });
     if !uses {
@@ -111,6 +114,9 @@ pub fn check_residency(problem: &Problem, set: &ProgramSet) -> Result<(), Locate
     }
     let slots = OpSlots::of(problem);
     let mut held = vec![Held::NotYet; slots.pairs()];
+    // Per pair, whether its input-gradient backward ran (what is held after it is what the W
+    // keeps).
+    let mut backed = vec![false; slots.pairs()];
     for program in &set.programs {
         let rank = program.rank;
         for (i, instr) in program.instrs.iter().enumerate() {
@@ -118,12 +124,16 @@ pub fn check_residency(problem: &Problem, set: &ProgramSet) -> Result<(), Locate
             let (work, to) = match instr {
                 Instr::Drop(w) => (*w, Held::Dropped),
                 Instr::Offload(w) => (*w, Held::Host),
-                Instr::Reload(w) | Instr::Compute(Task::Recompute(w)) => {
+                Instr::Reload(w)
+                | Instr::Compute(Task::Recompute(w) | Task::RecomputeWeightGrad(w)) => {
                     (*w, Held::Device { moved: true })
                 }
                 Instr::Compute(task) => {
                     backward_finds_activations(&slots, &held, task).map_err(fault)?;
                     forward_leaves_activations(&slots, &mut held, task);
+                    for pair in pairs_of(&slots, task, OpKind::InputGrad) {
+                        backed[pair] = true;
+                    }
                     continue;
                 }
                 _ => continue,
@@ -141,13 +151,29 @@ pub fn check_residency(problem: &Problem, set: &ProgramSet) -> Result<(), Locate
                 _ if matches!(instr, Instr::Reload(_)) => Held::Host,
                 _ => Held::Dropped,
             };
-            // A second offload (what the W keeps, after the I) may follow a reload.
+            // A second offload (what the W keeps, after the I) may follow a reload; after the
+            // I, what the W keeps may be dropped wherever it is on the device.
             let again =
                 matches!(instr, Instr::Offload(_)) && held[pair] == Held::Device { moved: true };
-            if held[pair] != needed && !again {
+            let after_input = backed[pair]
+                && matches!(instr, Instr::Drop(_))
+                && matches!(held[pair], Held::Device { .. });
+            // An R rebuilds a forward's activations (before the I), an RW what the W keeps
+            // (after it).
+            let misplaced = match instr {
+                Instr::Compute(Task::Recompute(_)) => backed[pair],
+                Instr::Compute(Task::RecomputeWeightGrad(_)) => !backed[pair],
+                _ => false,
+            };
+            if (held[pair] != needed && !again && !after_input) || misplaced {
+                let found = match (misplaced, backed[pair]) {
+                    (true, true) => "past its input-gradient backward already",
+                    (true, false) => "before its input-gradient backward",
+                    (false, _) => place(held[pair]),
+                };
                 return Err(fault(ResidencyFault::OutOfOrder {
                     instr: instr.to_string(),
-                    found: place(held[pair]),
+                    found,
                 }));
             }
             held[pair] = to;
@@ -179,7 +205,7 @@ fn backward_finds_activations(
         }
     }
     for pair in pairs_of(slots, task, OpKind::WeightGrad) {
-        if held[pair] == Held::Host {
+        if matches!(held[pair], Held::Dropped | Held::Host) {
             return Err(ResidencyFault::BackwardWithout {
                 task: *task,
                 found: place(held[pair]),
@@ -236,6 +262,44 @@ mod tests {
         assert_eq!(
             fault.to_string(),
             "1W1 needs its forward's activations on the device, but they are on the host"
+        );
+    }
+
+    #[test]
+    fn what_a_w_keeps_is_dropped_after_its_i_and_rebuilt_before_it() {
+        let (problem, set) =
+            projected(&["0F0 0F1 0I0 0I1 0RW0 0W0 0W1", "1F0 1I0 1F1 1I1 1W0 1W1"]);
+        check_residency(&problem, &set).unwrap();
+        let text: Vec<String> = set.programs[0]
+            .instrs
+            .iter()
+            .map(Instr::to_string)
+            .collect();
+        let at = |s: &str| text.iter().position(|i| i == s).unwrap();
+        assert!(at("0I0") < at("drop(stage 0, mb 0)"), "{text:?}");
+        assert!(at("drop(stage 0, mb 0)") < at("0RW0"), "{text:?}");
+        assert!(at("0RW0") < at("0W0"), "{text:?}");
+
+        // The RW moved in front of the I.
+        let mut broken = set.clone();
+        let instrs = &mut broken.programs[0].instrs;
+        let rw = instrs.remove(at("0RW0"));
+        instrs.insert(at("0I0"), rw);
+        let (_, _, fault) = check_residency(&problem, &broken).unwrap_err();
+        assert_eq!(
+            fault.to_string(),
+            "0RW0 finds the pair's activations before its input-gradient backward"
+        );
+
+        // The RW left out: the W finds its state dropped.
+        let mut broken = set;
+        broken.programs[0]
+            .instrs
+            .retain(|i| !matches!(i, Instr::Compute(Task::RecomputeWeightGrad(_))));
+        let (_, _, fault) = check_residency(&problem, &broken).unwrap_err();
+        assert_eq!(
+            fault.to_string(),
+            "0W0 needs its forward's activations on the device, but they are dropped for a recompute"
         );
     }
 

@@ -469,6 +469,14 @@ def _check(plan: Any, stages: Sequence[Any], rank: Optional[int]) -> int:
             f"tied across them: {tied}), which PyTorch's pipelining runtime cannot express; "
             f"`{DUALPIPE_V}` (DualPipeV) does the same on one route"
         )
+    rebuilt = [a for order in plan.order for a in order if a[0].isdigit() and _parse(a)[1] == "RW"]
+    if rebuilt:
+        raise _error(
+            f"`{plan.expression}` recomputes what {len(rebuilt)} weight-gradient backward(s) keep "
+            f"(`{rebuilt[0]}`: the forward and the I again before the W), which PyTorch's runtime "
+            f"cannot do (its I keeps the autograd graph for the W); offload what the W keeps "
+            f"instead, or recompute a plan whose backward is not split"
+        )
     if not stages:
         raise _error("schedule() needs this rank's PipelineStage objects; got none")
     if rank is None:
@@ -522,6 +530,6 @@ def schedule(
     plan's order with PyTorch's own communication, FSDP residency and gradient reduction, and the
     plan's recomputes and offloads per (stage, microbatch). Raises `pipeweave.Error` for a plan
     PyTorch cannot express (DualPipe's two routes: it names the DualPipeV expression that does
-    the same on one route) or stages that do not match the plan's ranks and stages."""
+    the same on one route; recomputes for a weight gradient, `RW`) or stages that do not match the plan's ranks and stages."""
     rank = _check(plan, stages, rank)
     return PlanSchedule(plan, stages, loss_fn=loss_fn, rank=rank, scale_grads=scale_grads, **runtime_kwargs)

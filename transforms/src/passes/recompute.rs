@@ -7,6 +7,11 @@
 //! runs the forward again right before the pair's backward, so on a rank that waits there for the
 //! gradient the recompute fills that wait instead of delaying the backward.
 //!
+//! What a W keeps between a split backward's I and W (ZB-H1/H2, ZB-V, V-Half/V-Min, DualPipe)
+//! can be recomputed too: the pair's I drops it, keeping the stage input and the output gradient
+//! it received (the memory model's `weight_grad_checkpoint`, twice `checkpoint`), and an `RW`
+//! task right before the W runs the forward and the I again (cost `R` + `I`) to rebuild it.
+//!
 //! Which pairs: the relief loop of [`crate::schedules::relief`]. At the first task where a rank
 //! holds more than `N`, every pair held across it is a candidate; each is estimated by the time its
 //! recompute adds beyond the idle time before its backward and the backward's slack (how late it
@@ -24,8 +29,8 @@
 //! no recompute yet (offloaded pairs are left as they are). May change: the orders, the residency
 //! fact, the declared memory limit (`N`, or the lower of `N` and `--memory-limit`).
 //! Preconditions: `N > 0`; a limit (`memory=N` or a declared one) that recomputing can reach: the
-//! error names the least it reaches on the plan (what forwards and weight gradients hold cannot
-//! be dropped).
+//! error names the least it reaches on the plan (what a running task holds, and what a whole
+//! backward's W keeps, cannot be dropped).
 //!
 //! Before and after, 1F1B at 2 ranks and 3 microbatches, `memory=1`, unit costs: rank 0 holds two
 //! forwards at its peak; every pair of rank 0 is recomputed, microbatch 0 while the rank waits for
@@ -40,7 +45,7 @@
 
 use super::relief::ReliefStrategy;
 use crate::pass::Requires;
-use crate::schedules::relief::{idle_before, Proposal, Step, Window};
+use crate::schedules::relief::{idle_before, Proposal, Reach, Span, Step, Window};
 use pipeweave_core::{Residency, Task};
 
 /// The recompute strategy: `recompute` is [`Relief<Recompute>`](super::Relief), built with
@@ -48,9 +53,17 @@ use pipeweave_core::{Residency, Task};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Recompute;
 
-/// The recompute of `window`'s pair, right before its backward.
+/// What rebuilds `window`'s pair: an `R` for its activations, an `RW` for what its W keeps.
+fn rebuild(window: &Window) -> Task {
+    match window.span {
+        Span::Activations => Task::Recompute(window.work),
+        Span::WeightGrad => Task::RecomputeWeightGrad(window.work),
+    }
+}
+
+/// The recompute of `window`'s pair, right before the backward that needs it (its I, or its W).
 fn recompute_before_backward(window: &Window) -> Vec<(usize, Task)> {
-    vec![(window.backward, Task::Recompute(window.work))]
+    vec![(window.backward, rebuild(window))]
 }
 
 impl ReliefStrategy for Recompute {
@@ -58,16 +71,24 @@ impl ReliefStrategy for Recompute {
     const DONE: &'static str = "recomputed";
     /// Kept, or offloaded (left as they are).
     const ACCEPTS: &'static [Residency] = Requires::KEPT_OR_OFFLOADED;
+    /// Activations, and what a W keeps between a split backward's I and W (an `RW`).
+    const REACH: Reach = Reach::WeightGrads;
 
-    /// The pair's recompute before its backward, estimated by the time the recompute adds beyond
-    /// the idle time there and the backward's slack.
+    /// The pair's recompute before its backward (its I, or for what a W keeps its W),
+    /// estimated by the time the recompute adds beyond the idle time there and the backward's
+    /// slack.
     fn propose(&self, step: &Step<'_>, window: &Window) -> Proposal {
-        let task = Task::Recompute(window.work);
+        let task = rebuild(window);
         let idle = idle_before(step.simulation, step.at.rank, window.backward);
         let delay = (step.plan.costs().task_duration(&task) - idle).max(0.0);
+        let memory = step.plan.memory().stages()[window.work.stage.index()];
+        let relieves = match window.span {
+            Span::Activations => memory.dropped(),
+            Span::WeightGrad => memory.weight_grad() - memory.weight_grad_checkpoint(),
+        };
         Proposal {
             estimate: (delay - step.slack[window.backward]).max(0.0),
-            relieves: step.plan.memory().stages()[window.work.stage.index()].dropped(),
+            relieves,
             frees: window.forward + 1..window.backward,
             work: window.work,
             inserted: recompute_before_backward(window),
@@ -116,6 +137,37 @@ mod tests {
     }
 
     #[test]
+    fn what_delayed_weight_gradients_keep_is_recomputed_for_them() {
+        // ZB-H1 keeps each pair from its F to its W; at 2 ranks x 4 microbatches and one unit,
+        // rank 0 drops pairs after their I and builds them again (RW: forward and I) for the W.
+        let plan = build(
+            "recompute(zero_bubble(f1b(gpipe), policy=h1), memory=1)",
+            2,
+            4,
+        )
+        .unwrap();
+        let rows = grid(&plan);
+        assert!(rows.iter().any(|r| r.contains("RW")), "{rows:#?}");
+        assert!(max_peak(&plan) <= 1.0 + 1e-9, "{rows:#?}");
+        assert!(plan.facts().residency.recomputed);
+        for task in plan.orders().iter().flatten() {
+            assert_eq!(
+                task.to_string().parse::<pipeweave_core::Task>().unwrap(),
+                *task
+            );
+        }
+        // The case: ZB-H1 at 8 x 32 fitted to 3 units, which offload cannot reach.
+        let plan = build(
+            "recompute(zero_bubble(f1b(gpipe), policy=h1), memory=3)",
+            8,
+            32,
+        )
+        .unwrap();
+        assert!(max_peak(&plan) <= 3.0 + 1e-9);
+        assert_eq!(simulate(&plan).unwrap().makespan(), 193.0);
+    }
+
+    #[test]
     fn a_plan_that_fits_is_left_as_it_is() {
         let plain = build("f1b(gpipe)", 4, 8).unwrap();
         let fitted = build("recompute(f1b(gpipe), memory=4)", 4, 8).unwrap();
@@ -131,13 +183,14 @@ mod tests {
                 "recompute(f1b(gpipe), memory=0)",
                 &["memory=0 is not a positive number"],
             ),
-            // Split backwards keep what W needs: ZB-H1 at 4 ranks cannot get to half a
-            // microbatch.
+            // A running forward holds its own activations: no plan gets below one microbatch,
+            // split backwards included (what their Ws keep is recomputed for them).
             (
                 "recompute(zero_bubble(f1b(gpipe), policy=h1), memory=0.5)",
                 &[
                     "precondition `memory=0.5 reachable with pairs recomputed`",
-                    "this plan still needs 4.0000",
+                    "while it runs 0F0",
+                    "this plan still needs 1.0000",
                 ],
             ),
             (

@@ -1,8 +1,9 @@
 //! Check 7 of the verifier: every recompute and transfer names a pair of its rank, in the order
 //! F, R or OFFLOAD and RELOAD, then the backward; and, for a pair whose backward is split, maybe
 //! a second OFFLOAD and RELOAD between its input-gradient and its weight-gradient backward (what
-//! the W keeps moved to the host and back). Each at most once per window; a pair is not both
-//! recomputed and offloaded before its backward.
+//! the W keeps moved to the host and back) or an RW (what the W keeps dropped after the I and
+//! rebuilt there). Each at most once per window; a pair is not both recomputed and offloaded in
+//! one window.
 
 use super::structure::{out_of_range, positions};
 use super::{Report, Violation};
@@ -11,11 +12,11 @@ use crate::ir::ids::RankId;
 use crate::ir::op::{OpKind, Task, Work};
 use crate::ir::plan::Plan;
 
-/// Where a pair's residency tasks sit in its rank's order (`NONE` for none); transfers per
-/// window: before the input-gradient backward (0), between it and the W (1).
+/// Where a pair's residency tasks sit in its rank's order (`NONE` for none), per window: before
+/// the input-gradient backward (0: R, transfers), between it and the W (1: RW, transfers).
 #[derive(Clone, Copy)]
 struct PairTasks {
-    recompute: u32,
+    recompute: [u32; 2],
     offload: [u32; 2],
     reload: [u32; 2],
 }
@@ -34,7 +35,7 @@ pub(super) fn check_residency(plan: &Plan, links: &Links, out: &mut Report) {
     };
     let mut pairs = vec![
         PairTasks {
-            recompute: NONE,
+            recompute: [NONE; 2],
             offload: [NONE; 2],
             reload: [NONE; 2],
         };
@@ -74,7 +75,11 @@ pub(super) fn check_residency(plan: &Plan, links: &Links, out: &mut Report) {
             let k = window_of(task, at, input, &pairs[pair]);
             let entry = &mut pairs[pair];
             let (slot, what) = match task {
-                Task::Recompute(_) => (&mut entry.recompute, "recomputed"),
+                Task::Recompute(_) => (&mut entry.recompute[0], "recomputed"),
+                Task::RecomputeWeightGrad(_) => (
+                    &mut entry.recompute[1],
+                    "recomputed for its weight gradient",
+                ),
                 Task::Offload(_) => (&mut entry.offload[k], "offloaded"),
                 _ => (&mut entry.reload[k], "reloaded"),
             };
@@ -96,7 +101,18 @@ pub(super) fn check_residency(plan: &Plan, links: &Links, out: &mut Report) {
             } else {
                 input < at && at < weight
             };
-            if !placed {
+            let rebuilds_weight_grad = matches!(task, Task::RecomputeWeightGrad(_));
+            if rebuilds_weight_grad && input == weight {
+                out.push(fault(format!(
+                    "{} runs as one backward: there is no weight gradient to wait for",
+                    w.op(OpKind::InputGrad)
+                )));
+            } else if rebuilds_weight_grad && at < input {
+                out.push(fault(format!(
+                    "it comes before {}, the input-gradient backward it must follow",
+                    w.op(OpKind::InputGrad)
+                )));
+            } else if !placed {
                 let (op, what) = if k == 1 && input < weight {
                     (w.op(OpKind::WeightGrad), "weight-gradient backward")
                 } else {
@@ -124,6 +140,9 @@ pub(super) fn check_residency(plan: &Plan, links: &Links, out: &mut Report) {
                 Task::Recompute(_) if entry.offload[0] != NONE => {
                     "the pair is both recomputed and offloaded"
                 }
+                Task::RecomputeWeightGrad(_) if entry.offload[1] != NONE => {
+                    "what the pair's W keeps is both recomputed and offloaded"
+                }
                 Task::Offload(_) if entry.reload[k] == NONE => "the pair is never reloaded",
                 Task::Reload(_) if entry.offload[k] == NONE => "the pair was never offloaded",
                 Task::Reload(_) if entry.offload[k] > at => "it comes before the pair's offload",
@@ -144,11 +163,12 @@ pub(super) fn check_residency(plan: &Plan, links: &Links, out: &mut Report) {
 
 /// The window of residency task `task` at position `at` of its pair (`input`: where its I runs;
 /// `entry`: its tasks seen so far): an offload's by where it sits, a reload's that of the
-/// offload before it, a recompute's always the first.
+/// offload before it, an R's the first, an RW's the second.
 fn window_of(task: &Task, at: u32, input: u32, entry: &PairTasks) -> usize {
     match task {
         Task::Offload(_) => usize::from(input < at),
         Task::Reload(_) => usize::from(entry.offload[1] < at),
+        Task::RecomputeWeightGrad(_) => 1,
         _ => 0,
     }
 }
@@ -156,7 +176,8 @@ fn window_of(task: &Task, at: u32, input: u32, entry: &PairTasks) -> usize {
 /// Where `pairs` recorded the first of `task`'s kind (a transfer's in window `k`).
 fn entry_at(task: &Task, entry: PairTasks, k: usize) -> u32 {
     match task {
-        Task::Recompute(_) => entry.recompute,
+        Task::Recompute(_) => entry.recompute[0],
+        Task::RecomputeWeightGrad(_) => entry.recompute[1],
         Task::Offload(_) => entry.offload[k],
         _ => entry.reload[k],
     }

@@ -150,6 +150,34 @@ fn transfers_between_a_split_backward_s_halves_are_checked_like_the_others() {
 }
 
 #[test]
+fn recomputes_for_a_weight_gradient_sit_between_its_halves() {
+    // Pair 0's W state recomputed (RW between 0I0 and 0W0), pair 1 recomputed before its I and
+    // its W state again after it.
+    check(
+        [
+            "0F0 0F1 0I0 0I1 0RW0 0W0 0W1",
+            "1F0 1I0 1F1 1R1 1I1 1RW1 1W0 1W1",
+        ],
+        &[],
+    );
+    check(
+        ["0F0 0F1 0RW0 0I0 0I1 0W0 0W1", "1F0 1I0 1F1 1I1 1W0 1W1"],
+        &["task 0RW0 at position 2 on rank 0: it comes before 0I0, the input-gradient backward it must follow"],
+    );
+    check(
+        ["0F0 0F1 0B0 0RW0 0B1", "1F0 1B0 1F1 1B1"],
+        &["task 0RW0 at position 3 on rank 0: 0I0 runs as one backward: there is no weight gradient to wait for"],
+    );
+    check(
+        [
+            "0F0 0F1 0I0 0OFFLOAD0 0RW0 0I1 0RELOAD0 0W0 0W1",
+            "1F0 1I0 1F1 1I1 1W0 1W1",
+        ],
+        &["task 0RW0 at position 4 on rank 0: what the pair's W keeps is both recomputed and offloaded"],
+    );
+}
+
+#[test]
 fn a_plan_missing_almost_everything_lists_a_bounded_report() {
     let plan = crate::testing::plan(4000, &["0F0"]);
     let found = violations(&plan);

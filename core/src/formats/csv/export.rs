@@ -71,7 +71,7 @@ pub fn residency_left_out(plan: &Plan) -> Option<String> {
     let (mut recomputes, mut transfers) = (0usize, 0usize);
     for task in plan.orders().iter().flatten() {
         match task {
-            Task::Recompute(_) => recomputes += 1,
+            Task::Recompute(_) | Task::RecomputeWeightGrad(_) => recomputes += 1,
             Task::Offload(_) | Task::Reload(_) => transfers += 1,
             _ => {}
         }

@@ -10,6 +10,7 @@ use crate::analysis::replay::TimedTask;
 use crate::ir::deps::Links;
 use crate::ir::ids::RankId;
 use crate::ir::op::{OpKind, Task, Work};
+use crate::ir::plan::Dropped;
 use crate::spmd::messages::remote_output;
 use crate::spmd::params::{self, Placed, Slot};
 use crate::spmd::program::{CommOp, Direction, Instr, RankProgram};
@@ -18,7 +19,7 @@ use std::ops::ControlFlow;
 /// The program of rank `r`: its receives collected into `buffer`, merged into its tasks' events.
 pub(super) fn project_rank(
     links: &Links,
-    dropped: &[bool],
+    dropped: &[Dropped],
     receives: &mut Receives<'_>,
     buffer: &mut Vec<Keyed>,
     r: usize,
@@ -51,9 +52,9 @@ pub(super) fn project_rank(
 /// into the events of its own tasks as these are emitted in order.
 pub(super) struct RankProjection<'a> {
     links: &'a Links,
-    /// Per (stage, microbatch) pair, whether its forward's activations are dropped for a
+    /// Per (stage, microbatch) pair, what is dropped of it for a
     /// recompute (empty when the plan recomputes nothing).
-    dropped: &'a [bool],
+    dropped: &'a [Dropped],
     rank: RankId,
     /// The rank's receives, sorted by key.
     receives: Vec<Keyed>,
@@ -186,7 +187,8 @@ impl RankProjection<'_> {
         });
     }
 
-    /// The drop of a forward whose pair is recomputed, after the forward's sends and frees.
+    /// The drop of a forward whose pair is recomputed (or, after an input-gradient backward, of
+    /// what its W keeps where an `RW` rebuilds it), after the op's sends and frees.
     fn emit_drop(&mut self, task: &Task, end: Moment) {
         if self.dropped.is_empty() {
             return;
@@ -194,7 +196,13 @@ impl RankProjection<'_> {
         let slots = self.links.slots();
         let _ = task.try_for_each_op(|op| {
             let pair = slots.pair(op.stage, op.microbatch);
-            if op.kind == OpKind::Forward && pair.is_some_and(|p| self.dropped[p]) {
+            let drops = pair.map(|p| self.dropped[p]).unwrap_or_default();
+            let dropped = match op.kind {
+                OpKind::Forward => drops.after_forward,
+                OpKind::InputGrad => drops.after_input_grad,
+                OpKind::WeightGrad => false,
+            };
+            if dropped {
                 let work = Work {
                     stage: op.stage,
                     microbatch: op.microbatch,
