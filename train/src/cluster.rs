@@ -11,9 +11,9 @@ use crate::batch::StepBatch;
 use crate::error::TrainError;
 use crate::optim::squared_norms;
 use crate::stage::{Injection, MeasuredOp};
-use crate::step::{GptModel, StepRunner};
+use crate::step::{GptModel, StepRunner, TRAINER_RECEIVES};
 use candle_core::Tensor;
-use pipeweave_core::{Plan, RankId, RecvPolicy};
+use pipeweave_core::{Plan, RankId};
 
 /// What one step gave this process.
 #[derive(Debug)]
@@ -138,7 +138,7 @@ impl Cluster for ThreadsCluster {
             ));
         }
         let options = self.runner.options();
-        self.runner = StepRunner::new(plan, RecvPolicy::Early, false)?.with_options(options);
+        self.runner = StepRunner::new(plan, TRAINER_RECEIVES, false)?.with_options(options);
         Ok(())
     }
 

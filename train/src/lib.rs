@@ -36,6 +36,7 @@ pub mod data;
 pub mod documents;
 pub mod error;
 pub mod gradients;
+mod host_link;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod optim;

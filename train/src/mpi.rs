@@ -34,14 +34,14 @@ use crate::gradients::{GradSync, LocalGradients};
 use crate::optim::squared_norms;
 use crate::reduce::{decode, encode, Courier, GradientOwners, Reduction};
 use crate::stage::{GptStage, Injection};
-use crate::step::{GptModel, StageRun};
+use crate::step::{GptModel, StageRun, TRAINER_RECEIVES};
 use candle_core::{DType, Device, Tensor};
 use pipeweave_backends::interpreter::run_rank;
 use pipeweave_backends::mpi::rsmpi;
 use pipeweave_backends::mpi::{agree_on_programs, Mailbox, MpiTransport, FAILURE_STATUS};
 use pipeweave_backends::mpi::{WireDType, WirePayload};
 use pipeweave_backends::{Incoming, Outgoing, StageError, Transport, TransportFailure};
-use pipeweave_core::{CheckedPrograms, Plan, Problem, ProjectionOptions, RankId, RecvPolicy};
+use pipeweave_core::{CheckedPrograms, Plan, Problem, ProjectionOptions, RankId};
 use pipeweave_kernels::GptConfig;
 use rsmpi::collective::{CommunicatorCollectives, Root, SystemOperation};
 use rsmpi::topology::{Color, Communicator, SimpleCommunicator};
@@ -385,7 +385,7 @@ impl MpiCluster {
 /// `plan`'s programs (training or forward-only), projected and checked.
 fn checked_programs(plan: &Plan, forward_only: bool) -> Result<CheckedPrograms, TrainError> {
     let options = ProjectionOptions {
-        recv: RecvPolicy::Early,
+        recv: TRAINER_RECEIVES,
         forward_only,
     };
     Ok(CheckedPrograms::of_plan(plan, None, options)?)
@@ -421,7 +421,7 @@ impl Cluster for MpiCluster {
         let program = &self.programs.programs().programs[self.rank.index()];
         let mut stage = model
             .rank_stage(&self.problem, self.rank, &batch, &sync, how)?
-            .with_weight_recomputes(program);
+            .with_residency(program);
         drop(sync);
         self.run(false, &mut stage, Some(&reduction))
             .map_err(|e| self.located(e))?;

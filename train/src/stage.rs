@@ -21,8 +21,12 @@
 //!   backward run again from them (the pairs are known from the program,
 //!   [`GptStage::with_weight_recomputes`]);
 //! - offload and reload (a plan's `offload` pass): the saved state is copied to this rank's host
-//!   store and its device tensors released, then copied back (real copies, run in the rank's
-//!   thread: this backend has no separate copy engine, so a transfer takes the rank's time);
+//!   store and its device tensors released, then copied back, by the rank's host link
+//!   ([`crate::host_link`]: a worker thread beside the computes, one transfer at a time). An
+//!   offload starts where the plan issues it (right after its forward, or its I for what the W
+//!   keeps); its place in the program frees the device copy once the copy ends, and what
+//!   allocates next (a forward, a recompute, a reload) waits for that; the backward that needs a
+//!   reloaded state waits for its reload;
 //! - forward-only evaluation: forwards and losses without saved state for a backward.
 //!
 //! Every task's measured start and end are recorded for the trace of a step, and the live
@@ -33,12 +37,14 @@ use crate::batch::StepBatch;
 use crate::cut::ModelCut;
 use crate::error::{kernel_fault, TrainError};
 use crate::gradients::GradSync;
+use crate::host_link::{DeviceState, HostLink};
 use candle_core::Tensor;
 use pipeweave_backends::{Capabilities, StageCompute, StageError};
-use pipeweave_core::{FailureKind, Instr, Problem, RankId, RankProgram, StageId, Task, Work};
+use pipeweave_core::{
+    FailureKind, Instr, OpKind, Problem, RankId, RankProgram, StageId, Task, Work,
+};
 use pipeweave_kernels::{
-    CrossEntropy, HostPending, HostSaved, KernelError, StageModel, StagePendingWeightGrad,
-    StageSaved,
+    CrossEntropy, KernelError, StageModel, StagePendingWeightGrad, StageSaved,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -98,12 +104,18 @@ pub struct GptStage {
     /// The last forward's input (until the next forward): what a drop right after it keeps. An
     /// overlapped F&B runs its backward between its forward and the drop.
     last_input: Option<(Work, Tensor)>,
-    /// Saved states copied to host memory.
-    host: HashMap<Work, HostSaved>,
-    /// Weight-gradient states copied to host memory (offloaded between a pair's I and W).
-    host_pending: HashMap<Work, HostPending>,
-    host_bytes: usize,
-    host_peak_bytes: usize,
+    /// The rank's host link: offloads and reloads copied beside the computes.
+    link: HostLink,
+    /// The pairs this rank's program offloads right after their forward, and right after their
+    /// I (what the W keeps): their copies start there, as the plan issues them.
+    offload_after_forward: HashSet<Work>,
+    offload_after_input: HashSet<Work>,
+    /// Offloads started at their producer whose place in the program has not come yet.
+    issued: HashSet<Work>,
+    /// Offloads whose place passed, their device copies not yet freed (until their copy ends).
+    placed: HashSet<Work>,
+    /// Per pair on its way to or in the host store, the table and bytes of its device copy.
+    moving: HashMap<Work, (Table, usize)>,
     /// The pairs this rank's program recomputes for their Ws (`RW`): their stage inputs are kept
     /// from the forward and their output gradients from the I, for the recompute.
     weight_recomputed: HashSet<Work>,
@@ -180,10 +192,12 @@ impl GptStage {
             pending_bytes: HashMap::new(),
             output_bytes: HashMap::new(),
             last_input: None,
-            host: HashMap::new(),
-            host_pending: HashMap::new(),
-            host_bytes: 0,
-            host_peak_bytes: 0,
+            link: HostLink::default(),
+            offload_after_forward: HashSet::new(),
+            offload_after_input: HashSet::new(),
+            issued: HashSet::new(),
+            placed: HashSet::new(),
+            moving: HashMap::new(),
             weight_recomputed: HashSet::new(),
             weight_inputs: HashMap::new(),
             weight_checkpoint_bytes: HashMap::new(),
@@ -232,17 +246,31 @@ impl GptStage {
         self
     }
 
-    /// The pairs `program` recomputes for their Ws (its `RW` tasks): their stage inputs and
-    /// output gradients are kept for the recompute.
-    pub fn with_weight_recomputes(mut self, program: &RankProgram) -> GptStage {
-        self.weight_recomputed = program
-            .instrs
-            .iter()
-            .filter_map(|i| match i {
-                Instr::Compute(Task::RecomputeWeightGrad(w)) => Some(*w),
-                _ => None,
-            })
-            .collect();
+    /// What `program` does with its pairs' state beyond keeping it: the pairs it recomputes
+    /// for their Ws (its `RW` tasks: their stage inputs and output gradients are kept for the
+    /// recompute), and those it offloads after their forward or their I (the copies start there
+    /// on the host link; the program's `offload` is where the device copy is freed).
+    pub fn with_residency(mut self, program: &RankProgram) -> GptStage {
+        let mut backed = HashSet::new();
+        for instr in &program.instrs {
+            match instr {
+                Instr::Compute(Task::RecomputeWeightGrad(w)) => {
+                    self.weight_recomputed.insert(*w);
+                }
+                Instr::Compute(task) => {
+                    for op in task.ops().iter().filter(|op| op.kind == OpKind::InputGrad) {
+                        backed.insert(Work::new(op.stage.get(), op.microbatch.get()));
+                    }
+                }
+                Instr::Offload(w) if backed.contains(w) => {
+                    self.offload_after_input.insert(*w);
+                }
+                Instr::Offload(w) => {
+                    self.offload_after_forward.insert(*w);
+                }
+                _ => {}
+            }
+        }
         self
     }
 
@@ -274,7 +302,7 @@ impl GptStage {
 
     /// The most bytes of saved states held in the host store at once.
     pub fn peak_host_bytes(&self) -> usize {
-        self.host_peak_bytes
+        self.link.host_peak_bytes()
     }
 
     fn stage(&self, stage: StageId) -> Result<&HeldStage, StageError> {
@@ -314,6 +342,50 @@ impl GptStage {
         }
     }
 
+    /// Starts copying `work`'s state (its saved state, else what its I keeps) to the host store.
+    fn start_offload(&mut self, work: Work) -> Result<(), StageError> {
+        let (state, table) = if let Some(saved) = self.saved.remove(&work) {
+            (DeviceState::Saved(saved), Table::Saved)
+        } else if let Some(pending) = self.pending.remove(&work) {
+            (DeviceState::Pending(pending), Table::Pending)
+        } else {
+            return Err(StageError::bug(format!(
+                "offload of {}: no saved or weight-gradient state",
+                display(work)
+            )));
+        };
+        let bytes = self.table(table).get(&work).copied().unwrap_or(0);
+        self.moving.insert(work, (table, bytes));
+        self.link.offload(work, state)
+    }
+
+    /// Frees the device copies of the offloads whose place passed and whose copy ended;
+    /// `wait`: first waits for those copies (what allocates device memory does).
+    fn free_offloaded(&mut self, wait: bool) -> Result<(), StageError> {
+        if wait {
+            let placed = &self.placed;
+            self.link.settle(|w| placed.contains(w))?;
+        } else {
+            self.link.poll()?;
+        }
+        let freed: Vec<Work> = self.placed.iter().copied().collect();
+        for work in freed {
+            if self.link.finished(work) {
+                self.placed.remove(&work);
+                if let Some(&(table, _)) = self.moving.get(&work) {
+                    self.release(table, work);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `work`'s state of `table` on the device: kept, or back from the host link (waiting for
+    /// its reload to end).
+    fn state_back(&mut self, work: Work) -> Result<Option<DeviceState>, StageError> {
+        self.link.take(work)
+    }
+
     /// Keeps `saved` as the saved state of `work` until its backward, its bytes live.
     fn keep_saved(&mut self, work: Work, saved: StageSaved) {
         let kept = saved.held_bytes();
@@ -342,6 +414,7 @@ impl StageCompute for GptStage {
             Some(Injection::Stall(pause)) => std::thread::sleep(pause),
             None => {}
         }
+        self.free_offloaded(true)?;
         let start = Instant::now();
         let input = match input {
             Some(hidden) => hidden,
@@ -363,6 +436,10 @@ impl StageCompute for GptStage {
             self.hold(Table::Output, work, bytes(&output));
         }
         self.record(Task::Forward(work), start);
+        if self.offload_after_forward.contains(&work) && !self.forward_only {
+            self.start_offload(work)?;
+            self.issued.insert(work);
+        }
         Ok(output)
     }
 
@@ -417,12 +494,17 @@ impl StageCompute for GptStage {
         work: Work,
         grad_output: Tensor,
     ) -> Result<Option<Tensor>, StageError> {
+        let saved = match self.saved.remove(&work) {
+            Some(saved) => Some(saved),
+            None => match self.state_back(work)? {
+                Some(DeviceState::Saved(saved)) => Some(saved),
+                _ => None,
+            },
+        };
+        let on_host = self.link.holds(work);
+        let saved = saved.ok_or_else(|| missing_state("saved forward state", work, on_host))?;
+        // Timed from here: waiting for a reload is the link's time, not the backward's.
         let start = Instant::now();
-        let on_host = self.host.contains_key(&work);
-        let saved = self
-            .saved
-            .remove(&work)
-            .ok_or_else(|| missing_state("saved forward state", work, on_host))?;
         let held = self.stage(work.stage)?;
         let (grad_input, pending) = held
             .model
@@ -436,16 +518,25 @@ impl StageCompute for GptStage {
         self.release(Table::Saved, work);
         self.hold(Table::Pending, work, kept);
         self.record(Task::InputGrad(work), start);
+        if self.offload_after_input.contains(&work) {
+            self.start_offload(work)?;
+            self.issued.insert(work);
+        }
         Ok(grad_input)
     }
 
     fn backward_weight(&mut self, work: Work) -> Result<(), StageError> {
+        let pending = match self.pending.remove(&work) {
+            Some(pending) => Some(pending),
+            None => match self.state_back(work)? {
+                Some(DeviceState::Pending(pending)) => Some(pending),
+                _ => None,
+            },
+        };
+        let on_host = self.link.holds(work);
+        let pending =
+            pending.ok_or_else(|| missing_state("input-gradient state", work, on_host))?;
         let start = Instant::now();
-        let on_host = self.host_pending.contains_key(&work);
-        let pending = self
-            .pending
-            .remove(&work)
-            .ok_or_else(|| missing_state("input-gradient state", work, on_host))?;
         let held = self.stage(work.stage)?;
         let position = held.position;
         let grads = held
@@ -494,6 +585,7 @@ impl StageCompute for GptStage {
     }
 
     fn recompute(&mut self, work: Work) -> Result<(), StageError> {
+        self.free_offloaded(true)?;
         let start = Instant::now();
         let checkpoint = self
             .saved
@@ -535,6 +627,7 @@ impl StageCompute for GptStage {
     }
 
     fn recompute_weight_grad(&mut self, work: Work) -> Result<(), StageError> {
+        self.free_offloaded(true)?;
         let start = Instant::now();
         let Some((input, Some(grad_output))) = self.weight_inputs.remove(&work) else {
             return Err(StageError::bug(format!(
@@ -561,50 +654,22 @@ impl StageCompute for GptStage {
     /// Moves the pair's saved state to host memory, or, after its input-gradient backward, what
     /// that backward keeps for the weight gradient.
     fn offload(&mut self, work: Work) -> Result<(), StageError> {
-        let start = Instant::now();
-        let copied = if let Some(saved) = self.saved.remove(&work) {
-            let copied = saved.to_host().map_err(kernel_failure(work, "offload"))?;
-            self.release(Table::Saved, work);
-            let bytes = copied.bytes();
-            self.host.insert(work, copied);
-            bytes
-        } else if let Some(pending) = self.pending.remove(&work) {
-            let copied = pending.to_host().map_err(kernel_failure(work, "offload"))?;
-            self.release(Table::Pending, work);
-            let bytes = copied.bytes();
-            self.host_pending.insert(work, copied);
-            bytes
-        } else {
-            return Err(StageError::bug(format!(
-                "offload of {}: no saved or weight-gradient state",
-                display(work)
-            )));
-        };
-        self.host_bytes += copied;
-        self.host_peak_bytes = self.host_peak_bytes.max(self.host_bytes);
-        self.record(Task::Offload(work), start);
-        Ok(())
+        // Started at its producer where the program says so; here its device copy is freed
+        // (once the copy ends: what allocates next waits for it).
+        if !self.issued.remove(&work) {
+            self.start_offload(work)?;
+        }
+        self.placed.insert(work);
+        self.free_offloaded(false)
     }
 
     fn reload(&mut self, work: Work) -> Result<(), StageError> {
-        let start = Instant::now();
-        if let Some(copied) = self.host.remove(&work) {
-            self.host_bytes -= copied.bytes();
-            let saved = copied.to_device().map_err(kernel_failure(work, "reload"))?;
-            self.keep_saved(work, saved);
-        } else if let Some(copied) = self.host_pending.remove(&work) {
-            self.host_bytes -= copied.bytes();
-            let pending = copied.to_device().map_err(kernel_failure(work, "reload"))?;
-            let kept = pending.held_bytes();
-            self.pending.insert(work, pending);
-            self.hold(Table::Pending, work, kept);
-        } else {
-            return Err(StageError::bug(format!(
-                "reload of {}: nothing in the host store",
-                display(work)
-            )));
+        // A reload allocates: the device copies freed before it are free by then.
+        self.free_offloaded(true)?;
+        self.link.reload(work)?;
+        if let Some((table, bytes)) = self.moving.remove(&work) {
+            self.hold(table, work, bytes);
         }
-        self.record(Task::Reload(work), start);
         Ok(())
     }
 
@@ -615,7 +680,17 @@ impl StageCompute for GptStage {
     }
 
     fn flush(&mut self) -> Result<(), StageError> {
-        match self.pending.keys().chain(self.host_pending.keys()).next() {
+        self.free_offloaded(false)?;
+        for transfer in self.link.finish()? {
+            let at = |t: Instant| t.duration_since(self.epoch).as_secs_f64();
+            self.measured.push(MeasuredOp {
+                task: transfer.task,
+                work: transfer.task.work(),
+                start: at(transfer.start),
+                end: at(transfer.end),
+            });
+        }
+        match self.pending.keys().chain(self.moving.keys()).next() {
             Some(work) => Err(StageError::bug(format!(
                 "the weight gradient of {} never ran",
                 display(*work)

@@ -20,12 +20,12 @@ use crate::optim::{clip_scale, global_norm, step_positions, AdamW, AdamWConfig, 
 use crate::profile::{calibrate, measure_profile, ProfileRequest};
 use crate::schedule::LrSchedule;
 use crate::stage::{Injection, MeasuredOp};
-use crate::step::{GptModel, StepRunner};
+use crate::step::{GptModel, StepRunner, TRAINER_RECEIVES};
 use candle_core::DType;
 use candle_core::Tensor;
 use pipeweave_backends::ThreadOptions;
 use pipeweave_core::RankId;
-use pipeweave_core::{Plan, Profile, RecvPolicy};
+use pipeweave_core::{Plan, Profile};
 use pipeweave_kernels::GptConfig;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -147,8 +147,8 @@ impl Trainer {
         let options = ThreadOptions {
             receive_timeout: settings.receive_timeout,
         };
-        let runner = StepRunner::new(plan, RecvPolicy::Early, false)?.with_options(options);
-        let eval_runner = StepRunner::new(plan, RecvPolicy::Early, true)?;
+        let runner = StepRunner::new(plan, TRAINER_RECEIVES, false)?.with_options(options);
+        let eval_runner = StepRunner::new(plan, TRAINER_RECEIVES, true)?;
         let cluster = ThreadsCluster::new(runner, eval_runner, settings.replicas);
         Trainer::on_cluster(plan, corpus, settings, Box::new(cluster))
     }

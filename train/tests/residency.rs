@@ -7,7 +7,7 @@ mod tiny_gpt;
 
 use candle_core::DType;
 use common::plan;
-use pipeweave_core::{peak_per_rank, RecvPolicy};
+use pipeweave_core::{peak_per_rank, RecvPolicy, Task};
 use pipeweave_train::{GptModel, StepOutcome, StepRunner};
 use tiny_gpt::{batch, bits, config};
 
@@ -100,4 +100,40 @@ fn measured_device_bytes_fall_as_the_plan_predicts() {
             );
         }
     }
+}
+
+#[test]
+fn transfers_run_on_the_host_link_beside_the_computes() {
+    let (outcome, _) = step("offload(f1b(gpipe), memory=1)", 4);
+    let rank0 = &outcome.measured[0];
+    let transfers: Vec<_> = rank0
+        .iter()
+        .filter(|op| matches!(op.task, Task::Offload(_) | Task::Reload(_)))
+        .collect();
+    // Rank 0 holds 4 activations in 1F1B at 4 ranks: 3 of every 4 forwards go out and back.
+    let offloads = transfers
+        .iter()
+        .filter(|op| matches!(op.task, Task::Offload(_)))
+        .count();
+    assert!(offloads >= 3, "{rank0:?}");
+    assert_eq!(transfers.len(), 2 * offloads, "{rank0:?}");
+    // One at a time on the link, in the order issued.
+    let mut on_link: Vec<_> = transfers.iter().map(|op| (op.start, op.end)).collect();
+    on_link.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert!(on_link.windows(2).all(|w| w[0].1 <= w[1].0), "{on_link:?}");
+    // Each offload starts once its forward ended, each reload ends before its backward starts.
+    for op in &transfers {
+        match op.task {
+            Task::Offload(w) => {
+                let forward = rank0.iter().find(|o| o.task == Task::Forward(w)).unwrap();
+                assert!(op.start >= forward.end, "{op:?} before {forward:?}");
+            }
+            _ => {
+                let w = op.task.work();
+                let backward = rank0.iter().find(|o| o.task == Task::InputGrad(w)).unwrap();
+                assert!(op.end <= backward.start, "{op:?} after {backward:?}");
+            }
+        }
+    }
+    assert!(outcome.peak_host_bytes[0] > 0);
 }
