@@ -10,7 +10,7 @@
 //! of the replay, and the measured fraction at most the plan's plus what the unit plans leave
 //! out (outputs waiting to be sent, the inputs dropped forwards keep).
 
-use pipeweave::{build_plan, PipelineConfig};
+use pipeweave::{build_plan, PipelineConfig, Profile};
 use pipeweave_core::peak_per_rank;
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::BatchShape;
@@ -22,6 +22,7 @@ const SEQ_LEN: usize = 64;
 const SEQUENCES: usize = 4;
 const RANKS: u32 = 2;
 const MICROBATCHES: u32 = 8;
+const CUT: [usize; 2] = [2, 2];
 
 const BASELINE: &str = "f1b(gpipe)";
 const OFFLOADS: &[&str] = &[
@@ -39,19 +40,39 @@ struct Measured {
     peaks: Vec<usize>,
 }
 
-fn train(expression: &str, corpus: &Corpus) -> (Measured, Vec<f64>) {
-    let plan = build_plan(
-        expression,
-        &PipelineConfig::new(RANKS, MICROBATCHES).expect("sizes"),
-    )
-    .unwrap_or_else(|e| panic!("{expression}: {e}"));
+fn settings() -> TrainSettings {
     let config = GptConfig::new(4, 192, 4, SEQ_LEN).expect("the bench's model");
     let shape = BatchShape::new(SEQ_LEN, SEQUENCES, MICROBATCHES as usize).expect("valid shape");
-    let settings = TrainSettings {
+    TrainSettings {
         eval_sequences: 1,
+        layers_per_stage: Some(CUT.to_vec()),
         ..TrainSettings::new(config, shape)
+    }
+}
+
+/// `expression` at unit costs, or from `profile`'s costs and bytes (then also the bytes of one
+/// unit of memory).
+fn plan_of(expression: &str, profile: Option<&Profile>) -> (pipeweave_core::Plan, f64) {
+    let config = PipelineConfig::new(RANKS, MICROBATCHES).expect("sizes");
+    let (config, bytes) = match profile {
+        Some(profile) => {
+            let (config, cut) = config
+                .with_profile(profile, Some(&CUT))
+                .expect("the profile costs the cut");
+            (config, cut.bytes_per_unit)
+        }
+        None => (config, 1.0),
     };
-    let mut trainer = Trainer::new(&plan, corpus, settings).expect("a trainer");
+    let plan = build_plan(expression, &config).unwrap_or_else(|e| panic!("{expression}: {e}"));
+    (plan, bytes)
+}
+
+fn train(expression: &str, corpus: &Corpus) -> (Measured, Vec<f64>) {
+    train_plan(plan_of(expression, None).0, corpus)
+}
+
+fn train_plan(plan: pipeweave_core::Plan, corpus: &Corpus) -> (Measured, Vec<f64>) {
+    let mut trainer = Trainer::new(&plan, corpus, settings()).expect("a trainer");
     let mut steps = Vec::new();
     let mut peaks = vec![0usize; RANKS as usize];
     for i in 0..WARM_UP + STEPS {
@@ -119,4 +140,43 @@ fn main() {
         "offload plans whose step is within 10% of the replay: {within} of {}",
         OFFLOADS.len()
     );
+
+    // The same plans built from a profile of this model (as `train_gpt --cost-profile` builds
+    // them): each rank's measured peak of live device bytes against the plan's, in bytes.
+    let (plan, _) = plan_of(BASELINE, None);
+    let mut trainer = Trainer::new(&plan, &corpus, settings()).expect("a trainer");
+    for _ in 0..WARM_UP + STEPS {
+        trainer.step().expect("a step");
+    }
+    let profile = trainer.profile(5).expect("the profile");
+    println!();
+    println!(
+        "{:<72}  device peak MiB per rank: measured / predicted from the profile",
+        "schedule (profiled costs and bytes)"
+    );
+    let mut bounded = 0;
+    for expression in std::iter::once(&BASELINE).chain(OFFLOADS) {
+        let (plan, bytes) = plan_of(expression, Some(&profile));
+        let (m, predicted) = train_plan(plan, &corpus);
+        let cells: Vec<String> = (0..RANKS as usize)
+            .map(|r| {
+                format!(
+                    "{:.2} / {:.2}",
+                    mib(m.peaks[r] as f64),
+                    mib(predicted[r] * bytes)
+                )
+            })
+            .collect();
+        let within = (0..RANKS as usize).all(|r| m.peaks[r] as f64 <= predicted[r] * bytes);
+        bounded += usize::from(within);
+        println!("{:<72}  {}", expression, cells.join("  "));
+    }
+    println!(
+        "plans whose measured peak is within the prediction on every rank: {bounded} of {}",
+        OFFLOADS.len() + 1
+    );
+}
+
+fn mib(bytes: f64) -> f64 {
+    bytes / (1024.0 * 1024.0)
 }
