@@ -380,10 +380,43 @@ impl GptStage {
         Ok(())
     }
 
-    /// `work`'s state of `table` on the device: kept, or back from the host link (waiting for
-    /// its reload to end).
-    fn state_back(&mut self, work: Work) -> Result<Option<DeviceState>, StageError> {
-        self.link.take(work)
+    /// Starts the offload the program issues right after `work`'s producer (its forward, or its
+    /// I for what the W keeps); its place in the program frees the device copy later.
+    fn offload_at_producer(&mut self, work: Work) -> Result<(), StageError> {
+        self.start_offload(work)?;
+        self.issued.insert(work);
+        Ok(())
+    }
+
+    /// `work`'s forward state on the device: kept, or back from the host link (waiting for its
+    /// reload to end).
+    fn saved_state(&mut self, work: Work) -> Result<StageSaved, StageError> {
+        if let Some(saved) = self.saved.remove(&work) {
+            return Ok(saved);
+        }
+        match self.link.take(work)? {
+            Some(DeviceState::Saved(saved)) => Ok(saved),
+            _ => Err(missing_state(
+                "saved forward state",
+                work,
+                self.link.holds(work),
+            )),
+        }
+    }
+
+    /// What `work`'s I kept for its W on the device: kept, or back from the host link.
+    fn pending_state(&mut self, work: Work) -> Result<StagePendingWeightGrad, StageError> {
+        if let Some(pending) = self.pending.remove(&work) {
+            return Ok(pending);
+        }
+        match self.link.take(work)? {
+            Some(DeviceState::Pending(pending)) => Ok(pending),
+            _ => Err(missing_state(
+                "input-gradient state",
+                work,
+                self.link.holds(work),
+            )),
+        }
     }
 
     /// Keeps `saved` as the saved state of `work` until its backward, its bytes live.
@@ -437,8 +470,7 @@ impl StageCompute for GptStage {
         }
         self.record(Task::Forward(work), start);
         if self.offload_after_forward.contains(&work) && !self.forward_only {
-            self.start_offload(work)?;
-            self.issued.insert(work);
+            self.offload_at_producer(work)?;
         }
         Ok(output)
     }
@@ -494,15 +526,7 @@ impl StageCompute for GptStage {
         work: Work,
         grad_output: Tensor,
     ) -> Result<Option<Tensor>, StageError> {
-        let saved = match self.saved.remove(&work) {
-            Some(saved) => Some(saved),
-            None => match self.state_back(work)? {
-                Some(DeviceState::Saved(saved)) => Some(saved),
-                _ => None,
-            },
-        };
-        let on_host = self.link.holds(work);
-        let saved = saved.ok_or_else(|| missing_state("saved forward state", work, on_host))?;
+        let saved = self.saved_state(work)?;
         // Timed from here: waiting for a reload is the link's time, not the backward's.
         let start = Instant::now();
         let held = self.stage(work.stage)?;
@@ -519,23 +543,13 @@ impl StageCompute for GptStage {
         self.hold(Table::Pending, work, kept);
         self.record(Task::InputGrad(work), start);
         if self.offload_after_input.contains(&work) {
-            self.start_offload(work)?;
-            self.issued.insert(work);
+            self.offload_at_producer(work)?;
         }
         Ok(grad_input)
     }
 
     fn backward_weight(&mut self, work: Work) -> Result<(), StageError> {
-        let pending = match self.pending.remove(&work) {
-            Some(pending) => Some(pending),
-            None => match self.state_back(work)? {
-                Some(DeviceState::Pending(pending)) => Some(pending),
-                _ => None,
-            },
-        };
-        let on_host = self.link.holds(work);
-        let pending =
-            pending.ok_or_else(|| missing_state("input-gradient state", work, on_host))?;
+        let pending = self.pending_state(work)?;
         let start = Instant::now();
         let held = self.stage(work.stage)?;
         let position = held.position;

@@ -111,10 +111,7 @@ fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
                     {
                         held -= m.dropped();
                     }
-                    if op.kind == OpKind::InputGrad
-                        && !weight_dropped.is_empty()
-                        && weight_dropped.contains(&work)
-                    {
+                    if op.kind == OpKind::InputGrad && weight_dropped.contains(&work) {
                         held -= m.weight_grad() - m.weight_grad_checkpoint();
                     }
                     if transfers && op.kind == OpKind::InputGrad {

@@ -139,7 +139,8 @@ mod tests {
     #[test]
     fn what_delayed_weight_gradients_keep_is_recomputed_for_them() {
         // ZB-H1 keeps each pair from its F to its W; at 2 ranks x 4 microbatches and one unit,
-        // rank 0 drops pairs after their I and builds them again (RW: forward and I) for the W.
+        // the last rank drops pairs after their I and builds them again (RW: forward and I)
+        // for the W.
         let plan = build(
             "recompute(zero_bubble(f1b(gpipe), policy=h1), memory=1)",
             2,
