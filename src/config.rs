@@ -3,10 +3,11 @@
 
 use crate::error::Error;
 use pipeweave_core::{
-    simulate, simulate_on_cores, CostModel, CutCosts, LayerLayout, MemoryModel, Plan, ProblemSpec,
-    Profile, ReplayError, Simulation, StageCosts, StageMemory,
+    simulate_shared, CostModel, CutCosts, LayerLayout, MemoryModel, Plan, ProblemSpec, Profile,
+    ReplayError, Sharing, Simulation, StageCosts, StageMemory,
 };
 use pipeweave_transforms::{compile_expression, Registry};
+use std::num::NonZeroU32;
 
 /// What `pipeweave plan` needs besides the expression: sizes, costs and memory of a rank's share.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,9 +21,9 @@ pub struct PipelineConfig {
     microbatch_scales: Vec<f64>,
     /// With a profile: the figures of every position of the layouts passes build.
     layout: Option<LayerLayout>,
-    /// How many ranks can compute at full speed at once (cores over threads per rank), where
-    /// fewer than the ranks: they time-share ([`simulate_on_cores`]).
-    shared_slots: Option<f64>,
+    /// What the ranks share ([`simulate_shared`]): cores (where fewer than the ranks, they
+    /// time-share them) and host links.
+    sharing: Sharing,
 }
 
 impl PipelineConfig {
@@ -43,7 +44,7 @@ impl PipelineConfig {
             memory_limit: None,
             microbatch_scales: Vec::new(),
             layout: None,
-            shared_slots: None,
+            sharing: Sharing::default(),
         })
     }
 
@@ -162,17 +163,34 @@ impl PipelineConfig {
                 });
             }
         }
-        self.shared_slots = slots;
+        self.sharing = self.sharing.with_cores(slots);
         Ok(self)
     }
 
+    /// `ranks` consecutive ranks on each host link (1, the default: a link per rank; 2:
+    /// neighbours share one; 4: four GPUs behind one PCIe switch): their transfers share the
+    /// link's speed while they overlap. Only the simulation changes ([`PipelineConfig::simulate`]).
+    pub fn with_ranks_per_link(mut self, ranks: u32) -> Result<PipelineConfig, Error> {
+        let Some(ranks) = NonZeroU32::new(ranks) else {
+            return Err(Error::Option {
+                option: "--ranks-per-link",
+                message: "0 ranks per host link: give 1 (a link per rank) or more".into(),
+            });
+        };
+        self.sharing = self.sharing.with_ranks_per_link(ranks);
+        Ok(self)
+    }
+
+    /// What the ranks share: cores and host links.
+    pub fn sharing(&self) -> Sharing {
+        self.sharing
+    }
+
     /// Simulates `plan` on this configuration's machine: ranks time-share the cores where
-    /// [`PipelineConfig::with_shared_cores`] gave fewer than the ranks.
+    /// [`PipelineConfig::with_shared_cores`] gave fewer than the ranks, and their host links
+    /// as [`PipelineConfig::with_ranks_per_link`] groups them.
     pub fn simulate(&self, plan: &Plan) -> Result<Simulation, ReplayError> {
-        match self.shared_slots {
-            Some(slots) => simulate_on_cores(plan, slots),
-            None => simulate(plan),
-        }
+        simulate_shared(plan, self.sharing)
     }
 
     /// A per-rank activation-memory bound the verifier enforces after every pass.

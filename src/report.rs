@@ -2,7 +2,7 @@
 //! `pipeweave plan --format json`) and as human-readable text.
 
 use pipeweave_core::{
-    render_grid, CheckReport, CutCosts, Plan, ProgramSet, Semantics, Simulation, Task,
+    render_grid, CheckReport, CutCosts, Plan, ProgramSet, Semantics, Sharing, Simulation, Task,
 };
 use serde::{Serialize, Serializer};
 use std::fmt::Write;
@@ -51,6 +51,13 @@ pub struct PlanReport {
     /// Per rank, the time its host link spends on transfers (where the plan offloads).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub link_busy_per_rank: Option<Vec<f64>>,
+    /// Consecutive ranks on one host link, where more than one (`--ranks-per-link`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks_per_link: Option<u32>,
+    /// Per shared host link (ranks `k K .. (k + 1) K` for `K` ranks per link), the time any
+    /// transfer runs on it (where the plan offloads over shared links).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_link_busy: Option<Vec<f64>>,
     /// Per rank, the pairs offloaded (where the plan offloads).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offloads_per_rank: Option<Vec<usize>>,
@@ -146,6 +153,8 @@ impl PlanReport {
             device_peak_per_rank: None,
             host_peak_per_rank: None,
             link_busy_per_rank: None,
+            ranks_per_link: None,
+            shared_link_busy: None,
             offloads_per_rank: None,
             recomputes_per_rank: None,
             recomputed_ops: None,
@@ -192,6 +201,42 @@ impl PlanReport {
             self.recomputed_ops = Some(recomputes.iter().sum());
             self.recomputes_per_rank = Some(recomputes);
         }
+        self
+    }
+
+    /// Adds the shared host links' figures, where `sharing` puts several ranks on a link: per
+    /// link, the time any of its ranks' transfers runs in `simulation`.
+    pub fn with_links(mut self, sharing: Sharing, simulation: &Simulation) -> PlanReport {
+        let per_link = sharing.ranks_per_link();
+        if per_link <= 1 {
+            return self;
+        }
+        self.ranks_per_link = Some(per_link);
+        if self.link_busy_per_rank.is_none() {
+            return self;
+        }
+        let timeline = simulation.timeline();
+        let links = timeline.len().div_ceil(per_link as usize);
+        let busy = (0..links)
+            .map(|link| {
+                let mut spans: Vec<(f64, f64)> = timeline
+                    .iter()
+                    .enumerate()
+                    .filter(|(r, _)| sharing.link_of(*r) == link)
+                    .flat_map(|(_, tasks)| tasks.iter().filter(|t| t.task.on_link()))
+                    .map(|t| (t.start, t.end))
+                    .collect();
+                spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let (mut total, mut reach) = (0.0f64, f64::NEG_INFINITY);
+                for (start, end) in spans {
+                    let from = start.max(reach);
+                    total += (end - from).max(0.0);
+                    reach = reach.max(end);
+                }
+                tidy(total)
+            })
+            .collect();
+        self.shared_link_busy = Some(busy);
         self
     }
 
@@ -282,6 +327,16 @@ impl PlanReport {
         let _ = writeln!(out, "bubble rate  {:.4}", self.bubble_rate);
         if let Some(limit) = self.memory_limit {
             let _ = writeln!(out, "memory limit {limit}");
+        }
+        if let Some(per_link) = self.ranks_per_link {
+            let busy = self
+                .shared_link_busy
+                .as_ref()
+                .map_or(String::new(), |busy| {
+                    let shown: Vec<String> = busy.iter().map(|b| format!("{b:.3}")).collect();
+                    format!("; busy {}", shown.join(" "))
+                });
+            let _ = writeln!(out, "host links   {per_link} ranks per link{busy}");
         }
         if let (Some(layers), Some(bytes)) =
             (&self.layers_per_stage, &self.peak_activation_bytes_per_rank)

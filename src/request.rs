@@ -51,6 +51,8 @@ pub struct ConfigRequest {
     /// `--layers-per-stage`, `--microbatch-tokens`, `--cores` (the path in it is unused: see
     /// `profile`).
     pub profile_options: ProfileArgs,
+    /// `--ranks-per-link`: consecutive ranks on one host link (1: a link per rank).
+    pub ranks_per_link: u32,
 }
 
 impl ConfigRequest {
@@ -64,6 +66,7 @@ impl ConfigRequest {
             memory_limit: None,
             profile: ProfileSource::None,
             profile_options: ProfileArgs::default(),
+            ranks_per_link: 1,
         }
     }
 
@@ -85,7 +88,8 @@ impl ConfigRequest {
         let (costs, comm) = parse_costs(&self.costs)?;
         Ok(PipelineConfig::new(self.ranks, self.microbatches)?
             .with_costs(costs, comm)?
-            .with_memory(parse_activation_memory(&self.activation_memory)?))
+            .with_memory(parse_activation_memory(&self.activation_memory)?)
+            .with_ranks_per_link(self.ranks_per_link)?)
     }
 
     /// The configuration `plan` builds on: typed costs, or the profile's cut (then returned too),

@@ -450,6 +450,55 @@ fn recompute_and_offload_report_device_and_host_memory_and_their_counts() {
 }
 
 #[test]
+fn ranks_sharing_a_host_link_slow_each_other_s_transfers_and_the_report_says_how_busy_it_is() {
+    // 8 ranks, 3 interleaved chunks offloaded to one unit: the links carry most of the step.
+    let expression = "offload(vpp(f1b(gpipe), chunks=3, group=8), memory=1)";
+    let json_of = |extra: &str| {
+        cli("plan")
+            .arg(expression)
+            .line(&format!(
+                "-p 8 -m 32 --costs offload=1 --format json {extra}"
+            ))
+            .json()
+    };
+    let own = json_of("");
+    assert!(own.get("ranks_per_link").is_none() && own.get("shared_link_busy").is_none());
+    let pairs = json_of("--ranks-per-link 2");
+    assert_eq!(pairs["ranks_per_link"], 2);
+    let busy = pairs["shared_link_busy"].as_array().unwrap();
+    assert_eq!(busy.len(), 4);
+    let per_rank = pairs["link_busy_per_rank"].as_array().unwrap();
+    for (link, busy) in busy.iter().enumerate() {
+        // One link carries both ranks' transfers: busy at least as long as either, at most both.
+        let busy = busy.as_f64().unwrap();
+        let (a, b) = (
+            per_rank[2 * link].as_f64().unwrap(),
+            per_rank[2 * link + 1].as_f64().unwrap(),
+        );
+        assert!(
+            busy >= a.max(b) - 1e-6 && busy <= a + b + 1e-6,
+            "{busy} {a} {b}"
+        );
+    }
+    let (alone, shared) = (
+        own["makespan"].as_f64().unwrap(),
+        pairs["makespan"].as_f64().unwrap(),
+    );
+    assert!(shared > alone, "{shared} vs {alone}");
+    let text = stdout(
+        &cli("plan")
+            .arg(expression)
+            .line("-p 8 -m 32 --ranks-per-link 4")
+            .output(),
+    );
+    assert!(
+        text.contains("host links   4 ranks per link; busy "),
+        "{text}"
+    );
+    cli("plan f1b(gpipe) --ranks-per-link 0").refused("0 ranks per host link");
+}
+
+#[test]
 fn csv_of_a_recompute_plan_keeps_the_compute_order_and_says_what_it_leaves_out() {
     let dir = scratch_dir("residency-csv");
     let path = dir.join("plan.csv");

@@ -30,7 +30,7 @@ pub mod tolerance;
 pub use analysis::link::{link_order, offload_producers};
 pub use analysis::peak::{held_during, held_per_task, max_peak, peak_per_rank, RankPeak};
 pub use analysis::replay::{replay_within, Blocked, Replay, ReplayError, TimedTask};
-pub use analysis::shared_cores::simulate_on_cores;
+pub use analysis::sharing::{simulate_on_cores, simulate_shared, Sharing};
 pub use analysis::simulate::{simulate, simulate_with, Simulation};
 pub use analysis::slack::slack;
 pub use analysis::verify::{verify, verify_schedule, Violation, Violations};

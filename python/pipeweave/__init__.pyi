@@ -34,6 +34,8 @@ class Plan:
     device_peak_per_rank: List[float]
     host_peak_per_rank: List[float]
     link_busy_per_rank: List[float]
+    ranks_per_link: int
+    shared_link_busy: List[float]
     offloads_per_rank: List[int]
     recomputes_per_rank: List[int]
     recomputed_ops: int
@@ -125,6 +127,7 @@ class _ProblemOptions(TypedDict, total=False):
     layers_per_stage: Optional[Sequence[int]]
     microbatch_tokens: Optional[Sequence[int]]
     cores: Optional[int]
+    ranks_per_link: int
 
 def plan(
     expression: str,

@@ -50,6 +50,7 @@ def plan(
     layers_per_stage: Optional[Sequence[int]] = None,
     microbatch_tokens: Optional[Sequence[int]] = None,
     cores: Optional[int] = None,
+    ranks_per_link: Optional[int] = None,
     recv: str = "early",
     passes: Sequence[type] = (),
 ) -> Plan:
@@ -68,6 +69,8 @@ def plan(
       layers_per_stage: with a profile, the layers of each rank's share (default: even).
       microbatch_tokens: with a profile, each microbatch's tokens per sequence.
       cores: with a profile, the cores the ranks share.
+      ranks_per_link: consecutive ranks sharing one host link for offload transfers (default 1:
+        a link per rank); the report then gives `ranks_per_link` and `shared_link_busy`.
       recv: where receives go in the programs, `"early"` or `"just-in-time"`.
       passes: pass classes written in Python for this call (see `pipeweave.register`).
 
@@ -88,6 +91,7 @@ def plan(
         layers_per_stage=layers_per_stage,
         microbatch_tokens=microbatch_tokens,
         cores=cores,
+        ranks_per_link=ranks_per_link,
     )
     native = _native.compile_plan(expression, args, recv, registrations(passes))
     return _plan_of(native, cut_given=layers_per_stage is not None)
@@ -147,6 +151,7 @@ def tune(
     layers_per_stage: Optional[Sequence[int]] = None,
     microbatch_tokens: Optional[Sequence[int]] = None,
     cores: Optional[int] = None,
+    ranks_per_link: Optional[int] = None,
     top: int = 5,
     runtime: Optional[str] = None,
 ) -> List[Candidate]:
@@ -161,7 +166,8 @@ def tune(
         raise Error(f"runtime= is None or \"pytorch\", got {runtime!r}")
     args = request(ranks, microbatches, costs=costs, activation_memory=activation_memory,
                    memory_limit=memory_limit, profile=profile, layers_per_stage=layers_per_stage,
-                   microbatch_tokens=microbatch_tokens, cores=cores)
+                   microbatch_tokens=microbatch_tokens, cores=cores,
+                   ranks_per_link=ranks_per_link)
     # Filtered before the best `top` are kept: ask for all of them.
     report = json.loads(_native.tune_json(args, top if runtime is None else 2**31))
     fields = Candidate.__dataclass_fields__
@@ -184,6 +190,7 @@ def frontier(
     layers_per_stage: Optional[Sequence[int]] = None,
     microbatch_tokens: Optional[Sequence[int]] = None,
     cores: Optional[int] = None,
+    ranks_per_link: Optional[int] = None,
     svg: Union[str, os.PathLike, None] = None,
 ) -> List[FrontierPoint]:
     """The memory/time frontier (`pipeweave tune --frontier`): for each memory limit up to
@@ -191,7 +198,8 @@ def frontier(
     that file. Returns `FrontierPoint`s, least memory first."""
     args = request(ranks, microbatches, costs=costs, activation_memory=activation_memory,
                    memory_limit=memory_limit, profile=profile, layers_per_stage=layers_per_stage,
-                   microbatch_tokens=microbatch_tokens, cores=cores)
+                   microbatch_tokens=microbatch_tokens, cores=cores,
+                   ranks_per_link=ranks_per_link)
     if svg is not None and not isinstance(svg, (str, os.PathLike)):
         raise Error(f"svg= takes a file's path, got {type(svg).__name__}")
     found = json.loads(_native.frontier_json(args, None if svg is None else os.fspath(svg)))

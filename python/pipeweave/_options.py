@@ -69,6 +69,7 @@ def request(
     layers_per_stage: Optional[Sequence[int]] = None,
     microbatch_tokens: Optional[Sequence[int]] = None,
     cores: Optional[int] = None,
+    ranks_per_link: Optional[int] = None,
 ) -> Dict[str, Any]:
     """The request the native module takes: every key present."""
     from ._profile import Profile
@@ -94,4 +95,6 @@ def request(
         "layers_per_stage": counts("--layers-per-stage", layers_per_stage),
         "microbatch_tokens": counts("--microbatch-tokens", microbatch_tokens),
         "cores": None if cores is None else whole("--cores", cores),
+        # Zero reaches the library, whose check gives the CLI's message.
+        "ranks_per_link": None if ranks_per_link is None else whole("--ranks-per-link", ranks_per_link, low=0),
     }

@@ -7,7 +7,7 @@ use pipeweave::compile::{compile, compile_imported, Compiled};
 use pipeweave::request::{import_schedule, ConfigRequest, ProfileSource};
 use pipeweave::Error;
 use pipeweave_core::formats::{csv, svg, trace};
-use pipeweave_core::{CutCosts, Profile, RecvPolicy};
+use pipeweave_core::{CutCosts, Profile, RecvPolicy, Sharing};
 use pyo3::prelude::*;
 
 /// A compiled plan: verified, simulated, its programs checked.
@@ -16,6 +16,8 @@ pub struct NativePlan {
     compiled: Compiled,
     title: String,
     cut: Option<CutCosts>,
+    /// What the ranks share (host links), for the report's link figures.
+    sharing: Sharing,
 }
 
 fn write(path: &str, contents: &str) -> Result<(), Error> {
@@ -29,7 +31,10 @@ fn write(path: &str, contents: &str) -> Result<(), Error> {
 impl NativePlan {
     /// The report, as `pipeweave plan --format json` prints it.
     fn report_json(&self) -> String {
-        let report = self.compiled.report(&self.title, self.cut.as_ref());
+        let report = self
+            .compiled
+            .report(&self.title, self.cut.as_ref())
+            .with_links(self.sharing, &self.compiled.simulation);
         serde_json::to_string_pretty(&report).expect("a report always serialises")
     }
 
@@ -106,6 +111,7 @@ pub struct RequestArgs {
     layers_per_stage: Option<Vec<usize>>,
     microbatch_tokens: Option<Vec<usize>>,
     cores: Option<u32>,
+    ranks_per_link: Option<u32>,
 }
 
 impl RequestArgs {
@@ -137,6 +143,7 @@ impl RequestArgs {
         request.profile_options.layers_per_stage = self.layers_per_stage.clone();
         request.profile_options.microbatch_tokens = self.microbatch_tokens.clone();
         request.profile_options.cores = self.cores;
+        request.ranks_per_link = self.ranks_per_link.unwrap_or(1);
         for (given, option) in [
             (self.layers_per_stage.is_some(), "layers_per_stage"),
             (self.microbatch_tokens.is_some(), "microbatch_tokens"),
@@ -173,6 +180,7 @@ pub fn compile_plan(
             compiled,
             title: expression.to_string(),
             cut,
+            sharing: config.sharing(),
         })
     })
 }
@@ -195,6 +203,7 @@ pub fn check_file(
             compiled: compile_imported(plan, programs, recv)?,
             title: path.to_string(),
             cut: None,
+            sharing: Sharing::default(),
         })
     })
 }

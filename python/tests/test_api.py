@@ -27,6 +27,7 @@ CASES = [
     ("offload(f1b(gpipe), memory=2)", 8, 32, {"costs": {"F": 1, "I": 1, "W": 1, "offload": 0.25, "R": 1}},
      ["--costs", "F=1,I=1,W=1,offload=0.25,R=1"]),
     ("recompute(f1b(gpipe), memory=2)", 4, 8, {}, []),
+    ("offload(f1b(gpipe), memory=1)", 4, 8, {"ranks_per_link": 2}, ["--ranks-per-link", "2"]),
     ("zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))", 8, 32, {"costs": {"F": 1, "I": 1, "W": 1, "FB": 2.5}},
      ["--costs", "F=1,I=1,W=1,FB=2.5"]),
     ("zero_bubble(f1b(gpipe), policy=auto, memory=16)", 8, 24,
@@ -164,6 +165,7 @@ BAD = [
     (("f1b(gpipe)", 4, 8), {"memory_limit": 1}, ["plan", "f1b(gpipe)", "--memory-limit", "1.0"]),
     (("zero_bubble(f1b(gpipe)", 4, 8), {}, ["plan", "zero_bubble(f1b(gpipe)"]),
     (("f1b(vpp(gpipe, chunks=2))", 4, 8), {}, ["plan", "f1b(vpp(gpipe, chunks=2))"]),
+    (("f1b(gpipe)", 4, 8), {"ranks_per_link": 0}, ["plan", "f1b(gpipe)", "--ranks-per-link", "0"]),
 ]
 
 

@@ -7,6 +7,7 @@ use crate::error::Error;
 use crate::reference::read_reference;
 use clap::Args;
 use pipeweave_core::formats::csv::import_csv;
+use pipeweave_core::Sharing;
 use std::io::Write;
 
 /// Arguments of `pipeweave check`.
@@ -35,5 +36,12 @@ pub fn run(args: &CheckArgs, stdout: &mut dyn Write) -> Result<(), Error> {
         (imported.plan, imported.programs)
     };
     let source = Source::Imported(plan, programs);
-    check_and_emit(&args.file, source, &args.outputs, None, stdout)
+    check_and_emit(
+        &args.file,
+        source,
+        &args.outputs,
+        None,
+        Sharing::default(),
+        stdout,
+    )
 }

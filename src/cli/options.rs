@@ -129,6 +129,16 @@ pub fn read_stage_costs(path: &str) -> Result<Vec<StageCosts>, Error> {
         .collect()
 }
 
+/// How the ranks reach host memory (`plan`, `run`, `tune`).
+#[derive(Clone, Debug, clap::Args)]
+pub struct LinkArgs {
+    /// Consecutive ranks that share one host link for offload transfers (2: neighbours; 4: four
+    /// GPUs behind one PCIe switch); while their transfers overlap each moves at the link's
+    /// speed over their number. Default: a link per rank.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub ranks_per_link: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,7 @@ use pipeweave_core::formats::{csv, svg, trace};
 use pipeweave_core::spmd::project::project_simulated;
 use pipeweave_core::{
     check_programs, simulate, verify, CheckReport, CommError, CutCosts, Plan, ProgramSet,
-    RecvPolicy, Simulation,
+    RecvPolicy, Sharing, Simulation,
 };
 use std::io::Write;
 
@@ -168,6 +168,7 @@ pub fn check_and_emit(
     source: Source,
     args: &OutputArgs,
     cut: Option<&CutCosts>,
+    sharing: Sharing,
     stdout: &mut dyn Write,
 ) -> Result<(), Error> {
     if args.csv.is_some() {
@@ -188,7 +189,8 @@ pub fn check_and_emit(
             &projected.simulation,
             args,
             cut,
-        );
+        )
+        .with_links(sharing, &projected.simulation);
         let counts = check
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -228,6 +230,12 @@ struct Files {
 }
 
 impl Files {
+    /// The report with the host links' figures where ranks share them.
+    fn with_links(mut self, sharing: Sharing, simulation: &Simulation) -> Files {
+        self.report = self.report.with_links(sharing, simulation);
+        self
+    }
+
     fn render(
         title: &str,
         plan: &Plan,

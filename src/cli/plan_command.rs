@@ -1,7 +1,7 @@
 //! `pipeweave plan`: build a schedule from an expression, verify it, project and check its
 //! programs, simulate it, and report (text or JSON) and write the requested files.
 
-use crate::cli::options::read_stage_costs;
+use crate::cli::options::{read_stage_costs, LinkArgs};
 use crate::cli::outputs::{check_and_emit, OutputArgs, Source};
 use crate::cli::profile_options::ProfileArgs;
 use crate::compile::run_passes;
@@ -34,6 +34,9 @@ pub struct ScheduleArgs {
     /// Measured costs: `--profile`, `--layers-per-stage`.
     #[command(flatten)]
     pub profile: ProfileArgs,
+    /// The host links: `--ranks-per-link`.
+    #[command(flatten)]
+    pub links: LinkArgs,
 }
 
 impl ScheduleArgs {
@@ -49,6 +52,7 @@ impl ScheduleArgs {
             costs: self.costs.clone(),
             profile: self.profile.source(),
             profile_options: self.profile.clone(),
+            ranks_per_link: self.links.ranks_per_link,
             ..ConfigRequest::new(self.ranks, self.microbatches)
         }
     }
@@ -99,6 +103,7 @@ pub fn run(args: &PlanArgs, stdout: &mut dyn Write) -> Result<(), Error> {
         Source::Built(plan, simulation),
         &args.outputs,
         cut.as_ref(),
+        config.sharing(),
         stdout,
     )
 }

@@ -1,6 +1,7 @@
 //! `pipeweave tune`: search the schedules for the fastest that fits (contract: ../shared/CLI.md),
 //! with a progress bar on a terminal.
 
+use crate::cli::options::LinkArgs;
 use crate::cli::outputs::Format;
 use crate::cli::profile_options::ProfileArgs;
 use crate::error::Error;
@@ -33,6 +34,9 @@ pub struct TuneArgs {
     /// `--layers-per-stage` fixes it).
     #[command(flatten)]
     profile: ProfileArgs,
+    /// The host links: `--ranks-per-link`.
+    #[command(flatten)]
+    links: LinkArgs,
     /// How many of the best to print.
     #[arg(long, default_value_t = 5)]
     top: usize,
@@ -56,6 +60,7 @@ impl TuneArgs {
             memory_limit: self.memory_limit.clone(),
             profile: self.profile.source(),
             profile_options: self.profile.clone(),
+            ranks_per_link: self.links.ranks_per_link,
             ..ConfigRequest::new(self.ranks, self.microbatches)
         }
     }

@@ -5,7 +5,7 @@
 pub mod link;
 pub mod peak;
 pub mod replay;
-pub mod shared_cores;
+pub mod sharing;
 pub mod simulate;
 pub mod slack;
 pub mod verify;
