@@ -86,10 +86,10 @@ impl ConfigRequest {
     /// The configuration before any profile or limit: sizes, typed costs and memory.
     fn base(&self) -> Result<PipelineConfig, Error> {
         let (costs, comm) = parse_costs(&self.costs)?;
-        Ok(PipelineConfig::new(self.ranks, self.microbatches)?
+        PipelineConfig::new(self.ranks, self.microbatches)?
             .with_costs(costs, comm)?
             .with_memory(parse_activation_memory(&self.activation_memory)?)
-            .with_ranks_per_link(self.ranks_per_link)?)
+            .with_ranks_per_link(self.ranks_per_link)
     }
 
     /// The configuration `plan` builds on: typed costs, or the profile's cut (then returned too),
