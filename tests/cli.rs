@@ -443,6 +443,29 @@ fn recompute_and_offload_report_device_and_host_memory_and_their_counts() {
         "{late}"
     );
 
+    // `weight_grads=keep` recomputes activations only (what PyTorch's runtime can run); where
+    // that fits, RW is used only if it makes the plan faster: at PyTorch's measured share (2/3
+    // of a stage's activations kept for W) ZB-H1 at 3.1 units fits without any RW, as fast.
+    let at_torch_share = |expression: &str| {
+        cli("plan")
+            .arg(expression)
+            .line("-p 4 -m 8 --format json --activation-memory total=1,weight_grad=0.6667")
+            .json()
+    };
+    let has_rw = |report: &serde_json::Value| report["order"].to_string().contains("RW");
+    let chosen = at_torch_share("recompute(zero_bubble(f1b(gpipe), policy=h1), memory=3.1)");
+    let keep = at_torch_share(
+        "recompute(zero_bubble(f1b(gpipe), policy=h1), memory=3.1, weight_grads=keep)",
+    );
+    assert!(!has_rw(&chosen) && !has_rw(&keep), "{chosen}");
+    assert_eq!(chosen["makespan"], keep["makespan"]);
+    cli(
+        "plan recompute(zero_bubble(f1b(gpipe), policy=h1), memory=1, weight_grads=keep) -p 4 -m 8",
+    )
+    .refused("kept for a weight gradient");
+    cli("plan recompute(f1b(gpipe), memory=2, weight_grads=some) -p 4 -m 8")
+        .refused("expected `recompute` or `keep`");
+
     // A limit no recompute reaches (a running forward holds its own activations): exit 2, one
     // line naming the constraint.
     cli("plan recompute(zero_bubble(f1b(gpipe), policy=h1), memory=0.5) -p 4 -m 8")

@@ -181,20 +181,27 @@ def cases_for(torch: Any, ranks: int) -> List[Tuple[str, str, int, Dict[str, Any
 
 
 _GROUPS: Dict[Tuple[int, str], Dict[Tuple[str, str, int], Tuple[Dict[str, Any], List[Dict[str, Any]]]]] = {}
+_FAILED: Dict[Tuple[int, str], GroupFailed] = {}
 
 
 def group(torch: Any, ranks: int, wrap: str) -> Dict[Tuple[str, str, int], Tuple[Dict[str, Any], List[Dict[str, Any]]]]:
     """Runs every case of (ranks, wrap) in one launch (once per test session): per (tag,
     expression, microbatches) the plan's report and the workers' records (with memory figures
-    for plain stages)."""
+    for plain stages). A group that failed fails every later test at once, with its output."""
     key = (ranks, wrap)
+    if key in _FAILED:
+        raise _FAILED[key]
     if key not in _GROUPS:
         cases = []
         for i, (tag, expression, m, kwargs) in enumerate(cases_for(torch, ranks)):
             cases.append({"id": i, "tag": tag, "expression": expression, "microbatches": m,
                           "memory": wrap == "plain",
                           "report": plan_report(expression, ranks, m, **kwargs)})
-        records = run_group(cases, ranks, fsdp=wrap == "fsdp", timeout=180)
+        try:
+            records = run_group(cases, ranks, fsdp=wrap == "fsdp", timeout=180)
+        except GroupFailed as failure:
+            _FAILED[key] = failure
+            raise
         _GROUPS[key] = {
             (c["tag"], c["expression"], c["microbatches"]): (c["report"], [r for r in records if r["case"] == c["id"]])
             for c in cases

@@ -1,5 +1,5 @@
 //! The built-in passes' names and arguments in the expression language: `gpipe`, `f1b`,
-//! `vpp(chunks, group, layout)`, `dual`, `zero_bubble(policy, memory)`, `recompute(memory)`,
+//! `vpp(chunks, group, layout)`, `dual`, `zero_bubble(policy, memory)`, `recompute(memory, weight_grads)`,
 //! `offload(memory)`. [`Registry::builtin`] holds them; users add their own passes to such a
 //! registry. What a pass's constructor refuses becomes an error about the argument, at its column
 //! where it has one, reading `constraint violated: details`.
@@ -10,7 +10,7 @@ use crate::expr::Node;
 use crate::pass::Pass;
 use crate::passes::{
     ChunkOffload, Dual, F1b, Gpipe, Offload, Policy, Recompute, Relief, ReliefStrategy, Vpp,
-    VppOrder, ZeroBubble,
+    VppOrder, WeightGrads, ZeroBubble,
 };
 use crate::registry::{Arguments, Arity, Factory, Registry};
 use crate::schedules::cache::SearchCache;
@@ -58,7 +58,7 @@ pub fn register_builtins(registry: &mut Registry) {
             Arity::Rewrite,
             Box::new(move |args: &Arguments| zero_bubble(args, &cache)),
         ),
-        (Recompute::NAME, Arity::Rewrite, Box::new(relief(Recompute))),
+        (Recompute::NAME, Arity::Rewrite, Box::new(recompute)),
         (Offload::NAME, Arity::Rewrite, Box::new(offload)),
     ];
     for (name, arity, factory) in entries {
@@ -149,13 +149,24 @@ fn zero_bubble(args: &Arguments, cache: &SearchCache) -> Result<Box<dyn Pass>, T
     Ok(Box::new(pass))
 }
 
+/// `recompute(schedule, memory=N, weight_grads=recompute|keep)`.
+fn recompute(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
+    args.allow_only(&["memory", "weight_grads"])?;
+    let weight_grads = match args.word("weight_grads", &["recompute", "keep"])? {
+        Some((_, "keep")) => WeightGrads::Keep,
+        _ => WeightGrads::Recompute,
+    };
+    relief(Recompute::new(weight_grads), &["memory", "weight_grads"])(args)
+}
+
 /// `recompute(schedule, memory=N)` and `offload(schedule, memory=N)`: the relief pass with
-/// `strategy`.
+/// `strategy`, whose arguments are `allowed`.
 fn relief<S: ReliefStrategy>(
     strategy: S,
+    allowed: &'static [&'static str],
 ) -> impl Fn(&Arguments) -> Result<Box<dyn Pass>, TransformError> {
     move |args: &Arguments| {
-        args.allow_only(&["memory"])?;
+        args.allow_only(allowed)?;
         let memory = args.number("memory")?;
         let pass = Relief::new(strategy, memory)
             .map_err(|e| refused(args, "memory", memory_column(args), e))?;
@@ -168,7 +179,7 @@ fn relief<S: ReliefStrategy>(
 fn offload(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
     args.allow_only(&["memory", "chunks"])?;
     let Some(chunks) = args.integer("chunks")? else {
-        return relief(Offload)(args);
+        return relief(Offload, &["memory", "chunks"])(args);
     };
     let column = args.value("chunks").map_or(args.column(), |(c, _)| c);
     if args.value("memory").is_some() {
@@ -246,7 +257,7 @@ mod tests {
             assert_eq!(err, message, "{text}");
         }
         // Built directly, outside any expression, the pass still names itself.
-        let err = Relief::new(Recompute, Some(f64::NAN)).unwrap_err();
+        let err = Relief::new(Recompute::default(), Some(f64::NAN)).unwrap_err();
         assert_eq!(
             err.to_string(),
             "pass `recompute` precondition `memory > 0` violated: memory=NaN is not a positive \

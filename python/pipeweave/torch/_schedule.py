@@ -474,8 +474,8 @@ def _check(plan: Any, stages: Sequence[Any], rank: Optional[int]) -> int:
         raise _error(
             f"`{plan.expression}` recomputes what {len(rebuilt)} weight-gradient backward(s) keep "
             f"(`{rebuilt[0]}`: the forward and the I again before the W), which PyTorch's runtime "
-            f"cannot do (its I keeps the autograd graph for the W); offload what the W keeps "
-            f"instead, or recompute a plan whose backward is not split"
+            f"cannot do (its I keeps the autograd graph for the W); add `weight_grads=keep` to the "
+            f"recompute to recompute activations only, or offload what the W keeps instead"
         )
     if not stages:
         raise _error("schedule() needs this rank's PipelineStage objects; got none")

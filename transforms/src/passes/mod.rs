@@ -22,7 +22,7 @@ pub use dual::Dual;
 pub use f1b::F1b;
 pub use gpipe::Gpipe;
 pub use offload::Offload;
-pub use recompute::Recompute;
+pub use recompute::{Recompute, WeightGrads};
 pub use relief::{Relief, ReliefStrategy};
 pub use vpp::{Vpp, VppOrder};
 pub use zero_bubble::{Policy, ZeroBubble};

@@ -18,7 +18,8 @@
 //! the stalls its transfers would cause (the next allocation waiting for the offload, the backward
 //! for the reload) beyond those tasks' slack, and the cheapest are taken until the break fits;
 //! every break of the rank in one sweep, then the plan is simulated again for the next rank's
-//! estimates; repeated until the plan fits. While breaks remain, a reload lands late (right after
+//! estimates; repeated until the plan fits (with activations alone, and with what Ws keep as well:
+//! the latter is kept only where it is the faster, see `relief.rs`). While breaks remain, a reload lands late (right after
 //! the last break of its window, often right before its backward); once the plan fits, each
 //! reload in turn moves as early as the limit allows, or to where it is issued just in time for
 //! its backward, where a simulation shows the plan no slower for it (a rank's reloads are first
@@ -84,7 +85,9 @@ impl ReliefStrategy for Offload {
     /// Kept, or recomputed (left as they are).
     const ACCEPTS: &'static [Residency] = Requires::KEPT_OR_RECOMPUTED;
     /// What a W keeps too, moved out between its I and W.
-    const REACH: Reach = Reach::WeightGrads;
+    fn reach(&self) -> Reach {
+        Reach::WeightGrads
+    }
 
     /// The pair offloaded after its forward and reloaded after the last break of its window,
     /// estimated by the stalls its transfers would cause on an idle link.

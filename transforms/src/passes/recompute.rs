@@ -11,6 +11,11 @@
 //! can be recomputed too: the pair's I drops it, keeping the stage input and the output gradient
 //! it received (the memory model's `weight_grad_checkpoint`, twice `checkpoint`), and an `RW`
 //! task right before the W runs the forward and the I again (cost `R` + `I`) to rebuild it.
+//! The pass fits with activations alone and, where that fits, takes the RWs only if the plan
+//! with them is faster (the greedy loop's estimates of an RW can mislead it: ZB-H1 at 4 x 8 with
+//! PyTorch's 2/3 of a stage kept for W, 3.1 units: 36 with RWs, 33 without).
+//! `weight_grads=keep` leaves what a W keeps alone (recomputing activations only): for runtimes
+//! that cannot rebuild it, such as PyTorch's, whose I keeps the autograd graph for the W.
 //!
 //! Which pairs: the relief loop of [`crate::schedules::relief`]. At the first task where a rank
 //! holds more than `N`, every pair held across it is a candidate; each is estimated by the time its
@@ -49,9 +54,40 @@ use crate::schedules::relief::{idle_before, Proposal, Reach, Span, Step, Window}
 use pipeweave_core::{Residency, Task};
 
 /// The recompute strategy: `recompute` is [`Relief<Recompute>`](super::Relief), built with
-/// `Relief::new(Recompute, memory)`.
+/// `Relief::new(Recompute::default(), memory)`; by default it also recomputes what a W keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recompute {
+    weight_grads: WeightGrads,
+}
+
+/// What `recompute` does with what a split backward's W keeps between its I and W
+/// (`weight_grads=recompute|keep`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Recompute;
+pub enum WeightGrads {
+    /// Dropped after the I where that fits the limit, rebuilt by an `RW` before the W.
+    #[default]
+    Recompute,
+    /// Kept: only activations are recomputed.
+    Keep,
+}
+
+impl Default for Recompute {
+    fn default() -> Recompute {
+        Recompute::new(WeightGrads::default())
+    }
+}
+
+impl Recompute {
+    /// The strategy doing `weight_grads` with what a W keeps.
+    pub fn new(weight_grads: WeightGrads) -> Recompute {
+        Recompute { weight_grads }
+    }
+
+    /// What it does with what a W keeps.
+    pub fn weight_grads(&self) -> WeightGrads {
+        self.weight_grads
+    }
+}
 
 /// What rebuilds `window`'s pair: an `R` for its activations, an `RW` for what its W keeps.
 fn rebuild(window: &Window) -> Task {
@@ -71,8 +107,18 @@ impl ReliefStrategy for Recompute {
     const DONE: &'static str = "recomputed";
     /// Kept, or offloaded (left as they are).
     const ACCEPTS: &'static [Residency] = Requires::KEPT_OR_OFFLOADED;
-    /// Activations, and what a W keeps between a split backward's I and W (an `RW`).
-    const REACH: Reach = Reach::WeightGrads;
+    /// Activations, and unless `weight_grads=keep` what a W keeps between a split backward's I
+    /// and W (an `RW`).
+    fn reach(&self) -> Reach {
+        match self.weight_grads {
+            WeightGrads::Recompute => Reach::WeightGrads,
+            WeightGrads::Keep => Reach::Activations,
+        }
+    }
+
+    fn arguments(&self) -> Option<String> {
+        (self.weight_grads == WeightGrads::Keep).then(|| "weight_grads=keep".to_string())
+    }
 
     /// The pair's recompute before its backward (its I, or for what a W keeps its W),
     /// estimated by the time the recompute adds beyond the idle time there and the backward's

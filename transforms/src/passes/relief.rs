@@ -6,7 +6,8 @@
 //! Both fit every rank's peak into `N` with the relief loop of [`crate::schedules::relief`]: the
 //! strategy proposes, for each pair held across a break of the limit, the tasks that relieve it
 //! with an estimate of their cost; the loop applies the cheapest until the plan fits. What the
-//! two share is here: the argument, the contract, the target limit, the error when the limit
+//! two share is here: fitting with activations alone and, for a strategy that reaches what Ws
+//! keep, with those too, keeping the faster (activations alone on ties); the argument, the contract, the target limit, the error when the limit
 //! cannot be reached (naming the least the strategy reaches on the plan) and the declared limit
 //! of the result.
 //!
@@ -19,9 +20,9 @@
 use crate::error::TransformError;
 use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::relief::{
-    floor, relieve, stuck_error, target_limit, Proposal, Reach, Step, Window,
+    floor, relieve, stuck_error, target_limit, Proposal, Reach, Step, Stuck, Window, EPSILON,
 };
-use pipeweave_core::{Plan, Residency, Task};
+use pipeweave_core::{simulate, Plan, Residency, Task};
 use std::fmt::Debug;
 
 /// What a relief pass does to the pairs it relieves: recompute them, offload them, or a
@@ -38,8 +39,15 @@ pub trait ReliefStrategy: Copy + Debug + PartialEq + Send + Sync + 'static {
     const ACCEPTS: &'static [Residency];
     /// The windows the strategy can relieve: by default a pair's activations (forward to
     /// input-gradient backward); an offload also takes what a W keeps between a split
-    /// backward's I and W.
-    const REACH: Reach = Reach::Activations;
+    /// backward's I and W, and a recompute does unless told to keep it.
+    fn reach(&self) -> Reach {
+        Reach::Activations
+    }
+
+    /// The strategy's own arguments as `describe` writes them (`weight_grads=keep`), if any.
+    fn arguments(&self) -> Option<String> {
+        None
+    }
 
     /// The proposal for `window`, one of `step`'s candidates, with its estimated cost.
     fn propose(&self, step: &Step<'_>, window: &Window) -> Proposal;
@@ -98,27 +106,56 @@ impl<S: ReliefStrategy> Pass for Relief<S> {
     }
 
     fn describe(&self) -> String {
-        match self.memory {
-            Some(m) => format!("{}(memory={m})", S::NAME),
-            None => S::NAME.to_string(),
+        let memory = self.memory.map(|m| format!("memory={m}"));
+        let arguments: Vec<String> = memory
+            .into_iter()
+            .chain(self.strategy.arguments())
+            .collect();
+        if arguments.is_empty() {
+            S::NAME.to_string()
+        } else {
+            format!("{}({})", S::NAME, arguments.join(", "))
         }
     }
 
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
         let limit = target_limit(self.memory, &plan)?;
-        let fitted = relieve(plan.clone(), limit, S::TRIES, S::REACH, |step| {
-            let propose = |window| self.strategy.propose(step, window);
-            step.candidates.iter().map(propose).collect()
-        })
+        let reach = self.strategy.reach();
+        let fitted = match reach {
+            Reach::Activations => self.fit(&plan, limit, reach),
+            // What a W keeps is relieved only where that makes the plan faster: the estimates
+            // of a W's relief can mislead the greedy loop, so activations alone are tried too,
+            // and win ties (they need less of a runtime).
+            Reach::WeightGrads => match self.fit(&plan, limit, Reach::Activations) {
+                Err(_) => self.fit(&plan, limit, reach),
+                Ok(activations) => match self.fit(&plan, limit, reach) {
+                    Ok(wider) if makespan(&wider) < makespan(&activations) - EPSILON => Ok(wider),
+                    _ => Ok(activations),
+                },
+            },
+        }
         .map_err(|stuck| {
-            let least = floor(&plan, S::REACH, |window| {
-                self.strategy.relieve_whole(window)
-            });
-            stuck_error(S::DONE, S::REACH, limit, &stuck, least)
+            let least = floor(&plan, reach, |window| self.strategy.relieve_whole(window));
+            stuck_error(S::DONE, reach, limit, &stuck, least)
         })?;
-        self.strategy
-            .finish(fitted, limit)
+        fitted
             .with_memory_limit(Some(limit))
             .map_err(|e| TransformError::core(S::NAME, e))
     }
+}
+
+impl<S: ReliefStrategy> Relief<S> {
+    /// `plan` fitted to `limit` by relieving the windows `reach` takes, finished.
+    fn fit(&self, plan: &Plan, limit: f64, reach: Reach) -> Result<Plan, Stuck> {
+        let fitted = relieve(plan.clone(), limit, S::TRIES, reach, |step| {
+            let propose = |window| self.strategy.propose(step, window);
+            step.candidates.iter().map(propose).collect()
+        })?;
+        Ok(self.strategy.finish(fitted, limit))
+    }
+}
+
+/// The plan's simulated makespan (infinite where it does not simulate).
+fn makespan(plan: &Plan) -> f64 {
+    simulate(plan).map_or(f64::INFINITY, |s| s.makespan())
 }
