@@ -7,6 +7,7 @@
 //!    the same schedule (`Interleaved1F1B`, 32 ranks, 1024 microbatches, 2 chunks).
 //! 2. Its steps in process, at 1024 microbatches (best of 5), and the build with its simulation
 //!    as the command runs them (`build_and_simulate`: the verifications on a second thread).
+//!    The report's lower bound (issue 29) beside them, as a share of build + simulate.
 //! 3. Build + passes + verification + simulation at 256, 1024 and 4096 microbatches, so the growth
 //!    can be read as a ratio within one run (these machines are noisy; compare ratios).
 //!
@@ -15,7 +16,7 @@
 
 use pipeweave::core_ir::formats::csv::lowered_csv;
 use pipeweave::core_ir::spmd::project::project_simulated;
-use pipeweave::core_ir::{check_programs, ProjectionOptions};
+use pipeweave::core_ir::{check_programs, lower_bound, ProjectionOptions};
 use pipeweave::{build_and_simulate, build_plan, simulate, PipelineConfig};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -73,9 +74,9 @@ fn whole_command() {
 /// Part 2: each step of the command in process, best of 5.
 fn steps() {
     let config = PipelineConfig::new(RANKS, 1024).expect("benchmark sizes are valid");
-    let mut best = [Duration::MAX; 6];
+    let mut best = [Duration::MAX; 7];
     for _ in 0..5 {
-        let mut laps = [Duration::ZERO; 6];
+        let mut laps = [Duration::ZERO; 7];
         let mut lap = |k: usize, start: Instant| laps[k] = start.elapsed();
         let start = Instant::now();
         let plan = build_plan(EXPRESSION, &config).expect("the pipeline verifies");
@@ -98,6 +99,9 @@ fn steps() {
             build_and_simulate(EXPRESSION, &config).expect("the pipeline verifies"),
         );
         lap(5, start);
+        let start = Instant::now();
+        std::hint::black_box(lower_bound(&plan));
+        lap(6, start);
         for (b, l) in best.iter_mut().zip(laps) {
             *b = (*b).min(l);
         }
@@ -109,11 +113,17 @@ fn steps() {
         "check the programs",
         "lowered CSV",
         "build + simulate, verifying beside",
+        "lower bound (the report's)",
     ];
     println!("its steps in process, 1024 microbatches (best of 5)");
     for (name, time) in names.iter().zip(best) {
         println!("  {name:<36} {:>8.2} ms", time.as_secs_f64() * 1e3);
     }
+    // Issue 29: the bound may add at most 20% to the planner's time.
+    println!(
+        "  the bound adds {:.1}% to build + simulate (target at most 20%)",
+        100.0 * best[6].as_secs_f64() / best[5].as_secs_f64()
+    );
     println!();
 }
 

@@ -2,7 +2,8 @@
 //! `pipeweave plan --format json`) and as human-readable text.
 
 use pipeweave_core::{
-    render_grid, CheckReport, CutCosts, Plan, ProgramSet, Semantics, Sharing, Simulation, Task,
+    lower_bound, render_grid, CheckReport, CutCosts, Plan, ProgramSet, Semantics, Sharing,
+    Simulation, Task,
 };
 use serde::{Serialize, Serializer};
 use std::fmt::Write;
@@ -35,6 +36,11 @@ pub struct PlanReport {
     pub max_span: f64,
     /// The Zero Bubble paper's bubble rate.
     pub bubble_rate: f64,
+    /// A certified lower bound on the makespan of every schedule of the plan's problem
+    /// (`pipeweave_core::lower_bound`: memory, recomputes and transfers relaxed).
+    pub lower_bound: f64,
+    /// How far the makespan is above the bound, relative to the bound (0: proven optimal).
+    pub optimality_gap: f64,
     /// Per rank, time spent running ops.
     pub busy_per_rank: Vec<f64>,
     /// Per rank, makespan minus busy time.
@@ -122,6 +128,7 @@ impl PlanReport {
     /// Builds the report of a verified plan and its simulation.
     pub fn new(expression: &str, plan: &Plan, simulation: &Simulation) -> PlanReport {
         let problem = plan.problem();
+        let bound = lower_bound(plan);
         PlanReport {
             expression: expression.to_string(),
             passes: plan.passes().to_vec(),
@@ -143,6 +150,8 @@ impl PlanReport {
             makespan: tidy(simulation.makespan()),
             max_span: tidy(simulation.max_span()),
             bubble_rate: tidy(simulation.bubble_rate()),
+            lower_bound: tidy(bound),
+            optimality_gap: tidy(gap(simulation.makespan(), bound)),
             busy_per_rank: simulation.ranks().iter().map(|r| tidy(r.busy)).collect(),
             idle_per_rank: simulation.ranks().iter().map(|r| tidy(r.idle)).collect(),
             peak_activations_per_rank: simulation
@@ -325,6 +334,12 @@ impl PlanReport {
         out.push('\n');
         let _ = writeln!(out, "makespan     {:.3}", self.makespan);
         let _ = writeln!(out, "bubble rate  {:.4}", self.bubble_rate);
+        let _ = writeln!(
+            out,
+            "lower bound  {:.3} (gap {:.2}%: no schedule of this problem is faster)",
+            self.lower_bound,
+            100.0 * self.optimality_gap
+        );
         if let Some(limit) = self.memory_limit {
             let _ = writeln!(out, "memory limit {limit}");
         }
@@ -390,5 +405,14 @@ impl PlanReport {
             );
         }
         out
+    }
+}
+
+/// `makespan` above `bound`, relative to `bound` (0 where the bound is 0).
+fn gap(makespan: f64, bound: f64) -> f64 {
+    if bound > 0.0 {
+        (makespan / bound - 1.0).max(0.0)
+    } else {
+        0.0
     }
 }

@@ -27,6 +27,7 @@ pub mod spmd;
 pub mod testing;
 pub mod tolerance;
 
+pub use analysis::bound::lower_bound;
 pub use analysis::link::{link_order, offload_producers};
 pub use analysis::peak::{held_during, held_per_task, max_peak, peak_per_rank, RankPeak};
 pub use analysis::replay::{replay_within, Blocked, Replay, ReplayError, TimedTask};

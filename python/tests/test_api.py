@@ -14,7 +14,7 @@ PROFILE = os.path.join(ROOT, "tests", "fixtures", "profile_w192.json")
 
 PLAN_FIELDS = [
     "ranks", "stages", "microbatches", "stage_to_rank", "order", "makespan", "bubble_rate",
-    "peak_activations_per_rank", "passes", "report",
+    "peak_activations_per_rank", "passes", "report", "lower_bound", "optimality_gap",
 ]
 
 CASES = [
@@ -60,6 +60,14 @@ def test_report_equals_the_cli_json(cli, expression, ranks, microbatches, kwargs
         assert hasattr(plan, name), name
     for name, value in expected.items():
         assert getattr(plan, name) == value
+
+
+def test_the_plan_reports_a_lower_bound_and_its_gap():
+    best = pipeweave.plan("zero_bubble(f1b(gpipe), policy=auto)", ranks=4, microbatches=8)
+    assert (best.lower_bound, best.optimality_gap) == (27.0, 0.0)  # 3M + P - 1: proven optimal
+    plain = pipeweave.plan("f1b(gpipe)", ranks=4, microbatches=8)
+    assert plain.lower_bound == 27.0 and plain.makespan == 33.0
+    assert plain.optimality_gap == pytest.approx(33 / 27 - 1)
 
 
 def test_the_readme_line():

@@ -1,0 +1,275 @@
+//! A certified lower bound on the makespan of every schedule of a plan's problem (issue 29's
+//! first combinatorial bounds): no order of the plan's ops, whatever pass builds it, ends earlier.
+//!
+//! The problem is relaxed: memory, recomputes and transfers are dropped (they only add work or
+//! constraints), so the bound holds at every memory limit. Each (stage, microbatch) pair has a
+//! forward, an input-gradient backward and a weight-gradient backward, priced as cheap as any
+//! task form allows (a fused B as the lesser of `I + W` and `B`; on two routes, where F&B tasks
+//! may fuse a forward with a backward, each half of the cheapest fused task at most). Then:
+//! - **heads and tails**: per op, the longest dependency chain before it (with the cross-rank
+//!   latency) and after it; their largest sum with the op is the longest chain bound;
+//! - **each rank alone**: its ops with those heads and tails on one machine that may even
+//!   interrupt them (Jackson's preemptive schedule, optimal for that relaxation): the rank's
+//!   work plus what its first op must wait and its last op leaves to do, at their best overlap.
+//!
+//! The bound is the largest of these. It is exact when one rank's work or one chain decides
+//! (one rank; a single microbatch).
+
+use crate::ir::ids::{MicrobatchId, RankId};
+use crate::ir::op::{Task, Work};
+use crate::ir::plan::Plan;
+use crate::ir::problem::Problem;
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+/// One op of the relaxed problem: its rank, duration, head and tail.
+#[derive(Clone, Copy, Debug)]
+struct Job {
+    rank: usize,
+    duration: f64,
+    head: f64,
+    tail: f64,
+}
+
+/// The lower bound on the makespan of every schedule of `plan`'s problem under its costs
+/// (see the module doc).
+pub fn lower_bound(plan: &Plan) -> f64 {
+    let jobs = jobs(plan);
+    let chain = jobs
+        .iter()
+        .map(|j| j.head + j.duration + j.tail)
+        .fold(0.0, f64::max);
+    let ranks = plan.problem().ranks() as usize;
+    let mut per_rank: Vec<Vec<Job>> = vec![Vec::new(); ranks];
+    for job in jobs {
+        if let Some(list) = per_rank.get_mut(job.rank) {
+            list.push(job);
+        }
+    }
+    per_rank
+        .into_iter()
+        .map(preemptive_bound)
+        .fold(chain, f64::max)
+}
+
+/// The ops of `plan`'s problem with their least durations, heads and tails.
+fn jobs(plan: &Plan) -> Vec<Job> {
+    let problem = plan.problem();
+    let costs = plan.costs();
+    let comm = costs.comm();
+    let two_routes = problem.routes().len() > 1;
+    // On two routes a fused F&B runs a forward and a backward for its one price: each counts at
+    // most half of the cheapest such task on its rank.
+    let mut fused_half = vec![f64::INFINITY; problem.ranks() as usize];
+    if two_routes {
+        for w in &all_works(problem) {
+            if let Some(rank) = problem.rank_of(w.stage) {
+                let fused = costs.task_duration(&Task::Overlapped {
+                    forward: *w,
+                    backward: *w,
+                });
+                let half = &mut fused_half[rank.index()];
+                *half = half.min(fused / 2.0);
+            }
+        }
+    }
+    let rank_of = |w: &Work| problem.rank_of(w.stage).map_or(0, RankId::index);
+    let durations = |w: &Work| {
+        let stage = costs.stage(w.stage).copied().unwrap_or_default();
+        let scale = costs.microbatch_scale(w.microbatch);
+        let (f, i, wg) = (
+            stage.forward() * scale,
+            stage.input_grad() * scale,
+            stage.weight_grad() * scale,
+        );
+        let backward = stage.full_backward() * scale;
+        let whole = (i + wg).min(backward);
+        let half = fused_half[rank_of(w)];
+        let f = f.min(half);
+        let i = i.min(backward).min(half);
+        (f, i, (whole.min(half) - i).max(0.0))
+    };
+    let latency = |a: &Work, b: &Work| {
+        if problem.rank_of(a.stage) == problem.rank_of(b.stage) {
+            0.0
+        } else {
+            comm
+        }
+    };
+    let mut out = Vec::with_capacity(problem.work_count() * 3);
+    for m in 0..problem.microbatches() {
+        let microbatch = MicrobatchId::new(m);
+        let Some(route) = problem.route_of(microbatch) else {
+            continue;
+        };
+        let chain: Vec<Work> = route
+            .stages()
+            .iter()
+            .filter(|s| problem.has_work(**s, microbatch))
+            .map(|s| Work {
+                stage: *s,
+                microbatch,
+            })
+            .collect();
+        let d: Vec<(f64, f64, f64)> = chain.iter().map(durations).collect();
+        let n = chain.len();
+        // Heads: forwards down the route, input gradients back up it.
+        let mut head_f = vec![0.0; n];
+        for k in 1..n {
+            head_f[k] = head_f[k - 1] + d[k - 1].0 + latency(&chain[k - 1], &chain[k]);
+        }
+        let mut head_i = vec![0.0; n];
+        for k in (0..n).rev() {
+            let own = head_f[k] + d[k].0;
+            let after = if k + 1 < n {
+                head_i[k + 1] + d[k + 1].1 + latency(&chain[k + 1], &chain[k])
+            } else {
+                0.0
+            };
+            head_i[k] = own.max(after);
+        }
+        // Tails: what must run after an op ends.
+        let mut tail_i = vec![0.0; n];
+        for k in 0..n {
+            let before = if k > 0 {
+                latency(&chain[k], &chain[k - 1]) + d[k - 1].1 + tail_i[k - 1]
+            } else {
+                0.0
+            };
+            tail_i[k] = d[k].2.max(before);
+        }
+        let mut tail_f = vec![0.0; n];
+        for k in (0..n).rev() {
+            let own = d[k].1 + tail_i[k];
+            let next = if k + 1 < n {
+                latency(&chain[k], &chain[k + 1]) + d[k + 1].0 + tail_f[k + 1]
+            } else {
+                0.0
+            };
+            tail_f[k] = own.max(next);
+        }
+        for k in 0..n {
+            let rank = rank_of(&chain[k]);
+            let (f, i, w) = d[k];
+            out.push(Job {
+                rank,
+                duration: f,
+                head: head_f[k],
+                tail: tail_f[k],
+            });
+            out.push(Job {
+                rank,
+                duration: i,
+                head: head_i[k],
+                tail: tail_i[k],
+            });
+            out.push(Job {
+                rank,
+                duration: w,
+                head: head_i[k] + i,
+                tail: 0.0,
+            });
+        }
+    }
+    out
+}
+
+/// Every (stage, microbatch) pair with work.
+fn all_works(problem: &Problem) -> Vec<Work> {
+    let mut out = Vec::new();
+    for m in 0..problem.microbatches() {
+        for s in 0..problem.stages() {
+            let w = Work::new(s, m);
+            if problem.has_work(w.stage, w.microbatch) {
+                out.push(w);
+            }
+        }
+    }
+    out
+}
+
+/// A released job waiting on the machine, ordered by its tail (largest first).
+#[derive(Clone, Copy, Debug)]
+struct Ready {
+    tail: f64,
+    left: f64,
+}
+
+impl PartialEq for Ready {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Ready {}
+impl PartialOrd for Ready {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Ready {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.tail.total_cmp(&other.tail)
+    }
+}
+
+/// Jackson's preemptive schedule of `jobs` on one machine: at every moment the released job with
+/// the longest tail runs; the largest end plus tail is the optimum of the preemptive relaxation.
+fn preemptive_bound(mut jobs: Vec<Job>) -> f64 {
+    jobs.sort_by(|a, b| a.head.total_cmp(&b.head));
+    let mut ready = BinaryHeap::new();
+    let (mut now, mut best, mut next) = (0.0_f64, 0.0_f64, 0);
+    while next < jobs.len() || !ready.is_empty() {
+        if ready.is_empty() {
+            now = now.max(jobs[next].head);
+        }
+        while next < jobs.len() && jobs[next].head <= now {
+            ready.push(Ready {
+                tail: jobs[next].tail,
+                left: jobs[next].duration,
+            });
+            next += 1;
+        }
+        let Some(mut job) = ready.pop() else {
+            continue;
+        };
+        // Runs until it ends or the next release, which may preempt it.
+        let release = jobs.get(next).map_or(f64::INFINITY, |j| j.head);
+        let run = job.left.min(release - now);
+        now += run;
+        job.left -= run;
+        if job.left > 0.0 {
+            ready.push(job);
+        } else {
+            best = best.max(now + job.tail);
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{costs, unscheduled, unscheduled_with_latency};
+
+    #[test]
+    fn one_rank_is_bounded_by_its_work_exactly() {
+        let plan = unscheduled(1, 5, costs(1.0, 1.0, 1.0));
+        assert_eq!(lower_bound(&plan), 15.0);
+    }
+
+    #[test]
+    fn one_microbatch_is_bounded_by_its_chain_exactly() {
+        // F down 4 ranks, I back up, the last W: 4 + 4 + 1, plus 6 hops of 0.5.
+        let plan = unscheduled_with_latency(4, 1, costs(1.0, 1.0, 1.0), 0.5);
+        assert_eq!(lower_bound(&plan), 12.0);
+    }
+
+    #[test]
+    fn a_rank_waits_for_its_first_forward_and_leaves_the_last_gradient_to_others() {
+        // P = 4, M = 8, unit costs: the last rank cannot start before 3 and has 24 of work, so
+        // no schedule ends before 27; ZB-H2 reaches it (3M + P - 1, the Zero Bubble paper).
+        let plan = unscheduled(4, 8, costs(1.0, 1.0, 1.0));
+        let bound = lower_bound(&plan);
+        assert_eq!(bound, 27.0);
+    }
+}
