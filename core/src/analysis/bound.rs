@@ -20,7 +20,7 @@ use crate::ir::op::{Task, Work};
 use crate::ir::plan::Plan;
 use crate::ir::problem::Problem;
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 
 /// One op of the relaxed problem: its rank, duration, head and tail.
 #[derive(Clone, Copy, Debug)]
@@ -34,11 +34,7 @@ struct Job {
 /// The lower bound on the makespan of every schedule of `plan`'s problem under its costs
 /// (see the module doc).
 pub fn lower_bound(plan: &Plan) -> f64 {
-    let jobs = jobs(plan);
-    let chain = jobs
-        .iter()
-        .map(|j| j.head + j.duration + j.tail)
-        .fold(0.0, f64::max);
+    let (jobs, chain) = jobs(plan);
     let ranks = plan.problem().ranks() as usize;
     let mut per_rank: Vec<Vec<Job>> = vec![Vec::new(); ranks];
     for job in jobs {
@@ -52,8 +48,9 @@ pub fn lower_bound(plan: &Plan) -> f64 {
         .fold(chain, f64::max)
 }
 
-/// The ops of `plan`'s problem with their least durations, heads and tails.
-fn jobs(plan: &Plan) -> Vec<Job> {
+/// The ops of `plan`'s problem with their least durations, heads and tails (those of identical
+/// microbatches merged), and the longest chain through one op.
+fn jobs(plan: &Plan) -> (Vec<Job>, f64) {
     let problem = plan.problem();
     let costs = plan.costs();
     let comm = costs.comm();
@@ -96,9 +93,29 @@ fn jobs(plan: &Plan) -> Vec<Job> {
             comm
         }
     };
-    let mut out = Vec::with_capacity(problem.work_count() * 3);
+    // Microbatches on one route at one cost scale have the same heads and tails: their jobs
+    // are computed once and merged (one job of their summed work: the preemptive schedule is
+    // the same), which keeps the bound linear in the routes and scales, not the ops.
+    let mut groups: Vec<(MicrobatchId, f64)> = Vec::new();
+    let mut index: HashMap<(usize, u64), usize> = HashMap::new();
     for m in 0..problem.microbatches() {
         let microbatch = MicrobatchId::new(m);
+        let Some(route) = problem.route_of(microbatch) else {
+            continue;
+        };
+        let key = (
+            std::ptr::from_ref(route) as usize,
+            costs.microbatch_scale(microbatch).to_bits(),
+        );
+        let at = *index.entry(key).or_insert_with(|| {
+            groups.push((microbatch, 0.0));
+            groups.len() - 1
+        });
+        groups[at].1 += 1.0;
+    }
+    let mut out = Vec::with_capacity(groups.len() * problem.stages() as usize * 3);
+    let mut longest = 0.0_f64;
+    for (microbatch, count) in groups {
         let Some(route) = problem.route_of(microbatch) else {
             continue;
         };
@@ -151,27 +168,23 @@ fn jobs(plan: &Plan) -> Vec<Job> {
         for k in 0..n {
             let rank = rank_of(&chain[k]);
             let (f, i, w) = d[k];
-            out.push(Job {
-                rank,
-                duration: f,
-                head: head_f[k],
-                tail: tail_f[k],
-            });
-            out.push(Job {
-                rank,
-                duration: i,
-                head: head_i[k],
-                tail: tail_i[k],
-            });
-            out.push(Job {
-                rank,
-                duration: w,
-                head: head_i[k] + i,
-                tail: 0.0,
-            });
+            let ops = [
+                (f, head_f[k], tail_f[k]),
+                (i, head_i[k], tail_i[k]),
+                (w, head_i[k] + i, 0.0),
+            ];
+            for (duration, head, tail) in ops {
+                longest = longest.max(head + duration + tail);
+                out.push(Job {
+                    rank,
+                    duration: duration * count,
+                    head,
+                    tail,
+                });
+            }
         }
     }
-    out
+    (out, longest)
 }
 
 /// Every (stage, microbatch) pair with work.
