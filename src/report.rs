@@ -128,7 +128,7 @@ impl PlanReport {
     /// Builds the report of a verified plan and its simulation.
     pub fn new(expression: &str, plan: &Plan, simulation: &Simulation) -> PlanReport {
         let problem = plan.problem();
-        let bound = lower_bound(plan);
+        let bound = lower_bound(plan).max(plan.proven_bound().unwrap_or(0.0));
         PlanReport {
             expression: expression.to_string(),
             passes: plan.passes().to_vec(),

@@ -105,11 +105,13 @@ fn vpp(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
     Ok(Box::new(pass))
 }
 
-/// `zero_bubble(schedule, policy=h1|h2|auto|auto(N)|deepseek|in_place|v_half|v_min, memory=N)`.
+/// `zero_bubble(schedule, policy=h1|h2|auto|auto(N)|optimal|deepseek|in_place|v_half|v_min,
+/// memory=N, budget=S)`.
 fn zero_bubble(args: &Arguments, cache: &SearchCache) -> Result<Box<dyn Pass>, TransformError> {
-    args.allow_only(&["policy", "memory"])?;
+    args.allow_only(&["policy", "memory", "budget"])?;
     let memory = args.number("memory")?;
-    let expected = "expected h1, h2, auto, auto(N), deepseek, in_place, v_half or v_min";
+    let budget = args.number("budget")?;
+    let expected = "expected h1, h2, auto, auto(N), optimal, deepseek, in_place, v_half or v_min";
     let policy = match args.value("policy") {
         None if memory.is_some() => Policy::Auto { memory },
         None => Policy::Default,
@@ -121,6 +123,10 @@ fn zero_bubble(args: &Arguments, cache: &SearchCache) -> Result<Box<dyn Pass>, T
             ("v_half", []) => Policy::Controllable(Controllable::Half),
             ("v_min", []) => Policy::Controllable(Controllable::Min),
             ("auto", []) => Policy::Auto { memory },
+            ("optimal", []) => Policy::Optimal {
+                memory,
+                budget: budget.unwrap_or(ZeroBubble::DEFAULT_BUDGET),
+            },
             ("auto", [Node::Number { value, .. }]) if memory.is_none() => Policy::Auto {
                 memory: Some(*value),
             },
@@ -135,16 +141,30 @@ fn zero_bubble(args: &Arguments, cache: &SearchCache) -> Result<Box<dyn Pass>, T
         },
         Some((column, _)) => return Err(args.bad("policy", column, expected)),
     };
-    if memory.is_some() && !matches!(policy, Policy::Auto { .. }) {
+    if memory.is_some() && !matches!(policy, Policy::Auto { .. } | Policy::Optimal { .. }) {
         let column = args.value("memory").map_or(args.column(), |(c, _)| c);
         return Err(args.bad(
             "memory",
             column,
-            "a memory limit applies to policy=auto only",
+            "a memory limit applies to policy=auto and policy=optimal only",
         ));
     }
+    if budget.is_some() && !matches!(policy, Policy::Optimal { .. }) {
+        let column = args.value("budget").map_or(args.column(), |(c, _)| c);
+        return Err(args.bad(
+            "budget",
+            column,
+            "a time budget applies to policy=optimal only",
+        ));
+    }
+    let argument = if budget.is_some() && memory.is_none() {
+        "budget"
+    } else {
+        "memory"
+    };
+    let column = args.value(argument).map_or(args.column(), |(c, _)| c);
     let pass = ZeroBubble::new(policy)
-        .map_err(|e| refused(args, "memory", memory_column(args), e))?
+        .map_err(|e| refused(args, argument, column, e))?
         .with_cache(cache.clone());
     Ok(Box::new(pass))
 }

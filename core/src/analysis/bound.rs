@@ -22,13 +22,18 @@ use crate::ir::problem::Problem;
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
-/// One op of the relaxed problem: its rank, duration, head and tail.
+/// One op of the relaxed problem: its rank, duration, head (the earliest it can start) and tail
+/// (the least time that must follow its end).
 #[derive(Clone, Copy, Debug)]
-struct Job {
-    rank: usize,
-    duration: f64,
-    head: f64,
-    tail: f64,
+pub struct Job {
+    /// The rank that runs it.
+    pub rank: usize,
+    /// How long it runs.
+    pub duration: f64,
+    /// The earliest it can start.
+    pub head: f64,
+    /// The least time that must follow its end.
+    pub tail: f64,
 }
 
 /// The lower bound on the makespan of every schedule of `plan`'s problem under its costs
@@ -44,7 +49,7 @@ pub fn lower_bound(plan: &Plan) -> f64 {
     }
     per_rank
         .into_iter()
-        .map(preemptive_bound)
+        .map(|mut jobs| preemptive_bound(&mut jobs))
         .fold(chain, f64::max)
 }
 
@@ -225,9 +230,11 @@ impl Ord for Ready {
     }
 }
 
-/// Jackson's preemptive schedule of `jobs` on one machine: at every moment the released job with
-/// the longest tail runs; the largest end plus tail is the optimum of the preemptive relaxation.
-fn preemptive_bound(mut jobs: Vec<Job>) -> f64 {
+/// Jackson's preemptive schedule of `jobs` on one machine (their ranks are not read): at every
+/// moment the released job with the longest tail runs; the largest end plus tail is the optimum
+/// of the preemptive relaxation, so a lower bound on every schedule of those jobs on one machine.
+/// `jobs` is sorted by head in place.
+pub fn preemptive_bound(jobs: &mut [Job]) -> f64 {
     jobs.sort_by(|a, b| a.head.total_cmp(&b.head));
     let mut ready = BinaryHeap::new();
     let (mut now, mut best, mut next) = (0.0_f64, 0.0_f64, 0);

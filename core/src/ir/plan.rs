@@ -37,6 +37,9 @@ pub struct Plan {
     orders: Vec<Vec<Task>>,
     passes: Vec<String>,
     facts: Facts,
+    /// A lower bound on every schedule of this problem within its memory limit that a search
+    /// proved ([`Plan::proven_bound`]).
+    proven_bound: Option<f64>,
 }
 
 impl Plan {
@@ -107,6 +110,7 @@ impl Plan {
             costs,
             memory,
             memory_limit: None,
+            proven_bound: None,
             orders,
             passes: Vec::new(),
             facts,
@@ -165,6 +169,15 @@ impl Plan {
                 )));
             }
         }
+        // A proven bound holds under a tighter limit, not a looser one.
+        let tighter = match (limit, self.memory_limit) {
+            (_, None) => true,
+            (Some(new), Some(old)) => new <= old,
+            (None, Some(_)) => false,
+        };
+        if !tighter {
+            self.proven_bound = None;
+        }
         self.memory_limit = limit;
         Ok(self)
     }
@@ -178,6 +191,9 @@ impl Plan {
     /// The same plan declaring other facts (checked against the problem and the orders).
     pub fn with_facts(mut self, facts: Facts) -> Result<Plan, CoreError> {
         check_facts(&facts, &self.problem, &self.orders)?;
+        if facts != self.facts {
+            self.proven_bound = None;
+        }
         self.facts = facts;
         Ok(self)
     }
@@ -190,11 +206,29 @@ impl Plan {
         orders: Vec<Vec<Task>>,
         facts: Facts,
     ) -> Result<Plan, CoreError> {
+        // Only new orders of the same problem and facts keep a proven bound.
+        let keeps_bound = shape.is_none() && facts == self.facts;
         let (problem, costs, memory) = shape.unwrap_or((self.problem, self.costs, self.memory));
         let mut plan = Plan::assemble(problem, costs, memory, orders, facts)?;
         plan.memory_limit = self.memory_limit;
         plan.passes = self.passes;
+        plan.proven_bound = self.proven_bound.filter(|_| keeps_bound);
         Ok(plan)
+    }
+
+    /// The same plan with `bound` proven (by a search over every schedule of its problem that
+    /// runs each F, I and W once within its memory limit) to be a lower bound on their
+    /// makespans. It is dropped by any change but new orders (a new problem, other facts, a
+    /// looser limit), and reports take the larger of it and
+    /// [`crate::analysis::bound::lower_bound`].
+    pub fn with_proven_bound(mut self, bound: f64) -> Plan {
+        self.proven_bound = (bound.is_finite() && bound > 0.0).then_some(bound);
+        self
+    }
+
+    /// The proven lower bound a search left on this plan ([`Plan::with_proven_bound`]).
+    pub fn proven_bound(&self) -> Option<f64> {
+        self.proven_bound
     }
 
     /// Records that a pass produced this plan.

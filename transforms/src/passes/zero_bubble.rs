@@ -22,6 +22,12 @@
 //!   microbatch below, and the fastest (by makespan) of every candidate those searches simulated
 //!   (their results and the handcrafted schedules that fit) wins: the makespan never increases as
 //!   `N` grows, and no handcrafted schedule that fits `N` is faster.
+//! - `optimal` (with `memory=N` as `auto`, and `budget=S` seconds, default 10): `auto`'s result,
+//!   then the exact search of [`crate::schedules::exact`] for a faster schedule within the limit
+//!   until the budget runs out. The plan carries the search's proven lower bound
+//!   ([`Plan::with_proven_bound`]): run to the end, the schedule is optimal among those that run
+//!   each F, I and W once within the limit. Not on dual plans (their fused F&B tasks are outside
+//!   the search).
 //! - `deepseek` (dual plans only): DeepSeek's DualPipe/DualPipeV order with its split backwards and
 //!   W queue.
 //! - `in_place`: each backward split where it stands, its W right after its I: no W moves into a
@@ -59,6 +65,7 @@ use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::cache::SearchCache;
 use crate::schedules::controllable::Controllable;
 use crate::schedules::dualpipe::DualShape;
+use crate::schedules::exact::optimal_orders;
 use crate::schedules::greedy::{self, FillWaits, InFlight, Variant};
 use crate::schedules::ladder::fastest_within;
 use crate::schedules::lagged::{lagged_orders, split_in_place, Hand};
@@ -66,7 +73,8 @@ use crate::schedules::refine::refine;
 use crate::schedules::score::{refine_budget, Scored};
 use crate::schedules::zbv::{zbv_orders, Cooldown};
 use crate::schedules::zbv_auto::zbv_auto_orders;
-use pipeweave_core::{max_peak, Backwards, Facts, Pacing, Plan, Task};
+use pipeweave_core::{max_peak, Backwards, Facts, Pacing, Plan, Task, TOLERANCE};
+use std::time::Duration;
 
 /// How `zero_bubble` places weight gradients.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -81,6 +89,13 @@ pub enum Policy {
     Auto {
         /// The per-rank limit; None takes the plan's declared limit or the input's peak.
         memory: Option<f64>,
+    },
+    /// `auto`'s result improved by the exact search within a time budget.
+    Optimal {
+        /// The per-rank limit, as `auto`'s.
+        memory: Option<f64>,
+        /// The search's time budget in seconds.
+        budget: f64,
     },
     /// Each backward split where it stands, its W right after its I.
     InPlace,
@@ -102,14 +117,30 @@ impl ZeroBubble {
     /// The pass's name: in expressions, the registry and errors.
     pub const NAME: &'static str = "zero_bubble";
 
+    /// `policy=optimal`'s time budget when none is given, in seconds.
+    pub const DEFAULT_BUDGET: f64 = 10.0;
+
     /// Validates the arguments that do not depend on the plan.
     pub fn new(policy: Policy) -> Result<ZeroBubble, TransformError> {
-        if let Policy::Auto { memory: Some(m) } = policy {
+        let memory = match policy {
+            Policy::Auto { memory } | Policy::Optimal { memory, .. } => memory,
+            _ => None,
+        };
+        if let Some(m) = memory {
             if !(m.is_finite() && m > 0.0) {
                 return Err(TransformError::precondition(
                     Self::NAME,
                     "memory > 0",
                     format!("memory = {m}"),
+                ));
+            }
+        }
+        if let Policy::Optimal { budget, .. } = policy {
+            if !(budget.is_finite() && budget > 0.0 && budget <= MAX_BUDGET) {
+                return Err(TransformError::precondition(
+                    Self::NAME,
+                    "0 < budget <= 86400 seconds",
+                    format!("budget = {budget}"),
                 ));
             }
         }
@@ -125,6 +156,9 @@ impl ZeroBubble {
         self
     }
 }
+
+/// The longest time budget `policy=optimal` takes: a day.
+const MAX_BUDGET: f64 = 86_400.0;
 
 /// `auto`'s memory limit when none is given: the input plan's peak, or on a dual plan (of shape
 /// `dual`) DeepSeek's (so that `auto` can always fall back on DeepSeek's order and never does
@@ -294,6 +328,31 @@ fn auto_orders(
     })
 }
 
+/// `auto`'s result `incumbent` on `plan` (split backwards) improved by the exact search within
+/// `limit` for `budget`: the orders and the search's proven bound (None where the incumbent does
+/// not simulate, which the driver's verification then reports).
+fn improve_exactly(
+    plan: &Plan,
+    incumbent: Plan,
+    limit: f64,
+    budget: Duration,
+) -> (Vec<Vec<Task>>, Option<f64>) {
+    let orders = incumbent.orders().to_vec();
+    let Some(scored) = Scored::evaluate(plan, orders.clone(), Some(limit), None) else {
+        return (orders, None);
+    };
+    let makespan = scored.score.makespan;
+    let found = optimal_orders(plan, limit, (orders.clone(), makespan), budget);
+    // The search times ops as the simulator does; its orders are taken where the simulator
+    // agrees they are faster.
+    match Scored::evaluate(plan, found.orders, Some(limit), None) {
+        Some(better) if better.score.makespan < makespan - TOLERANCE => {
+            (better.orders, Some(found.bound.min(better.score.makespan)))
+        }
+        _ => (orders, Some(found.bound.min(makespan))),
+    }
+}
+
 /// What [`ZeroBubble::prepare`] decided for the plan.
 enum Prepared {
     /// The orders of `h1`, `h2`, `v_half` or `v_min` (they read only the input's orders and
@@ -307,6 +366,12 @@ enum Prepared {
         dual: Option<DualShape>,
         limit: f64,
         ladder: bool,
+    },
+    /// `auto` as above (not on a dual plan), then the exact search for `budget`.
+    Optimal {
+        limit: f64,
+        ladder: bool,
+        budget: Duration,
     },
 }
 
@@ -331,6 +396,10 @@ impl Pass for ZeroBubble {
             Policy::InPlace => "zero_bubble(policy=in_place)".to_string(),
             Policy::Auto { memory: Some(m) } => format!("zero_bubble(policy=auto, memory={m})"),
             Policy::Auto { memory: None } => "zero_bubble(policy=auto)".to_string(),
+            Policy::Optimal { memory, budget } => match memory {
+                Some(m) => format!("zero_bubble(policy=optimal, memory={m}, budget={budget})"),
+                None => format!("zero_bubble(policy=optimal, budget={budget})"),
+            },
             Policy::Controllable(Controllable::Half) => "zero_bubble(policy=v_half)".to_string(),
             Policy::Controllable(Controllable::Min) => "zero_bubble(policy=v_min)".to_string(),
         }
@@ -359,6 +428,18 @@ impl ZeroBubble {
             (Policy::Default | Policy::DeepSeek, Some(shape)) => Ok(Prepared::DeepSeek(shape)),
             (Policy::Default, None) => Ok(auto(None)),
             (Policy::Auto { memory }, _) => Ok(auto(memory)),
+            (Policy::Optimal { .. }, Some(_)) => Err(TransformError::unmet(
+                "policy optimal needs a plan without fused F&B tasks (not a dual plan)",
+                "the input is a dual plan; use the default (deepseek) or auto".to_string(),
+            )),
+            (Policy::Optimal { memory, budget }, None) => match auto(memory) {
+                Prepared::Auto { limit, ladder, .. } => Ok(Prepared::Optimal {
+                    limit,
+                    ladder,
+                    budget: Duration::from_secs_f64(budget),
+                }),
+                other => Ok(other),
+            },
             (Policy::DeepSeek, None) => Err(TransformError::unmet(
                 "policy deepseek needs a dual plan",
                 format!("the plan has the {} layout", plan.facts().layout),
@@ -415,6 +496,7 @@ impl ZeroBubble {
         let plan = plan
             .with_facts(split)
             .map_err(|e| TransformError::core(Self::NAME, e))?;
+        let mut proven = None;
         let (orders, declared) = match prepared {
             Prepared::Orders(orders) => (orders, plan.memory_limit()),
             Prepared::DeepSeek(shape) => (shape.orders(&plan, true), plan.memory_limit()),
@@ -435,9 +517,32 @@ impl ZeroBubble {
                 let declared = plan.memory_limit().map_or(limit, |l| l.min(limit));
                 (orders, Some(declared))
             }
+            Prepared::Optimal {
+                limit,
+                ladder,
+                budget,
+            } => {
+                let incumbent = self.apply(
+                    plan.clone(),
+                    Prepared::Auto {
+                        dual: None,
+                        limit,
+                        ladder,
+                    },
+                )?;
+                let declared = incumbent.memory_limit();
+                let (orders, bound) = improve_exactly(&plan, incumbent, limit, budget);
+                proven = bound;
+                (orders, declared)
+            }
         };
-        plan.with_orders(orders)
+        let plan = plan
+            .with_orders(orders)
             .and_then(|p| p.with_memory_limit(declared))
-            .map_err(|e| TransformError::core(Self::NAME, e))
+            .map_err(|e| TransformError::core(Self::NAME, e))?;
+        Ok(match proven {
+            Some(bound) => plan.with_proven_bound(bound),
+            None => plan,
+        })
     }
 }

@@ -12,6 +12,7 @@ pub mod cache;
 pub mod controllable;
 pub mod counterflow;
 pub mod dualpipe;
+pub mod exact;
 pub mod greedy;
 pub mod group_block;
 pub mod kernel;

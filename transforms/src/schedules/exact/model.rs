@@ -1,0 +1,164 @@
+//! The exact search's view of a plan's problem: every F, I and W as one op with its rank,
+//! duration, memory change, dependencies (with their latency) and tail, in one dense table.
+//!
+//! Microbatches alike (same route, same cost scale) are interchangeable, so any schedule can be
+//! relabelled to run their first forwards in microbatch order: the table adds that order as a
+//! dependency (on one rank, no latency), which removes their permutations from the search
+//! without removing any makespan.
+
+use pipeweave_core::{MicrobatchId, Op, OpKind, Plan, Task, Work};
+use smallvec::SmallVec;
+use std::collections::HashMap;
+
+/// An op's index in [`Model::ops`].
+pub(super) type OpIndex = usize;
+
+/// One dependency: the op at the other end and the latency between them.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Edge {
+    pub op: OpIndex,
+    pub latency: f64,
+}
+
+/// One op of the problem.
+#[derive(Clone, Debug)]
+pub(super) struct OpInfo {
+    /// The task that runs it.
+    pub task: Task,
+    pub rank: usize,
+    pub duration: f64,
+    /// The change of the rank's held activations when it runs.
+    pub delta: f64,
+    pub preds: SmallVec<[Edge; 3]>,
+    pub succs: SmallVec<[Edge; 3]>,
+    /// The longest chain of work (with latency) that must follow its end.
+    pub tail: f64,
+}
+
+/// The problem as the search sees it.
+#[derive(Clone, Debug)]
+pub(super) struct Model {
+    pub ops: Vec<OpInfo>,
+    /// Every op once, each after its dependencies.
+    pub topo: Vec<OpIndex>,
+    pub ranks: usize,
+    /// The per-rank activation limit (infinite: none).
+    pub limit: f64,
+}
+
+impl Model {
+    /// The F, I and W of every (stage, microbatch) pair of `plan`'s problem, at `limit`.
+    pub fn of_plan(plan: &Plan, limit: f64) -> Model {
+        let problem = plan.problem();
+        let costs = plan.costs();
+        let memory = plan.memory().stages();
+        let mut index: HashMap<Op, OpIndex> = HashMap::new();
+        let mut ops: Vec<OpInfo> = Vec::new();
+        for m in 0..problem.microbatches() {
+            for s in 0..problem.stages() {
+                let work = Work::new(s, m);
+                if !problem.has_work(work.stage, work.microbatch) {
+                    continue;
+                }
+                let rank = problem.rank_of(work.stage).map_or(0, |r| r.index());
+                for (kind, task) in [
+                    (OpKind::Forward, Task::Forward(work)),
+                    (OpKind::InputGrad, Task::InputGrad(work)),
+                    (OpKind::WeightGrad, Task::WeightGrad(work)),
+                ] {
+                    index.insert(work.op(kind), ops.len());
+                    ops.push(OpInfo {
+                        task,
+                        rank,
+                        duration: costs.task_duration(&task),
+                        delta: memory.get(s as usize).map_or(0.0, |mm| mm.delta(kind)),
+                        preds: SmallVec::new(),
+                        succs: SmallVec::new(),
+                        tail: 0.0,
+                    });
+                }
+            }
+        }
+        let latency = |a: OpIndex, b: OpIndex, ops: &[OpInfo]| {
+            if ops[a].rank == ops[b].rank {
+                0.0
+            } else {
+                costs.comm()
+            }
+        };
+        let mut edges: Vec<(OpIndex, OpIndex)> = Vec::new();
+        for (op, &at) in &index {
+            for dep in pipeweave_core::ir::deps::predecessors(problem, *op) {
+                if let Some(&from) = index.get(&dep) {
+                    edges.push((from, at));
+                }
+            }
+        }
+        // Alike microbatches start in microbatch order (see the module doc).
+        let mut last_alike: HashMap<(usize, u64), OpIndex> = HashMap::new();
+        for m in 0..problem.microbatches() {
+            let microbatch = MicrobatchId::new(m);
+            let Some(route) = problem.route_of(microbatch) else {
+                continue;
+            };
+            let Some(&first) = route.stages().first() else {
+                continue;
+            };
+            let key = (
+                std::ptr::from_ref(route) as usize,
+                costs.microbatch_scale(microbatch).to_bits(),
+            );
+            let Some(&at) = index.get(&Op::new(OpKind::Forward, first, microbatch)) else {
+                continue;
+            };
+            if let Some(before) = last_alike.insert(key, at) {
+                edges.push((before, at));
+            }
+        }
+        edges.sort_unstable();
+        for (from, to) in edges {
+            let lat = latency(from, to, &ops);
+            ops[to].preds.push(Edge {
+                op: from,
+                latency: lat,
+            });
+            ops[from].succs.push(Edge {
+                op: to,
+                latency: lat,
+            });
+        }
+        let topo = topological(&ops);
+        for &op in topo.iter().rev() {
+            let tail = ops[op]
+                .succs
+                .iter()
+                .map(|e| e.latency + ops[e.op].duration + ops[e.op].tail)
+                .fold(0.0, f64::max);
+            ops[op].tail = tail;
+        }
+        Model {
+            ops,
+            topo,
+            ranks: problem.ranks() as usize,
+            limit,
+        }
+    }
+}
+
+/// The ops in an order where each follows its dependencies (Kahn's, lowest index first).
+fn topological(ops: &[OpInfo]) -> Vec<OpIndex> {
+    let mut missing: Vec<usize> = ops.iter().map(|o| o.preds.len()).collect();
+    let mut ready: std::collections::BTreeSet<OpIndex> =
+        (0..ops.len()).filter(|&o| missing[o] == 0).collect();
+    let mut out = Vec::with_capacity(ops.len());
+    while let Some(op) = ready.pop_first() {
+        out.push(op);
+        for e in &ops[op].succs {
+            missing[e.op] -= 1;
+            if missing[e.op] == 0 {
+                ready.insert(e.op);
+            }
+        }
+    }
+    out
+}

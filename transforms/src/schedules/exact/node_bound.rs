@@ -1,0 +1,142 @@
+//! The lower bound of one node of the exact search: no completion of its partial schedule ends
+//! earlier.
+//!
+//! Every op not yet placed gets a head (the earliest it can start: its rank's clock, its placed
+//! inputs' ends with latency, its unplaced inputs' heads plus their durations) and its static
+//! tail. Then per rank:
+//! - **memory**: a forward can only start once enough of what the rank holds is released. The
+//!   rank's releases cannot end before their heads plus durations, so the j-th forward still to
+//!   run waits for the earliest time the releases that can have ended by then reach the held
+//!   activations plus j forwards' minus the limit. Used where the rank's remaining forwards are
+//!   alike (same duration, tail and size: interchangeable, so the j-th smallest head may take
+//!   the j-th wait);
+//! - **Jackson's preemptive schedule** over those heads and tails
+//!   ([`pipeweave_core::analysis::bound::preemptive_bound`]).
+//!
+//! The bound is the largest of the ranks' clocks and their preemptive bounds; infinite where a
+//! rank can never free enough memory for its remaining forwards.
+
+use super::model::Model;
+use super::state::State;
+use pipeweave_core::analysis::bound::{preemptive_bound, Job};
+use pipeweave_core::TOLERANCE;
+
+/// Reusable buffers of the bound.
+#[derive(Debug, Default)]
+pub(super) struct Scratch {
+    heads: Vec<f64>,
+    /// Per rank, its unplaced ops as jobs and which op each is.
+    jobs: Vec<Vec<Job>>,
+    job_ops: Vec<Vec<usize>>,
+    forwards: Vec<usize>,
+    releases: Vec<(f64, f64)>,
+}
+
+/// The lower bound of `state` (see the module doc).
+pub(super) fn node_bound(model: &Model, state: &State, scratch: &mut Scratch) -> f64 {
+    let ops = &model.ops;
+    scratch.heads.resize(ops.len(), 0.0);
+    scratch.jobs.resize_with(model.ranks, Vec::new);
+    scratch.job_ops.resize_with(model.ranks, Vec::new);
+    for (jobs, job_ops) in scratch.jobs.iter_mut().zip(&mut scratch.job_ops) {
+        jobs.clear();
+        job_ops.clear();
+    }
+    for &op in &model.topo {
+        if state.is_placed(op) {
+            continue;
+        }
+        let info = &ops[op];
+        let mut head = state.free(info.rank);
+        for e in &info.preds {
+            let ready = match state.end(e.op) {
+                Some(end) => end,
+                None => scratch.heads[e.op] + ops[e.op].duration,
+            };
+            head = head.max(ready + e.latency);
+        }
+        scratch.heads[op] = head;
+        scratch.jobs[info.rank].push(Job {
+            rank: info.rank,
+            duration: info.duration,
+            head,
+            tail: info.tail,
+        });
+        scratch.job_ops[info.rank].push(op);
+    }
+    let mut bound = (0..model.ranks).map(|r| state.free(r)).fold(0.0, f64::max);
+    for rank in 0..model.ranks {
+        if model.limit.is_finite() && !raise_forward_heads(model, state, rank, scratch) {
+            return f64::INFINITY;
+        }
+        let jobs = &mut scratch.jobs[rank];
+        if !jobs.is_empty() {
+            bound = bound.max(preemptive_bound(jobs));
+        }
+    }
+    bound
+}
+
+/// Raises the heads of `rank`'s remaining forwards (in `scratch.jobs[rank]`) to when the memory
+/// limit lets them start (see the module doc); false where it never does.
+fn raise_forward_heads(model: &Model, state: &State, rank: usize, scratch: &mut Scratch) -> bool {
+    let Scratch {
+        jobs,
+        job_ops,
+        forwards,
+        releases,
+        ..
+    } = scratch;
+    let (jobs, job_ops) = (&mut jobs[rank], &job_ops[rank]);
+    forwards.clear();
+    releases.clear();
+    for (k, &op) in job_ops.iter().enumerate() {
+        let delta = model.ops[op].delta;
+        if delta > TOLERANCE {
+            forwards.push(k);
+        } else if delta < -TOLERANCE {
+            releases.push((jobs[k].head + jobs[k].duration, -delta));
+        }
+    }
+    let Some(&first) = forwards.first() else {
+        return true;
+    };
+    let (sample, first_size) = (jobs[first], model.ops[job_ops[first]].delta);
+    let alike = forwards.iter().all(|&k| {
+        let j = jobs[k];
+        (j.duration - sample.duration).abs() <= TOLERANCE
+            && (j.tail - sample.tail).abs() <= TOLERANCE
+            && (model.ops[job_ops[k]].delta - first_size).abs() <= TOLERANCE
+    });
+    let size = forwards
+        .iter()
+        .map(|&k| model.ops[job_ops[k]].delta)
+        .fold(f64::INFINITY, f64::min);
+    releases.sort_by(|a, b| a.0.total_cmp(&b.0));
+    forwards.sort_by(|&a, &b| jobs[a].head.total_cmp(&jobs[b].head));
+    let held = state.held(rank);
+    let (mut released, mut next, mut at) = (0.0, 0, f64::NEG_INFINITY);
+    for j in 0..forwards.len() {
+        // Forwards unlike each other: only the first to run is known to wait, and every one
+        // of them might be it.
+        let need = held + (j + 1) as f64 * size - model.limit;
+        if need > TOLERANCE {
+            while released < need - TOLERANCE {
+                let Some(&(end, amount)) = releases.get(next) else {
+                    return false;
+                };
+                released += amount;
+                at = end;
+                next += 1;
+            }
+        }
+        if !alike {
+            for &k in forwards.iter() {
+                jobs[k].head = jobs[k].head.max(at);
+            }
+            break;
+        }
+        jobs[forwards[j]].head = jobs[forwards[j]].head.max(at);
+    }
+    true
+}
