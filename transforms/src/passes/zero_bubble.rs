@@ -343,6 +343,12 @@ fn improve_exactly(
     };
     let makespan = scored.score.makespan;
     let found = optimal_orders(plan, limit, (orders.clone(), makespan), budget);
+    if std::env::var_os("PIPEWEAVE_DEBUG_EXACT").is_some() {
+        eprintln!(
+            "exact: {} nodes, complete {}, best {}, bound {}",
+            found.nodes, found.complete, found.makespan, found.bound
+        );
+    }
     // The search times ops as the simulator does; its orders are taken where the simulator
     // agrees they are faster.
     match Scored::evaluate(plan, found.orders, Some(limit), None) {

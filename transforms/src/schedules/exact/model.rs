@@ -6,7 +6,7 @@
 //! dependency (on one rank, no latency), which removes their permutations from the search
 //! without removing any makespan.
 
-use pipeweave_core::{MicrobatchId, Op, OpKind, Plan, Task, Work};
+use pipeweave_core::{MicrobatchId, Op, OpKind, Plan, Task, Work, TOLERANCE};
 use smallvec::SmallVec;
 use std::collections::HashMap;
 
@@ -33,6 +33,13 @@ pub(super) struct OpInfo {
     pub succs: SmallVec<[Edge; 3]>,
     /// The longest chain of work (with latency) that must follow its end.
     pub tail: f64,
+    /// For a forward: the op whose end frees its whole size (its W where the I frees nothing,
+    /// else its I) and the least time from the forward's start to that end.
+    pub release: Option<(OpIndex, f64)>,
+    /// For a forward's release op: that forward.
+    pub frees: Option<OpIndex>,
+    /// Its microbatch.
+    pub microbatch: u32,
 }
 
 /// The problem as the search sees it.
@@ -44,6 +51,8 @@ pub(super) struct Model {
     pub ranks: usize,
     /// The per-rank activation limit (infinite: none).
     pub limit: f64,
+    /// Per rank, how many forwards it can hold at once where they are all of one size.
+    pub slots: Vec<Option<usize>>,
 }
 
 impl Model {
@@ -75,6 +84,9 @@ impl Model {
                         preds: SmallVec::new(),
                         succs: SmallVec::new(),
                         tail: 0.0,
+                        release: None,
+                        frees: None,
+                        microbatch: m,
                     });
                 }
             }
@@ -136,13 +148,94 @@ impl Model {
                 .fold(0.0, f64::max);
             ops[op].tail = tail;
         }
+        for (op, release) in releases(&ops, &topo).into_iter().enumerate() {
+            ops[op].release = release;
+            if let Some((by, _)) = release {
+                ops[by].frees = Some(op);
+            }
+        }
+        let ranks = problem.ranks() as usize;
+        let slots = slots(&ops, ranks, limit);
         Model {
             ops,
             topo,
-            ranks: problem.ranks() as usize,
+            ranks,
             limit,
+            slots,
         }
     }
+}
+
+/// Every forward's release ([`OpInfo::release`]): the op of its (stage, microbatch) whose end
+/// frees its whole size, and the longest chain of its microbatch's ops from the forward's start
+/// to that end.
+fn releases(ops: &[OpInfo], topo: &[OpIndex]) -> Vec<Option<(OpIndex, f64)>> {
+    let mut out = vec![None; ops.len()];
+    // Each microbatch's ops in dependency order, and each op's place in that list.
+    let microbatches = ops
+        .iter()
+        .map(|o| o.microbatch as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut own: Vec<Vec<OpIndex>> = vec![Vec::new(); microbatches];
+    let mut place = vec![0; ops.len()];
+    for &op in topo {
+        let list = &mut own[ops[op].microbatch as usize];
+        place[op] = list.len();
+        list.push(op);
+    }
+    let mut start = Vec::new();
+    for list in &own {
+        for (k, &op) in list.iter().enumerate() {
+            // The ops of a pair are pushed together: F, then its I and W.
+            if !matches!(ops[op].task, Task::Forward(_)) || op + 2 >= ops.len() {
+                continue;
+            }
+            let (input_grad, weight_grad) = (op + 1, op + 2);
+            let release = if ops[input_grad].delta < -TOLERANCE {
+                input_grad
+            } else {
+                weight_grad
+            };
+            start.clear();
+            start.resize(list.len(), f64::NEG_INFINITY);
+            start[k] = 0.0;
+            for (j, &o) in list.iter().enumerate().skip(k + 1) {
+                for e in &ops[o].preds {
+                    if ops[e.op].microbatch == ops[o].microbatch && start[place[e.op]].is_finite() {
+                        let ready = start[place[e.op]] + ops[e.op].duration + e.latency;
+                        start[j] = start[j].max(ready);
+                    }
+                }
+            }
+            let at = start[place[release]];
+            if at.is_finite() {
+                out[op] = Some((release, at + ops[release].duration));
+            }
+        }
+    }
+    out
+}
+
+/// Per rank, how many forwards' activations fit its limit at once where all its forwards are of
+/// one size (None elsewhere, and without a limit).
+fn slots(ops: &[OpInfo], ranks: usize, limit: f64) -> Vec<Option<usize>> {
+    (0..ranks)
+        .map(|rank| {
+            let mut sizes = ops
+                .iter()
+                .filter(|o| o.rank == rank && o.release.is_some())
+                .map(|o| o.delta);
+            let size = sizes.next()?;
+            if !limit.is_finite()
+                || size <= TOLERANCE
+                || sizes.any(|d| (d - size).abs() > TOLERANCE)
+            {
+                return None;
+            }
+            Some((limit / size + TOLERANCE).floor() as usize)
+        })
+        .collect()
 }
 
 /// The ops in an order where each follows its dependencies (Kahn's, lowest index first).

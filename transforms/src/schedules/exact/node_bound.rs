@@ -30,6 +30,8 @@ pub(super) struct Scratch {
     job_ops: Vec<Vec<usize>>,
     forwards: Vec<usize>,
     releases: Vec<(f64, f64)>,
+    slots: Vec<f64>,
+    starts: Vec<f64>,
 }
 
 /// The lower bound of `state` (see the module doc).
@@ -69,12 +71,81 @@ pub(super) fn node_bound(model: &Model, state: &State, scratch: &mut Scratch) ->
         if model.limit.is_finite() && !raise_forward_heads(model, state, rank, scratch) {
             return f64::INFINITY;
         }
+        if let Some(slots) = model.slots[rank] {
+            bound = bound.max(slot_bound(model, state, rank, slots, scratch));
+        }
         let jobs = &mut scratch.jobs[rank];
         if !jobs.is_empty() {
             bound = bound.max(preemptive_bound(jobs));
         }
     }
     bound
+}
+
+/// The memory limit as `slots` places on `rank`, each holding one forward's activations from its
+/// start to its release's end: the forwards in flight hold theirs until their releases can end,
+/// and the forwards still to run, alike in how long they hold one at least, take a place each
+/// from their heads on. Earliest place first in head order is optimal for alike jobs, so the last
+/// release it ends, plus the tail after it, bounds the makespan (0 where the forwards differ).
+fn slot_bound(
+    model: &Model,
+    state: &State,
+    rank: usize,
+    slots: usize,
+    scratch: &mut Scratch,
+) -> f64 {
+    let ops = &model.ops;
+    let Scratch {
+        heads,
+        job_ops,
+        slots: free_at,
+        starts,
+        ..
+    } = scratch;
+    free_at.clear();
+    starts.clear();
+    let mut hold: Option<(f64, f64)> = None;
+    for &op in &job_ops[rank] {
+        let info = &ops[op];
+        if let Some(forward) = info.frees {
+            if state.is_placed(forward) {
+                free_at.push(heads[op] + info.duration);
+            }
+        }
+        if let Some((release, least)) = info.release {
+            let tail = ops[release].tail;
+            match hold {
+                None => hold = Some((least, tail)),
+                Some((l, t)) if (l - least).abs() <= TOLERANCE && (t - tail).abs() <= TOLERANCE => {
+                }
+                Some(_) => return 0.0,
+            }
+            starts.push(heads[op]);
+        }
+    }
+    let Some((least, tail)) = hold else {
+        return 0.0;
+    };
+    if free_at.len() > slots {
+        return 0.0;
+    }
+    free_at.resize(slots, f64::NEG_INFINITY);
+    starts.sort_by(f64::total_cmp);
+    let mut last: f64 = 0.0;
+    for &head in starts.iter() {
+        let (k, earliest) = free_at
+            .iter()
+            .copied()
+            .enumerate()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap_or((0, f64::NEG_INFINITY));
+        let end = earliest.max(head) + least;
+        if let Some(place) = free_at.get_mut(k) {
+            *place = end;
+        }
+        last = last.max(end);
+    }
+    last + tail
 }
 
 /// Raises the heads of `rank`'s remaining forwards (in `scratch.jobs[rank]`) to when the memory
