@@ -27,6 +27,7 @@
 //! listed first (fixed schedules before the ladder, lower rungs first, the residency stage last).
 
 use crate::config::{build_plan, PipelineConfig};
+use crate::frontier_limit::{frontier_limit, FrontierLimit};
 use crate::report::tidy;
 use crate::tune::{candidate_expressions, tune_with, Candidate, TuneReport};
 use pipeweave_core::TOLERANCE;
@@ -69,6 +70,9 @@ pub struct Frontier {
     /// Expressions that did not build or did not fit, with the reason.
     #[serde(skip)]
     pub rejected: Vec<(String, String)>,
+    /// The limit under the frontier: no schedule of its placements is faster
+    /// ([`crate::frontier_limit`]).
+    pub limit: Option<FrontierLimit>,
 }
 
 impl Frontier {
@@ -83,11 +87,7 @@ impl Frontier {
                 .total_cmp(&b.makespan)
                 .then(a.peak_activations.total_cmp(&b.peak_activations))
         });
-        TuneReport {
-            candidates,
-            evaluated: self.expressions,
-            rejected: self.rejected.clone(),
-        }
+        TuneReport::new(candidates, self.expressions, self.rejected.clone())
     }
 }
 
@@ -386,11 +386,17 @@ pub fn frontier(config: &PipelineConfig, progress: &(dyn Fn(usize) + Sync)) -> F
     }
     let expressions: Vec<String> = jobs.iter().map(|(e, _)| e.clone()).collect();
     let points = walk(evaluated.clone(), &expressions, cap);
+    let mut limits = ladder(config.ranks(), config.memory().total(), None);
+    limits.extend(points.iter().map(|p| p.memory_limit));
+    limits.extend(cap);
+    limits.sort_by(f64::total_cmp);
+    limits.dedup_by(|a, b| (*a - *b).abs() < TOLERANCE);
     Frontier {
         frontier: points,
         evaluated: sorted(evaluated, &expressions),
         expressions: expressions.len(),
         rejected,
+        limit: frontier_limit(config, &limits),
     }
 }
 
@@ -518,7 +524,13 @@ pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
         .map(|(_, c)| c.makespan)
         .filter(|m| *m <= best * 3.0)
         .fold(best, f64::max);
-    let min_y = best * 0.95;
+    // Low enough for the limit under the frontier where it is within a fifth of the fastest.
+    let floor = frontier
+        .limit
+        .as_ref()
+        .map_or(best, |l| l.any)
+        .max(best * 0.8);
+    let min_y = best.min(floor) * 0.95;
     let shown =
         |c: &Candidate| c.makespan <= max_y + TOLERANCE && c.peak_activations <= max_x + TOLERANCE;
     let x = |v: f64| LEFT + (v / max_x) * (W - LEFT - RIGHT);
@@ -651,8 +663,61 @@ pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
         "stroke=\"#d62728\" stroke-dasharray=\"4 3\"",
     ));
     svg.push_str(&legend_row(legend, "#d62728", "frontier"));
+    legend += 1;
+    if let Some(limit) = &frontier.limit {
+        let (keeping, any) = limit_lines(limit, max_x, min_y, &x, &y);
+        svg.push_str(&polyline(
+            &keeping,
+            "stroke=\"#000000\" stroke-width=\"1.5\"",
+        ));
+        svg.push_str(&legend_row(
+            legend,
+            "#000000",
+            "the limit (keeping activations)",
+        ));
+        legend += 1;
+        svg.push_str(&polyline(
+            &any,
+            "stroke=\"#000000\" stroke-dasharray=\"1 3\"",
+        ));
+        svg.push_str(&legend_row(
+            legend,
+            "#555555",
+            "the limit (recompute, offload)",
+        ));
+    }
     svg.push_str("</svg>\n");
     svg
+}
+
+/// The limit's two lines in picture coordinates: keeping activations as steps (a bound at a
+/// limit holds for every peak up to it, so it is drawn from the limit before), and any
+/// schedule's as a level line; bounds below the picture sit on its floor.
+fn limit_lines(
+    limit: &FrontierLimit,
+    max_x: f64,
+    min_y: f64,
+    x: &dyn Fn(f64) -> f64,
+    y: &dyn Fn(f64) -> f64,
+) -> (Vec<String>, Vec<String>) {
+    let mut keeping = Vec::new();
+    let shown = limit
+        .points
+        .iter()
+        .filter(|p| p.memory_limit <= max_x + TOLERANCE);
+    let mut before = 0.0;
+    for p in shown {
+        let level = y(p.keeping_activations.max(min_y));
+        keeping.push(format!("{:.1},{level:.1}", x(before)));
+        keeping.push(format!("{:.1},{level:.1}", x(p.memory_limit)));
+        before = p.memory_limit;
+    }
+    let level = y(limit.any.max(min_y));
+    let any = vec![
+        format!("{:.1},{level:.1}", x(0.0)),
+        format!("{:.1},{level:.1}", x(max_x)),
+    ];
+    (keeping, any)
 }
 
 /// An unfilled line through `points` (`x,y` each), drawn with the stroke attributes `stroke`.

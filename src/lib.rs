@@ -19,6 +19,7 @@ pub mod compile;
 pub mod config;
 pub mod error;
 pub mod frontier;
+pub mod frontier_limit;
 pub mod paper_table;
 pub mod reference;
 pub mod report;

@@ -1,10 +1,12 @@
 //! The figures of a verified, simulated plan, as one serialisable report (the JSON of
 //! `pipeweave plan --format json`) and as human-readable text.
 
+use pipeweave_core::TOLERANCE;
 use pipeweave_core::{
     lower_bound, render_grid, CheckReport, CutCosts, Plan, ProgramSet, Semantics, Sharing,
     Simulation, Task,
 };
+use pipeweave_transforms::schedules::exact::memory_bound;
 use serde::{Serialize, Serializer};
 use std::fmt::Write;
 
@@ -37,8 +39,10 @@ pub struct PlanReport {
     /// The Zero Bubble paper's bubble rate.
     pub bubble_rate: f64,
     /// A certified lower bound on the makespan of every schedule of the plan's problem
-    /// (`pipeweave_core::lower_bound`: memory, recomputes and transfers relaxed).
+    /// ([`certified_bound`]); `lower_bound_basis` says of which schedules.
     pub lower_bound: f64,
+    /// What the bound rests on, so of which schedules it holds.
+    pub lower_bound_basis: BoundBasis,
     /// How far the makespan is above the bound, relative to the bound (0: proven optimal).
     pub optimality_gap: f64,
     /// Per rank, time spent running ops.
@@ -124,11 +128,46 @@ pub(crate) fn tidy(x: f64) -> f64 {
     }
 }
 
+/// What a plan's lower bound rests on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundBasis {
+    /// Dependencies, latency and each rank's work, memory relaxed
+    /// ([`pipeweave_core::lower_bound`]): every schedule of the problem.
+    Relaxed,
+    /// What the declared memory limit forces as well
+    /// ([`pipeweave_transforms::schedules::exact::memory_bound`]): every schedule that runs
+    /// each op once and keeps its activations within the limit (no recompute, no offload).
+    MemoryLimit,
+    /// An exact search over those schedules (`zero_bubble(policy=optimal)`,
+    /// [`Plan::proven_bound`]).
+    Search,
+}
+
+/// The best lower bound known for `plan`'s problem and what it rests on: the relaxation's; what
+/// the plan's declared memory limit forces where the plan keeps its activations; a search's
+/// proven bound where it left one.
+pub fn certified_bound(plan: &Plan) -> (f64, BoundBasis) {
+    let mut best = (lower_bound(plan), BoundBasis::Relaxed);
+    if let (Some(limit), false) = (plan.memory_limit(), plan.manages_residency()) {
+        let memory = memory_bound(plan, limit);
+        if memory > best.0 + TOLERANCE {
+            best = (memory, BoundBasis::MemoryLimit);
+        }
+    }
+    if let Some(proven) = plan.proven_bound() {
+        if proven > best.0 + TOLERANCE {
+            best = (proven, BoundBasis::Search);
+        }
+    }
+    best
+}
+
 impl PlanReport {
     /// Builds the report of a verified plan and its simulation.
     pub fn new(expression: &str, plan: &Plan, simulation: &Simulation) -> PlanReport {
         let problem = plan.problem();
-        let bound = lower_bound(plan).max(plan.proven_bound().unwrap_or(0.0));
+        let (bound, basis) = certified_bound(plan);
         PlanReport {
             expression: expression.to_string(),
             passes: plan.passes().to_vec(),
@@ -151,6 +190,7 @@ impl PlanReport {
             max_span: tidy(simulation.max_span()),
             bubble_rate: tidy(simulation.bubble_rate()),
             lower_bound: tidy(bound),
+            lower_bound_basis: basis,
             optimality_gap: tidy(gap(simulation.makespan(), bound)),
             busy_per_rank: simulation.ranks().iter().map(|r| tidy(r.busy)).collect(),
             idle_per_rank: simulation.ranks().iter().map(|r| tidy(r.idle)).collect(),
@@ -336,9 +376,15 @@ impl PlanReport {
         let _ = writeln!(out, "bubble rate  {:.4}", self.bubble_rate);
         let _ = writeln!(
             out,
-            "lower bound  {:.3} (gap {:.2}%: no schedule of this problem is faster)",
+            "lower bound  {:.3} (gap {:.2}%: no schedule of this problem{} is faster)",
             self.lower_bound,
-            100.0 * self.optimality_gap
+            100.0 * self.optimality_gap,
+            match (self.lower_bound_basis, self.memory_limit) {
+                (BoundBasis::Relaxed, _) | (_, None) => String::new(),
+                (_, Some(limit)) => {
+                    format!(" that keeps its activations within {limit}")
+                }
+            }
         );
         if let Some(limit) = self.memory_limit {
             let _ = writeln!(out, "memory limit {limit}");

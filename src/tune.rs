@@ -16,7 +16,8 @@
 use crate::config::{build_plan_with, PipelineConfig};
 use crate::error::Error;
 use crate::report::tidy;
-use pipeweave_core::{cut_violation, even_cut, CutCosts, PinnedEnds, Profile};
+use pipeweave_core::{cut_violation, even_cut, lower_bound, CutCosts, PinnedEnds, Plan, Profile};
+use pipeweave_transforms::schedules::exact::memory_bound;
 use pipeweave_transforms::Registry;
 use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,6 +39,9 @@ pub struct Candidate {
     /// Whether PyTorch's pipelining runtime can run the plan (one route, no tied stages:
     /// `pipeweave.torch.schedule`, `plan --csv`); DualPipe's two routes cannot.
     pub pytorch: bool,
+    /// A lower bound on every schedule of this candidate's problem (its placement, costs and
+    /// memory) within the search's memory limit ([`placement_bound`]).
+    pub lower_bound: f64,
     /// With `--profile`: the blocks per rank's share this candidate was costed with (give
     /// them to `plan --layers-per-stage` and `train_gpt --layers-per-stage`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -56,6 +60,50 @@ pub struct TuneReport {
     pub evaluated: usize,
     /// Expressions that did not build or did not fit, with the reason.
     pub rejected: Vec<(String, String)>,
+    /// The limit of the search: no schedule of any placement among the candidates is faster
+    /// (the least of their [`Candidate::lower_bound`]s); None without candidates.
+    pub lower_bound: Option<f64>,
+    /// How far the fastest candidate is above that limit, relative to it.
+    pub optimality_gap: Option<f64>,
+}
+
+impl TuneReport {
+    /// The report of `candidates` (fastest first), with the limit of the search they span.
+    pub fn new(
+        candidates: Vec<Candidate>,
+        evaluated: usize,
+        rejected: Vec<(String, String)>,
+    ) -> TuneReport {
+        let lower_bound = candidates
+            .iter()
+            .map(|c| c.lower_bound)
+            .min_by(f64::total_cmp);
+        let optimality_gap = match (candidates.first(), lower_bound) {
+            (Some(best), Some(bound)) if bound > 0.0 => {
+                Some(tidy((best.makespan / bound - 1.0).max(0.0)))
+            }
+            _ => None,
+        };
+        TuneReport {
+            candidates,
+            evaluated,
+            rejected,
+            lower_bound,
+            optimality_gap,
+        }
+    }
+}
+
+/// A lower bound on every schedule of `plan`'s problem that fits `limit` (None: no limit): the
+/// relaxation's ([`lower_bound`]) and, for a plan that keeps its activations, what the limit
+/// forces ([`memory_bound`]: schedules that keep their activations). A plan that recomputes or
+/// offloads gets the relaxation's alone, which bounds its schedules too.
+pub fn placement_bound(plan: &Plan, limit: Option<f64>) -> f64 {
+    let relaxed = lower_bound(plan);
+    match limit {
+        Some(limit) if !plan.manages_residency() => relaxed.max(memory_bound(plan, limit)),
+        _ => relaxed,
+    }
 }
 
 /// Every expression `tune` tries for `ranks`, in tie-breaking order.
@@ -147,11 +195,11 @@ pub fn tune_with(
             .then(a.peak_activations.total_cmp(&b.peak_activations))
             .then(i.cmp(j))
     });
-    TuneReport {
-        candidates: candidates.into_iter().map(|(_, c)| c).collect(),
-        evaluated: expressions.len(),
+    TuneReport::new(
+        candidates.into_iter().map(|(_, c)| c).collect(),
+        expressions.len(),
         rejected,
-    }
+    )
 }
 
 /// Builds and simulates one expression.
@@ -177,6 +225,7 @@ fn evaluate(
         peak_activations: tidy(peak),
         stages: plan.problem().stages(),
         pytorch: pipeweave_core::formats::csv::pytorch_expressible(plan.problem()).is_ok(),
+        lower_bound: tidy(placement_bound(&plan, config.memory_limit())),
         layers_per_stage: None,
         peak_activation_bytes: None,
     })
@@ -192,11 +241,7 @@ pub fn tune_cuts(
     cuts: &[Vec<usize>],
     search: &mut dyn FnMut(&PipelineConfig, &CutCosts) -> Result<TuneReport, Error>,
 ) -> Result<TuneReport, Error> {
-    let mut all = TuneReport {
-        candidates: Vec::new(),
-        evaluated: 0,
-        rejected: Vec::new(),
-    };
+    let mut all = TuneReport::new(Vec::new(), 0, Vec::new());
     for layers in cuts {
         let (config, cut) = base.clone().with_profile(profile, Some(layers))?;
         let found = search(&config, &cut)?;
@@ -216,7 +261,7 @@ pub fn tune_cuts(
                 .total_cmp(&b.peak_activation_bytes.unwrap_or(0.0)),
         )
     });
-    Ok(all)
+    Ok(TuneReport::new(all.candidates, all.evaluated, all.rejected))
 }
 
 /// The cuts of `blocks` free layers (a profile's blocks, or all its layers where none is

@@ -5,7 +5,8 @@
 mod common;
 
 use common::{costed, split_costs};
-use pipeweave::core_ir::{lower_bound, TOLERANCE};
+use pipeweave::core_ir::{lower_bound, max_peak, TOLERANCE};
+use pipeweave::transforms::schedules::exact::memory_bound;
 use pipeweave::{build_plan, simulate};
 
 /// Built-in schedules over each layout (the bound is of each plan's own problem).
@@ -16,6 +17,9 @@ const EXPRESSIONS: &[&str] = &[
     "zero_bubble(f1b(gpipe), policy=h2)",
     "zero_bubble(f1b(gpipe), policy=auto)",
     "zero_bubble(f1b(gpipe), policy=auto, memory=2)",
+    "zero_bubble(f1b(gpipe), policy=auto, memory=1.5)",
+    "zero_bubble(vpp(f1b(gpipe), chunks=2), memory=2)",
+    "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v), policy=v_half)",
     "vpp(f1b(gpipe), chunks=2)",
     "vpp(f1b(gpipe), chunks=3)",
     "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
@@ -48,6 +52,17 @@ fn the_bound_is_never_above_a_built_schedule() {
                     };
                     let makespan = simulate(&plan).unwrap().makespan();
                     let bound = lower_bound(&plan);
+                    // At the plan's own peak, what memory forces bounds it too (plans that keep
+                    // their activations).
+                    if !plan.manages_residency() {
+                        let peak = max_peak(&plan);
+                        let forced = memory_bound(&plan, peak);
+                        assert!(
+                            forced <= makespan + TOLERANCE,
+                            "{expression} P={ranks} M={microbatches} costs {f}/{i}/{w}/{comm}: \
+                             memory bound {forced} at its peak {peak} above the makespan {makespan}"
+                        );
+                    }
                     assert!(
                         bound <= makespan + TOLERANCE,
                         "{expression} P={ranks} M={microbatches} costs {f}/{i}/{w}/{comm}: \

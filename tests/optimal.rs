@@ -131,3 +131,116 @@ fn optimal_equals_every_order_enumerated_on_small_problems() {
     }
     assert!(checked >= 30, "{checked}");
 }
+
+/// The golden optima of `tests/fixtures/milp_optima.json` (`tools/milp_optimum.py`: a MILP of
+/// the plain layout solved to optimality by HiGHS): `policy=optimal` reaches each and proves no
+/// more than it, and `auto` reaches each too.
+#[test]
+fn optimal_and_auto_reach_the_milp_optima() {
+    let fixture = common::read_json(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/milp_optima.json"),
+    );
+    let cases = fixture["cases"].as_array().unwrap();
+    assert!(cases.len() >= 40, "{}", cases.len());
+    for case in cases {
+        let ranks = case["ranks"].as_u64().unwrap() as u32;
+        let m = case["microbatches"].as_u64().unwrap() as u32;
+        let c = common::f64s(&case["costs"]);
+        // Unbounded: every microbatch fits.
+        let memory = case["memory"].as_f64().unwrap_or(f64::from(m));
+        let optimum = case["optimum"].as_f64().unwrap();
+        let plan = optimal(ranks, m, (c[0], c[1], c[2], c[3]), memory);
+        let makespan = simulate(&plan).unwrap().makespan();
+        let what = format!("P={ranks} M={m} costs {c:?} memory {memory}");
+        assert!(
+            (makespan - optimum).abs() <= 1e-4,
+            "{what}: optimal {makespan}, MILP {optimum}"
+        );
+        let proven = plan.proven_bound().unwrap();
+        assert!(
+            proven <= optimum + 1e-4,
+            "{what}: proven {proven} above the optimum {optimum}"
+        );
+        let config = costed(ranks, m, split_costs(c[0], c[1], c[2]), c[3]);
+        let auto = build_plan(
+            &format!("zero_bubble(f1b(gpipe), policy=auto, memory={memory})"),
+            &config,
+        )
+        .unwrap();
+        let auto = simulate(&auto).unwrap().makespan();
+        assert!(
+            (auto - optimum).abs() <= 1e-4,
+            "{what}: auto {auto}, MILP {optimum}"
+        );
+    }
+}
+
+/// The issue's four optima (P = 4, M = 8, F = I = W = 1, K = 3: 31; with comm 0.1: 32.6;
+/// P = 3, M = 9, K = 2: 37; P = 4, M = 12, K = 3: 44): `optimal` proves them, `auto` reaches
+/// them.
+#[test]
+fn the_issue_optima_are_reached_and_proven() {
+    for (ranks, m, comm, memory, optimum) in [
+        (4, 8, 0.0, 3.0, 31.0),
+        (4, 8, 0.1, 3.0, 32.6),
+        (3, 9, 0.0, 2.0, 37.0),
+        (4, 12, 0.0, 3.0, 44.0),
+    ] {
+        let plan = optimal(ranks, m, (1.0, 1.0, 1.0, comm), memory);
+        let makespan = simulate(&plan).unwrap().makespan();
+        assert!(
+            (makespan - optimum).abs() <= 1e-9,
+            "P={ranks} M={m}: {makespan}"
+        );
+        assert!((plan.proven_bound().unwrap() - optimum).abs() <= 1e-9);
+        let config = costed(ranks, m, split_costs(1.0, 1.0, 1.0), comm);
+        let auto = build_plan(
+            &format!("zero_bubble(f1b(gpipe), memory={memory})"),
+            &config,
+        )
+        .unwrap();
+        assert!((simulate(&auto).unwrap().makespan() - optimum).abs() <= 1e-9);
+    }
+}
+
+/// A proven bound belongs to the problem it was proven for: a pass that changes the problem (a
+/// recompute) drops it, and the report falls back on the other bounds.
+#[test]
+fn a_proven_bound_does_not_survive_a_change_of_problem() {
+    let config = costed(4, 8, split_costs(1.0, 1.0, 1.0), 0.0);
+    let proven = build_plan(
+        "zero_bubble(f1b(gpipe), policy=optimal, memory=3, budget=10)",
+        &config,
+    )
+    .unwrap();
+    assert_eq!(proven.proven_bound(), Some(31.0));
+    let plan = build_plan(
+        "recompute(zero_bubble(f1b(gpipe), policy=optimal, memory=3, budget=10), memory=2)",
+        &config,
+    )
+    .unwrap();
+    assert_eq!(plan.proven_bound(), None);
+}
+
+#[test]
+fn bad_uses_of_optimal_are_errors_naming_the_rule() {
+    let config = costed(4, 8, split_costs(1.0, 1.0, 1.0), 0.0);
+    for (expression, why) in [
+        (
+            "zero_bubble(dual(f1b(gpipe)), policy=optimal)",
+            "policy optimal needs a plan without fused F&B tasks",
+        ),
+        (
+            "zero_bubble(f1b(gpipe), policy=optimal, budget=-1)",
+            "0 < budget <= 86400 seconds",
+        ),
+        (
+            "zero_bubble(f1b(gpipe), policy=h2, budget=1)",
+            "a time budget applies to policy=optimal only",
+        ),
+        ("zero_bubble(gpipe, policy=optimal)", "zero_bubble"),
+    ] {
+        let err = build_plan(expression, &config).unwrap_err().to_string();
+        assert!(err.contains(why), "{expression}: {err}");
+    }
+}

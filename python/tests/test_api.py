@@ -70,6 +70,18 @@ def test_the_plan_reports_a_lower_bound_and_its_gap():
     assert plain.optimality_gap == pytest.approx(33 / 27 - 1)
 
 
+def test_policy_optimal_proves_its_schedule():
+    # Issue 29: the exact search reaches the MILP optimum at P=4, M=8, K=3 (auto's old 32) and
+    # proves it; the bound says what it rests on.
+    best = pipeweave.plan("zero_bubble(f1b(gpipe), policy=optimal, memory=3, budget=10)",
+                          ranks=4, microbatches=8)
+    assert (best.makespan, best.lower_bound, best.optimality_gap) == (31.0, 31.0, 0.0)
+    assert best.lower_bound_basis == "search"
+    auto = pipeweave.plan("zero_bubble(f1b(gpipe), memory=3)", ranks=4, microbatches=8)
+    assert auto.makespan == 31.0 and auto.lower_bound_basis == "memory_limit"
+    assert auto.lower_bound < 31.0
+
+
 def test_the_readme_line():
     plan = pipeweave.plan("zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))", ranks=4, microbatches=8)
     assert plan.makespan == 25.5

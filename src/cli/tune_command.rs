@@ -110,6 +110,13 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
             }
             out.push('\n');
         }
+        if let (Some(bound), Some(gap)) = (report.lower_bound, report.optimality_gap) {
+            out.push_str(&format!(
+                "\nlimit {bound:.3}: no schedule of the placements and kinds tried is faster \
+                 (the best is {:.2}% above it)\n",
+                100.0 * gap
+            ));
+        }
         out
     });
     write_out(stdout, &text)

@@ -347,13 +347,25 @@ mod tests {
             ),
             (
                 "zero_bubble(f1b(gpipe), policy=h1, memory=4)",
-                "applies to policy=auto only",
+                "applies to policy=auto and policy=optimal only",
             ),
             (
                 "zero_bubble(f1b(gpipe), policy=auto(4), memory=4)",
                 "not both",
             ),
             ("zero_bubble(f1b(gpipe), memory=-1)", "memory > 0"),
+            (
+                "zero_bubble(f1b(gpipe), policy=auto, budget=5)",
+                "a time budget applies to policy=optimal only",
+            ),
+            (
+                "zero_bubble(f1b(gpipe), policy=optimal, budget=0)",
+                "0 < budget <= 86400 seconds",
+            ),
+            (
+                "zero_bubble(f1b(gpipe), policy=optimal, memory=0)",
+                "memory > 0",
+            ),
             ("dual(f1b(gpipe), x=1)", "takes no arguments"),
             ("vpp(f1b(gpipe), chunks=0)", "1 <= chunks <= 64"),
         ] {

@@ -65,7 +65,7 @@ use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::cache::SearchCache;
 use crate::schedules::controllable::Controllable;
 use crate::schedules::dualpipe::DualShape;
-use crate::schedules::exact::optimal_orders;
+use crate::schedules::exact::{optimal_orders, Budget};
 use crate::schedules::greedy::{self, FillWaits, InFlight, Variant};
 use crate::schedules::ladder::fastest_within;
 use crate::schedules::lagged::{lagged_orders, split_in_place, Hand};
@@ -300,7 +300,9 @@ fn auto_search(plan: &Plan, dual: Option<DualShape>, limit: f64, cache: &SearchC
         }
     }
     let budget = refine_budget(plan);
-    let result = best.map(|b| refine(plan, b.orders, limit, budget));
+    let result = best
+        .map(|b| refine(plan, b.orders, limit, budget))
+        .map(|orders| polish_exactly(plan, dual.is_some(), limit, orders));
     if let Some(scored) = result
         .clone()
         .and_then(|orders| Scored::evaluate(plan, orders, Some(limit), None))
@@ -342,13 +344,11 @@ fn improve_exactly(
         return (orders, None);
     };
     let makespan = scored.score.makespan;
+    let budget = Budget {
+        time: Some(budget),
+        nodes: None,
+    };
     let found = optimal_orders(plan, limit, (orders.clone(), makespan), budget);
-    if std::env::var_os("PIPEWEAVE_DEBUG_EXACT").is_some() {
-        eprintln!(
-            "exact: {} nodes, complete {}, best {}, bound {}",
-            found.nodes, found.complete, found.makespan, found.bound
-        );
-    }
     // The search times ops as the simulator does; its orders are taken where the simulator
     // agrees they are faster.
     match Scored::evaluate(plan, found.orders, Some(limit), None) {
@@ -356,6 +356,35 @@ fn improve_exactly(
             (better.orders, Some(found.bound.min(better.score.makespan)))
         }
         _ => (orders, Some(found.bound.min(makespan))),
+    }
+}
+
+/// The most ops (F, I and W) of a problem whose `auto` result the exact search polishes.
+const POLISH_OPS: usize = 300;
+/// The exact search's node budget when it polishes `auto`'s result (deterministic; about half a
+/// second).
+const POLISH_NODES: u64 = 100_000;
+
+/// `auto`'s result `orders` on `plan` (not a dual plan), polished by the exact search within a
+/// node budget where the problem is small and `limit` binds (below the input's peak): the
+/// memory-bound problems where the list scheduler and the local search miss irregular orders.
+/// Only a faster schedule replaces `orders`.
+fn polish_exactly(plan: &Plan, dual: bool, limit: f64, orders: Vec<Vec<Task>>) -> Vec<Vec<Task>> {
+    if dual || plan.problem().work_count() * 3 > POLISH_OPS || limit >= max_peak(plan) - TOLERANCE {
+        return orders;
+    }
+    let Some(scored) = Scored::evaluate(plan, orders.clone(), Some(limit), None) else {
+        return orders;
+    };
+    let budget = Budget {
+        time: None,
+        nodes: Some(POLISH_NODES),
+    };
+    let makespan = scored.score.makespan;
+    let found = optimal_orders(plan, limit, (orders.clone(), makespan), budget);
+    match Scored::evaluate(plan, found.orders, Some(limit), None) {
+        Some(better) if better.score.makespan < makespan - TOLERANCE => better.orders,
+        _ => orders,
     }
 }
 

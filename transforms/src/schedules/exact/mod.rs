@@ -11,17 +11,29 @@
 //!
 //! The schedules searched split every backward into I and W (as `zero_bubble` does) and time
 //! each op as early as its rank and inputs allow, as the simulator does. The search is
-//! deterministic: run to the end it returns the same schedule every time; stopped by its
-//! deadline, how far it got depends on the machine.
+//! deterministic: run to the end or stopped by a node budget it returns the same schedule every
+//! time; stopped by a deadline, how far it got depends on the machine.
 
 mod model;
 mod node_bound;
 mod search;
 mod state;
 
-use model::Model;
+use model::{Model, Pricing};
+use node_bound::{node_bound, Scratch};
 use pipeweave_core::{Plan, Task};
+use state::State;
 use std::time::{Duration, Instant};
+
+/// How long [`optimal_orders`] may search: until a deadline, after a number of nodes, or
+/// whichever comes first.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    /// Wall-clock time.
+    pub time: Option<Duration>,
+    /// Nodes visited (deterministic).
+    pub nodes: Option<u64>,
+}
 
 /// What [`optimal_orders`] found.
 #[derive(Clone, Debug)]
@@ -36,6 +48,8 @@ pub struct Optimal {
     pub complete: bool,
     /// How many nodes it visited.
     pub nodes: u64,
+    /// How many it had visited when it found its best (0: none better than the incumbent).
+    pub found_at: u64,
 }
 
 /// Searches the schedules of `plan`'s problem within `limit` activations per rank (infinite:
@@ -44,11 +58,12 @@ pub fn optimal_orders(
     plan: &Plan,
     limit: f64,
     incumbent: (Vec<Vec<Task>>, f64),
-    budget: Duration,
+    budget: Budget,
 ) -> Optimal {
-    let model = Model::of_plan(plan, limit);
-    let deadline = Instant::now() + budget;
-    let found = search::branch_and_bound(&model, incumbent.1, deadline);
+    let model = Model::of_plan(plan, limit, Pricing::Split);
+    let deadline = budget.time.map(|t| Instant::now() + t);
+    let max_nodes = budget.nodes.unwrap_or(u64::MAX);
+    let found = search::branch_and_bound(&model, incumbent.1, deadline, max_nodes);
     let orders = match found.orders {
         Some(orders) => orders
             .into_iter()
@@ -62,5 +77,45 @@ pub fn optimal_orders(
         bound: found.bound,
         complete: found.complete,
         nodes: found.nodes,
+        found_at: found.found_at,
+    }
+}
+
+/// Lower bounds on the makespan of every schedule of one plan's problem that runs each F, I and
+/// W once (fused backwards included: each priced as cheap as any of its forms) and holds at most
+/// a given limit of activations per rank: the exact search's bound at its root, whose memory
+/// waits and slots ([`node_bound`]) see what the limit forces. On two routes, DualPipe's F&B
+/// tasks are relaxed too (each half at most half the task). Schedules that recompute or offload
+/// activations are not bounded by it.
+#[derive(Debug)]
+pub struct MemoryBound {
+    model: Model,
+    scratch: Scratch,
+}
+
+impl MemoryBound {
+    /// The bounds of `plan`'s problem.
+    pub fn new(plan: &Plan) -> MemoryBound {
+        MemoryBound {
+            model: Model::of_plan(plan, f64::INFINITY, Pricing::Cheapest),
+            scratch: Scratch::default(),
+        }
+    }
+
+    /// The bound at `limit` activations per rank: infinite where no schedule fits it.
+    pub fn at(&mut self, limit: f64) -> f64 {
+        self.model.set_limit(limit);
+        node_bound(&self.model, &State::new(&self.model), &mut self.scratch)
+    }
+}
+
+/// [`MemoryBound::at`] of `plan`'s problem at `limit`, 0 (no claim) where it is infinite: for
+/// reports of plans that fit their limit, where it never is.
+pub fn memory_bound(plan: &Plan, limit: f64) -> f64 {
+    let bound = MemoryBound::new(plan).at(limit);
+    if bound.is_finite() {
+        bound
+    } else {
+        0.0
     }
 }

@@ -55,14 +55,27 @@ pub(super) struct Model {
     pub slots: Vec<Option<usize>>,
 }
 
+/// How the model prices a backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Pricing {
+    /// I and W at their own costs: the split schedules the search builds.
+    Split,
+    /// As cheap as any form of it runs: I at most a fused B, I and W together at most a B, and
+    /// on two routes each of a forward and a backward at most half of an F&B (a relaxation that
+    /// bounds the schedules with fused tasks too).
+    Cheapest,
+}
+
 impl Model {
-    /// The F, I and W of every (stage, microbatch) pair of `plan`'s problem, at `limit`.
-    pub fn of_plan(plan: &Plan, limit: f64) -> Model {
+    /// The F, I and W of every (stage, microbatch) pair of `plan`'s problem, at `limit`, their
+    /// backwards priced by `pricing`.
+    pub fn of_plan(plan: &Plan, limit: f64, pricing: Pricing) -> Model {
         let problem = plan.problem();
         let costs = plan.costs();
         let memory = plan.memory().stages();
         let mut index: HashMap<Op, OpIndex> = HashMap::new();
         let mut ops: Vec<OpInfo> = Vec::new();
+        let fused_half = fused_halves(plan);
         for m in 0..problem.microbatches() {
             for s in 0..problem.stages() {
                 let work = Work::new(s, m);
@@ -76,10 +89,14 @@ impl Model {
                     (OpKind::WeightGrad, Task::WeightGrad(work)),
                 ] {
                     index.insert(work.op(kind), ops.len());
+                    let duration = match pricing {
+                        Pricing::Split => costs.task_duration(&task),
+                        Pricing::Cheapest => cheapest(plan, work, kind, fused_half[rank]),
+                    };
                     ops.push(OpInfo {
                         task,
                         rank,
-                        duration: costs.task_duration(&task),
+                        duration,
                         delta: memory.get(s as usize).map_or(0.0, |mm| mm.delta(kind)),
                         preds: SmallVec::new(),
                         succs: SmallVec::new(),
@@ -163,6 +180,64 @@ impl Model {
             limit,
             slots,
         }
+    }
+}
+
+/// Per rank, on a plan of two routes (whose F&B tasks run a forward and a full backward for one
+/// price), half of the cheapest such task on the rank: what each of its two halves costs at most.
+/// Infinite elsewhere.
+fn fused_halves(plan: &Plan) -> Vec<f64> {
+    let problem = plan.problem();
+    let mut out = vec![f64::INFINITY; problem.ranks() as usize];
+    if problem.routes().len() < 2 {
+        return out;
+    }
+    for m in 0..problem.microbatches() {
+        for s in 0..problem.stages() {
+            let work = Work::new(s, m);
+            if let (true, Some(rank)) = (
+                problem.has_work(work.stage, work.microbatch),
+                problem.rank_of(work.stage),
+            ) {
+                let fused = plan.costs().task_duration(&Task::Overlapped {
+                    forward: work,
+                    backward: work,
+                });
+                let half = &mut out[rank.index()];
+                *half = half.min(fused / 2.0);
+            }
+        }
+    }
+    out
+}
+
+/// The least an op of `work` of kind `kind` costs in any task form (see [`Pricing::Cheapest`]):
+/// a forward at most half a fused F&B; an I at most a fused B (or half an F&B); an I and its W
+/// together at most a B.
+fn cheapest(plan: &Plan, work: Work, kind: OpKind, fused_half: f64) -> f64 {
+    let costs = plan.costs();
+    let forward = costs.task_duration(&Task::Forward(work));
+    let backward = costs.task_duration(&Task::Backward(work));
+    let input_grad = costs
+        .task_duration(&Task::InputGrad(work))
+        .min(backward)
+        .min(fused_half);
+    let both = (costs.task_duration(&Task::InputGrad(work))
+        + costs.task_duration(&Task::WeightGrad(work)))
+    .min(backward)
+    .min(fused_half);
+    match kind {
+        OpKind::Forward => forward.min(fused_half),
+        OpKind::InputGrad => input_grad,
+        OpKind::WeightGrad => (both - input_grad).max(0.0),
+    }
+}
+
+impl Model {
+    /// The same model at another memory limit.
+    pub fn set_limit(&mut self, limit: f64) {
+        self.limit = limit;
+        self.slots = slots(&self.ops, self.ranks, limit);
     }
 }
 

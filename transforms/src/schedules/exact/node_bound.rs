@@ -31,7 +31,8 @@ pub(super) struct Scratch {
     forwards: Vec<usize>,
     releases: Vec<(f64, f64)>,
     slots: Vec<f64>,
-    starts: Vec<f64>,
+    /// A rank's forwards still to run: head, least hold, tail after the hold.
+    holds: Vec<(f64, f64, f64)>,
 }
 
 /// The lower bound of `state` (see the module doc).
@@ -84,9 +85,11 @@ pub(super) fn node_bound(model: &Model, state: &State, scratch: &mut Scratch) ->
 
 /// The memory limit as `slots` places on `rank`, each holding one forward's activations from its
 /// start to its release's end: the forwards in flight hold theirs until their releases can end,
-/// and the forwards still to run, alike in how long they hold one at least, take a place each
-/// from their heads on. Earliest place first in head order is optimal for alike jobs, so the last
-/// release it ends, plus the tail after it, bounds the makespan (0 where the forwards differ).
+/// and each forward still to run takes a place from its head on for at least its least hold.
+/// Where those holds are alike, earliest place first in head order is optimal, so the last
+/// release it ends, plus the tail after it, bounds the makespan; where they differ, the holds
+/// that start at or after a time `t` fill the places from `t` on at best evenly (the largest such
+/// bound over the heads `t`).
 fn slot_bound(
     model: &Model,
     state: &State,
@@ -99,12 +102,11 @@ fn slot_bound(
         heads,
         job_ops,
         slots: free_at,
-        starts,
+        holds,
         ..
     } = scratch;
     free_at.clear();
-    starts.clear();
-    let mut hold: Option<(f64, f64)> = None;
+    holds.clear();
     for &op in &job_ops[rank] {
         let info = &ops[op];
         if let Some(forward) = info.frees {
@@ -113,39 +115,44 @@ fn slot_bound(
             }
         }
         if let Some((release, least)) = info.release {
-            let tail = ops[release].tail;
-            match hold {
-                None => hold = Some((least, tail)),
-                Some((l, t)) if (l - least).abs() <= TOLERANCE && (t - tail).abs() <= TOLERANCE => {
-                }
-                Some(_) => return 0.0,
+            holds.push((heads[op], least, ops[release].tail));
+        }
+    }
+    if holds.is_empty() || free_at.len() > slots || slots == 0 {
+        return 0.0;
+    }
+    holds.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (_, least, tail) = holds[0];
+    let alike = holds
+        .iter()
+        .all(|h| (h.1 - least).abs() <= TOLERANCE && (h.2 - tail).abs() <= TOLERANCE);
+    if alike {
+        free_at.resize(slots, f64::NEG_INFINITY);
+        let mut last: f64 = 0.0;
+        for &(head, _, _) in holds.iter() {
+            let (k, earliest) = free_at
+                .iter()
+                .copied()
+                .enumerate()
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .unwrap_or((0, f64::NEG_INFINITY));
+            let end = earliest.max(head) + least;
+            if let Some(place) = free_at.get_mut(k) {
+                *place = end;
             }
-            starts.push(heads[op]);
+            last = last.max(end);
         }
+        return last + tail;
     }
-    let Some((least, tail)) = hold else {
-        return 0.0;
-    };
-    if free_at.len() > slots {
-        return 0.0;
+    // From the latest head down: the holds starting then or later, their least tail.
+    let (mut work, mut tail, mut best) = (0.0, f64::INFINITY, 0.0_f64);
+    for &(head, least, own_tail) in holds.iter().rev() {
+        work += least;
+        tail = tail.min(own_tail);
+        let busy: f64 = free_at.iter().map(|&f| (f - head).max(0.0)).sum();
+        best = best.max(head + (work + busy) / slots as f64 + tail);
     }
-    free_at.resize(slots, f64::NEG_INFINITY);
-    starts.sort_by(f64::total_cmp);
-    let mut last: f64 = 0.0;
-    for &head in starts.iter() {
-        let (k, earliest) = free_at
-            .iter()
-            .copied()
-            .enumerate()
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-            .unwrap_or((0, f64::NEG_INFINITY));
-        let end = earliest.max(head) + least;
-        if let Some(place) = free_at.get_mut(k) {
-            *place = end;
-        }
-        last = last.max(end);
-    }
-    last + tail
+    best
 }
 
 /// Raises the heads of `rank`'s remaining forwards (in `scratch.jobs[rank]`) to when the memory

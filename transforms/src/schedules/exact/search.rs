@@ -14,7 +14,7 @@
 //! of bounded size). Children are tried best bound first (then earliest start, then op order):
 //! the search is deterministic.
 //!
-//! **Stopping**: at the deadline the search returns the best schedule found and, as its proven
+//! **Stopping**: at the deadline or the node budget the search returns the best schedule found and, as its proven
 //! lower bound, the least bound of the nodes it left unexplored; run to the end, the bound is the
 //! best makespan itself.
 
@@ -52,6 +52,8 @@ pub(super) struct Found {
     pub complete: bool,
     /// Nodes visited.
     pub nodes: u64,
+    /// Nodes visited when the best was found (0: none better than the incumbent).
+    pub found_at: u64,
 }
 
 /// The search's working state.
@@ -61,29 +63,38 @@ struct Search<'m> {
     scratch: Scratch,
     best: f64,
     best_orders: Option<Vec<Vec<OpIndex>>>,
+    found_at: u64,
     table: HashMap<Vec<u64>, Vec<Box<[f64]>>>,
     stored: usize,
     frontier: Vec<f64>,
     nodes: u64,
-    deadline: Instant,
+    deadline: Option<Instant>,
+    max_nodes: u64,
     stopped: bool,
     open_bound: f64,
 }
 
 /// Searches `model` for a schedule ending before `incumbent` (the makespan to beat) until
-/// `deadline`.
-pub(super) fn branch_and_bound(model: &Model, incumbent: f64, deadline: Instant) -> Found {
+/// `deadline` or after `max_nodes` nodes, whichever comes first.
+pub(super) fn branch_and_bound(
+    model: &Model,
+    incumbent: f64,
+    deadline: Option<Instant>,
+    max_nodes: u64,
+) -> Found {
     let mut search = Search {
         model,
         state: State::new(model),
         scratch: Scratch::default(),
         best: incumbent,
         best_orders: None,
+        found_at: 0,
         table: HashMap::new(),
         stored: 0,
         frontier: Vec::new(),
         nodes: 0,
         deadline,
+        max_nodes,
         stopped: false,
         open_bound: f64::INFINITY,
     };
@@ -108,6 +119,7 @@ pub(super) fn branch_and_bound(model: &Model, incumbent: f64, deadline: Instant)
         bound,
         complete,
         nodes: search.nodes,
+        found_at: search.found_at,
     }
 }
 
@@ -115,7 +127,9 @@ impl Search<'_> {
     /// Explores the current state, whose lower bound is `bound`.
     fn visit(&mut self, bound: f64) {
         self.nodes += 1;
-        if self.nodes % 256 == 0 && Instant::now() >= self.deadline {
+        if self.nodes > self.max_nodes
+            || (self.nodes % 256 == 0 && self.deadline.is_some_and(|d| Instant::now() >= d))
+        {
             self.stopped = true;
         }
         if self.stopped {
@@ -127,6 +141,7 @@ impl Search<'_> {
             if makespan < self.best - TOLERANCE {
                 self.best = makespan;
                 self.best_orders = Some(self.state.orders().to_vec());
+                self.found_at = self.nodes;
             }
             return;
         }
