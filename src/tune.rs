@@ -20,6 +20,8 @@ use pipeweave_core::{cut_violation, even_cut, lower_bound, CutCosts, PinnedEnds,
 use pipeweave_transforms::schedules::exact::memory_bound;
 use pipeweave_transforms::Registry;
 use serde::Serialize;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -106,6 +108,32 @@ pub fn placement_bound(plan: &Plan, limit: Option<f64>) -> f64 {
     }
 }
 
+/// The [`placement_bound`]s a search computed, by problem (placement, costs, memory) and
+/// whether the plan keeps its activations: candidates of one placement share them.
+#[derive(Debug, Default)]
+struct PlacementBounds {
+    known: Mutex<HashMap<(u64, bool), f64>>,
+}
+
+impl PlacementBounds {
+    /// [`placement_bound`] of `plan` at `limit` (one search has one limit).
+    fn of(&self, plan: &Plan, limit: Option<f64>) -> f64 {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        plan.problem().hash(&mut hasher);
+        plan.costs().hash(&mut hasher);
+        plan.memory().hash(&mut hasher);
+        let key = (hasher.finish(), plan.manages_residency());
+        if let Some(bound) = self.known.lock().ok().and_then(|k| k.get(&key).copied()) {
+            return bound;
+        }
+        let bound = placement_bound(plan, limit);
+        if let Ok(mut known) = self.known.lock() {
+            known.insert(key, bound);
+        }
+        bound
+    }
+}
+
 /// Every expression `tune` tries for `ranks`, in tie-breaking order.
 pub fn candidate_expressions(ranks: u32, memory_limit: Option<f64>) -> Vec<String> {
     let mut out: Vec<String> = vec!["gpipe".into(), "f1b(gpipe)".into()];
@@ -162,6 +190,7 @@ pub fn tune_with(
 ) -> TuneReport {
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
+    let bounds = PlacementBounds::default();
     let results: Mutex<Vec<(usize, Result<Candidate, String>)>> = Mutex::new(Vec::new());
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|scope| {
@@ -171,7 +200,7 @@ pub fn tune_with(
                 let Some(expression) = expressions.get(i) else {
                     break;
                 };
-                let outcome = evaluate(registry, config, expression);
+                let outcome = evaluate(registry, config, expression, &bounds);
                 if let Ok(mut r) = results.lock() {
                     r.push((i, outcome));
                 }
@@ -207,6 +236,7 @@ fn evaluate(
     registry: &Registry,
     config: &PipelineConfig,
     expression: &str,
+    bounds: &PlacementBounds,
 ) -> Result<Candidate, String> {
     let plan = build_plan_with(registry, expression, config).map_err(|e| e.to_string())?;
     let sim = config.simulate(&plan).map_err(|e| e.to_string())?;
@@ -225,7 +255,7 @@ fn evaluate(
         peak_activations: tidy(peak),
         stages: plan.problem().stages(),
         pytorch: pipeweave_core::formats::csv::pytorch_expressible(plan.problem()).is_ok(),
-        lower_bound: tidy(placement_bound(&plan, config.memory_limit())),
+        lower_bound: tidy(bounds.of(&plan, config.memory_limit())),
         layers_per_stage: None,
         peak_activation_bytes: None,
     })
