@@ -27,7 +27,8 @@
 //!   until the budget runs out. The plan carries the search's proven lower bound
 //!   ([`Plan::with_proven_bound`]): run to the end, the schedule is optimal among those that run
 //!   each F, I and W once within the limit. Not on dual plans (their fused F&B tasks are outside
-//!   the search).
+//!   the search); on problems above [`crate::schedules::exact::MAX_SEARCH_OPS`] ops, `auto`'s
+//!   result with the search's root bound.
 //! - `deepseek` (dual plans only): DeepSeek's DualPipe/DualPipeV order with its split backwards and
 //!   W queue.
 //! - `in_place`: each backward split where it stands, its W right after its I: no W moves into a

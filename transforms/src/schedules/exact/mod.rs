@@ -35,6 +35,10 @@ pub struct Budget {
     pub nodes: Option<u64>,
 }
 
+/// The most ops (F, I and W) the search takes on: it recurses once per op placed, which must fit
+/// a thread's stack (2 MiB). Larger problems get the incumbent and the root's bound.
+pub const MAX_SEARCH_OPS: usize = 1_500;
+
 /// What [`optimal_orders`] found.
 #[derive(Clone, Debug)]
 pub struct Optimal {
@@ -53,7 +57,8 @@ pub struct Optimal {
 }
 
 /// Searches the schedules of `plan`'s problem within `limit` activations per rank (infinite:
-/// none) for one faster than `incumbent` (orders and their makespan), for at most `budget`.
+/// none) for one faster than `incumbent` (orders within the limit and their makespan; an
+/// infinite makespan when there are none), for at most `budget`.
 pub fn optimal_orders(
     plan: &Plan,
     limit: f64,
@@ -62,7 +67,12 @@ pub fn optimal_orders(
 ) -> Optimal {
     let model = Model::of_plan(plan, limit, Pricing::Split);
     let deadline = budget.time.map(|t| Instant::now() + t);
-    let max_nodes = budget.nodes.unwrap_or(u64::MAX);
+    // Larger problems get the root's bound alone: the search's depth grows with the ops.
+    let max_nodes = if model.ops.len() > MAX_SEARCH_OPS {
+        0
+    } else {
+        budget.nodes.unwrap_or(u64::MAX)
+    };
     let found = search::branch_and_bound(&model, incumbent.1, deadline, max_nodes);
     let orders = match found.orders {
         Some(orders) => orders
@@ -117,5 +127,74 @@ pub fn memory_bound(plan: &Plan, limit: f64) -> f64 {
         bound
     } else {
         0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Registry;
+    use pipeweave_core::testing::{costs, unscheduled};
+    use pipeweave_core::{lower_bound, simulate};
+
+    /// `expression` over `ranks` x `m` at unit costs.
+    fn built(expression: &str, ranks: u32, m: u32) -> Plan {
+        let passes = Registry::builtin().compile_expression(expression).unwrap();
+        passes
+            .run(unscheduled(ranks, m, costs(1.0, 1.0, 1.0)))
+            .unwrap()
+    }
+
+    #[test]
+    fn the_memory_limit_as_slots_raises_the_bound() {
+        // P = 8, M = 16, 4 activations: rank 0 holds 4 microbatches at once, each for at least
+        // its round trip (8 F + 8 I + its W = 17): 4 rounds of 17, plus the last Fs' waits.
+        let plan = unscheduled(8, 16, costs(1.0, 1.0, 1.0));
+        assert_eq!(lower_bound(&plan), 55.0);
+        assert_eq!(memory_bound(&plan, 4.0), 71.0);
+        // Unbounded: no more than the relaxation.
+        assert!(memory_bound(&plan, 1e300) <= 55.0 + 1e-9);
+    }
+
+    #[test]
+    fn a_limit_nothing_fits_is_infinite_and_no_claim_in_reports() {
+        let plan = unscheduled(2, 2, costs(1.0, 1.0, 1.0));
+        assert_eq!(MemoryBound::new(&plan).at(0.5), f64::INFINITY);
+        assert_eq!(memory_bound(&plan, 0.5), 0.0);
+    }
+
+    #[test]
+    fn huge_limits_and_two_routes_are_bounded_without_harm() {
+        let plan = built("dual(f1b(gpipe))", 4, 4);
+        let relaxed = lower_bound(&plan);
+        let bound = memory_bound(&plan, 1e300);
+        assert!(bound > 0.0 && bound <= simulate(&plan).unwrap().makespan() + 1e-9);
+        assert!(relaxed <= simulate(&plan).unwrap().makespan() + 1e-9);
+    }
+
+    #[test]
+    fn the_search_proves_its_schedule_and_stops_on_its_node_budget() {
+        // No incumbent to beat (ZB-H1's orders hold 4, above the limit).
+        let plan = built("zero_bubble(f1b(gpipe), policy=h1)", 4, 8);
+        let start = (plan.orders().to_vec(), f64::INFINITY);
+        let budget = |nodes| Budget {
+            time: None,
+            nodes: Some(nodes),
+        };
+        let found = optimal_orders(&plan, 3.0, start.clone(), budget(1_000_000));
+        assert!(found.complete);
+        assert_eq!((found.makespan, found.bound), (31.0, 31.0));
+        let orders = plan.clone().with_orders(found.orders).unwrap();
+        assert_eq!(simulate(&orders).unwrap().makespan(), 31.0);
+        assert!(pipeweave_core::max_peak(&orders) <= 3.0);
+        // Ten nodes: stopped, the bound below what it has, the same every time.
+        let short = optimal_orders(&plan, 3.0, start.clone(), budget(10));
+        assert!(!short.complete);
+        assert!(short.bound <= 31.0 && short.makespan >= 31.0);
+        let again = optimal_orders(&plan, 3.0, start, budget(10));
+        assert_eq!(
+            (again.makespan, again.bound, again.orders),
+            (short.makespan, short.bound, short.orders)
+        );
     }
 }

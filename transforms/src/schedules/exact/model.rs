@@ -293,22 +293,28 @@ fn releases(ops: &[OpInfo], topo: &[OpIndex]) -> Vec<Option<(OpIndex, f64)>> {
 }
 
 /// Per rank, how many forwards' activations fit its limit at once where all its forwards are of
-/// one size (None elsewhere, and without a limit).
+/// one size (None elsewhere, and without a limit); never more than the rank's forwards.
 fn slots(ops: &[OpInfo], ranks: usize, limit: f64) -> Vec<Option<usize>> {
     (0..ranks)
         .map(|rank| {
-            let mut sizes = ops
+            let sizes: Vec<f64> = ops
                 .iter()
                 .filter(|o| o.rank == rank && o.release.is_some())
-                .map(|o| o.delta);
-            let size = sizes.next()?;
+                .map(|o| o.delta)
+                .collect();
+            let size = *sizes.first()?;
             if !limit.is_finite()
                 || size <= TOLERANCE
-                || sizes.any(|d| (d - size).abs() > TOLERANCE)
+                || sizes.iter().any(|d| (d - size).abs() > TOLERANCE)
             {
                 return None;
             }
-            Some((limit / size + TOLERANCE).floor() as usize)
+            let fit = (limit / size + TOLERANCE).floor();
+            Some(if fit >= sizes.len() as f64 {
+                sizes.len()
+            } else {
+                fit as usize
+            })
         })
         .collect()
 }

@@ -190,6 +190,10 @@ fn raise_forward_heads(model: &Model, state: &State, rank: usize, scratch: &mut 
         .iter()
         .map(|&k| model.ops[job_ops[k]].delta)
         .fold(f64::INFINITY, f64::min);
+    if size > model.limit + TOLERANCE {
+        // Not even the smallest forward fits.
+        return false;
+    }
     releases.sort_by(|a, b| a.0.total_cmp(&b.0));
     forwards.sort_by(|&a, &b| jobs[a].head.total_cmp(&jobs[b].head));
     let held = state.held(rank);
