@@ -9,7 +9,8 @@
 //!
 //! The candidates: `gpipe`; `f1b(gpipe)`; `vpp(f1b(gpipe), chunks=C)` for C = 2..4 and the V
 //! layout; `zero_bubble` with `h1`, `h2` and `auto` on 1F1B, on interleaving (2 and 3 chunks, the
-//! V layout) and, with `auto` at twice the 1F1B memory when the limit allows, on 1F1B; V-Half and
+//! V layout) and, with `auto` at twice the 1F1B memory when the limit allows, on 1F1B; `auto` on
+//! 4- and 8-chunk interleaving (at the limit where one is given); V-Half and
 //! V-Min (`policy=v_half`, `policy=v_min`) on the V layout; `dual` and
 //! `zero_bubble(dual(..))` on 1F1B and 2-chunk interleaving.
 
@@ -156,6 +157,15 @@ pub fn candidate_expressions(ranks: u32, memory_limit: Option<f64>) -> Vec<Strin
         "vpp(f1b(gpipe), chunks=2, layout=v)",
     ] {
         out.push(format!("zero_bubble({inner})"));
+    }
+    // Finer interleaving fills the pipeline faster (3M + (P - 1) / C at unit costs, which `auto`
+    // reaches on 4 and 8 chunks), at the limit where one is given.
+    for chunks in [4, 8] {
+        let inner = format!("vpp(f1b(gpipe), chunks={chunks})");
+        out.push(match memory_limit {
+            Some(limit) => format!("zero_bubble({inner}, policy=auto, memory={limit})"),
+            None => format!("zero_bubble({inner})"),
+        });
     }
     for policy in ["v_half", "v_min"] {
         out.push(format!(

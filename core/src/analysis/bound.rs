@@ -5,7 +5,8 @@
 //! constraints), so the bound holds at every memory limit. Each (stage, microbatch) pair has a
 //! forward, an input-gradient backward and a weight-gradient backward, priced as cheap as any
 //! task form allows (a fused B as the lesser of `I + W` and `B`; on two routes, where F&B tasks
-//! may fuse a forward with a backward, each half of the cheapest fused task at most). Then:
+//! with a given price may fuse a forward with a backward, each half of the cheapest such task at
+//! most; without a given price an F&B costs its forward plus its backward, so nothing). Then:
 //! - **heads and tails**: per op, the longest dependency chain before it (with the cross-rank
 //!   latency) and after it; their largest sum with the op is the longest chain bound;
 //! - **each rank alone**: its ops with those heads and tails on one machine that may even
@@ -65,7 +66,9 @@ fn jobs(plan: &Plan) -> (Vec<Job>, f64) {
     let mut fused_half = vec![f64::INFINITY; problem.ranks() as usize];
     if two_routes {
         for w in &all_works(problem) {
-            if let Some(rank) = problem.rank_of(w.stage) {
+            // Without a given price an F&B costs its forward plus its backward: no saving.
+            let given = costs.stage(w.stage).is_some_and(|c| c.overlapped_given());
+            if let (true, Some(rank)) = (given, problem.rank_of(w.stage)) {
                 let fused = costs.task_duration(&Task::Overlapped {
                     forward: *w,
                     backward: *w,

@@ -139,6 +139,11 @@ impl StageCosts {
     pub fn overlapped(&self) -> f64 {
         self.overlapped
     }
+    /// Whether the overlapped duration was given (else an F&B costs its forward plus its
+    /// backward: fusing saves nothing).
+    pub fn overlapped_given(&self) -> bool {
+        self.overlapped_given
+    }
     /// Recompute forward duration.
     pub fn recompute(&self) -> f64 {
         self.recompute

@@ -184,8 +184,9 @@ impl Model {
 }
 
 /// Per rank, on a plan of two routes (whose F&B tasks run a forward and a full backward for one
-/// price), half of the cheapest such task on the rank: what each of its two halves costs at most.
-/// Infinite elsewhere.
+/// price), half of the cheapest such task on the rank whose price is given: what each of its
+/// two halves costs at most. Infinite elsewhere (an F&B without a given price costs its forward
+/// plus its backward).
 fn fused_halves(plan: &Plan) -> Vec<f64> {
     let problem = plan.problem();
     let mut out = vec![f64::INFINITY; problem.ranks() as usize];
@@ -195,7 +196,13 @@ fn fused_halves(plan: &Plan) -> Vec<f64> {
     for m in 0..problem.microbatches() {
         for s in 0..problem.stages() {
             let work = Work::new(s, m);
-            if let (true, Some(rank)) = (
+            // Without a given price an F&B costs its forward plus its backward: no saving.
+            let given = plan
+                .costs()
+                .stage(work.stage)
+                .is_some_and(|c| c.overlapped_given());
+            if let (true, true, Some(rank)) = (
+                given,
                 problem.has_work(work.stage, work.microbatch),
                 problem.rank_of(work.stage),
             ) {
