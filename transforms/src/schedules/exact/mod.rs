@@ -99,23 +99,36 @@ pub fn optimal_orders(
 /// activations are not bounded by it.
 #[derive(Debug)]
 pub struct MemoryBound {
-    model: Model,
+    /// None above [`MEMORY_BOUND_OPS`].
+    model: Option<Model>,
     scratch: Scratch,
 }
+
+/// The most ops (F, I and W) whose memory bound is computed: it costs about a microsecond per op
+/// (170 ms at 32 ranks, 2 chunks and 1,024 microbatches, 20 times the planner's build and
+/// simulation there), so larger problems get no claim from it (their reports keep the
+/// relaxation's bound).
+pub const MEMORY_BOUND_OPS: usize = 30_000;
 
 impl MemoryBound {
     /// The bounds of `plan`'s problem.
     pub fn new(plan: &Plan) -> MemoryBound {
+        let ops = plan.problem().work_count() * 3;
         MemoryBound {
-            model: Model::of_plan(plan, f64::INFINITY, Pricing::Cheapest),
+            model: (ops <= MEMORY_BOUND_OPS)
+                .then(|| Model::of_plan(plan, f64::INFINITY, Pricing::Cheapest)),
             scratch: Scratch::default(),
         }
     }
 
-    /// The bound at `limit` activations per rank: infinite where no schedule fits it.
+    /// The bound at `limit` activations per rank: infinite where no schedule fits it; 0 (no
+    /// claim) above [`MEMORY_BOUND_OPS`].
     pub fn at(&mut self, limit: f64) -> f64 {
-        self.model.set_limit(limit);
-        node_bound(&self.model, &State::new(&self.model), &mut self.scratch)
+        let Some(model) = self.model.as_mut() else {
+            return 0.0;
+        };
+        model.set_limit(limit);
+        node_bound(model, &State::new(model), &mut self.scratch)
     }
 }
 
