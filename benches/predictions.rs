@@ -427,7 +427,11 @@ fn ranked_within(
 ) -> TuneReport {
     tune_cuts(base, profile, cuts, &mut |config, cut| {
         Ok(match limit {
-            None => tune(config, &candidate_expressions(2, None), &|_| {}),
+            None => tune(
+                config,
+                &candidate_expressions(2, config.microbatches(), None),
+                &|_| {},
+            ),
             Some(bytes) => {
                 let units = bytes / cut.bytes_per_unit;
                 frontier(&config.clone().with_memory_limit(Some(units)), &|_| {}).ranked()

@@ -159,7 +159,11 @@ impl ConfigRequest {
     ) -> TuneReport {
         match limit {
             Some(_) => frontier(config, progress).ranked(),
-            None => tune(config, &candidate_expressions(self.ranks, None), progress),
+            None => tune(
+                config,
+                &candidate_expressions(self.ranks, self.microbatches, None),
+                progress,
+            ),
         }
     }
 

@@ -10,7 +10,8 @@
 //! The candidates: `gpipe`; `f1b(gpipe)`; `vpp(f1b(gpipe), chunks=C)` for C = 2..4 and the V
 //! layout; `zero_bubble` with `h1`, `h2` and `auto` on 1F1B, on interleaving (2 and 3 chunks, the
 //! V layout) and, with `auto` at twice the 1F1B memory when the limit allows, on 1F1B; `auto` on
-//! 4- and 8-chunk interleaving (at the limit where one is given); V-Half and
+//! 4- and 8-chunk interleaving (at the limit where one is given); on problems of at most 300 ops,
+//! `policy=optimal` on 1F1B with a node budget; V-Half and
 //! V-Min (`policy=v_half`, `policy=v_min`) on the V layout; `dual` and
 //! `zero_bubble(dual(..))` on 1F1B and 2-chunk interleaving.
 
@@ -135,8 +136,19 @@ impl PlacementBounds {
     }
 }
 
-/// Every expression `tune` tries for `ranks`, in tie-breaking order.
-pub fn candidate_expressions(ranks: u32, memory_limit: Option<f64>) -> Vec<String> {
+/// The most ops (F, I and W) a problem may have for `tune` to try `policy=optimal` on it.
+pub const OPTIMAL_CANDIDATE_OPS: u32 = 300;
+
+/// The node budget of `tune`'s `policy=optimal` candidate (deterministic: a time budget would
+/// make the ranking depend on the machine).
+pub const OPTIMAL_CANDIDATE_NODES: u32 = 200_000;
+
+/// Every expression `tune` tries for `ranks` x `microbatches`, in tie-breaking order.
+pub fn candidate_expressions(
+    ranks: u32,
+    microbatches: u32,
+    memory_limit: Option<f64>,
+) -> Vec<String> {
     let mut out: Vec<String> = vec!["gpipe".into(), "f1b(gpipe)".into()];
     for chunks in 2..=4 {
         out.push(format!("vpp(f1b(gpipe), chunks={chunks})"));
@@ -157,6 +169,13 @@ pub fn candidate_expressions(ranks: u32, memory_limit: Option<f64>) -> Vec<Strin
         "vpp(f1b(gpipe), chunks=2, layout=v)",
     ] {
         out.push(format!("zero_bubble({inner})"));
+    }
+    // The exact search where the problem is small.
+    if ranks.saturating_mul(microbatches).saturating_mul(3) <= OPTIMAL_CANDIDATE_OPS {
+        let memory = memory_limit.map_or(String::new(), |l| format!(", memory={l}"));
+        out.push(format!(
+            "zero_bubble(f1b(gpipe), policy=optimal{memory}, nodes={OPTIMAL_CANDIDATE_NODES})"
+        ));
     }
     // Finer interleaving fills the pipeline faster (3M + (P - 1) / C at unit costs, which `auto`
     // reaches on 4 and 8 chunks), at the limit where one is given.
@@ -404,7 +423,7 @@ mod tests {
     #[test]
     fn the_best_is_at_least_as_fast_as_every_fixed_schedule() {
         let config = PipelineConfig::new(4, 8).unwrap();
-        let expressions = candidate_expressions(4, None);
+        let expressions = candidate_expressions(4, 8, None);
         let report = tune(&config, &expressions, &|_| {});
         assert_eq!(report.evaluated, expressions.len());
         let best = &report.candidates[0];
@@ -453,7 +472,7 @@ mod tests {
         let config = PipelineConfig::new(4, 8)
             .unwrap()
             .with_memory_limit(Some(4.0));
-        let expressions = candidate_expressions(4, Some(4.0));
+        let expressions = candidate_expressions(4, 8, Some(4.0));
         let report = tune(&config, &expressions, &|_| {});
         assert!(report
             .candidates

@@ -175,6 +175,20 @@ fn optimal_and_auto_reach_the_milp_optima() {
     }
 }
 
+/// A node budget stops the search deterministically: a short one leaves `auto`'s schedule and
+/// the root's bound, the same every time.
+#[test]
+fn a_node_budget_is_deterministic() {
+    let config = costed(4, 12, split_costs(1.0, 1.0, 1.0), 0.1);
+    let expression = "zero_bubble(f1b(gpipe), policy=optimal, memory=4, budget=600, nodes=500)";
+    let a = build_plan(expression, &config).unwrap();
+    let b = build_plan(expression, &config).unwrap();
+    assert_eq!(a.orders(), b.orders());
+    assert_eq!(a.proven_bound(), b.proven_bound());
+    let makespan = simulate(&a).unwrap().makespan();
+    assert!(a.proven_bound().unwrap() <= makespan + TOLERANCE);
+}
+
 /// The four optima (P = 4, M = 8, F = I = W = 1, K = 3: 31; with comm 0.1: 32.6;
 /// P = 3, M = 9, K = 2: 37; P = 4, M = 12, K = 3: 44): `optimal` proves them, `auto` reaches
 /// them.
@@ -236,9 +250,17 @@ fn bad_uses_of_optimal_are_errors_naming_the_rule() {
         ),
         (
             "zero_bubble(f1b(gpipe), policy=h2, budget=1)",
-            "a time budget applies to policy=optimal only",
+            "a search budget applies to policy=optimal only",
         ),
         ("zero_bubble(gpipe, policy=optimal)", "zero_bubble"),
+        (
+            "zero_bubble(f1b(gpipe), policy=optimal, nodes=0)",
+            "nodes >= 1",
+        ),
+        (
+            "zero_bubble(f1b(gpipe), policy=optimal, nodes=2.5)",
+            "is not a whole number",
+        ),
     ] {
         let err = build_plan(expression, &config).unwrap_err().to_string();
         assert!(err.contains(why), "{expression}: {err}");

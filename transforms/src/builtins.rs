@@ -106,11 +106,12 @@ fn vpp(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
 }
 
 /// `zero_bubble(schedule, policy=h1|h2|auto|auto(N)|optimal|deepseek|in_place|v_half|v_min,
-/// memory=N, budget=S)`.
+/// memory=N, budget=S, nodes=K)`.
 fn zero_bubble(args: &Arguments, cache: &SearchCache) -> Result<Box<dyn Pass>, TransformError> {
-    args.allow_only(&["policy", "memory", "budget"])?;
+    args.allow_only(&["policy", "memory", "budget", "nodes"])?;
     let memory = args.number("memory")?;
     let budget = args.number("budget")?;
+    let nodes = args.integer("nodes")?.map(u64::from);
     let expected = "expected h1, h2, auto, auto(N), optimal, deepseek, in_place, v_half or v_min";
     let policy = match args.value("policy") {
         None if memory.is_some() => Policy::Auto { memory },
@@ -126,6 +127,7 @@ fn zero_bubble(args: &Arguments, cache: &SearchCache) -> Result<Box<dyn Pass>, T
             ("optimal", []) => Policy::Optimal {
                 memory,
                 budget: budget.unwrap_or(ZeroBubble::DEFAULT_BUDGET),
+                nodes,
             },
             ("auto", [Node::Number { value, .. }]) if memory.is_none() => Policy::Auto {
                 memory: Some(*value),
@@ -149,13 +151,15 @@ fn zero_bubble(args: &Arguments, cache: &SearchCache) -> Result<Box<dyn Pass>, T
             "a memory limit applies to policy=auto and policy=optimal only",
         ));
     }
-    if budget.is_some() && !matches!(policy, Policy::Optimal { .. }) {
-        let column = args.value("budget").map_or(args.column(), |(c, _)| c);
-        return Err(args.bad(
-            "budget",
-            column,
-            "a time budget applies to policy=optimal only",
-        ));
+    for (given, argument) in [(budget.is_some(), "budget"), (nodes.is_some(), "nodes")] {
+        if given && !matches!(policy, Policy::Optimal { .. }) {
+            let column = args.value(argument).map_or(args.column(), |(c, _)| c);
+            return Err(args.bad(
+                argument,
+                column,
+                "a search budget applies to policy=optimal only",
+            ));
+        }
     }
     let argument = if budget.is_some() && memory.is_none() {
         "budget"

@@ -356,7 +356,7 @@ mod tests {
             ("zero_bubble(f1b(gpipe), memory=-1)", "memory > 0"),
             (
                 "zero_bubble(f1b(gpipe), policy=auto, budget=5)",
-                "a time budget applies to policy=optimal only",
+                "a search budget applies to policy=optimal only",
             ),
             (
                 "zero_bubble(f1b(gpipe), policy=optimal, budget=0)",

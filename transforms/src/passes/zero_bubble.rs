@@ -22,7 +22,8 @@
 //!   microbatch below, and the fastest (by makespan) of every candidate those searches simulated
 //!   (their results and the handcrafted schedules that fit) wins: the makespan never increases as
 //!   `N` grows, and no handcrafted schedule that fits `N` is faster.
-//! - `optimal` (with `memory=N` as `auto`, and `budget=S` seconds, default 10): `auto`'s result,
+//! - `optimal` (with `memory=N` as `auto`, `budget=S` seconds, default 10, and optionally
+//!   `nodes=K`, a deterministic budget of search nodes, whichever ends first): `auto`'s result,
 //!   then the exact search of [`crate::schedules::exact`] for a faster schedule within the limit
 //!   until the budget runs out. The plan carries the search's proven lower bound
 //!   ([`Plan::with_proven_bound`]): run to the end, the schedule is optimal among those that run
@@ -97,6 +98,8 @@ pub enum Policy {
         memory: Option<f64>,
         /// The search's time budget in seconds.
         budget: f64,
+        /// Its node budget, if any (deterministic).
+        nodes: Option<u64>,
     },
     /// Each backward split where it stands, its W right after its I.
     InPlace,
@@ -136,7 +139,14 @@ impl ZeroBubble {
                 ));
             }
         }
-        if let Policy::Optimal { budget, .. } = policy {
+        if let Policy::Optimal { budget, nodes, .. } = policy {
+            if nodes == Some(0) {
+                return Err(TransformError::precondition(
+                    Self::NAME,
+                    "nodes >= 1",
+                    "nodes = 0".to_string(),
+                ));
+            }
             if !(budget.is_finite() && budget > 0.0 && budget <= MAX_BUDGET) {
                 return Err(TransformError::precondition(
                     Self::NAME,
@@ -338,17 +348,13 @@ fn improve_exactly(
     plan: &Plan,
     incumbent: Plan,
     limit: f64,
-    budget: Duration,
+    budget: Budget,
 ) -> (Vec<Vec<Task>>, Option<f64>) {
     let orders = incumbent.orders().to_vec();
     let Some(scored) = Scored::evaluate(plan, orders.clone(), Some(limit), None) else {
         return (orders, None);
     };
     let makespan = scored.score.makespan;
-    let budget = Budget {
-        time: Some(budget),
-        nodes: None,
-    };
     let found = optimal_orders(plan, limit, (orders.clone(), makespan), budget);
     // The search times ops as the simulator does; its orders are taken where the simulator
     // agrees they are faster.
@@ -407,7 +413,7 @@ enum Prepared {
     Optimal {
         limit: f64,
         ladder: bool,
-        budget: Duration,
+        budget: Budget,
     },
 }
 
@@ -432,10 +438,15 @@ impl Pass for ZeroBubble {
             Policy::InPlace => "zero_bubble(policy=in_place)".to_string(),
             Policy::Auto { memory: Some(m) } => format!("zero_bubble(policy=auto, memory={m})"),
             Policy::Auto { memory: None } => "zero_bubble(policy=auto)".to_string(),
-            Policy::Optimal { memory, budget } => match memory {
-                Some(m) => format!("zero_bubble(policy=optimal, memory={m}, budget={budget})"),
-                None => format!("zero_bubble(policy=optimal, budget={budget})"),
-            },
+            Policy::Optimal {
+                memory,
+                budget,
+                nodes,
+            } => {
+                let memory = memory.map_or(String::new(), |m| format!(", memory={m}"));
+                let nodes = nodes.map_or(String::new(), |n| format!(", nodes={n}"));
+                format!("zero_bubble(policy=optimal{memory}, budget={budget}{nodes})")
+            }
             Policy::Controllable(Controllable::Half) => "zero_bubble(policy=v_half)".to_string(),
             Policy::Controllable(Controllable::Min) => "zero_bubble(policy=v_min)".to_string(),
         }
@@ -468,11 +479,21 @@ impl ZeroBubble {
                 "policy optimal needs a plan without fused F&B tasks (not a dual plan)",
                 "the input is a dual plan; use the default (deepseek) or auto".to_string(),
             )),
-            (Policy::Optimal { memory, budget }, None) => match auto(memory) {
+            (
+                Policy::Optimal {
+                    memory,
+                    budget,
+                    nodes,
+                },
+                None,
+            ) => match auto(memory) {
                 Prepared::Auto { limit, ladder, .. } => Ok(Prepared::Optimal {
                     limit,
                     ladder,
-                    budget: Duration::from_secs_f64(budget),
+                    budget: Budget {
+                        time: Some(Duration::from_secs_f64(budget)),
+                        nodes,
+                    },
                 }),
                 other => Ok(other),
             },
