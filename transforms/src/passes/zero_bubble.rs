@@ -67,7 +67,7 @@ use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::schedules::cache::SearchCache;
 use crate::schedules::controllable::Controllable;
 use crate::schedules::dualpipe::DualShape;
-use crate::schedules::exact::{optimal_orders, Budget};
+use crate::schedules::exact::{improve, polish, Budget};
 use crate::schedules::greedy::{self, FillWaits, InFlight, Variant};
 use crate::schedules::ladder::fastest_within;
 use crate::schedules::lagged::{lagged_orders, split_in_place, Hand};
@@ -75,7 +75,7 @@ use crate::schedules::refine::refine;
 use crate::schedules::score::{refine_budget, Scored};
 use crate::schedules::zbv::{zbv_orders, Cooldown};
 use crate::schedules::zbv_auto::zbv_auto_orders;
-use pipeweave_core::{max_peak, Backwards, Facts, Pacing, Plan, Task, TOLERANCE};
+use pipeweave_core::{max_peak, Backwards, Facts, Pacing, Plan, Task};
 use std::time::Duration;
 
 /// How `zero_bubble` places weight gradients.
@@ -313,7 +313,7 @@ fn auto_search(plan: &Plan, dual: Option<DualShape>, limit: f64, cache: &SearchC
     let budget = refine_budget(plan);
     let result = best
         .map(|b| refine(plan, b.orders, limit, budget))
-        .map(|orders| polish_exactly(plan, dual.is_some(), limit, orders));
+        .map(|orders| polish(plan, dual.is_some(), limit, orders));
     if let Some(scored) = result
         .clone()
         .and_then(|orders| Scored::evaluate(plan, orders, Some(limit), None))
@@ -339,60 +339,6 @@ fn auto_orders(
             ),
         )
     })
-}
-
-/// `auto`'s result `incumbent` on `plan` (split backwards) improved by the exact search within
-/// `limit` for `budget`: the orders and the search's proven bound (None where the incumbent does
-/// not simulate, which the driver's verification then reports).
-fn improve_exactly(
-    plan: &Plan,
-    incumbent: Plan,
-    limit: f64,
-    budget: Budget,
-) -> (Vec<Vec<Task>>, Option<f64>) {
-    let orders = incumbent.orders().to_vec();
-    let Some(scored) = Scored::evaluate(plan, orders.clone(), Some(limit), None) else {
-        return (orders, None);
-    };
-    let makespan = scored.score.makespan;
-    let found = optimal_orders(plan, limit, (orders.clone(), makespan), budget);
-    // The search times ops as the simulator does; its orders are taken where the simulator
-    // agrees they are faster.
-    match Scored::evaluate(plan, found.orders, Some(limit), None) {
-        Some(better) if better.score.makespan < makespan - TOLERANCE => {
-            (better.orders, Some(found.bound.min(better.score.makespan)))
-        }
-        _ => (orders, Some(found.bound.min(makespan))),
-    }
-}
-
-/// The most ops (F, I and W) of a problem whose `auto` result the exact search polishes.
-const POLISH_OPS: usize = 300;
-/// The exact search's node budget when it polishes `auto`'s result (deterministic; about half a
-/// second).
-const POLISH_NODES: u64 = 100_000;
-
-/// `auto`'s result `orders` on `plan` (not a dual plan), polished by the exact search within a
-/// node budget where the problem is small and `limit` binds (below the input's peak): the
-/// memory-bound problems where the list scheduler and the local search miss irregular orders.
-/// Only a faster schedule replaces `orders`.
-fn polish_exactly(plan: &Plan, dual: bool, limit: f64, orders: Vec<Vec<Task>>) -> Vec<Vec<Task>> {
-    if dual || plan.problem().work_count() * 3 > POLISH_OPS || limit >= max_peak(plan) - TOLERANCE {
-        return orders;
-    }
-    let Some(scored) = Scored::evaluate(plan, orders.clone(), Some(limit), None) else {
-        return orders;
-    };
-    let budget = Budget {
-        time: None,
-        nodes: Some(POLISH_NODES),
-    };
-    let makespan = scored.score.makespan;
-    let found = optimal_orders(plan, limit, (orders.clone(), makespan), budget);
-    match Scored::evaluate(plan, found.orders, Some(limit), None) {
-        Some(better) if better.score.makespan < makespan - TOLERANCE => better.orders,
-        _ => orders,
-    }
 }
 
 /// What [`ZeroBubble::prepare`] decided for the plan.
@@ -588,7 +534,7 @@ impl ZeroBubble {
                     },
                 )?;
                 let declared = incumbent.memory_limit();
-                let (orders, bound) = improve_exactly(&plan, incumbent, limit, budget);
+                let (orders, bound) = improve(&plan, incumbent.orders().to_vec(), limit, budget);
                 proven = bound;
                 (orders, declared)
             }

@@ -7,17 +7,22 @@
 //! - [`node_bound`]: a node's lower bound (heads, the memory limit's waits, Jackson's preemptive
 //!   schedule per rank);
 //! - [`search`]: the depth-first branch and bound (active schedules with memory, a transposition
-//!   table, a deadline).
+//!   table, a deadline);
+//! - [`improve`](improve::improve) and [`polish`](improve::polish): how the zero-bubble pass uses
+//!   it on `auto`'s result.
 //!
 //! The schedules searched split every backward into I and W (as `zero_bubble` does) and time
 //! each op as early as its rank and inputs allow, as the simulator does. The search is
 //! deterministic: run to the end or stopped by a node budget it returns the same schedule every
 //! time; stopped by a deadline, how far it got depends on the machine.
 
+mod improve;
 mod model;
 mod node_bound;
 mod search;
 mod state;
+
+pub use improve::{improve, polish, POLISH_NODES, POLISH_OPS};
 
 use model::{Model, Pricing};
 use node_bound::{node_bound, Scratch};
