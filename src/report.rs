@@ -148,19 +148,37 @@ pub enum BoundBasis {
 /// the plan's declared memory limit forces where the plan keeps its activations; a search's
 /// proven bound where it left one.
 pub fn certified_bound(plan: &Plan) -> (f64, BoundBasis) {
-    let mut best = (lower_bound(plan), BoundBasis::Relaxed);
-    if let (Some(limit), false) = (plan.memory_limit(), plan.manages_residency()) {
-        let memory = memory_bound(plan, limit);
-        if memory > best.0 + TOLERANCE {
-            best = (memory, BoundBasis::MemoryLimit);
-        }
-    }
+    let mut best = placement_bound_with_basis(plan, plan.memory_limit());
     if let Some(proven) = plan.proven_bound() {
         if proven > best.0 + TOLERANCE {
             best = (proven, BoundBasis::Search);
         }
     }
     best
+}
+
+/// A lower bound on every schedule of `plan`'s problem that fits `limit` (None: no limit): the
+/// relaxation's ([`lower_bound`]) and, for a plan that keeps its activations, what the limit
+/// forces ([`memory_bound`]: schedules that keep their activations). A plan that recomputes or
+/// offloads gets the relaxation's alone, which bounds its schedules too.
+pub fn placement_bound(plan: &Plan, limit: Option<f64>) -> f64 {
+    placement_bound_with_basis(plan, limit).0
+}
+
+/// [`placement_bound`] and what it rests on.
+fn placement_bound_with_basis(plan: &Plan, limit: Option<f64>) -> (f64, BoundBasis) {
+    let relaxed = (lower_bound(plan), BoundBasis::Relaxed);
+    match limit {
+        Some(limit) if !plan.manages_residency() => {
+            let memory = memory_bound(plan, limit);
+            if memory > relaxed.0 + TOLERANCE {
+                (memory, BoundBasis::MemoryLimit)
+            } else {
+                relaxed
+            }
+        }
+        _ => relaxed,
+    }
 }
 
 impl PlanReport {
@@ -455,7 +473,7 @@ impl PlanReport {
 }
 
 /// `makespan` above `bound`, relative to `bound` (0 where the bound is 0).
-fn gap(makespan: f64, bound: f64) -> f64 {
+pub(crate) fn gap(makespan: f64, bound: f64) -> f64 {
     if bound > 0.0 {
         (makespan / bound - 1.0).max(0.0)
     } else {

@@ -17,9 +17,8 @@
 
 use crate::config::{build_plan_with, PipelineConfig};
 use crate::error::Error;
-use crate::report::tidy;
-use pipeweave_core::{cut_violation, even_cut, lower_bound, CutCosts, PinnedEnds, Plan, Profile};
-use pipeweave_transforms::schedules::exact::memory_bound;
+use crate::report::{gap, placement_bound, tidy};
+use pipeweave_core::{cut_violation, even_cut, CutCosts, PinnedEnds, Plan, Profile};
 use pipeweave_transforms::Registry;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -83,9 +82,7 @@ impl TuneReport {
             .map(|c| c.lower_bound)
             .min_by(f64::total_cmp);
         let optimality_gap = match (candidates.first(), lower_bound) {
-            (Some(best), Some(bound)) if bound > 0.0 => {
-                Some(tidy((best.makespan / bound - 1.0).max(0.0)))
-            }
+            (Some(best), Some(bound)) => Some(tidy(gap(best.makespan, bound))),
             _ => None,
         };
         TuneReport {
@@ -95,18 +92,6 @@ impl TuneReport {
             lower_bound,
             optimality_gap,
         }
-    }
-}
-
-/// A lower bound on every schedule of `plan`'s problem that fits `limit` (None: no limit): the
-/// relaxation's ([`lower_bound`]) and, for a plan that keeps its activations, what the limit
-/// forces ([`memory_bound`]: schedules that keep their activations). A plan that recomputes or
-/// offloads gets the relaxation's alone, which bounds its schedules too.
-pub fn placement_bound(plan: &Plan, limit: Option<f64>) -> f64 {
-    let relaxed = lower_bound(plan);
-    match limit {
-        Some(limit) if !plan.manages_residency() => relaxed.max(memory_bound(plan, limit)),
-        _ => relaxed,
     }
 }
 

@@ -54,32 +54,43 @@ pub fn lower_bound(plan: &Plan) -> f64 {
         .fold(chain, f64::max)
 }
 
-/// The ops of `plan`'s problem with their least durations, heads and tails (those of identical
-/// microbatches merged), and the longest chain through one op.
-fn jobs(plan: &Plan) -> (Vec<Job>, f64) {
-    let problem = plan.problem();
-    let costs = plan.costs();
-    let comm = costs.comm();
-    let two_routes = problem.routes().len() > 1;
-    // On two routes a fused F&B runs a forward and a backward for its one price: each counts at
-    // most half of the cheapest such task on its rank.
-    let mut fused_half = vec![f64::INFINITY; problem.ranks() as usize];
-    if two_routes {
-        for w in &all_works(problem) {
-            // Without a given price an F&B costs its forward plus its backward: no saving.
-            let given = costs.stage(w.stage).is_some_and(|c| c.overlapped_given());
-            if let (true, Some(rank)) = (given, problem.rank_of(w.stage)) {
-                let fused = costs.task_duration(&Task::Overlapped {
-                    forward: *w,
-                    backward: *w,
-                });
-                let half = &mut fused_half[rank.index()];
-                *half = half.min(fused / 2.0);
+/// What each op costs at least in any task form a schedule may run it in: a fused B as the
+/// lesser of `I + W` and `B`, and on two routes, where an F&B task with a given price runs a
+/// forward and a backward for one price, each half of the cheapest such task on its rank (an
+/// F&B without a given price costs its forward plus its backward, which saves nothing). The one
+/// pricing of every relaxation that bounds all task forms.
+#[derive(Clone, Debug)]
+pub struct CheapestForms<'p> {
+    plan: &'p Plan,
+    /// Per rank, half of its cheapest F&B with a given price (infinite: none).
+    fused_half: Vec<f64>,
+}
+
+impl<'p> CheapestForms<'p> {
+    /// The pricing of `plan`'s ops.
+    pub fn of(plan: &'p Plan) -> CheapestForms<'p> {
+        let problem = plan.problem();
+        let costs = plan.costs();
+        let mut fused_half = vec![f64::INFINITY; problem.ranks() as usize];
+        if problem.routes().len() > 1 {
+            for w in &all_works(problem) {
+                let given = costs.stage(w.stage).is_some_and(|c| c.overlapped_given());
+                if let (true, Some(rank)) = (given, problem.rank_of(w.stage)) {
+                    let fused = costs.task_duration(&Task::Overlapped {
+                        forward: *w,
+                        backward: *w,
+                    });
+                    let half = &mut fused_half[rank.index()];
+                    *half = half.min(fused / 2.0);
+                }
             }
         }
+        CheapestForms { plan, fused_half }
     }
-    let rank_of = |w: &Work| problem.rank_of(w.stage).map_or(0, RankId::index);
-    let durations = |w: &Work| {
+
+    /// The least durations of `w`'s forward, input gradient and weight gradient.
+    pub fn durations(&self, w: Work) -> (f64, f64, f64) {
+        let costs = self.plan.costs();
         let stage = costs.stage(w.stage).copied().unwrap_or_default();
         let scale = costs.microbatch_scale(w.microbatch);
         let (f, i, wg) = (
@@ -89,11 +100,27 @@ fn jobs(plan: &Plan) -> (Vec<Job>, f64) {
         );
         let backward = stage.full_backward() * scale;
         let whole = (i + wg).min(backward);
-        let half = fused_half[rank_of(w)];
+        let rank = self
+            .plan
+            .problem()
+            .rank_of(w.stage)
+            .map_or(0, RankId::index);
+        let half = self.fused_half.get(rank).copied().unwrap_or(f64::INFINITY);
         let f = f.min(half);
         let i = i.min(backward).min(half);
         (f, i, (whole.min(half) - i).max(0.0))
-    };
+    }
+}
+
+/// The ops of `plan`'s problem with their least durations, heads and tails (those of identical
+/// microbatches merged), and the longest chain through one op.
+fn jobs(plan: &Plan) -> (Vec<Job>, f64) {
+    let problem = plan.problem();
+    let costs = plan.costs();
+    let comm = costs.comm();
+    let pricing = CheapestForms::of(plan);
+    let durations = |w: &Work| pricing.durations(*w);
+    let rank_of = |w: &Work| problem.rank_of(w.stage).map_or(0, RankId::index);
     let latency = |a: &Work, b: &Work| {
         if problem.rank_of(a.stage) == problem.rank_of(b.stage) {
             0.0

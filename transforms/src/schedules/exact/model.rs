@@ -6,6 +6,7 @@
 //! dependency (on one rank, no latency), which removes their permutations from the search
 //! without removing any makespan.
 
+use pipeweave_core::analysis::bound::CheapestForms;
 use pipeweave_core::{MicrobatchId, Op, OpKind, Plan, Task, Work, TOLERANCE};
 use smallvec::SmallVec;
 use std::collections::HashMap;
@@ -60,9 +61,8 @@ pub(super) struct Model {
 pub(super) enum Pricing {
     /// I and W at their own costs: the split schedules the search builds.
     Split,
-    /// As cheap as any form of it runs: I at most a fused B, I and W together at most a B, and
-    /// on two routes each of a forward and a backward at most half of an F&B (a relaxation that
-    /// bounds the schedules with fused tasks too).
+    /// As cheap as any form of it runs ([`CheapestForms`]: a relaxation that bounds the
+    /// schedules with fused tasks too).
     Cheapest,
 }
 
@@ -75,7 +75,7 @@ impl Model {
         let memory = plan.memory().stages();
         let mut index: HashMap<Op, OpIndex> = HashMap::new();
         let mut ops: Vec<OpInfo> = Vec::new();
-        let fused_half = fused_halves(plan);
+        let cheapest = CheapestForms::of(plan);
         for m in 0..problem.microbatches() {
             for s in 0..problem.stages() {
                 let work = Work::new(s, m);
@@ -91,7 +91,14 @@ impl Model {
                     index.insert(work.op(kind), ops.len());
                     let duration = match pricing {
                         Pricing::Split => costs.task_duration(&task),
-                        Pricing::Cheapest => cheapest(plan, work, kind, fused_half[rank]),
+                        Pricing::Cheapest => {
+                            let (f, i, w) = cheapest.durations(work);
+                            match kind {
+                                OpKind::Forward => f,
+                                OpKind::InputGrad => i,
+                                OpKind::WeightGrad => w,
+                            }
+                        }
                     };
                     ops.push(OpInfo {
                         task,
@@ -180,63 +187,6 @@ impl Model {
             limit,
             slots,
         }
-    }
-}
-
-/// Per rank, on a plan of two routes (whose F&B tasks run a forward and a full backward for one
-/// price), half of the cheapest such task on the rank whose price is given: what each of its
-/// two halves costs at most. Infinite elsewhere (an F&B without a given price costs its forward
-/// plus its backward).
-fn fused_halves(plan: &Plan) -> Vec<f64> {
-    let problem = plan.problem();
-    let mut out = vec![f64::INFINITY; problem.ranks() as usize];
-    if problem.routes().len() < 2 {
-        return out;
-    }
-    for m in 0..problem.microbatches() {
-        for s in 0..problem.stages() {
-            let work = Work::new(s, m);
-            // Without a given price an F&B costs its forward plus its backward: no saving.
-            let given = plan
-                .costs()
-                .stage(work.stage)
-                .is_some_and(|c| c.overlapped_given());
-            if let (true, true, Some(rank)) = (
-                given,
-                problem.has_work(work.stage, work.microbatch),
-                problem.rank_of(work.stage),
-            ) {
-                let fused = plan.costs().task_duration(&Task::Overlapped {
-                    forward: work,
-                    backward: work,
-                });
-                let half = &mut out[rank.index()];
-                *half = half.min(fused / 2.0);
-            }
-        }
-    }
-    out
-}
-
-/// The least an op of `work` of kind `kind` costs in any task form (see [`Pricing::Cheapest`]):
-/// a forward at most half a fused F&B; an I at most a fused B (or half an F&B); an I and its W
-/// together at most a B.
-fn cheapest(plan: &Plan, work: Work, kind: OpKind, fused_half: f64) -> f64 {
-    let costs = plan.costs();
-    let forward = costs.task_duration(&Task::Forward(work));
-    let backward = costs.task_duration(&Task::Backward(work));
-    let input_grad = costs
-        .task_duration(&Task::InputGrad(work))
-        .min(backward)
-        .min(fused_half);
-    let both = (costs.task_duration(&Task::InputGrad(work))
-        + costs.task_duration(&Task::WeightGrad(work)))
-    .min(backward)
-    .min(fused_half);
-    match kind {
-        OpKind::Forward => forward.min(fused_half),
-        OpKind::InputGrad => input_grad,
-        OpKind::WeightGrad => (both - input_grad).max(0.0),
     }
 }
 
