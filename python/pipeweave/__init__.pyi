@@ -106,6 +106,7 @@ class Candidate:
     peak_activations: float
     stages: int
     pytorch: bool
+    lower_bound: float
     layers_per_stage: Optional[List[int]]
     peak_activation_bytes: Optional[float]
 

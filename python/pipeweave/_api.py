@@ -125,6 +125,9 @@ class Candidate:
     peak_activations: float
     stages: int
     pytorch: bool = True
+    # A lower bound on every schedule of this candidate's placement within the memory limit
+    # (`tune --format json`'s `lower_bound`): the least over the candidates is the search's limit.
+    lower_bound: float = 0.0
     layers_per_stage: Optional[List[int]] = None
     peak_activation_bytes: Optional[float] = None
 
