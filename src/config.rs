@@ -124,11 +124,14 @@ impl PipelineConfig {
         config.costs = cut.costs.clone();
         config.comm = cut.comm;
         config.memory = cut.memory.clone();
-        config.layout = Some(LayerLayout::new(
-            profile.table()?,
-            layers_per_stage.map(<[usize]>::to_vec),
-            cut.bytes_per_unit,
-        )?);
+        config.layout = Some(
+            LayerLayout::new(
+                profile.table()?,
+                layers_per_stage.map(<[usize]>::to_vec),
+                cut.bytes_per_unit,
+            )?
+            .with_sequence(profile.seq_len().and_then(|n| u32::try_from(n).ok())),
+        );
         Ok((config, cut))
     }
 

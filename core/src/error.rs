@@ -27,6 +27,9 @@ pub enum CoreError {
     /// The problem description is inconsistent (placement, routes, tied stages).
     #[error("invalid problem: {0}")]
     InvalidProblem(String),
+    /// A sequence cannot be cut into the chunks asked for (Seq1F1B's split).
+    #[error("cannot split the sequence: {0}")]
+    SequenceSplit(String),
     /// A cost or memory figure is negative, not finite or inconsistent.
     #[error("invalid {model} for stage {stage}: {reason}")]
     InvalidModel {

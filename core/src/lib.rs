@@ -55,6 +55,7 @@ pub use ir::memory::{MemoryModel, StageMemory, StageMemorySpec};
 pub use ir::op::{Op, OpKind, Task, TaskKind, Work};
 pub use ir::plan::{Dropped, Plan};
 pub use ir::problem::{Problem, ProblemSpec, RouteSpec};
+pub use ir::sequence::{SequenceCut, SplitBy, MAX_SEQ_CHUNKS};
 pub use ir::slots::OpSlots;
 pub use spmd::check::{check_programs, CheckReport, CommError};
 pub use spmd::checked::{CheckedPrograms, ProgramsRefused};

@@ -1,6 +1,6 @@
 //! The built-in passes' names and arguments in the expression language: `gpipe`, `f1b`,
 //! `vpp(chunks, group, layout)`, `dual`, `zero_bubble(policy, memory)`, `recompute(memory, weight_grads)`,
-//! `offload(memory)`. [`Registry::builtin`] holds them; users add their own passes to such a
+//! `offload(memory)`, `seq_split(chunks, split, memory)`. [`Registry::builtin`] holds them; users add their own passes to such a
 //! registry. What a pass's constructor refuses becomes an error about the argument, at its column
 //! where it has one, reading `constraint violated: details`.
 
@@ -9,16 +9,17 @@ use crate::error::TransformError;
 use crate::expr::Node;
 use crate::pass::Pass;
 use crate::passes::{
-    ChunkOffload, Dual, F1b, Gpipe, Offload, Policy, Recompute, Relief, ReliefStrategy, Vpp,
-    VppOrder, WeightGrads, ZeroBubble,
+    ChunkOffload, Dual, F1b, Gpipe, Offload, Policy, Recompute, Relief, ReliefStrategy, SeqSplit,
+    Vpp, VppOrder, WeightGrads, ZeroBubble,
 };
 use crate::registry::{Arguments, Arity, Factory, Registry};
 use crate::schedules::cache::SearchCache;
 use crate::schedules::controllable::Controllable;
-use pipeweave_core::ChunkPlacement;
+use pipeweave_core::{ChunkPlacement, SplitBy};
 
 impl Registry {
-    /// The built-in passes: `gpipe`, `f1b`, `vpp`, `dual`, `zero_bubble`, `recompute`, `offload`.
+    /// The built-in passes: `gpipe`, `f1b`, `vpp`, `dual`, `zero_bubble`, `recompute`, `offload`,
+    /// `seq_split`.
     pub fn builtin() -> Registry {
         let mut registry = Registry::empty();
         register_builtins(&mut registry);
@@ -31,12 +32,13 @@ pub fn compile_expression(text: &str) -> Result<PassList, TransformError> {
     Registry::builtin().compile_expression(text)
 }
 
-/// Adds `gpipe`, `f1b`, `vpp`, `dual`, `zero_bubble`, `recompute` and `offload` to `registry`.
+/// Adds `gpipe`, `f1b`, `vpp`, `dual`, `zero_bubble`, `recompute`, `offload` and `seq_split` to
+/// `registry`.
 /// The `zero_bubble` passes it builds share one [`SearchCache`], so the expressions one registry
 /// compiles share what their searches remember.
 pub fn register_builtins(registry: &mut Registry) {
     let cache = SearchCache::new();
-    let entries: [(&str, Arity, Factory); 7] = [
+    let entries: [(&str, Arity, Factory); 8] = [
         (
             Gpipe::NAME,
             Arity::Baseline,
@@ -60,6 +62,7 @@ pub fn register_builtins(registry: &mut Registry) {
         ),
         (Recompute::NAME, Arity::Rewrite, Box::new(recompute)),
         (Offload::NAME, Arity::Rewrite, Box::new(offload)),
+        (SeqSplit::NAME, Arity::Rewrite, Box::new(seq_split)),
     ];
     for (name, arity, factory) in entries {
         registry
@@ -170,6 +173,25 @@ fn zero_bubble(args: &Arguments, cache: &SearchCache) -> Result<Box<dyn Pass>, T
     let pass = ZeroBubble::new(policy)
         .map_err(|e| refused(args, argument, column, e))?
         .with_cache(cache.clone());
+    Ok(Box::new(pass))
+}
+
+/// `seq_split(schedule, chunks=k, split=tokens|cost, memory=N)`.
+fn seq_split(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
+    args.allow_only(&["chunks", "split", "memory"])?;
+    let chunks = args.integer("chunks")?.unwrap_or(2);
+    let by = match args.word("split", &["tokens", "cost"])? {
+        Some((_, "cost")) => SplitBy::Cost,
+        _ => SplitBy::Tokens,
+    };
+    let memory = args.number("memory")?;
+    let argument = if memory.is_some_and(|m| !(m.is_finite() && m > 0.0)) {
+        "memory"
+    } else {
+        "chunks"
+    };
+    let column = args.value(argument).map_or(args.column(), |(c, _)| c);
+    let pass = SeqSplit::new(chunks, by, memory).map_err(|e| refused(args, argument, column, e))?;
     Ok(Box::new(pass))
 }
 

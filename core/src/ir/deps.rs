@@ -4,6 +4,10 @@
 //! - F of a microbatch on a stage needs F of that microbatch on the previous stage of its route.
 //! - I needs F on the same stage and I on the next stage of the route.
 //! - W needs I on the same stage.
+//! - Sequence chunks (a problem with `seq_chunks` k > 1, Seq1F1B): chunk `c`'s F also needs
+//!   chunk `c - 1`'s F on the same stage (its attention reads their keys and values), and chunk
+//!   `c - 1`'s I needs chunk `c`'s I on the same stage (the gradients of those keys and values
+//!   flow back from the later chunk). Both sit on one stage, so one rank: no message travels.
 //!
 //! A full backward (B) is an I and its W; its dependencies are the I's.
 //!
@@ -20,25 +24,49 @@ use std::ops::ControlFlow;
 
 /// The ops `op` depends on. `op` must be on an existing (stage, microbatch) pair; for any other
 /// op the result is empty.
-pub fn predecessors(problem: &Problem, op: Op) -> SmallVec<[Op; 2]> {
+pub fn predecessors(problem: &Problem, op: Op) -> SmallVec<[Op; 3]> {
     let Some(route) = problem.route_of(op.microbatch) else {
         return SmallVec::new();
     };
+    let (earlier, later) = chunk_neighbours(problem.seq_chunks(), op.microbatch);
+    let mut deps: SmallVec<[Op; 3]> = SmallVec::new();
     match op.kind {
-        OpKind::Forward => match route.prev(op.stage) {
-            Some(prev) => smallvec![Op::new(OpKind::Forward, prev, op.microbatch)],
-            None => SmallVec::new(),
-        },
+        OpKind::Forward => {
+            if let Some(prev) = route.prev(op.stage) {
+                deps.push(Op::new(OpKind::Forward, prev, op.microbatch));
+            }
+            if let Some(earlier) = earlier {
+                deps.push(Op::new(OpKind::Forward, op.stage, earlier));
+            }
+        }
         OpKind::InputGrad => {
-            let mut deps: SmallVec<[Op; 2]> =
-                smallvec![Op::new(OpKind::Forward, op.stage, op.microbatch)];
+            deps.push(Op::new(OpKind::Forward, op.stage, op.microbatch));
             if let Some(next) = route.next(op.stage) {
                 deps.push(Op::new(OpKind::InputGrad, next, op.microbatch));
             }
-            deps
+            if let Some(later) = later {
+                deps.push(Op::new(OpKind::InputGrad, op.stage, later));
+            }
         }
-        OpKind::WeightGrad => smallvec![Op::new(OpKind::InputGrad, op.stage, op.microbatch)],
+        OpKind::WeightGrad => deps = smallvec![Op::new(OpKind::InputGrad, op.stage, op.microbatch)],
     }
+    deps
+}
+
+/// The chunks before and after `microbatch` in its sample group's sequence, with `chunks` per
+/// group (none without a split).
+#[inline]
+fn chunk_neighbours(
+    chunks: u32,
+    microbatch: MicrobatchId,
+) -> (Option<MicrobatchId>, Option<MicrobatchId>) {
+    if chunks <= 1 {
+        return (None, None);
+    }
+    let c = microbatch.get() % chunks;
+    let earlier = (c > 0).then(|| MicrobatchId::new(microbatch.get() - 1));
+    let later = (c + 1 < chunks).then(|| MicrobatchId::new(microbatch.get() + 1));
+    (earlier, later)
 }
 
 /// Marks "no stage on this side" (a route's first or last stage) in [`Links`].
@@ -58,6 +86,8 @@ pub struct Links {
     around: Vec<[u32; 2]>,
     /// Stage -> rank.
     owner: Vec<RankId>,
+    /// Sequence chunks per sample group (1: no split).
+    seq_chunks: u32,
 }
 
 impl Links {
@@ -82,6 +112,7 @@ impl Links {
             route_of,
             around,
             owner: problem.stage_to_rank().to_vec(),
+            seq_chunks: problem.seq_chunks(),
         }
     }
 
@@ -143,7 +174,8 @@ impl Links {
         let mut deps = Deps::default();
         if op.microbatch.index() < self.route_of.len() {
             let around = self.around(op.stage, op.microbatch).unwrap_or([END; 2]);
-            let _ = each_dep(op, around, |dep| {
+            let chunks = chunk_neighbours(self.seq_chunks, op.microbatch);
+            let _ = each_dep(op, around, chunks, |dep| {
                 deps.push(dep);
                 ControlFlow::<()>::Continue(())
             });
@@ -165,7 +197,8 @@ impl Links {
         let microbatches = self.route_of.len();
         let slot_of =
             |o: Op| (o.stage.index() * microbatches + o.microbatch.index()) * 3 + o.kind.index();
-        let flow = each_dep(op, around, |dep| need(dep, slot_of(dep)));
+        let chunks = chunk_neighbours(self.seq_chunks, op.microbatch);
+        let flow = each_dep(op, around, chunks, |dep| need(dep, slot_of(dep)));
         Some((slot_of(op), flow))
     }
 
@@ -182,23 +215,34 @@ impl Links {
 }
 
 /// The dependency rule on the tables: calls `need` with each op `op` depends on, given the
-/// stages before and after it on its route (`END` at an end), until it breaks.
+/// stages before and after it on its route (`END` at an end) and the chunks before and after it
+/// in its sequence, until it breaks.
 #[inline]
 fn each_dep<B>(
     op: Op,
     [prev, next]: [u32; 2],
+    (earlier, later): (Option<MicrobatchId>, Option<MicrobatchId>),
     mut need: impl FnMut(Op) -> ControlFlow<B>,
 ) -> ControlFlow<B> {
     let on = |kind, stage: u32| Op::new(kind, StageId::new(stage), op.microbatch);
     match op.kind {
-        OpKind::Forward if prev != END => need(on(OpKind::Forward, prev)),
-        OpKind::Forward => ControlFlow::Continue(()),
+        OpKind::Forward => {
+            if prev != END {
+                need(on(OpKind::Forward, prev))?;
+            }
+            match earlier {
+                Some(chunk) => need(Op::new(OpKind::Forward, op.stage, chunk)),
+                None => ControlFlow::Continue(()),
+            }
+        }
         OpKind::InputGrad => {
             need(Op::new(OpKind::Forward, op.stage, op.microbatch))?;
             if next != END {
-                need(on(OpKind::InputGrad, next))
-            } else {
-                ControlFlow::Continue(())
+                need(on(OpKind::InputGrad, next))?;
+            }
+            match later {
+                Some(chunk) => need(Op::new(OpKind::InputGrad, op.stage, chunk)),
+                None => ControlFlow::Continue(()),
             }
         }
         OpKind::WeightGrad => need(Op::new(OpKind::InputGrad, op.stage, op.microbatch)),
@@ -215,10 +259,10 @@ pub struct Located {
     pub deps: Vec<(Op, usize)>,
 }
 
-/// The at most two ops one op depends on, without an allocation ([`Links::predecessors`]).
+/// The at most three ops one op depends on, without an allocation ([`Links::predecessors`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Deps {
-    ops: [Op; 2],
+    ops: [Op; 3],
     len: u8,
     at: u8,
 }
@@ -227,7 +271,7 @@ impl Default for Deps {
     fn default() -> Deps {
         let none = Op::new(OpKind::Forward, StageId::new(0), MicrobatchId::new(0));
         Deps {
-            ops: [none; 2],
+            ops: [none; 3],
             len: 0,
             at: 0,
         }
@@ -269,6 +313,14 @@ mod tests {
                 .build()
                 .validate()
                 .unwrap(),
+            ProblemSpec::builder()
+                .ranks(2)
+                .microbatches(6)
+                .stage_to_rank(vec![0, 1, 1, 0])
+                .seq_chunks(3)
+                .build()
+                .validate()
+                .unwrap(),
         ] {
             let links = Links::of(&problem);
             for stage in 0..problem.stages() + 1 {
@@ -298,5 +350,48 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn sequence_chunks_depend_on_their_neighbours_on_the_same_stage() {
+        let problem = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(4)
+            .seq_chunks(2)
+            .build()
+            .validate()
+            .unwrap();
+        let op = |kind, s: u32, m: u32| Op::new(kind, StageId::new(s), MicrobatchId::new(m));
+        let deps = |o| predecessors(&problem, o).into_vec();
+        use OpKind::{Forward as F, InputGrad as I};
+        // Chunk 1 of group 0 reads chunk 0's keys and values; group 1 starts afresh.
+        assert_eq!(deps(op(F, 1, 1)), vec![op(F, 0, 1), op(F, 1, 0)]);
+        assert_eq!(deps(op(F, 0, 2)), vec![]);
+        // Chunk 0's input gradient waits for chunk 1's (their key and value gradients).
+        assert_eq!(
+            deps(op(I, 0, 0)),
+            vec![op(F, 0, 0), op(I, 1, 0), op(I, 0, 1)]
+        );
+        assert_eq!(deps(op(I, 1, 1)), vec![op(F, 1, 1)]);
+        let odd = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(3)
+            .seq_chunks(2)
+            .build();
+        let err = odd.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("not whole groups of 2 sequence chunks"),
+            "{err}"
+        );
+        let zero = ProblemSpec::builder()
+            .ranks(2)
+            .microbatches(3)
+            .seq_chunks(0)
+            .build();
+        assert!(zero
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("seq_chunks is 0"));
     }
 }

@@ -1,6 +1,7 @@
 //! The plan IR: typed ids, ops and tasks, the problem, the cost and memory models (and how a
 //! model's blocks are cut into stages), a model's layers as plain data and what a cut of them
-//! costs ([`layers`]), typed facts, the dependency rule, the op numbering and the plan itself.
+//! costs ([`layers`]), how a sequence is cut into chunks ([`sequence`]), typed facts, the
+//! dependency rule, the op numbering and the plan itself.
 //! Nothing here analyses a plan; the analyses ([`crate::analysis`]) and the SPMD projection
 //! ([`crate::spmd`]) build on it.
 
@@ -34,4 +35,5 @@ pub mod memory;
 pub mod op;
 pub mod plan;
 pub mod problem;
+pub mod sequence;
 pub mod slots;

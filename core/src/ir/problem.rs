@@ -53,6 +53,11 @@ pub struct ProblemSpec {
     /// Groups of stages that share one set of weights.
     #[builder(default)]
     tied_stages: Vec<Vec<u32>>,
+    /// Sequence chunks per sample group (Seq1F1B): with `k > 1`, each run of `k` consecutive
+    /// microbatches is one group's sequence cut into `k` chunks in order, and chunk `c` depends
+    /// on the chunks before it on every stage (see [`crate::ir::deps`]). Default 1: no split.
+    #[builder(default = 1)]
+    seq_chunks: u32,
 }
 
 /// One validated route.
@@ -122,6 +127,8 @@ pub struct Problem {
     tied_stages: Vec<Vec<StageId>>,
     /// Microbatch -> index into `routes`.
     route_of: Vec<u32>,
+    /// Sequence chunks per sample group (1: none).
+    seq_chunks: u32,
 }
 
 fn check_size(what: &'static str, value: u64, max: u64) -> Result<(), CoreError> {
@@ -212,6 +219,7 @@ impl ProblemSpec {
         };
         let (routes, route_of) = validate_routes(route_specs, stage_count, self.microbatches)?;
         let tied_stages = validate_tied(self.tied_stages, stage_count)?;
+        check_seq_chunks(self.seq_chunks, self.microbatches, &routes)?;
         Ok(Problem {
             ranks: self.ranks,
             microbatches: self.microbatches,
@@ -220,8 +228,35 @@ impl ProblemSpec {
             explicit_routes,
             tied_stages,
             route_of,
+            seq_chunks: self.seq_chunks,
         })
     }
+}
+
+/// Holds sequence chunks to their problem: at least one per group, the microbatches whole
+/// groups, and every group's chunks on one route (a route starts at a group's first chunk).
+fn check_seq_chunks(chunks: u32, microbatches: u32, routes: &[Route]) -> Result<(), CoreError> {
+    if chunks == 0 {
+        return Err(CoreError::InvalidProblem(
+            "seq_chunks is 0; a sequence is cut into at least one chunk".into(),
+        ));
+    }
+    if microbatches % chunks != 0 {
+        return Err(CoreError::InvalidProblem(format!(
+            "{microbatches} microbatches are not whole groups of {chunks} sequence chunks"
+        )));
+    }
+    if let Some((index, route)) = routes
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.first.get() % chunks != 0)
+    {
+        return Err(CoreError::InvalidProblem(format!(
+            "route {index} starts at microbatch {}, inside a group of {chunks} sequence chunks",
+            route.first.get()
+        )));
+    }
+    Ok(())
 }
 
 fn validate_routes(
@@ -362,6 +397,25 @@ impl Problem {
     pub fn route_of(&self, microbatch: MicrobatchId) -> Option<&Route> {
         let index = *self.route_of.get(microbatch.index())?;
         self.routes.get(index as usize)
+    }
+    /// Sequence chunks per sample group: 1 without a split (see [`ProblemSpec`]'s field).
+    pub fn seq_chunks(&self) -> u32 {
+        self.seq_chunks
+    }
+    /// Whether the microbatches are sequence chunks of fewer sample groups.
+    pub fn is_seq_split(&self) -> bool {
+        self.seq_chunks > 1
+    }
+    /// The sample groups (microbatches before a sequence split): `microbatches / seq_chunks`.
+    pub fn sample_groups(&self) -> u32 {
+        self.microbatches / self.seq_chunks
+    }
+    /// `microbatch`'s sample group and its chunk in that group's sequence.
+    pub fn seq_chunk_of(&self, microbatch: MicrobatchId) -> (u32, u32) {
+        (
+            microbatch.get() / self.seq_chunks,
+            microbatch.get() % self.seq_chunks,
+        )
     }
     /// Tied stage groups.
     pub fn tied_stages(&self) -> &[Vec<StageId>] {

@@ -3,7 +3,8 @@
 //! `zero_bubble` ([`ZeroBubble`]), and `recompute` and `offload`, which decide where activations
 //! live: one pass, [`Relief`], generic over its strategy ([`Recompute`], [`Offload`]), in
 //! `relief.rs`; `offload(schedule, chunks=K)` is [`ChunkOffload`], PipeOffload's rule of whole
-//! chunks in slots of the host link. Each file's doc names its source schedule, its contract (the facts it requires,
+//! chunks in slots of the host link; `seq_split` ([`SeqSplit`]) cuts every microbatch's
+//! sequence into chunks (Seq1F1B) and reschedules the plan over them. Each file's doc names its source schedule, its contract (the facts it requires,
 //! what it may change), its preconditions, and shows a before/after grid. [`crate::builtins`]
 //! registers them under their names.
 
@@ -14,6 +15,7 @@ pub mod gpipe;
 pub mod offload;
 pub mod recompute;
 pub mod relief;
+pub mod seq_split;
 pub mod vpp;
 pub mod zero_bubble;
 
@@ -24,6 +26,7 @@ pub use gpipe::Gpipe;
 pub use offload::Offload;
 pub use recompute::{Recompute, WeightGrads};
 pub use relief::{Relief, ReliefStrategy};
+pub use seq_split::SeqSplit;
 pub use vpp::{Vpp, VppOrder};
 pub use zero_bubble::{Policy, ZeroBubble};
 

@@ -323,6 +323,13 @@ fn auto_search(plan: &Plan, dual: Option<DualShape>, limit: f64, cache: &SearchC
     Searched { result, fitted }
 }
 
+/// `auto`'s search within `limit` on `plan`, not a dual plan: what `seq_split` reschedules its
+/// chunks with (its list scheduler sees their dependencies; candidates that break them fail
+/// their replay and drop out). None where no candidate fits.
+pub(crate) fn auto_within(plan: &Plan, limit: f64) -> Option<Vec<Vec<Task>>> {
+    auto_search(plan, None, limit, &SearchCache::new()).result
+}
+
 /// The `auto` search's result.
 fn auto_orders(
     plan: &Plan,

@@ -16,6 +16,7 @@
 //! many forwards as memory and the first backward's arrival allow, then one F and one B per round,
 //! Ws into waits and when memory runs out); `zero_bubble(policy=auto)` tries several variants.
 
+use crate::schedules::chunk_gate::ChunkGate;
 use crate::schedules::kernel::{self, activation, Agenda, ChoiceRule, Decision, Time, Timeline};
 use crate::schedules::score::Score;
 use pipeweave_core::{Op, OpKind, Plan, StageId, Task, Work, TOLERANCE};
@@ -210,6 +211,8 @@ struct Greedy<'a> {
     ranks: Vec<Rank>,
     /// The duration and the op costs of the task last decided (it runs at once).
     decided: (f64, f64),
+    /// Holds an earlier sequence chunk's I until the later chunk's I has ended.
+    chunk_gate: ChunkGate,
 }
 
 impl<'a> Greedy<'a> {
@@ -235,6 +238,7 @@ impl<'a> Greedy<'a> {
             stage_microbatches,
             ranks,
             decided: (0.0, 0.0),
+            chunk_gate: ChunkGate::new(plan),
         }
     }
 
@@ -494,8 +498,12 @@ impl ChoiceRule for Greedy<'_> {
                 OpKind::Forward => {
                     self.ranks[r].in_flight += 1;
                     match route.next(stage) {
-                        // The last stage's I needs only its own F.
-                        None => self.ranks[r].ready_inputs.push((Time(end), w), 0),
+                        // The last stage's I needs only its own F (and a later chunk's I).
+                        None => {
+                            if let Some(at) = self.chunk_gate.offer(w, end) {
+                                self.ranks[r].ready_inputs.push((Time(at), w), 0);
+                            }
+                        }
                         Some(next) => {
                             let q = timeline.owner(next);
                             wake.push((q, end + timeline.latency(stage, next)));
@@ -507,6 +515,9 @@ impl ChoiceRule for Greedy<'_> {
                     if !matches!(task, Task::Overlapped { .. }) {
                         self.ranks[r].pending_weight.push_back(w);
                     }
+                    if let Some((earlier, at)) = self.chunk_gate.ended(w, end) {
+                        self.ranks[r].ready_inputs.push((Time(at), earlier), 0);
+                    }
                     if let Some(prev) = route.prev(stage) {
                         let q = timeline.owner(prev);
                         let own_forward = timeline
@@ -517,10 +528,12 @@ impl ChoiceRule for Greedy<'_> {
                             stage: prev,
                             microbatch: op.microbatch,
                         };
-                        if let Some(target) = self.ranks.get_mut(q) {
-                            target.ready_inputs.push((Time(at), work), 0);
+                        if let Some(at) = self.chunk_gate.offer(work, at) {
+                            if let Some(target) = self.ranks.get_mut(q) {
+                                target.ready_inputs.push((Time(at), work), 0);
+                            }
+                            wake.push((q, at));
                         }
-                        wake.push((q, at));
                     }
                 }
                 OpKind::WeightGrad => {}

@@ -9,6 +9,7 @@
 //! between calls is a [`cache::SearchCache`] its owner passes in.
 
 pub mod cache;
+pub mod chunk_gate;
 pub mod controllable;
 pub mod counterflow;
 pub mod dualpipe;

@@ -92,6 +92,8 @@ pub struct LayerLayout {
     table: LayerTable,
     shares: Option<Vec<usize>>,
     bytes_per_unit: f64,
+    /// Tokens per sequence of the model measured, where known (a sequence split cuts them).
+    sequence: Option<u32>,
 }
 
 impl LayerLayout {
@@ -111,7 +113,20 @@ impl LayerLayout {
             table,
             shares,
             bytes_per_unit,
+            sequence: None,
         })
+    }
+
+    /// The same layout of a model whose sequences have `tokens` tokens (the profile's
+    /// `seq_len`), which a sequence split cuts.
+    pub fn with_sequence(mut self, tokens: Option<u32>) -> LayerLayout {
+        self.sequence = tokens;
+        self
+    }
+
+    /// Tokens per sequence, where the model gives them.
+    pub fn sequence(&self) -> Option<u32> {
+        self.sequence
     }
 
     /// The layers.
@@ -207,6 +222,7 @@ impl PartialEq for LayerLayout {
         self.table == other.table
             && self.shares == other.shares
             && self.bytes_per_unit.to_bits() == other.bytes_per_unit.to_bits()
+            && self.sequence == other.sequence
     }
 }
 
@@ -217,5 +233,6 @@ impl Hash for LayerLayout {
         self.table.hash(state);
         self.shares.hash(state);
         self.bytes_per_unit.to_bits().hash(state);
+        self.sequence.hash(state);
     }
 }

@@ -134,6 +134,10 @@ impl Model {
         let mut last_alike: HashMap<(usize, u64), OpIndex> = HashMap::new();
         for m in 0..problem.microbatches() {
             let microbatch = MicrobatchId::new(m);
+            // Of sequence chunks, only whole groups are alike: the first chunks keep group order.
+            if problem.seq_chunk_of(microbatch).1 != 0 {
+                continue;
+            }
             let Some(route) = problem.route_of(microbatch) else {
                 continue;
             };
