@@ -429,7 +429,7 @@ fn ranked_within(
         Ok(match limit {
             None => tune(
                 config,
-                &candidate_expressions(2, config.microbatches(), None),
+                &candidate_expressions(2, config.microbatches(), None, config.sequence()),
                 &|_| {},
             ),
             Some(bytes) => {

@@ -227,6 +227,12 @@ impl PipelineConfig {
         self.microbatches
     }
 
+    /// Tokens per sequence of the profiled model, where a profile gives them: what `seq_split`
+    /// cuts, and whether `tune` tries it.
+    pub fn sequence(&self) -> Option<u32> {
+        self.layout.as_ref().and_then(LayerLayout::sequence)
+    }
+
     /// The unscheduled plan of the plain layout (stage `r` on rank `r`).
     pub fn unscheduled_plan(&self) -> Result<Plan, Error> {
         let problem = ProblemSpec::builder()

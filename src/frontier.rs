@@ -110,11 +110,15 @@ fn ladder_expression(inner: &str, limit: f64) -> String {
 /// the config's memory limit.
 pub fn frontier_expressions(config: &PipelineConfig) -> Vec<(String, String)> {
     let cap = config.memory_limit();
-    let mut out: Vec<(String, String)> =
-        candidate_expressions(config.ranks(), config.microbatches(), cap)
-            .into_iter()
-            .map(|e| (e.clone(), e))
-            .collect();
+    let mut out: Vec<(String, String)> = candidate_expressions(
+        config.ranks(),
+        config.microbatches(),
+        cap,
+        config.sequence(),
+    )
+    .into_iter()
+    .map(|e| (e.clone(), e))
+    .collect();
     for limit in ladder(config.ranks(), config.memory().total(), cap) {
         for inner in LADDER_FAMILIES {
             out.push((ladder_expression(inner, limit), format!("auto on {inner}")));

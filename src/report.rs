@@ -21,8 +21,11 @@ pub struct PlanReport {
     pub ranks: u32,
     /// Number of (global) stages.
     pub stages: u32,
-    /// Number of microbatches.
+    /// Number of microbatches: with sequence chunks, the chunks (`M·k`, chunk `c` of microbatch
+    /// `m` numbered `m·k + c`), which the orders name.
     pub microbatches: u32,
+    /// Sequence chunks per microbatch (`seq_split`; 1: the sequences are whole).
+    pub seq_chunks: u32,
     /// Stage -> rank.
     pub stage_to_rank: Vec<u32>,
     /// `[first_mb, end_mb, [stages]]` per route, as in the reference files.
@@ -192,6 +195,7 @@ impl PlanReport {
             ranks: problem.ranks(),
             stages: problem.stages(),
             microbatches: problem.microbatches(),
+            seq_chunks: problem.seq_chunks(),
             stage_to_rank: problem.stage_to_rank().iter().map(|r| r.get()).collect(),
             routes: problem
                 .route_specs()
@@ -347,13 +351,21 @@ impl PlanReport {
     /// The text form: header, grid, per-rank figures, totals.
     pub fn to_text(&self, plan: &Plan, simulation: &Simulation) -> String {
         let mut out = String::new();
+        let microbatches = if self.seq_chunks > 1 {
+            format!(
+                "{} microbatches in {} sequence chunks each",
+                self.microbatches / self.seq_chunks,
+                self.seq_chunks
+            )
+        } else {
+            format!("{} microbatches", self.microbatches)
+        };
         let _ = writeln!(
             out,
-            "{}  ({} ranks, {} stages, {} microbatches; passes: {})",
+            "{}  ({} ranks, {} stages, {microbatches}; passes: {})",
             self.expression,
             self.ranks,
             self.stages,
-            self.microbatches,
             self.passes.join(" -> ")
         );
         out.push('\n');

@@ -161,7 +161,7 @@ impl ConfigRequest {
             Some(_) => frontier(config, progress).ranked(),
             None => tune(
                 config,
-                &candidate_expressions(self.ranks, self.microbatches, None),
+                &candidate_expressions(self.ranks, self.microbatches, None, config.sequence()),
                 progress,
             ),
         }

@@ -133,6 +133,7 @@ pub fn candidate_expressions(
     ranks: u32,
     microbatches: u32,
     memory_limit: Option<f64>,
+    sequence: Option<u32>,
 ) -> Vec<String> {
     let mut out: Vec<String> = vec!["gpipe".into(), "f1b(gpipe)".into()];
     for chunks in 2..=4 {
@@ -179,6 +180,35 @@ pub fn candidate_expressions(
     for inner in ["f1b(gpipe)", "vpp(f1b(gpipe), chunks=2)"] {
         out.push(format!("dual({inner})"));
         out.push(format!("zero_bubble(dual({inner}))"));
+    }
+    out.extend(seq_split_expressions(memory_limit, sequence));
+    out
+}
+
+/// Sequence-split candidates (Seq1F1B), where the model has a sequence of `tokens` tokens to
+/// split (a profile's `seq_len`; none without: abstract costs know no attention and no
+/// per-chunk overhead, so splitting would always look free): 1F1B and ZB-V over 2, 4 and 8
+/// chunks balanced by cost, and at a limit the zero-bubble search over 4 chunks within it.
+pub fn seq_split_expressions(memory_limit: Option<f64>, tokens: Option<u32>) -> Vec<String> {
+    let Some(tokens) = tokens else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for chunks in [2, 4, 8].into_iter().filter(|&k| k <= tokens) {
+        out.push(format!(
+            "seq_split(f1b(gpipe), chunks={chunks}, split=cost)"
+        ));
+    }
+    if tokens >= 4 {
+        out.push(
+            "seq_split(zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v)), chunks=4, split=cost)"
+                .into(),
+        );
+        if let Some(limit) = memory_limit {
+            out.push(format!(
+                "seq_split(zero_bubble(f1b(gpipe)), chunks=4, split=cost, memory={limit})"
+            ));
+        }
     }
     out
 }
@@ -408,7 +438,7 @@ mod tests {
     #[test]
     fn the_best_is_at_least_as_fast_as_every_fixed_schedule() {
         let config = PipelineConfig::new(4, 8).unwrap();
-        let expressions = candidate_expressions(4, 8, None);
+        let expressions = candidate_expressions(4, 8, None, None);
         let report = tune(&config, &expressions, &|_| {});
         assert_eq!(report.evaluated, expressions.len());
         let best = &report.candidates[0];
@@ -457,7 +487,7 @@ mod tests {
         let config = PipelineConfig::new(4, 8)
             .unwrap()
             .with_memory_limit(Some(4.0));
-        let expressions = candidate_expressions(4, 8, Some(4.0));
+        let expressions = candidate_expressions(4, 8, Some(4.0), None);
         let report = tune(&config, &expressions, &|_| {});
         assert!(report
             .candidates

@@ -49,8 +49,9 @@ pub enum TransformError {
         limit: usize,
     },
     /// A pass's input lacks a fact the pass needs: it comes at the wrong point of the pipeline
-    /// (the built-ins apply in the order gpipe, f1b, vpp, dual, zero_bubble, each at most once).
-    #[error("pass `{pass}` cannot run after `{after}`: it needs {needs}, but the plan has {found} (the built-in passes apply in the order gpipe, f1b, vpp, dual, zero_bubble, each at most once)")]
+    /// (the built-ins apply in the order gpipe, f1b, vpp, dual, zero_bubble, seq_split, each at
+    /// most once, then recompute or offload).
+    #[error("pass `{pass}` cannot run after `{after}`: it needs {needs}, but the plan has {found} (the built-in passes apply in the order gpipe, f1b, vpp, dual, zero_bubble, seq_split, each at most once, then recompute or offload)")]
     OutOfOrder {
         /// The pass that came too late.
         pass: String,

@@ -62,14 +62,15 @@ fn dropped_in(order: &[Task]) -> (HashSet<Work>, HashSet<Work>) {
 /// the task runs (a forward's activations included before a drop), and returns the host
 /// memory's peak. Tasks whose stage is out of range hold nothing (the verifier reports them).
 fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
-    let figures = plan.memory().stages();
+    let figures = plan.memory();
     let (dropped, weight_dropped) = dropped_in(order);
     let (mut held, mut host, mut host_peak) = (0.0f64, 0.0f64, 0.0f64);
     // With transfers: the pairs whose input gradient ran (an offload after it moves the W's part).
     let transfers = order.iter().any(Task::on_link);
     let mut backed: HashSet<Work> = HashSet::new();
     for task in order {
-        let Some(m) = figures.get(task.work().stage.index()) else {
+        let work = task.work();
+        let Some(m) = figures.of(work.stage, work.microbatch) else {
             visit(task, held);
             continue;
         };
@@ -85,20 +86,20 @@ fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
                 held += m.weight_grad() - kept;
             }
             Task::Offload(w) => {
-                let moved = moved_by(m, backed.contains(&w));
+                let moved = moved_by(&m, backed.contains(&w));
                 held -= moved;
                 host += moved;
                 host_peak = host_peak.max(host);
             }
             Task::Reload(w) => {
-                let moved = moved_by(m, backed.contains(&w));
+                let moved = moved_by(&m, backed.contains(&w));
                 held += moved;
                 host -= moved;
                 during = held;
             }
             _ => {
                 let _ = task.try_for_each_op(|op| {
-                    let Some(m) = figures.get(op.stage.index()) else {
+                    let Some(m) = figures.of(op.stage, op.microbatch) else {
                         return ControlFlow::<()>::Continue(());
                     };
                     held += m.delta(op.kind);

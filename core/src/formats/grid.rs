@@ -1,6 +1,7 @@
 //! A text grid of a simulated plan: one row per rank, one column per time quantum.
 //!
-//! Each task shows its kind and microbatch in the cell where it starts (`F3`, `I3`, `W3`, `B3`,
+//! Each task shows its kind and microbatch in the cell where it starts (`F3`, `I3`, `W3`, `B3`;
+//! with sequence chunks its group and chunk, `F3.1`;
 //! `X3` for an overlapped forward+backward, labelled by its forward's microbatch, `R3` for a
 //! recompute, `RW3` for a recompute for the weight gradient); the cells it continues over show `~`, idle cells `.`. A rank whose plan offloads gets
 //! a second row, `link`, with its transfers (`O3` offload, `L3` reload). A rank's first local stage is written in capitals, its
@@ -11,14 +12,16 @@ use crate::analysis::simulate::Simulation;
 use crate::ir::ids::push_decimal;
 use crate::ir::op::{Task, TaskKind};
 use crate::ir::plan::Plan;
+use crate::ir::problem::Problem;
 use crate::tolerance::TOLERANCE;
 use std::fmt::Write;
 
 /// Widest grid drawn; longer schedules are drawn with a coarser quantum.
 pub const MAX_COLUMNS: usize = 160;
 
-/// A task's label: its kind's letter (capital on the rank's first local stage) and microbatch.
-fn label(first_local: Option<usize>, task: &Task) -> String {
+/// A task's label: its kind's letter (capital on the rank's first local stage) and microbatch
+/// (with sequence chunks, its group and chunk: `F3.1`).
+fn label(problem: &Problem, first_local: Option<usize>, task: &Task) -> String {
     let work = task.work();
     let letter = match task.kind() {
         TaskKind::Forward => 'F',
@@ -44,18 +47,26 @@ fn label(first_local: Option<usize>, task: &Task) -> String {
             b'w'
         });
     }
-    push_decimal(&mut out, work.microbatch.get());
+    if problem.is_seq_split() {
+        out.extend_from_slice(problem.microbatch_label(work.microbatch).as_bytes());
+    } else {
+        push_decimal(&mut out, work.microbatch.get());
+    }
     String::from_utf8(out).expect("a label is ASCII")
 }
 
 /// The length of a task's label, without writing it.
-fn label_len(task: &Task) -> usize {
-    let microbatch = task.work().microbatch.get();
+fn label_len(problem: &Problem, task: &Task) -> usize {
+    let digits = |n: u32| n.checked_ilog10().map_or(1, |d| d as usize + 1);
+    let microbatch = task.work().microbatch;
     let letters = 1 + usize::from(matches!(task, Task::RecomputeWeightGrad(_)));
-    letters
-        + microbatch
-            .checked_ilog10()
-            .map_or(1, |digits| digits as usize + 1)
+    let number = if problem.is_seq_split() {
+        let (group, chunk) = problem.seq_chunk_of(microbatch);
+        digits(group) + 1 + digits(chunk)
+    } else {
+        digits(microbatch.get())
+    };
+    letters + number
 }
 
 /// What a cell of a rank's row shows: idle, or the task (its index in the rank's timeline)
@@ -88,7 +99,7 @@ pub fn render_grid(plan: &Plan, simulation: &Simulation) -> String {
     let width = timeline
         .iter()
         .flatten()
-        .map(|t| label_len(&t.task))
+        .map(|t| label_len(plan.problem(), &t.task))
         .max()
         .unwrap_or(1);
     let mut out = String::new();
@@ -132,7 +143,7 @@ pub fn render_grid(plan: &Plan, simulation: &Simulation) -> String {
             for cell in &row {
                 let text = match *cell {
                     Cell::Idle => ".".to_string(),
-                    Cell::Starts(i) => label(first_local, &tasks[i].task),
+                    Cell::Starts(i) => label(plan.problem(), first_local, &tasks[i].task),
                     Cell::Continues => "~".to_string(),
                 };
                 let _ = write!(out, " {text:<width$}");

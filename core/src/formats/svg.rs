@@ -7,6 +7,7 @@ use crate::analysis::replay::TimedTask;
 use crate::analysis::simulate::Simulation;
 use crate::ir::op::TaskKind;
 use crate::ir::plan::Plan;
+use crate::ir::problem::microbatch_label;
 use crate::tolerance::TOLERANCE;
 use std::fmt::Write;
 
@@ -53,7 +54,7 @@ fn escape(text: &str) -> String {
 
 /// The SVG document of `simulation` (a simulation of `plan`), titled `title`.
 pub fn timeline_svg(plan: &Plan, simulation: &Simulation, title: &str) -> String {
-    let frame = Frame::of(simulation);
+    let frame = Frame::of(simulation, plan.problem().seq_chunks());
     let mut out = String::new();
     header(&mut out, &frame, simulation, title);
     for (r, tasks) in simulation.timeline().iter().enumerate() {
@@ -80,10 +81,12 @@ struct Frame {
     height: f64,
     /// Height of a compute box (less than a row's when the row holds a link lane).
     box_height: f64,
+    /// Sequence chunks per sample group (labels read `group.chunk` where above 1).
+    seq_chunks: u32,
 }
 
 impl Frame {
-    fn of(simulation: &Simulation) -> Frame {
+    fn of(simulation: &Simulation, seq_chunks: u32) -> Frame {
         let transfers = simulation
             .timeline()
             .iter()
@@ -112,6 +115,7 @@ impl Frame {
             legend_top,
             height: legend_top + 40.0,
             box_height: ROW_HEIGHT - 4.0 - if transfers { LINK_LANE + 1.0 } else { 0.0 },
+            seq_chunks,
         }
     }
 }
@@ -213,7 +217,7 @@ fn task_box(out: &mut String, frame: &Frame, y: f64, t: &TimedTask, later_chunk:
             r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle" fill="{ink}">{}</text>"#,
             x + w / 2.0,
             y + frame.box_height / 2.0 + 4.0,
-            t.task.work().microbatch
+            microbatch_label(frame.seq_chunks, t.task.work().microbatch)
         );
     }
 }
@@ -276,7 +280,7 @@ fn legend(out: &mut String, frame: &Frame, plan: &Plan) {
     }
     let _ = writeln!(
         out,
-        r##"<text x="{:.1}" y="{:.1}" font-size="12" fill="#555">hatched: a rank's later model chunks (virtual stages); numbers are microbatches</text>"##,
+        r##"<text x="{:.1}" y="{:.1}" font-size="12" fill="#555">hatched: a rank's later model chunks (virtual stages); numbers are microbatches (group.chunk where sequences are split)</text>"##,
         LEFT,
         legend_top + 32.0
     );

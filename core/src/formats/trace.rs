@@ -7,8 +7,9 @@
 
 use crate::analysis::simulate::Simulation;
 use crate::ir::deps::predecessors;
-use crate::ir::op::{OpKind, TaskKind};
+use crate::ir::op::{OpKind, Task, TaskKind, Work};
 use crate::ir::plan::Plan;
+use crate::ir::problem::Problem;
 use serde_json::{json, Value};
 
 const MICROS_PER_UNIT: f64 = 1000.0;
@@ -24,6 +25,30 @@ fn kind_name(kind: TaskKind) -> (&'static str, &'static str) {
         TaskKind::Offload => ("OFFLOAD", "cq_build_attempt_failed"),
         TaskKind::Reload => ("RELOAD", "cq_build_attempt_passed"),
     }
+}
+
+/// A task's name in the trace: its notation, with sequence chunks `F3.1` (group 3, chunk 1).
+fn task_name(problem: &Problem, task: &Task) -> String {
+    if !problem.is_seq_split() {
+        return task.to_string();
+    }
+    let plain = task.to_string();
+    let number = task.work().microbatch.get().to_string();
+    let kind = plain.strip_suffix(number.as_str()).unwrap_or(&plain);
+    format!("{kind}{}", problem.microbatch_label(task.work().microbatch))
+}
+
+/// A task's arguments in the trace: kind, stage, microbatch and, with sequence chunks, its
+/// sample group and chunk.
+fn trace_args(problem: &Problem, kind: &str, work: Work) -> serde_json::Value {
+    let mut args =
+        json!({ "kind": kind, "stage": work.stage.get(), "microbatch": work.microbatch.get() });
+    if problem.is_seq_split() {
+        let (group, chunk) = problem.seq_chunk_of(work.microbatch);
+        args["sample_group"] = json!(group);
+        args["sequence_chunk"] = json!(chunk);
+    }
+    args
 }
 
 /// The track of rank `r`'s host link (after every rank's own track).
@@ -62,7 +87,7 @@ pub fn chrome_trace(plan: &Plan, simulation: &Simulation, title: &str) -> Value 
                 r
             };
             events.push(json!({
-                "name": t.task.to_string(),
+                "name": task_name(plan.problem(), &t.task),
                 "cat": kind,
                 "ph": "X",
                 "pid": 0,
@@ -70,7 +95,7 @@ pub fn chrome_trace(plan: &Plan, simulation: &Simulation, title: &str) -> Value 
                 "ts": t.start * MICROS_PER_UNIT,
                 "dur": (t.end - t.start) * MICROS_PER_UNIT,
                 "cname": colour,
-                "args": { "kind": kind, "stage": work.stage.get(), "microbatch": work.microbatch.get() },
+                "args": trace_args(plan.problem(), kind, work),
             }));
             for op in t.task.ops() {
                 if let Some(slot) = plan.op_slot(op) {

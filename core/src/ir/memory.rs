@@ -13,6 +13,7 @@
 //! (validation turns `-0` into `0`, so that is comparing the numbers).
 
 use crate::error::CoreError;
+use crate::ir::ids::{MicrobatchId, StageId};
 use crate::ir::op::OpKind;
 use typed_builder::TypedBuilder;
 
@@ -99,6 +100,14 @@ impl StageMemory {
     pub fn weight_grad_checkpoint(&self) -> f64 {
         (2.0 * self.checkpoint).min(self.weight_grad)
     }
+    /// Every figure times `factor` (finite, > 0: a validated scale).
+    pub fn scaled(&self, factor: f64) -> StageMemory {
+        StageMemory {
+            total: self.total * factor,
+            weight_grad: self.weight_grad * factor,
+            checkpoint: self.checkpoint * factor,
+        }
+    }
     /// Every figure divided by `parts`.
     pub fn split(&self, parts: u32) -> StageMemory {
         let k = f64::from(parts.max(1));
@@ -133,26 +142,99 @@ impl Default for StageMemory {
     }
 }
 
-/// Validated activation figures of every stage (compared and hashed as data).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// Validated activation figures of every stage, optionally a factor per microbatch (sequence
+/// chunks of different lengths: microbatch `m` holds `scale[m]` times the stage's figures);
+/// compared and hashed as data.
+#[derive(Clone, Debug)]
 pub struct MemoryModel {
     stages: Vec<StageMemory>,
+    microbatch_scales: Vec<f64>,
+}
+
+impl PartialEq for MemoryModel {
+    fn eq(&self, other: &MemoryModel) -> bool {
+        self.stages == other.stages && self.scale_bits() == other.scale_bits()
+    }
+}
+
+impl Eq for MemoryModel {}
+
+impl std::hash::Hash for MemoryModel {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.stages.hash(state);
+        self.scale_bits().hash(state);
+    }
 }
 
 impl MemoryModel {
     /// The same figures for each of `stages` stages.
     pub fn uniform(stages: u32, memory: StageMemory) -> MemoryModel {
-        MemoryModel {
-            stages: vec![memory; stages as usize],
-        }
+        Self::per_stage(vec![memory; stages as usize])
     }
     /// One entry per stage.
     pub fn per_stage(stages: Vec<StageMemory>) -> MemoryModel {
-        MemoryModel { stages }
+        MemoryModel {
+            stages,
+            microbatch_scales: Vec::new(),
+        }
     }
-    /// Figures of every stage.
+    /// The same model with microbatch `m`'s figures scaled by `scales[m]` (finite, > 0; empty
+    /// for none). A microbatch beyond the list keeps the stage's figures.
+    pub fn with_microbatch_scales(mut self, scales: Vec<f64>) -> Result<MemoryModel, CoreError> {
+        if let Some((m, s)) = scales
+            .iter()
+            .enumerate()
+            .find(|(_, s)| !(s.is_finite() && **s > 0.0))
+        {
+            return Err(invalid(format!(
+                "microbatch {m}'s memory scale {s} must be finite and > 0"
+            )));
+        }
+        self.microbatch_scales = scales;
+        Ok(self)
+    }
+    /// Figures of every stage (for one microbatch of scale 1).
     pub fn stages(&self) -> &[StageMemory] {
         &self.stages
+    }
+    /// The per-microbatch factors (empty: all 1).
+    pub fn microbatch_scales(&self) -> &[f64] {
+        &self.microbatch_scales
+    }
+    /// The factor of microbatch `m`'s figures (1 without scales).
+    pub fn microbatch_scale(&self, m: MicrobatchId) -> f64 {
+        self.microbatch_scales
+            .get(m.index())
+            .copied()
+            .unwrap_or(1.0)
+    }
+    /// What microbatch `microbatch` holds on `stage` (None for a stage out of range): the
+    /// stage's figures times the microbatch's scale. The one place analyses and schedulers
+    /// read an op's memory from.
+    #[inline]
+    pub fn of(&self, stage: StageId, microbatch: MicrobatchId) -> Option<StageMemory> {
+        let figures = *self.stages.get(stage.index())?;
+        match self.microbatch_scales.get(microbatch.index()) {
+            Some(&scale) if scale != 1.0 => Some(figures.scaled(scale)),
+            _ => Some(figures),
+        }
+    }
+    /// The most any microbatch holds on `stage`: its figures times the largest scale.
+    pub fn largest_on(&self, stage: StageId) -> Option<StageMemory> {
+        let figures = *self.stages.get(stage.index())?;
+        let largest = self
+            .microbatch_scales
+            .iter()
+            .copied()
+            .fold(0.0f64, f64::max);
+        Some(if self.microbatch_scales.is_empty() {
+            figures
+        } else {
+            figures.scaled(largest)
+        })
+    }
+    fn scale_bits(&self) -> Vec<u64> {
+        self.microbatch_scales.iter().map(|s| s.to_bits()).collect()
     }
 }
 

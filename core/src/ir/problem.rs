@@ -233,6 +233,17 @@ impl ProblemSpec {
     }
 }
 
+/// How pictures and traces name `microbatch` of a problem with `seq_chunks` chunks per sample
+/// group: its number, or its group and chunk (`3.1`).
+pub fn microbatch_label(seq_chunks: u32, microbatch: MicrobatchId) -> String {
+    if seq_chunks > 1 {
+        let m = microbatch.get();
+        format!("{}.{}", m / seq_chunks, m % seq_chunks)
+    } else {
+        microbatch.get().to_string()
+    }
+}
+
 /// Holds sequence chunks to their problem: at least one per group, the microbatches whole
 /// groups, and every group's chunks on one route (a route starts at a group's first chunk).
 fn check_seq_chunks(chunks: u32, microbatches: u32, routes: &[Route]) -> Result<(), CoreError> {
@@ -416,6 +427,11 @@ impl Problem {
             microbatch.get() / self.seq_chunks,
             microbatch.get() % self.seq_chunks,
         )
+    }
+    /// How pictures and traces name `microbatch`: its number, or with sequence chunks its
+    /// sample group and chunk (`3.1`: chunk 1 of group 3).
+    pub fn microbatch_label(&self, microbatch: MicrobatchId) -> String {
+        microbatch_label(self.seq_chunks, microbatch)
     }
     /// Tied stage groups.
     pub fn tied_stages(&self) -> &[Vec<StageId>] {

@@ -194,6 +194,7 @@ impl Pass for Dual {
     /// counter-flow order is both as fast as the input's 1F1B and within the memory budget
     /// (uneven stage costs, a tight declared limit).
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
+        super::whole_sequences(Self::NAME, &plan)?;
         let shape = shape_of(&plan)?;
         if !shape.v && shape.microbatches < 2 {
             return Ok(plan);

@@ -32,16 +32,18 @@ impl F1b {
 }
 
 /// Every rank's order of `plan` rewritten to 1F1B: rank `r` of `P` keeps `P - r - 1` forwards as
-/// warm-up, then alternates (see the module doc).
+/// warm-up (plus `k - 1` with `k` sequence chunks, Seq1F1B's, so that a microbatch's last chunk
+/// has run its forward before its first backward), then alternates (see the module doc).
 fn one_f_one_b(plan: &Plan) -> Vec<Vec<Task>> {
     let ranks = plan.problem().ranks() as usize;
+    let chunks = plan.problem().seq_chunks() as usize;
     plan.orders()
         .iter()
         .enumerate()
         .map(|(r, order)| {
             let (forwards, backwards): (Vec<Task>, Vec<Task>) =
                 order.iter().partition(|t| t.is_forward());
-            warmup_merge(&forwards, &backwards, ranks - r - 1)
+            warmup_merge(&forwards, &backwards, ranks - r - 1 + chunks - 1)
         })
         .collect()
 }

@@ -33,6 +33,20 @@ pub use zero_bubble::{Policy, ZeroBubble};
 use crate::error::TransformError;
 use pipeweave_core::{CostModel, Facts, Layout, MemoryModel, Pacing, Plan, Problem, Task};
 
+/// Refuses a plan whose sequences `seq_split` cut into chunks already: `pass` rebuilds the
+/// problem (placement, routes) or cuts again, so it comes before `seq_split`.
+fn whole_sequences(pass: &str, plan: &Plan) -> Result<(), TransformError> {
+    let chunks = plan.problem().seq_chunks();
+    if chunks > 1 {
+        return Err(TransformError::precondition(
+            pass,
+            "whole sequences (seq_split comes after it)",
+            format!("the plan's sequences are split into {chunks} chunks already"),
+        ));
+    }
+    Ok(())
+}
+
 /// `plan` with `orders`, which follow `pacing` (problem, models and the other facts kept): the
 /// result of a pass that only reorders; errors blame `pass`.
 fn repaced(

@@ -107,7 +107,11 @@ impl ReliefStrategy for Offload {
         let reload_stall = (issued + transfer - backward - step.slack[window.backward]).max(0.0);
         Proposal {
             estimate: fence_stall + reload_stall,
-            relieves: window.held(&step.plan.memory().stages()[window.work.stage.index()]),
+            relieves: step
+                .plan
+                .memory()
+                .of(window.work.stage, window.work.microbatch)
+                .map_or(0.0, |m| window.held(&m)),
             frees: window.forward + 1..reload_at,
             work: window.work,
             inserted: transfers(window, reload_at),
@@ -340,7 +344,11 @@ impl Hoisting {
     /// needs it on the device: what its W keeps where its I ran before (moved between its I and
     /// W), else its activations (needed by its I).
     fn carried(&self, order: &[Task], position: usize, work: Work) -> (OpKind, f64) {
-        let memory = &self.plan.memory().stages()[work.stage.index()];
+        let memory = self
+            .plan
+            .memory()
+            .of(work.stage, work.microbatch)
+            .unwrap_or_default();
         let input = work.op(OpKind::InputGrad);
         if order[..position].iter().any(|t| t.runs(input)) {
             (OpKind::WeightGrad, memory.weight_grad())

@@ -127,7 +127,11 @@ impl ReliefStrategy for Recompute {
         let task = rebuild(window);
         let idle = idle_before(step.simulation, step.at.rank, window.backward);
         let delay = (step.plan.costs().task_duration(&task) - idle).max(0.0);
-        let memory = step.plan.memory().stages()[window.work.stage.index()];
+        let memory = step
+            .plan
+            .memory()
+            .of(window.work.stage, window.work.microbatch)
+            .unwrap_or_default();
         let relieves = match window.span {
             Span::Activations => memory.dropped(),
             Span::WeightGrad => memory.weight_grad() - memory.weight_grad_checkpoint(),

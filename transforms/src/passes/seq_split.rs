@@ -10,7 +10,7 @@
 //! dependencies on every stage (chunk `c`'s F after chunk `c - 1`'s; chunk `c - 1`'s I after
 //! chunk `c`'s: [`pipeweave_core::ir::deps`]). A chunk costs its share of the microbatch by the
 //! per-token model of the profile (later chunks attend to more tokens), holds its tokens'
-//! share of the activations (each chunk charged the largest share), keeps its keys and values
+//! share of the activations (the memory model's per-microbatch scales), keeps its keys and values
 //! for later chunks where a later pass recomputes or offloads it (the checkpoint is at least
 //! [`KV_SHARE`] of its activations), and sends its tokens' share of an activation (the
 //! latency scaled by the largest share).
@@ -88,10 +88,7 @@ impl SeqSplit {
     }
 
     /// The chunks, their costs and memory: the split problem and its models.
-    fn reshape(
-        &self,
-        plan: &Plan,
-    ) -> Result<(Problem, CostModel, MemoryModel, f64), TransformError> {
+    fn reshape(&self, plan: &Plan) -> Result<(Problem, CostModel, MemoryModel), TransformError> {
         let k = self.chunks;
         let costs = plan.costs();
         let layout = costs.layer_layout();
@@ -109,7 +106,8 @@ impl SeqSplit {
         let cut = SequenceCut::new(k, self.by, tokens, scale)
             .map_err(|e| TransformError::core(Self::NAME, e))?;
         let cost_shares = cut.cost_shares(scale);
-        let largest = cut.token_shares().into_iter().fold(0.0f64, f64::max);
+        let token_shares = cut.token_shares();
+        let largest = token_shares.iter().copied().fold(0.0f64, f64::max);
         let problem = plan.problem();
         let units = u64::from(problem.microbatches()) * u64::from(k);
         let spec = ProblemSpec::builder()
@@ -153,18 +151,29 @@ impl SeqSplit {
         if let Some(layout) = layout {
             chunk_costs = chunk_costs.with_layer_layout(layout.clone());
         }
-        let memory = plan
+        let stages = plan
             .memory()
             .stages()
             .iter()
-            .map(|m| chunk_memory(m, largest))
+            .map(keeping_keys_and_values)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| TransformError::core(Self::NAME, e))?;
-        Ok((split, chunk_costs, MemoryModel::per_stage(memory), largest))
+        let memory_scales = (0..problem.microbatches())
+            .flat_map(|m| {
+                let whole = plan.memory().microbatch_scale(m.into());
+                token_shares.iter().map(move |share| whole * share)
+            })
+            .collect();
+        let memory = MemoryModel::per_stage(stages)
+            .with_microbatch_scales(memory_scales)
+            .map_err(|e| TransformError::core(Self::NAME, e))?;
+        Ok((split, chunk_costs, memory))
     }
 
-    /// The default limit of a rescheduled split-backward plan (see the module doc).
-    fn default_limit(&self, plan: &Plan, share: f64) -> f64 {
+    /// The default limit of a rescheduled split-backward plan (see the module doc), a chunk's
+    /// share taken as the mean, `1/k`.
+    fn default_limit(&self, plan: &Plan) -> f64 {
+        let share = 1.0 / f64::from(self.chunks);
         let problem = plan.problem();
         let extra = f64::from(self.chunks - 1);
         peak_per_rank(plan)
@@ -182,17 +191,14 @@ impl SeqSplit {
     }
 }
 
-/// A chunk's figures: `share` of the stage's, the checkpoint at least its keys and values.
-fn chunk_memory(stage: &StageMemory, share: f64) -> Result<StageMemory, pipeweave_core::CoreError> {
-    let total = stage.total() * share;
+/// A stage's figures with the checkpoint at least the keys and values (which later chunks
+/// read, so a recomputed or offloaded chunk keeps them).
+fn keeping_keys_and_values(stage: &StageMemory) -> Result<StageMemory, pipeweave_core::CoreError> {
+    let total = stage.total();
     StageMemorySpec::builder()
         .total(total)
-        .weight_grad(stage.weight_grad() * share)
-        .checkpoint(
-            (stage.checkpoint() * share)
-                .max(KV_SHARE * total)
-                .min(total),
-        )
+        .weight_grad(stage.weight_grad())
+        .checkpoint(stage.checkpoint().max(KV_SHARE * total).min(total))
         .build()
         .validate()
 }
@@ -277,26 +283,15 @@ impl Pass for SeqSplit {
     }
 
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
-        if plan.problem().is_seq_split() {
-            return Err(TransformError::precondition(
-                Self::NAME,
-                "a plan whose sequences are whole",
-                format!(
-                    "its sequences are split into {} chunks already",
-                    plan.problem().seq_chunks()
-                ),
-            ));
-        }
+        super::whole_sequences(Self::NAME, &plan)?;
         if self.chunks == 1 {
             return Ok(plan);
         }
-        let (problem, costs, memory, share) = self.reshape(&plan)?;
+        let (problem, costs, memory) = self.reshape(&plan)?;
         let k = self.chunks;
         let facts = plan.facts();
         let chunked_orders = chunked(plan.orders(), k)?;
-        let limit = self
-            .memory
-            .unwrap_or_else(|| self.default_limit(&plan, share));
+        let limit = self.memory.unwrap_or_else(|| self.default_limit(&plan));
         let shape = Some((problem, costs, memory));
         let baseline = plan
             .clone()

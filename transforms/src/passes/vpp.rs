@@ -465,6 +465,7 @@ impl Pass for Vpp {
     }
 
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
+        super::whole_sequences(Self::NAME, &plan)?;
         self.check(&plan)?;
         if self.chunks == 1 {
             return Ok(plan);

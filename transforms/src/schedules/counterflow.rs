@@ -30,7 +30,7 @@
 //! routes, placement, costs and memory, so it takes any layout; `dual` uses it on DualPipe's.
 
 use crate::schedules::greedy::FillWaits;
-use crate::schedules::kernel::{self, activation, ChoiceRule, Decision, Timeline};
+use crate::schedules::kernel::{self, largest_activation, ChoiceRule, Decision, Timeline};
 use crate::schedules::refine::refine;
 use crate::schedules::score::{refine_budget, Scored};
 use pipeweave_core::ir::problem::Route;
@@ -322,7 +322,7 @@ impl<'a> CounterFlow<'a> {
         let mut out = Vec::new();
         for (i, lane) in rank.lanes.iter().enumerate() {
             for step in lane.heads() {
-                let fits = timeline.fits(r, activation(self.plan, lane.stage), self.budget);
+                let fits = timeline.fits(r, largest_activation(self.plan, lane.stage), self.budget);
                 if matches!(step, Step::Forward(_)) && !fits {
                     blocked = true;
                     continue;

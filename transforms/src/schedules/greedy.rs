@@ -17,7 +17,9 @@
 //! Ws into waits and when memory runs out); `zero_bubble(policy=auto)` tries several variants.
 
 use crate::schedules::chunk_gate::ChunkGate;
-use crate::schedules::kernel::{self, activation, Agenda, ChoiceRule, Decision, Time, Timeline};
+use crate::schedules::kernel::{
+    self, activation, largest_activation, Agenda, ChoiceRule, Decision, Time, Timeline,
+};
 use crate::schedules::score::Score;
 use pipeweave_core::{Op, OpKind, Plan, StageId, Task, Work, TOLERANCE};
 use std::collections::VecDeque;
@@ -336,7 +338,7 @@ impl<'a> Greedy<'a> {
                     }
                 }
             };
-            let extra = activation(self.plan, stage) + self.reserved(r, k);
+            let extra = activation(self.plan, stage, w.microbatch) + self.reserved(r, k);
             let within = timeline.fits(r, extra, self.limit);
             let fits = within && rank.in_flight < rank.in_flight_cap;
             if at > t + TOLERANCE {
@@ -369,7 +371,7 @@ impl<'a> Greedy<'a> {
             .filter(|(j, s)| {
                 self.stage_microbatches[s.index()].len() > rank.next_forward[k + 1 + j]
             })
-            .map(|(_, s)| activation(self.plan, *s))
+            .map(|(_, s)| largest_activation(self.plan, *s))
             .sum::<f64>()
     }
 
@@ -389,9 +391,9 @@ impl<'a> Greedy<'a> {
                         .weight_grad()
                         - TOLERANCE
         });
-        let overlap_fits = c
-            .forward
-            .is_some_and(|(_, f)| timeline.fits(r, activation(self.plan, f.stage), self.limit));
+        let overlap_fits = c.forward.is_some_and(|(_, f)| {
+            timeline.fits(r, activation(self.plan, f.stage, f.microbatch), self.limit)
+        });
         match (c.input, c.forward) {
             (Some(backward), Some((k, forward))) if self.variant.overlap && overlap_fits => {
                 Some(Choice::Overlapped {

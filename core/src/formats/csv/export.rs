@@ -19,6 +19,14 @@ pub fn pytorch_expressible(problem: &Problem) -> Result<(), CoreError> {
             reason,
         })
     };
+    if problem.is_seq_split() {
+        return refuse(format!(
+            "its microbatches are split into {} sequence chunks, and PyTorch's runtime keeps no \
+             state between the microbatches of a stage (a chunk's attention needs the keys and \
+             values of the chunks before it); --json or --programs write this plan",
+            problem.seq_chunks()
+        ));
+    }
     let routes = problem.routes();
     if routes.len() > 1 {
         return refuse(format!(

@@ -72,7 +72,7 @@ impl Model {
     pub fn of_plan(plan: &Plan, limit: f64, pricing: Pricing) -> Model {
         let problem = plan.problem();
         let costs = plan.costs();
-        let memory = plan.memory().stages();
+        let memory = plan.memory();
         let mut index: HashMap<Op, OpIndex> = HashMap::new();
         let mut ops: Vec<OpInfo> = Vec::new();
         let cheapest = CheapestForms::of(plan);
@@ -104,7 +104,9 @@ impl Model {
                         task,
                         rank,
                         duration,
-                        delta: memory.get(s as usize).map_or(0.0, |mm| mm.delta(kind)),
+                        delta: memory
+                            .of(work.stage, work.microbatch)
+                            .map_or(0.0, |mm| mm.delta(kind)),
                         preds: SmallVec::new(),
                         succs: SmallVec::new(),
                         tail: 0.0,

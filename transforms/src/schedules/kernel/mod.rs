@@ -30,7 +30,7 @@ pub mod agenda;
 pub mod timeline;
 
 pub use agenda::{Agenda, Time};
-pub use timeline::{activation, Timeline};
+pub use timeline::{activation, largest_activation, Timeline};
 
 use pipeweave_core::Task;
 

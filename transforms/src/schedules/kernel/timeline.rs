@@ -7,16 +7,23 @@
 //! rank holds change by each op's memory delta ([`pipeweave_core::StageMemory::delta`]).
 
 use pipeweave_core::ir::deps::predecessors;
-use pipeweave_core::{Op, OpKind, Plan, StageId, Task, TOLERANCE};
+use pipeweave_core::{MicrobatchId, Op, OpKind, Plan, StageId, Task, TOLERANCE};
 
-/// The activations one forward on `stage` of `plan` takes (the stage's whole figure, none for a
-/// stage out of range): what a list scheduler checks against its memory limit before it runs one.
+/// The activations the forward of `microbatch` on `stage` of `plan` takes (the whole figure,
+/// none for a stage out of range): what a list scheduler checks against its memory limit before
+/// it runs one.
 #[inline]
-pub fn activation(plan: &Plan, stage: StageId) -> f64 {
+pub fn activation(plan: &Plan, stage: StageId, microbatch: MicrobatchId) -> f64 {
     plan.memory()
-        .stages()
-        .get(stage.index())
+        .of(stage, microbatch)
         .map_or(0.0, |m| m.total())
+}
+
+/// The most activations any forward on `stage` of `plan` takes: what a scheduler keeps free
+/// for a forward it has not chosen yet.
+#[inline]
+pub fn largest_activation(plan: &Plan, stage: StageId) -> f64 {
+    plan.memory().largest_on(stage).map_or(0.0, |m| m.total())
 }
 
 /// One rank's clock, memory and order.
@@ -156,11 +163,11 @@ impl<'p> Timeline<'p> {
 
     /// The change of held activations `ops` make, summed in order.
     fn delta_of(&self, ops: &[Op]) -> f64 {
-        let memory = self.plan.memory().stages();
+        let memory = self.plan.memory();
         ops.iter()
             .map(|op| {
                 memory
-                    .get(op.stage.index())
+                    .of(op.stage, op.microbatch)
                     .map_or(0.0, |m| m.delta(op.kind))
             })
             .sum()
