@@ -24,7 +24,10 @@ import json
 import sys
 import types
 
-SIZES = [(p, m, k) for p in (2, 4, 8) for m in (p, 2 * p) for k in (2, 4)]
+SIZES = [(p, m, k) for p in (2, 4, 8) for m in (p, 2 * p) for k in (2, 4)] + [
+    # The general rule: odd sizes, fewer microbatches than ranks, 3 and 8 splits.
+    (3, 5, 3), (4, 3, 2), (5, 7, 8), (8, 4, 3), (2, 1, 4), (6, 9, 2), (7, 14, 5),
+]
 
 
 class _Node:

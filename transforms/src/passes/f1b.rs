@@ -31,6 +31,13 @@ impl F1b {
     pub const NAME: &'static str = "f1b";
 }
 
+/// The warm-up of rank `rank` of `ranks` over sequences in `chunks` chunks (1: whole):
+/// `P - r - 1` forwards, plus Seq1F1B's `k - 1` so that a microbatch's last chunk has run its
+/// forward before its first backward (sail-sg's `P - r - 2 + k`).
+pub(crate) fn warmup(ranks: usize, rank: usize, chunks: usize) -> usize {
+    (ranks - rank - 1) + (chunks.max(1) - 1)
+}
+
 /// Every rank's order of `plan` rewritten to 1F1B: rank `r` of `P` keeps `P - r - 1` forwards as
 /// warm-up (plus `k - 1` with `k` sequence chunks, Seq1F1B's, so that a microbatch's last chunk
 /// has run its forward before its first backward), then alternates (see the module doc).
@@ -43,7 +50,7 @@ fn one_f_one_b(plan: &Plan) -> Vec<Vec<Task>> {
         .map(|(r, order)| {
             let (forwards, backwards): (Vec<Task>, Vec<Task>) =
                 order.iter().partition(|t| t.is_forward());
-            warmup_merge(&forwards, &backwards, ranks - r - 1 + chunks - 1)
+            warmup_merge(&forwards, &backwards, warmup(ranks, r, chunks))
         })
         .collect()
 }

@@ -239,21 +239,28 @@ fn chunked(orders: &[Vec<Task>], k: u32) -> Result<Vec<Vec<Task>>, TransformErro
 }
 
 /// Seq1F1B's rule on chunked whole-backward `orders`: per rank, the chunk forwards and chunk
-/// backwards merged after `w + k - 1` forwards, `w` the input `coarse` order's warm-up (the
-/// forwards before the rank's first backward, less the one its first pair begins with).
-fn seq1f1b(coarse: &[Vec<Task>], orders: &[Vec<Task>], k: u32) -> Vec<Vec<Task>> {
+/// backwards merged after `w + k - 1` forwards. On the linear layout `w` is 1F1B's `P - r - 1`
+/// (the `f1b` pass's rule, sail-sg's order); elsewhere the input `coarse` order's warm-up, the
+/// forwards before the rank's first backward less the one its first pair begins with.
+fn seq1f1b(coarse: &[Vec<Task>], orders: &[Vec<Task>], k: u32, linear: bool) -> Vec<Vec<Task>> {
+    let ranks = coarse.len();
+    let k = k as usize;
     coarse
         .iter()
         .zip(orders)
-        .map(|(input, order)| {
-            // The input ran `w` forwards, then its first pair began with a forward.
-            let before_backward = input
-                .iter()
-                .position(|t| !t.is_forward())
-                .unwrap_or(input.len());
+        .enumerate()
+        .map(|(r, (input, order))| {
+            let warmup = if linear {
+                super::f1b::warmup(ranks, r, k)
+            } else {
+                let before_backward = input
+                    .iter()
+                    .position(|t| !t.is_forward())
+                    .unwrap_or(input.len());
+                before_backward.saturating_sub(1) + k - 1
+            };
             let (forwards, backwards): (Vec<Task>, Vec<Task>) =
                 order.iter().partition(|t| t.is_forward());
-            let warmup = before_backward.saturating_sub(1) + k as usize - 1;
             warmup_merge(&forwards, &backwards, warmup)
         })
         .collect()
@@ -300,7 +307,8 @@ impl Pass for SeqSplit {
         let (orders, pacing) = match (facts.pacing, facts.backwards) {
             (Pacing::FillDrain, _) => return Ok(baseline),
             (_, Backwards::Whole) => {
-                let merged = seq1f1b(plan.orders(), &chunked_orders, k);
+                let linear = facts.layout.kind() == LayoutKind::Linear;
+                let merged = seq1f1b(plan.orders(), &chunked_orders, k, linear);
                 let runs = baseline
                     .clone()
                     .with_orders(merged.clone())
