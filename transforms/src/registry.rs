@@ -399,7 +399,8 @@ mod tests {
         let err = error(&registry, "nope(gpipe)");
         assert!(
             err.contains(
-                "known passes: dual, f1b, gpipe, my_base, offload, recompute, vpp, zero_bubble"
+                "known passes: dual, f1b, gpipe, my_base, offload, recompute, seq_split, vpp, \
+                 zero_bubble"
             ),
             "{err}"
         );
