@@ -86,7 +86,7 @@ impl Attention {
 
     /// The attention core on `qkv: [B, T, 3d]`: returns the merged context `[B, T, d]`.
     fn attend(&self, ops: &dyn Primitives, qkv: Tensor) -> Result<(Tensor, CoreSaved)> {
-        let out = ops.causal_attention(&qkv, self.n_head, self.score_scale())?;
+        let out = ops.causal_attention(&qkv, 0, self.n_head, self.score_scale())?;
         let core = CoreSaved {
             qkv,
             probs: out.probs,
@@ -105,6 +105,7 @@ impl Attention {
             &core.qkv,
             &core.probs,
             grad_context,
+            0,
             self.n_head,
             self.score_scale(),
         )

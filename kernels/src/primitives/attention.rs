@@ -10,19 +10,27 @@ use super::fused;
 use super::products::parallelism;
 use super::slices::{Output, Real};
 
-/// The sizes of an attention core: batch `B`, sequence `T`, heads `H` of width `D`.
+/// The sizes of an attention core: batch `B`, sequence `T` (the keys), heads `H` of width `D`,
+/// and the first query's position `start`: the queries are positions `start..T` (a whole
+/// sequence has `start = 0`; a chunk of one, Seq1F1B's, reads the keys of the chunks before it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Heads {
     pub(crate) batch: usize,
     pub(crate) seq: usize,
     pub(crate) heads: usize,
     pub(crate) head_dim: usize,
+    pub(crate) start: usize,
 }
 
 impl Heads {
     /// `H·D`, the model width.
     fn width(&self) -> usize {
         self.heads * self.head_dim
+    }
+
+    /// The number of queries, `T - start`.
+    fn queries(&self) -> usize {
+        self.seq.saturating_sub(self.start)
     }
 
     /// The offsets of every `(batch, head)` pair, batch-major, with the pair's index.
@@ -129,8 +137,9 @@ fn product_into<T: Real>(
     Some(())
 }
 
-/// `dst`'s `T × T` block of the (batch, head) pair `pair`: `scale · a · bᵀ` for the `T × D` matrix
-/// `a` (placed in its slice as said) and the head `b` of `qkv` whose rows start at `b_offset`.
+/// `dst`'s `Tq × T` block of the (batch, head) pair `pair`: `scale · a · bᵀ` for the `Tq × D`
+/// matrix `a` (placed in its slice as said) and the head `b` of `qkv` whose rows start at
+/// `b_offset`.
 fn times_head_transposed<T: Real>(
     h: Heads,
     dst: &mut Output<T>,
@@ -140,11 +149,11 @@ fn times_head_transposed<T: Real>(
     b_offset: usize,
     scale: T,
 ) -> Option<()> {
-    let t = h.seq;
+    let (tq, t) = (h.queries(), h.seq);
     product_into(
-        (t, t, h.head_dim),
+        (tq, t, h.head_dim),
         dst.slots(),
-        Strided::rows(pair * t * t, t),
+        Strided::rows(pair * tq * t, t),
         a,
         a_at,
         qkv,
@@ -153,32 +162,33 @@ fn times_head_transposed<T: Real>(
     )
 }
 
-/// Causal attention on `qkv`: `(context [B, T, H·D], probs [B, H, T, T])` with `probs` the
-/// causal softmax of `scale · q·kᵀ` per head and the context `probs · v`, heads side by side.
-/// None when `qkv` does not hold `B·T·3·H·D` elements.
+/// Causal attention of the queries `start..T` of `qkv` over its keys `0..T`:
+/// `(context [B, T - start, H·D], probs [B, H, T - start, T])` with `probs` the causal softmax
+/// of `scale · q·kᵀ` per head and the context `probs · v`, heads side by side. None when `qkv`
+/// does not hold `B·T·3·H·D` elements or `start` is past the sequence.
 pub(crate) fn attention<T: Real>(qkv: &[T], h: Heads, scale: T) -> Option<(Vec<T>, Vec<T>)> {
-    let (t, d, width) = (h.seq, h.head_dim, h.width());
+    let (t, d, width, tq) = (h.seq, h.head_dim, h.width(), h.queries());
     let row = 3 * width;
-    if qkv.len() != h.batch.checked_mul(t)?.checked_mul(row)? {
+    if qkv.len() != h.batch.checked_mul(t)?.checked_mul(row)? || h.start >= t.max(1) {
         return None;
     }
-    let block = t * t;
+    let block = tq * t;
     let mut scores = Output::new(h.batch * h.heads * block);
     for (pair, b, head) in h.pairs() {
         let base = b * t * row + head * d;
-        let query = (qkv, Strided::rows(base, row));
+        let query = (qkv, Strided::rows(base + h.start * row, row));
         times_head_transposed(h, &mut scores, pair, query, qkv, base + width, scale)?;
     }
-    // SAFETY: the products wrote every `T × T` block, one per (batch, head) pair.
+    // SAFETY: the products wrote every `Tq × T` block, one per (batch, head) pair.
     let scores = unsafe { scores.assume_written() };
-    let probs = fused::causal_softmax(&scores, t);
+    let probs = fused::causal_softmax(&scores, tq, t, h.start);
     drop(scores);
-    let mut context = Output::new(h.batch * t * width);
+    let mut context = Output::new(h.batch * tq * width);
     for (pair, b, head) in h.pairs() {
         product_into(
-            (t, d, t),
+            (tq, d, t),
             context.slots(),
-            Strided::rows(b * t * width + head * d, width),
+            Strided::rows(b * tq * width + head * d, width),
             &probs,
             Strided::rows(pair * block, t),
             qkv,
@@ -186,14 +196,15 @@ pub(crate) fn attention<T: Real>(qkv: &[T], h: Heads, scale: T) -> Option<(Vec<T
             T::ONE,
         )?;
     }
-    // SAFETY: each (batch, head) product wrote its `T × D` block of the context, and the blocks
-    // of all heads tile every row of every batch.
+    // SAFETY: each (batch, head) product wrote its `Tq × D` block of the context, and the
+    // blocks of all heads tile every row of every batch.
     Some((unsafe { context.assume_written() }, probs))
 }
 
 /// The backward of [`attention`]: the gradient of `qkv` (`[B, T, 3·H·D]`) from the context's
-/// gradient `grad_context` (`[B, T, H·D]`), with `probs` and `qkv` of the forward. None when a
-/// size does not match.
+/// gradient `grad_context` (`[B, T - start, H·D]`), with `probs` and `qkv` of the forward. The
+/// queries before `start` get no gradient (zeros); the keys and values of every position do
+/// (those before `start` belong to earlier chunks). None when a size does not match.
 pub(crate) fn attention_backward<T: Real>(
     qkv: &[T],
     probs: &[T],
@@ -201,27 +212,27 @@ pub(crate) fn attention_backward<T: Real>(
     h: Heads,
     scale: T,
 ) -> Option<Vec<T>> {
-    let (t, d, width) = (h.seq, h.head_dim, h.width());
+    let (t, d, width, tq) = (h.seq, h.head_dim, h.width(), h.queries());
     let row = 3 * width;
-    let block = t * t;
-    let rows = h.batch.checked_mul(t)?;
-    if qkv.len() != rows.checked_mul(row)?
-        || grad_context.len() != rows.checked_mul(width)?
+    let block = tq * t;
+    if qkv.len() != h.batch.checked_mul(t)?.checked_mul(row)?
+        || grad_context.len() != h.batch.checked_mul(tq)?.checked_mul(width)?
         || probs.len() != (h.batch * h.heads).checked_mul(block)?
+        || h.start >= t.max(1)
     {
         return None;
     }
     let mut grad_probs = Output::new(probs.len());
     let mut grad_qkv = Output::new(qkv.len());
     for (pair, b, head) in h.pairs() {
-        let (base, context_at) = (b * t * row + head * d, b * t * width + head * d);
+        let (base, context_at) = (b * t * row + head * d, b * tq * width + head * d);
         // grad_probs = grad_context_h · vᵀ
         let grad_context_h = (grad_context, Strided::rows(context_at, width));
         let value = base + 2 * width;
         times_head_transposed(h, &mut grad_probs, pair, grad_context_h, qkv, value, T::ONE)?;
         // grad_v = probsᵀ · grad_context_h
         product_into(
-            (t, d, t),
+            (t, d, tq),
             grad_qkv.slots(),
             Strided::rows(base + 2 * width, row),
             probs,
@@ -231,17 +242,29 @@ pub(crate) fn attention_backward<T: Real>(
             T::ONE,
         )?;
     }
-    // SAFETY: the products wrote every `T × T` block, one per (batch, head) pair.
+    // SAFETY: the products wrote every `Tq × T` block, one per (batch, head) pair.
     let grad_probs = unsafe { grad_probs.assume_written() };
     let grad_scores = fused::softmax_backward(probs, &grad_probs, t);
     drop(grad_probs);
     for (pair, b, head) in h.pairs() {
         let base = b * t * row + head * d;
-        // grad_q = scale · grad_scores · k
+        let queries = base + h.start * row;
+        // The queries of earlier chunks get nothing here (a product over no terms: zeros).
         product_into(
-            (t, d, t),
+            (h.start, d, 0),
             grad_qkv.slots(),
             Strided::rows(base, row),
+            &grad_scores,
+            Strided::rows(0, 0),
+            qkv,
+            Strided::rows(0, 0),
+            scale,
+        )?;
+        // grad_q = scale · grad_scores · k
+        product_into(
+            (tq, d, t),
+            grad_qkv.slots(),
+            Strided::rows(queries, row),
             &grad_scores,
             Strided::rows(pair * block, t),
             qkv,
@@ -250,18 +273,18 @@ pub(crate) fn attention_backward<T: Real>(
         )?;
         // grad_k = scale · grad_scoresᵀ · q
         product_into(
-            (t, d, t),
+            (t, d, tq),
             grad_qkv.slots(),
             Strided::rows(base + width, row),
             &grad_scores,
             Strided::transposed(pair * block, t),
             qkv,
-            Strided::rows(base, row),
+            Strided::rows(queries, row),
             scale,
         )?;
     }
-    // SAFETY: for every (batch, head) pair the products wrote its `T × D` blocks of the query,
-    // key and value gradients, which tile every row of `grad_qkv`.
+    // SAFETY: for every (batch, head) pair the products wrote its `T × D` blocks of the query
+    // (zeros before `start`), key and value gradients, which tile every row of `grad_qkv`.
     Some(unsafe { grad_qkv.assume_written() })
 }
 
@@ -309,6 +332,7 @@ mod tests {
             seq: 5,
             heads: 3,
             head_dim: 4,
+            start: 0,
         }
     }
 
@@ -361,5 +385,50 @@ mod tests {
             );
         }
         assert!(attention_backward(&qkv, &probs[1..], &weights, h, 0.5).is_none());
+    }
+
+    #[test]
+    fn chunks_of_a_sequence_attend_and_backpropagate_like_the_whole() {
+        let h = sizes();
+        let (t, width) = (h.seq, h.width());
+        let qkv = input(h);
+        let (context, _) = attention(&qkv, h, 0.5).unwrap();
+        let weights: Vec<f64> = (0..context.len())
+            .map(|i| ((i % 7) as f64 - 3.0) * 0.1)
+            .collect();
+        let whole = attention_backward(&qkv, &attention(&qkv, h, 0.5).unwrap().1, &weights, h, 0.5)
+            .unwrap();
+        // Chunks [0, 2), [2, 5): each over the keys up to its end, the gradients summed.
+        let mut summed = vec![0.0; qkv.len()];
+        for (begin, end) in [(0, 2), (2, 5)] {
+            let chunk = Heads {
+                seq: end,
+                start: begin,
+                ..h
+            };
+            let rows = |x: &[f64], w: usize, from: usize, to: usize| -> Vec<f64> {
+                (0..h.batch)
+                    .flat_map(|b| x[(b * t + from) * w..(b * t + to) * w].to_vec())
+                    .collect()
+            };
+            let prefix = rows(&qkv, 3 * width, 0, end);
+            let (got, probs) = attention(&prefix, chunk, 0.5).unwrap();
+            for (a, b) in got.iter().zip(rows(&context, width, begin, end)) {
+                assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+            }
+            let grad = rows(&weights, width, begin, end);
+            let part = attention_backward(&prefix, &probs, &grad, chunk, 0.5).unwrap();
+            for b in 0..h.batch {
+                for i in 0..end {
+                    for j in 0..3 * width {
+                        summed[(b * t + i) * 3 * width + j] += part[(b * end + i) * 3 * width + j];
+                    }
+                }
+            }
+        }
+        for (a, b) in summed.iter().zip(&whole) {
+            assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+        }
+        assert!(attention(&qkv, Heads { start: t, ..h }, 0.5).is_none());
     }
 }

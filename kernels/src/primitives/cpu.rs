@@ -132,7 +132,7 @@ fn product(
 }
 
 /// The attention sizes of `qkv: [B, T, 3·H·D]` with `n_head` heads.
-fn heads_of(qkv: &Tensor, n_head: usize) -> candle_core::Result<attention::Heads> {
+fn heads_of(qkv: &Tensor, n_head: usize, start: usize) -> candle_core::Result<attention::Heads> {
     let (batch, seq, three_width) = qkv.dims3()?;
     if n_head == 0 || three_width % (3 * n_head) != 0 {
         return Err(candle_core::Error::Msg(format!(
@@ -144,6 +144,7 @@ fn heads_of(qkv: &Tensor, n_head: usize) -> candle_core::Result<attention::Heads
         seq,
         heads: n_head,
         head_dim: three_width / (3 * n_head),
+        start,
     })
 }
 
@@ -298,19 +299,28 @@ impl Primitives for CpuPrimitives {
         })
     }
 
-    fn causal_attention(&self, qkv: &Tensor, n_head: usize, scale: f64) -> Result<AttentionOutput> {
+    fn causal_attention(
+        &self,
+        qkv: &Tensor,
+        start: usize,
+        n_head: usize,
+        scale: f64,
+    ) -> Result<AttentionOutput> {
         run("causal_attention", || {
-            let heads = heads_of(qkv, n_head)?;
+            let heads = heads_of(qkv, n_head, start)?;
             let dims = qkv.dims3()?;
             by_dtype!(qkv, |T| {
                 let (context, probs) =
                     with_slice::<T, _>(qkv, |q| attention::attention(q, heads, T::of(scale)))?
                         .ok_or_else(|| {
-                            candle_core::Error::Msg("qkv has the wrong size".to_string())
+                            candle_core::Error::Msg(format!(
+                                "qkv {:?} has the wrong size or no query from {start}",
+                                qkv.dims()
+                            ))
                         })?;
                 Ok(AttentionOutput {
-                    context: tensor(context, &[dims.0, dims.1, dims.2 / 3])?,
-                    probs: tensor(probs, &[dims.0, n_head, dims.1, dims.1])?,
+                    context: tensor(context, &[dims.0, dims.1 - start, dims.2 / 3])?,
+                    probs: tensor(probs, &[dims.0, n_head, dims.1 - start, dims.1])?,
                 })
             })
         })
@@ -321,11 +331,12 @@ impl Primitives for CpuPrimitives {
         qkv: &Tensor,
         probs: &Tensor,
         grad_context: &Tensor,
+        start: usize,
         n_head: usize,
         scale: f64,
     ) -> Result<Tensor> {
         run("causal_attention_backward", || {
-            let heads = heads_of(qkv, n_head)?;
+            let heads = heads_of(qkv, n_head, start)?;
             by_dtype!(qkv, |T| {
                 let grad = with_slice::<T, _>(qkv, |q| {
                     with_slice(probs, |p| {

@@ -221,17 +221,24 @@ vectorized_fn! {
 }
 
 vectorized_fn! {
-    /// Causal softmax of `[.., t, t]` scores: row `i` of each `t × t` block is the softmax of its
-    /// first `i + 1` entries (the keys up to the query), the rest 0.
-    pub(crate) fn causal_softmax<T: Real>(scores: &[T], t: usize) -> Vec<T> {
-        let t = t.max(1);
+    /// Causal softmax of `[.., queries, keys]` scores whose queries are the sequence's positions
+    /// `start..start + queries` and keys its positions `0..keys`: row `i` of each block is the
+    /// softmax of its first `start + i + 1` entries (the keys up to the query), the rest 0. A
+    /// whole sequence is `start = 0`, `queries = keys`; a chunk of it (Seq1F1B) starts later.
+    pub(crate) fn causal_softmax<T: Real>(
+        scores: &[T],
+        queries: usize,
+        keys: usize,
+        start: usize,
+    ) -> Vec<T> {
+        let (queries, t) = (queries.max(1), keys.max(1));
         let mut out = vec![T::ZERO; scores.len()];
         for (r, (row, probs)) in scores
             .chunks_exact(t)
             .zip(out.chunks_exact_mut(t))
             .enumerate()
         {
-            let visible = r % t + 1;
+            let visible = (start + r % queries + 1).min(t);
             let row = &row[..visible];
             let mut max = row[0];
             for &v in row {
@@ -405,7 +412,7 @@ mod tests {
         let (gw, gb) = layer_norm_backward_weight(&x, &xhat, 3);
         close(&gb, &[5.0, 7.0, 9.0]);
         close(&gw, &[-r - 4.0 * r, 0.0, 3.0 * r + 6.0 * r]);
-        let probs = causal_softmax(&[0.0, 9.0, 1.0, 1.0], 2);
+        let probs = causal_softmax(&[0.0, 9.0, 1.0, 1.0], 2, 2, 0);
         close(&probs, &[1.0, 0.0, 0.5, 0.5]);
         close(&softmax_backward(&[0.5, 0.5], &[1.0, 3.0], 2), &[-0.5, 0.5]);
     }

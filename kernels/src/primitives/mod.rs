@@ -157,16 +157,19 @@ primitives! {
         // ---- attention ----
 
         /// Causal multi-head attention on `qkv: [B, T, 3·H·D]` (query, key and value along the
-        /// last dimension, `n_head` heads of width `D` inside each): `(context, probs)` with
-        /// `probs: [B, H, T, T]` the softmax of `scale · q·kᵀ` per head with keys after the query
-        /// masked out (a causal decoder), and `context: [B, T, H·D]` the heads' `probs · v` side
-        /// by side.
-        fn causal_attention(&self, qkv: &Tensor, n_head: usize, scale: f64)
+        /// last dimension, `n_head` heads of width `D` inside each) for the queries of positions
+        /// `start..T` (0 for the whole sequence; a later start for a sequence chunk, whose keys
+        /// and values of the positions before it `qkv` holds too): `(context, probs)` with
+        /// `probs: [B, H, T - start, T]` the softmax of `scale · q·kᵀ` per head with keys after
+        /// the query masked out (a causal decoder), and `context: [B, T - start, H·D]` the
+        /// heads' `probs · v` side by side.
+        fn causal_attention(&self, qkv: &Tensor, start: usize, n_head: usize, scale: f64)
             -> Result<AttentionOutput>;
-        /// The gradient of `qkv` (`[B, T, 3·H·D]`) from the context's gradient `grad_context`
-        /// (`[B, T, H·D]`), given the forward's `qkv` and `probs`.
+        /// The gradient of `qkv` (`[B, T, 3·H·D]`: zeros for the queries before `start`) from
+        /// the context's gradient `grad_context` (`[B, T - start, H·D]`), given the forward's
+        /// `qkv` and `probs`.
         fn causal_attention_backward(&self, qkv: &Tensor, probs: &Tensor, grad_context: &Tensor,
-            n_head: usize, scale: f64) -> Result<Tensor>;
+            start: usize, n_head: usize, scale: f64) -> Result<Tensor>;
 
         // ---- activation ----
 
