@@ -54,6 +54,7 @@ pub mod flops;
 pub mod init;
 pub mod layers;
 pub mod primitives;
+pub mod sequence;
 pub mod stage;
 
 #[cfg(test)]
@@ -73,6 +74,7 @@ pub use layers::{
 pub use primitives::{
     adamw_update, squared_norm, AdamWStep, CpuPrimitives, Primitives, TensorSum, TimedPrimitives,
 };
+pub use sequence::{ChunkAt, ChunkMemory, SequenceState};
 pub use stage::{
     HostCopy, HostPending, HostSaved, StageLayout, StageModel, StagePendingWeightGrad, StageSaved,
 };

@@ -14,6 +14,7 @@ use super::{composite, composite_weights, held_tensors, Layer, Linear};
 use crate::check;
 use crate::error::{KernelError, Result};
 use crate::primitives::Primitives;
+use crate::sequence::{ChunkAt, ChunkMemory};
 
 const LAYER: &str = "Attention";
 
@@ -25,8 +26,9 @@ pub struct Attention {
     n_head: usize,
 }
 
-/// What the attention core's backward needs: `qkv: [B, T, 3d]` (the heads read in place) and
-/// the attention weights `[B, H, T, T]`.
+/// What the attention core's backward needs: `qkv: [B, T, 3d]` (the heads read in place; of a
+/// sequence chunk, its own positions', the earlier ones kept in its [`ChunkMemory`]) and the
+/// attention weights `[B, H, T, T]` (of a chunk, `[B, H, T_c, start + T_c]`).
 #[derive(Debug)]
 struct CoreSaved {
     qkv: Tensor,
@@ -94,6 +96,50 @@ impl Attention {
         Ok((out.context, core))
     }
 
+    /// The attention core of a sequence chunk at `at` on its `qkv: [B, T_c, 3d]`, reading the
+    /// earlier chunks' keys and values in `memory` and keeping its own there: the chunk's merged
+    /// context `[B, T_c, d]`.
+    fn attend_chunk(
+        &self,
+        ops: &dyn Primitives,
+        qkv: Tensor,
+        at: ChunkAt,
+        memory: &mut ChunkMemory,
+    ) -> Result<(Tensor, CoreSaved)> {
+        memory.keep(at, &qkv)?;
+        let prefix = memory.prefix(ops, at)?;
+        let out = ops.causal_attention(&prefix, at.start, self.n_head, self.score_scale())?;
+        let core = CoreSaved {
+            qkv,
+            probs: out.probs,
+        };
+        Ok((out.context, core))
+    }
+
+    /// Backward of [`Self::attend_chunk`]: the chunk's own qkv gradient `[B, T_c, 3d]` (with
+    /// what the later chunks sent back to its keys and values); what it sends back to the
+    /// earlier chunks stays in `memory`.
+    fn attend_chunk_backward(
+        &self,
+        ops: &dyn Primitives,
+        core: CoreSaved,
+        grad_context: &Tensor,
+        at: ChunkAt,
+        memory: &mut ChunkMemory,
+    ) -> Result<Tensor> {
+        let prefix = memory.prefix(ops, at)?;
+        drop(core.qkv);
+        let grad_prefix = ops.causal_attention_backward(
+            &prefix,
+            &core.probs,
+            grad_context,
+            at.start,
+            self.n_head,
+            self.score_scale(),
+        )?;
+        memory.take_gradient(ops, at, &grad_prefix)
+    }
+
     /// Backward of [`Self::attend`]: context gradient `[B, T, d]` -> qkv gradient `[B, T, 3d]`.
     fn attend_backward(
         &self,
@@ -145,6 +191,41 @@ impl Layer for Attention {
     }
 
     composite_weights!();
+
+    fn forward_chunk(
+        &self,
+        ops: &dyn Primitives,
+        input: &Tensor,
+        at: ChunkAt,
+        memory: &mut ChunkMemory,
+    ) -> Result<(Tensor, AttentionSaved)> {
+        let checked = check::named(LAYER, "input", input);
+        checked.rank_is(3, "[B, T, d]")?;
+        checked.width_and_dtype(self.width(), self.dtype())?;
+        let (qkv, c_attn) = self.c_attn.forward(ops, input)?;
+        let (context, core) = self.attend_chunk(ops, qkv, at, memory)?;
+        let (output, c_proj) = self.c_proj.forward(ops, &context)?;
+        let saved = AttentionSaved {
+            c_attn,
+            core,
+            c_proj,
+        };
+        Ok((output, saved))
+    }
+
+    fn backward_input_chunk(
+        &self,
+        ops: &dyn Primitives,
+        saved: AttentionSaved,
+        grad_output: &Tensor,
+        at: ChunkAt,
+        memory: &mut ChunkMemory,
+    ) -> Result<(Tensor, AttentionPendingWeightGrad)> {
+        let (grad_context, c_proj) = self.c_proj.backward_input(ops, saved.c_proj, grad_output)?;
+        let grad_qkv = self.attend_chunk_backward(ops, saved.core, &grad_context, at, memory)?;
+        let (grad_input, c_attn) = self.c_attn.backward_input(ops, saved.c_attn, &grad_qkv)?;
+        Ok((grad_input, AttentionPendingWeightGrad { c_attn, c_proj }))
+    }
 }
 
 composite!(Attention: AttentionPendingWeightGrad { c_attn, c_proj });

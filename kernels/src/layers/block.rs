@@ -21,6 +21,7 @@ use crate::error::Result;
 use crate::flops::{block_flops, PassFlops};
 use crate::init::{ParameterFactory, INIT_STD};
 use crate::primitives::Primitives;
+use crate::sequence::{ChunkAt, ChunkMemory};
 
 const LAYER: &str = "Block";
 
@@ -103,16 +104,24 @@ fn check_agrees(
     Ok(())
 }
 
-/// `x + sub(norm(x))`, one pre-norm residual half of the block: the output and the states of
-/// `norm` and `sub`.
+/// A sequence chunk's place and the attention's memory of the earlier chunks (None: a whole
+/// sequence).
+type Chunk<'a> = Option<(ChunkAt, &'a mut ChunkMemory)>;
+
+/// `x + sub(norm(x))`, one pre-norm residual half of the block (`sub` run on a sequence chunk
+/// where `chunk` says): the output and the states of `norm` and `sub`.
 fn residual<S: Layer<InputGrad = Tensor>>(
     ops: &dyn Primitives,
     norm: &LayerNorm,
     sub: &S,
     x: &Tensor,
+    chunk: Chunk<'_>,
 ) -> Result<(Tensor, LayerNormSaved, S::Saved)> {
     let (normed, norm_saved) = norm.forward(ops, x)?;
-    let (branch, sub_saved) = sub.forward(ops, &normed)?;
+    let (branch, sub_saved) = match chunk {
+        Some((at, memory)) => sub.forward_chunk(ops, &normed, at, memory)?,
+        None => sub.forward(ops, &normed)?,
+    };
     Ok((ops.add(x, &branch)?, norm_saved, sub_saved))
 }
 
@@ -124,8 +133,12 @@ fn residual_backward<S: Layer<InputGrad = Tensor>>(
     sub: &S,
     (norm_saved, sub_saved): (LayerNormSaved, S::Saved),
     grad: &Tensor,
+    chunk: Chunk<'_>,
 ) -> Result<(Tensor, LayerNormPendingWeightGrad, S::PendingWeightGrad)> {
-    let (grad_normed, sub_pending) = sub.backward_input(ops, sub_saved, grad)?;
+    let (grad_normed, sub_pending) = match chunk {
+        Some((at, memory)) => sub.backward_input_chunk(ops, sub_saved, grad, at, memory)?,
+        None => sub.backward_input(ops, sub_saved, grad)?,
+    };
     let (grad_from_branch, norm_pending) = norm.backward_input(ops, norm_saved, &grad_normed)?;
     Ok((ops.add(grad, &grad_from_branch)?, norm_pending, sub_pending))
 }
@@ -136,9 +149,53 @@ impl Layer for Block {
     type InputGrad = Tensor;
 
     fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, BlockSaved)> {
+        self.run(ops, input, None)
+    }
+
+    fn backward_input(
+        &self,
+        ops: &dyn Primitives,
+        saved: BlockSaved,
+        grad_output: &Tensor,
+    ) -> Result<(Tensor, BlockPendingWeightGrad)> {
+        self.run_backward(ops, saved, grad_output, None)
+    }
+
+    composite_weights!();
+
+    fn forward_chunk(
+        &self,
+        ops: &dyn Primitives,
+        input: &Tensor,
+        at: ChunkAt,
+        memory: &mut ChunkMemory,
+    ) -> Result<(Tensor, BlockSaved)> {
+        self.run(ops, input, Some((at, memory)))
+    }
+
+    fn backward_input_chunk(
+        &self,
+        ops: &dyn Primitives,
+        saved: BlockSaved,
+        grad_output: &Tensor,
+        at: ChunkAt,
+        memory: &mut ChunkMemory,
+    ) -> Result<(Tensor, BlockPendingWeightGrad)> {
+        self.run_backward(ops, saved, grad_output, Some((at, memory)))
+    }
+}
+
+impl Block {
+    /// The forward, its attention on a sequence chunk where `chunk` says.
+    fn run(
+        &self,
+        ops: &dyn Primitives,
+        input: &Tensor,
+        chunk: Chunk<'_>,
+    ) -> Result<(Tensor, BlockSaved)> {
         check::named(LAYER, "input", input).rank_is(3, "[B, T, d]")?;
-        let (hidden, ln_1, attn) = residual(ops, &self.ln_1, &self.attn, input)?;
-        let (output, ln_2, mlp) = residual(ops, &self.ln_2, &self.mlp, &hidden)?;
+        let (hidden, ln_1, attn) = residual(ops, &self.ln_1, &self.attn, input, chunk)?;
+        let (output, ln_2, mlp) = residual(ops, &self.ln_2, &self.mlp, &hidden, None)?;
         let saved = BlockSaved {
             ln_1,
             attn,
@@ -149,19 +206,21 @@ impl Layer for Block {
         Ok((output, saved))
     }
 
-    fn backward_input(
+    /// The input backward, its attention's of a sequence chunk where `chunk` says.
+    fn run_backward(
         &self,
         ops: &dyn Primitives,
         saved: BlockSaved,
         grad_output: &Tensor,
+        chunk: Chunk<'_>,
     ) -> Result<(Tensor, BlockPendingWeightGrad)> {
         check::grad_matches(LAYER, grad_output, &saved.output_dims, self.dtype())?;
         let mlp_half = (saved.ln_2, saved.mlp);
         let (grad_hidden, ln_2, mlp) =
-            residual_backward(ops, &self.ln_2, &self.mlp, mlp_half, grad_output)?;
+            residual_backward(ops, &self.ln_2, &self.mlp, mlp_half, grad_output, None)?;
         let attn_half = (saved.ln_1, saved.attn);
         let (grad_input, ln_1, attn) =
-            residual_backward(ops, &self.ln_1, &self.attn, attn_half, &grad_hidden)?;
+            residual_backward(ops, &self.ln_1, &self.attn, attn_half, &grad_hidden, chunk)?;
         let pending = BlockPendingWeightGrad {
             ln_1,
             attn,
@@ -170,8 +229,6 @@ impl Layer for Block {
         };
         Ok((grad_input, pending))
     }
-
-    composite_weights!();
 }
 
 /// The model's free layers, `n_layer` of them, spread over the stages.

@@ -15,6 +15,7 @@ use crate::config::GptConfig;
 use crate::error::{KernelError, Result};
 use crate::init::{ParameterFactory, INIT_STD};
 use crate::primitives::Primitives;
+use crate::sequence::{ChunkAt, ChunkMemory};
 
 const LAYER: &str = "Embedding";
 
@@ -66,17 +67,23 @@ impl Embedding {
         self.wte.dims()[1]
     }
 
-    /// Checks the token ids `[B, T]` (shape, length, range) and returns `(B, T)`.
-    fn check_ids(&self, ops: &dyn Primitives, ids: &Tensor) -> Result<(usize, usize)> {
+    /// Checks the token ids `[B, T]` (shape, length from position `start`, range) and returns
+    /// `(B, T)`.
+    fn check_ids(
+        &self,
+        ops: &dyn Primitives,
+        ids: &Tensor,
+        start: usize,
+    ) -> Result<(usize, usize)> {
         let checked = check::named(LAYER, "token_ids", ids);
         checked.dtype_is(DType::U32)?;
         checked.rank_is(2, "[B, T]")?;
         checked.non_empty()?;
         let (batch, seq_len) = (ids.dims()[0], ids.dims()[1]);
-        if seq_len > self.max_seq_len() {
+        if start + seq_len > self.max_seq_len() {
             return Err(KernelError::SequenceTooLong {
                 layer: LAYER,
-                seq_len,
+                seq_len: start + seq_len,
                 max_seq_len: self.max_seq_len(),
             });
         }
@@ -86,21 +93,25 @@ impl Embedding {
     }
 }
 
-/// The position of every token of a `[batch, seq_len]` batch, row-major: `0..seq_len` repeated.
-fn position_ids(batch: usize, seq_len: usize) -> Vec<u32> {
-    (0..batch).flat_map(|_| 0..seq_len as u32).collect()
+/// The position of every token of a `[batch, seq_len]` batch whose first token sits at
+/// `start` (0 but for a sequence chunk), row-major: `start..start + seq_len` repeated.
+fn position_ids(batch: usize, seq_len: usize, start: usize) -> Vec<u32> {
+    let (from, to) = (start as u32, (start + seq_len) as u32);
+    (0..batch).flat_map(|_| from..to).collect()
 }
 
-impl Layer for Embedding {
-    type Saved = EmbeddingSaved;
-    type PendingWeightGrad = EmbeddingPendingWeightGrad;
-    type InputGrad = ();
-
-    fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, EmbeddingSaved)> {
-        let (batch, seq_len) = self.check_ids(ops, input)?;
+impl Embedding {
+    /// The embedding of token ids `[B, T]` at positions `start..start + T`.
+    fn embed(
+        &self,
+        ops: &dyn Primitives,
+        input: &Tensor,
+        start: usize,
+    ) -> Result<(Tensor, EmbeddingSaved)> {
+        let (batch, seq_len) = self.check_ids(ops, input, start)?;
         let rows = batch * seq_len;
         let token_ids = ops.reshape(input, &[rows])?;
-        let position_ids = ops.u32_tensor(&position_ids(batch, seq_len), &[rows])?;
+        let position_ids = ops.u32_tensor(&position_ids(batch, seq_len, start), &[rows])?;
         let tokens = ops.gather_rows(&self.wte, &token_ids)?;
         let positions = ops.gather_rows(&self.wpe, &position_ids)?;
         let output_dims = vec![batch, seq_len, self.width()];
@@ -111,6 +122,27 @@ impl Layer for Embedding {
             output_dims,
         };
         Ok((output, saved))
+    }
+}
+
+impl Layer for Embedding {
+    type Saved = EmbeddingSaved;
+    type PendingWeightGrad = EmbeddingPendingWeightGrad;
+    type InputGrad = ();
+
+    fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, EmbeddingSaved)> {
+        self.embed(ops, input, 0)
+    }
+
+    /// A sequence chunk's tokens at their positions.
+    fn forward_chunk(
+        &self,
+        ops: &dyn Primitives,
+        input: &Tensor,
+        at: ChunkAt,
+        _memory: &mut ChunkMemory,
+    ) -> Result<(Tensor, EmbeddingSaved)> {
+        self.embed(ops, input, at.start)
     }
 
     fn backward_input(

@@ -79,6 +79,7 @@ use candle_core::Tensor;
 
 use crate::error::Result;
 use crate::primitives::Primitives;
+use crate::sequence::{ChunkAt, ChunkMemory};
 
 // The model's layers, in order: one line per kind (see `model.rs`). A new layer is its own file
 // (its `Layer` and `ModelLayer` impls), its `mod` line above and its line here.
@@ -117,6 +118,34 @@ pub trait Layer: NamedParameters {
         ops: &dyn Primitives,
         pending: Self::PendingWeightGrad,
     ) -> Result<Vec<Tensor>>;
+
+    /// The forward of one chunk of a sequence ([`crate::sequence`]), at `at`, with `memory`
+    /// what this layer keeps of the group's earlier chunks. A token-wise layer (the default)
+    /// runs the chunk as any input.
+    fn forward_chunk(
+        &self,
+        ops: &dyn Primitives,
+        input: &Tensor,
+        at: ChunkAt,
+        memory: &mut ChunkMemory,
+    ) -> Result<(Tensor, Self::Saved)> {
+        let _ = (at, memory);
+        self.forward(ops, input)
+    }
+
+    /// The input backward of one chunk of a sequence (see [`Layer::forward_chunk`]); chunks run
+    /// it last first.
+    fn backward_input_chunk(
+        &self,
+        ops: &dyn Primitives,
+        saved: Self::Saved,
+        grad_output: &Tensor,
+        at: ChunkAt,
+        memory: &mut ChunkMemory,
+    ) -> Result<(Self::InputGrad, Self::PendingWeightGrad)> {
+        let _ = (at, memory);
+        self.backward_input(ops, saved, grad_output)
+    }
 }
 
 /// `prefix.name`, or `name` alone when `prefix` is empty (a top-level parameter).

@@ -299,35 +299,49 @@ macro_rules! register_layers {
         }
 
         impl AnyLayer {
-            /// The layer's [`Layer::forward`].
+            /// The layer's [`Layer::forward`], or of a sequence chunk its
+            /// [`Layer::forward_chunk`].
             pub(crate) fn forward(
                 &self,
                 ops: &dyn $crate::primitives::Primitives,
                 input: &candle_core::Tensor,
+                chunk: Option<($crate::sequence::ChunkAt, &mut $crate::sequence::ChunkMemory)>,
             ) -> $crate::error::Result<(candle_core::Tensor, AnySaved)> {
                 match self {
                     $(AnyLayer::$kind(layer) => {
-                        let (output, saved) = $crate::layers::Layer::forward(layer, ops, input)?;
+                        let (output, saved) = match chunk {
+                            Some((at, memory)) => $crate::layers::Layer::forward_chunk(
+                                layer, ops, input, at, memory,
+                            )?,
+                            None => $crate::layers::Layer::forward(layer, ops, input)?,
+                        };
                         Ok((output, AnySaved::$kind(saved)))
                     })+
                 }
             }
 
-            /// The layer's [`Layer::backward_input`]; `None` for an input without a gradient.
+            /// The layer's [`Layer::backward_input`] (of a sequence chunk its
+            /// [`Layer::backward_input_chunk`]); `None` for an input without a gradient.
             pub(crate) fn backward_input(
                 &self,
                 ops: &dyn $crate::primitives::Primitives,
                 saved: AnySaved,
                 grad_output: &candle_core::Tensor,
+                chunk: Option<($crate::sequence::ChunkAt, &mut $crate::sequence::ChunkMemory)>,
             ) -> $crate::error::Result<(Option<candle_core::Tensor>, AnyPending)> {
                 match (self, saved) {
                     $((AnyLayer::$kind(layer), AnySaved::$kind(saved)) => {
-                        let (grad, pending) = $crate::layers::Layer::backward_input(
-                            layer,
-                            ops,
-                            saved,
-                            grad_output,
-                        )?;
+                        let (grad, pending) = match chunk {
+                            Some((at, memory)) => $crate::layers::Layer::backward_input_chunk(
+                                layer, ops, saved, grad_output, at, memory,
+                            )?,
+                            None => $crate::layers::Layer::backward_input(
+                                layer,
+                                ops,
+                                saved,
+                                grad_output,
+                            )?,
+                        };
                         Ok((
                             $crate::layers::InputGradient::into_gradient(grad),
                             AnyPending::$kind(pending),

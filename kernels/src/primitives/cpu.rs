@@ -186,6 +186,14 @@ impl Primitives for CpuPrimitives {
         run("reshape", || x.reshape(shape))
     }
 
+    fn concat_positions(&self, parts: &[Tensor]) -> Result<Tensor> {
+        run("concat_positions", || Tensor::cat(parts, 1))
+    }
+
+    fn narrow_positions(&self, x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+        run("narrow_positions", || x.narrow(1, start, len)?.contiguous())
+    }
+
     fn matmul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         run("matmul", || product(a, b, None, false, false))
     }

@@ -114,6 +114,11 @@ primitives! {
 
         /// The same elements (row-major) with a new shape of equal element count.
         fn reshape(&self, x: &Tensor, shape: &[usize]) -> Result<Tensor>;
+        /// `[B, T_1 + T_2 + .., n]` from `[B, T_i, n]` parts: positions of a sequence joined in
+        /// order (a sequence chunk's keys and values after the earlier chunks').
+        fn concat_positions(&self, parts: &[Tensor]) -> Result<Tensor>;
+        /// Positions `start..start + len` of `x: [B, T, n]`, as a contiguous `[B, len, n]`.
+        fn narrow_positions(&self, x: &Tensor, start: usize, len: usize) -> Result<Tensor>;
 
         // ---- linear algebra ----
 

@@ -33,6 +33,7 @@ use crate::layers::{
     LayerKind, ParameterSlots, Placement,
 };
 use crate::primitives::{CpuPrimitives, Primitives};
+use crate::sequence::{ChunkAt, ChunkMemory, SequenceState};
 
 const LAYER: &str = "StageModel";
 
@@ -227,12 +228,32 @@ impl StageModel {
     /// Runs the stage on token ids `[B, T]` (U32, first stage) or hidden states `[B, T, d]`;
     /// returns logits `[B, T, V]` (last stage) or hidden states `[B, T, d]`.
     pub fn forward(&self, input: &Tensor) -> Result<(Tensor, StageSaved)> {
+        self.forward_in(input, None)
+    }
+
+    /// [`StageModel::forward`] of one chunk of a sequence ([`crate::sequence`]): `input` holds
+    /// its positions `at.start..`, `state` what the stage keeps of its group's earlier chunks
+    /// (the chunks of a group run their forwards in order).
+    pub fn forward_chunk(
+        &self,
+        input: &Tensor,
+        at: ChunkAt,
+        state: &mut SequenceState,
+    ) -> Result<(Tensor, StageSaved)> {
+        self.forward_in(input, Some((at, state)))
+    }
+
+    fn forward_in(
+        &self,
+        input: &Tensor,
+        chunk: Option<(ChunkAt, &mut SequenceState)>,
+    ) -> Result<(Tensor, StageSaved)> {
         if self.recompute {
-            let output = self.run_layers(input, false)?.0;
+            let output = self.run_layers(input, false, chunk)?.0;
             let kind = SavedKind::InputOnly(input.clone());
             return Ok((output, StageSaved { kind }));
         }
-        let (output, states) = self.run_layers(input, true)?;
+        let (output, states) = self.run_layers(input, true, chunk)?;
         Ok((
             output,
             StageSaved {
@@ -247,23 +268,49 @@ impl StageModel {
         saved: StageSaved,
         grad_output: &Tensor,
     ) -> Result<(Option<Tensor>, StagePendingWeightGrad)> {
+        self.backward_input_in(saved, grad_output, None)
+    }
+
+    /// [`StageModel::backward_input`] of one chunk of a sequence (the chunks of a group run
+    /// theirs last first), with the `state` its forward used.
+    pub fn backward_input_chunk(
+        &self,
+        saved: StageSaved,
+        grad_output: &Tensor,
+        at: ChunkAt,
+        state: &mut SequenceState,
+    ) -> Result<(Option<Tensor>, StagePendingWeightGrad)> {
+        self.backward_input_in(saved, grad_output, Some((at, state)))
+    }
+
+    fn backward_input_in(
+        &self,
+        saved: StageSaved,
+        grad_output: &Tensor,
+        mut chunk: Option<(ChunkAt, &mut SequenceState)>,
+    ) -> Result<(Option<Tensor>, StagePendingWeightGrad)> {
         let states = match saved.kind {
             SavedKind::Full(states) => states,
-            SavedKind::InputOnly(input) => self.run_layers(&input, true)?.1,
+            SavedKind::InputOnly(input) => {
+                let again = chunk.as_mut().map(|(at, state)| (*at, &mut **state));
+                self.run_layers(&input, true, again)?.1
+            }
         };
+        let mut memories = chunk.map(|(at, state)| (at, state.layers_mut()));
         self.check_states("saved", states.iter().map(AnySaved::kind))?;
         let ops = self.ops.as_ref();
         let mut grad = Some(grad_output.clone());
         let mut pending = Vec::with_capacity(self.layers.len());
-        for ((id, layer), saved) in self.located().zip(states).rev() {
+        for (k, ((id, layer), saved)) in self.located().zip(states).enumerate().rev() {
             // Only a layer taking token ids hands no gradient back, and it comes first.
             let grad_output = grad.take().ok_or_else(|| KernelError::InvalidArgument {
                 field: "layout",
                 value: id.label(),
                 reason: "follows a layer whose input has no gradient",
             })?;
+            let memory = layer_memory(&mut memories, k)?;
             let (grad_input, state) = layer
-                .backward_input(ops, saved, &grad_output)
+                .backward_input(ops, saved, &grad_output, memory)
                 .map_err(|e| e.at(id.location()))?;
             grad = grad_input;
             pending.push(state);
@@ -376,8 +423,9 @@ impl StageModel {
         })
     }
 
-    /// Checks the stage input: token ids for a first stage, else hidden states `[B, T, d]`.
-    fn check_input(&self, input: &Tensor) -> Result<()> {
+    /// Checks the stage input (a chunk's from position `start`): token ids for a first stage,
+    /// else hidden states `[B, T, d]`.
+    fn check_input(&self, input: &Tensor, start: usize) -> Result<()> {
         if self.layout.input() == LayerInput::TokenIds {
             return Ok(()); // the first layer checks its ids itself
         }
@@ -385,7 +433,7 @@ impl StageModel {
         checked.rank_is(3, "[B, T, d] hidden states")?;
         checked.width_and_dtype(self.config.d_model(), self.dtype)?;
         checked.non_empty()?;
-        let seq_len = input.dims()[1];
+        let seq_len = start + input.dims()[1];
         if seq_len > self.config.max_seq_len() {
             return Err(KernelError::SequenceTooLong {
                 layer: LAYER,
@@ -396,15 +444,23 @@ impl StageModel {
         Ok(())
     }
 
-    /// The forward through every layer; keeps the layer states only if `keep_states`.
-    fn run_layers(&self, input: &Tensor, keep_states: bool) -> Result<(Tensor, Vec<AnySaved>)> {
-        self.check_input(input)?;
+    /// The forward through every layer (of a sequence chunk where `chunk` says); keeps the
+    /// layer states only if `keep_states`.
+    fn run_layers(
+        &self,
+        input: &Tensor,
+        keep_states: bool,
+        chunk: Option<(ChunkAt, &mut SequenceState)>,
+    ) -> Result<(Tensor, Vec<AnySaved>)> {
+        self.check_input(input, chunk.as_ref().map_or(0, |(at, _)| at.start))?;
         let ops = self.ops.as_ref();
         let mut states = Vec::with_capacity(if keep_states { self.layers.len() } else { 0 });
         let mut hidden = input.clone();
-        for (id, layer) in self.located() {
+        let mut memories = chunk.map(|(at, state)| (at, state.layers_mut()));
+        for (k, (id, layer)) in self.located().enumerate() {
+            let memory = layer_memory(&mut memories, k)?;
             let (output, saved) = layer
-                .forward(ops, &hidden)
+                .forward(ops, &hidden, memory)
                 .map_err(|e| e.at(id.location()))?;
             hidden = output;
             if keep_states {
@@ -412,6 +468,26 @@ impl StageModel {
             }
         }
         Ok((hidden, states))
+    }
+}
+
+/// Layer `k`'s memory of a sequence chunk's group, where the stage runs a chunk: an error where
+/// the state was made for a stage of fewer layers.
+fn layer_memory<'a>(
+    memories: &'a mut Option<(ChunkAt, &mut [ChunkMemory])>,
+    k: usize,
+) -> Result<Option<(ChunkAt, &'a mut ChunkMemory)>> {
+    match memories {
+        None => Ok(None),
+        Some((at, layers)) => {
+            let count = layers.len();
+            let memory = layers.get_mut(k).ok_or(KernelError::InvalidArgument {
+                field: "sequence state",
+                value: format!("{count} layer(s)"),
+                reason: "was made for a stage of other layers",
+            })?;
+            Ok(Some((*at, memory)))
+        }
     }
 }
 
@@ -426,6 +502,8 @@ fn check_dtype(dtype: DType) -> Result<()> {
     })
 }
 
+#[cfg(test)]
+mod chunk_tests;
 mod residency;
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,7 @@
 //! ([`StagePendingWeightGrad::to_host`], [`HostPending::to_device`]), for an offload between a
 //! split backward's I and W.
 
+use crate::sequence::{ChunkAt, SequenceState};
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
@@ -199,9 +200,28 @@ impl StageModel {
     /// The full saved state from a checkpoint, by running the forward again (a full state comes
     /// back as it is).
     pub fn recompute_state(&self, saved: StageSaved) -> Result<StageSaved> {
+        self.recompute_state_in(saved, None)
+    }
+
+    /// [`StageModel::recompute_state`] of a sequence chunk at `at`, its group's earlier chunks'
+    /// keys and values read from `state` (its own kept there since its forward).
+    pub fn recompute_chunk_state(
+        &self,
+        saved: StageSaved,
+        at: ChunkAt,
+        state: &mut SequenceState,
+    ) -> Result<StageSaved> {
+        self.recompute_state_in(saved, Some((at, state)))
+    }
+
+    fn recompute_state_in(
+        &self,
+        saved: StageSaved,
+        chunk: Option<(ChunkAt, &mut SequenceState)>,
+    ) -> Result<StageSaved> {
         match saved.kind {
             SavedKind::InputOnly(input) => {
-                let (_, states) = self.run_layers(&input, true)?;
+                let (_, states) = self.run_layers(&input, true, chunk)?;
                 Ok(StageSaved {
                     kind: SavedKind::Full(states),
                 })

@@ -11,15 +11,15 @@ use crate::testing::{
     invalid_argument, random, random_ids, root_cause, shape_error, DTYPES,
 };
 
-const PAD: u32 = 256;
+pub(super) const PAD: u32 = 256;
 
-fn config() -> GptConfig {
+pub(super) fn config() -> GptConfig {
     GptConfig::new(2, 8, 2, 8).unwrap()
 }
 
 /// The stage of `blocks` (global indices), after the embedding and before the head where asked:
 /// a span of the model's layers `[embedding, blocks.., head]`.
-fn stage_layout(
+pub(super) fn stage_layout(
     config: &GptConfig,
     embedding: bool,
     blocks: Range<usize>,
@@ -48,7 +48,7 @@ fn assert_all_bit_identical(what: &str, actual: &[Tensor], expected: &[Tensor]) 
 }
 
 /// Token ids `[2, 6]` and targets with three padding positions.
-fn batch() -> (Tensor, Tensor) {
+pub(super) fn batch() -> (Tensor, Tensor) {
     let ids = random_ids(11, &[2, 6], 256);
     let mut targets = random_ids(12, &[12], 256).to_vec1::<u32>().unwrap();
     for pad_at in [4, 5, 11] {
@@ -61,12 +61,17 @@ fn batch() -> (Tensor, Tensor) {
 }
 
 /// Loss sum, counted tokens and gradients of a whole step through `stages` in order.
-struct Step {
-    loss_sum: f64,
-    grads: Vec<Tensor>,
+pub(super) struct Step {
+    pub(super) loss_sum: f64,
+    pub(super) grads: Vec<Tensor>,
 }
 
-fn step(stages: &[&StageModel], ids: &Tensor, targets: &Tensor, normalizer: f64) -> Step {
+pub(super) fn step(
+    stages: &[&StageModel],
+    ids: &Tensor,
+    targets: &Tensor,
+    normalizer: f64,
+) -> Step {
     let mut activation = ids.clone();
     let mut saved = Vec::new();
     for stage in stages {
