@@ -29,6 +29,7 @@
 pub mod allocator;
 pub mod batch;
 pub mod checkpoint;
+pub mod chunks;
 pub mod cluster;
 pub mod curve;
 pub mod cut;

@@ -415,7 +415,7 @@ impl Cluster for MpiCluster {
             injection: injection
                 .filter(|(w, _)| w.index() == self.world_rank)
                 .map(|(_, what)| (self.rank, what)),
-            offset: self.replica * self.problem.microbatches(),
+            offset: self.replica * self.problem.sample_groups(),
         };
         let batch = Arc::new(batch.clone());
         let program = &self.programs.programs().programs[self.rank.index()];
@@ -425,8 +425,9 @@ impl Cluster for MpiCluster {
         drop(sync);
         self.run(false, &mut stage, Some(&reduction))
             .map_err(|e| self.located(e))?;
-        let loss =
-            Self::fold_losses(&self.world, &stage, batch.microbatches())? / batch.normalizer();
+        let chunks = self.problem.seq_chunks() as usize;
+        let loss = Self::fold_losses(&self.world, &stage, batch.microbatches() * chunks)?
+            / batch.normalizer();
         let measured = vec![stage.measured().to_vec()];
         let peak = stage.peak_activation_bytes() as u64;
         let host = stage.peak_host_bytes() as u64;
@@ -471,7 +472,8 @@ impl Cluster for MpiCluster {
         let mut stage = model.rank_stage(&self.problem, self.rank, &batch, &sync, how)?;
         self.run(true, &mut stage, None)
             .map_err(|e| self.located(e))?;
-        let loss = Self::fold_losses(&self.pipeline, &stage, batch.microbatches())?;
+        let chunks = self.problem.seq_chunks() as usize;
+        let loss = Self::fold_losses(&self.pipeline, &stage, batch.microbatches() * chunks)?;
         Ok((loss, batch.tokens()))
     }
 

@@ -34,6 +34,7 @@
 //! not yet sent) are counted with their peak, as are the bytes in the host store.
 
 use crate::batch::StepBatch;
+use crate::chunks::SequenceChunks;
 use crate::cut::ModelCut;
 use crate::error::{kernel_fault, TrainError};
 use crate::gradients::GradSync;
@@ -44,7 +45,8 @@ use pipeweave_core::{
     FailureKind, Instr, OpKind, Problem, RankId, RankProgram, StageId, Task, Work,
 };
 use pipeweave_kernels::{
-    CrossEntropy, KernelError, StageModel, StagePendingWeightGrad, StageSaved,
+    ChunkAt, CrossEntropy, KernelError, SequenceState, StageModel, StagePendingWeightGrad,
+    StageSaved,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -131,6 +133,9 @@ pub struct GptStage {
     /// The global index of this replica's microbatch 0 (data parallelism: replica `d` of `D`
     /// runs microbatches `d M .. (d + 1) M` of the global batch).
     offset: u32,
+    /// The plan's sequence chunks (a `seq_split` plan) and each stage's memory of its groups'
+    /// earlier chunks.
+    chunks: SequenceChunks,
 }
 
 fn bytes(t: &Tensor) -> usize {
@@ -204,6 +209,7 @@ impl GptStage {
             outputs_leave,
             injection: None,
             offset: 0,
+            chunks: SequenceChunks::of(problem),
         })
     }
 
@@ -215,14 +221,29 @@ impl GptStage {
         self
     }
 
+    /// The global index in the step's batch of `work`'s microbatch (of its sample group where
+    /// the sequences are split into chunks).
     fn global(&self, work: Work) -> u32 {
-        self.offset + work.microbatch.get()
+        self.offset + self.chunks.group(work)
     }
 
-    /// The data microbatch `work`'s slot holds: the key of deterministic sums.
+    /// The data microbatch `work`'s slot holds (with sequence chunks, its group's and its
+    /// chunk): the key of deterministic sums.
     fn data_id(&self, work: Work) -> u32 {
         let global = self.global(work);
-        self.batch.data_id(global as usize).unwrap_or(global)
+        let group = self.batch.data_id(global as usize).unwrap_or(global);
+        self.chunks.key(work, group)
+    }
+
+    /// Where `work`'s chunk sits in its group's sequence and its length (None: whole
+    /// sequences), from the group's input.
+    fn chunk_at(&self, work: Work) -> Result<Option<(ChunkAt, usize)>, StageError> {
+        if !self.chunks.split() {
+            return Ok(None);
+        }
+        let input = self.batch_entry(work, "input", StepBatch::input)?;
+        let tokens = input.dims().get(1).copied().unwrap_or(0);
+        self.chunks.at(work, tokens)
     }
 
     /// The `what` (`input`, `targets`) of `work`'s microbatch in the step's batch, by `pick`.
@@ -309,6 +330,21 @@ impl GptStage {
         self.stages
             .get(&stage)
             .ok_or_else(|| StageError::bug(format!("rank {} holds no stage {stage}", self.rank)))
+    }
+
+    /// `work`'s stage model and, for a sequence chunk, what the stage keeps of its group's
+    /// earlier chunks.
+    fn model_and_state(
+        &mut self,
+        work: Work,
+        chunked: bool,
+    ) -> Result<(&StageModel, Option<&mut SequenceState>), StageError> {
+        let rank = self.rank;
+        let held = self.stages.get(&work.stage).ok_or_else(|| {
+            StageError::bug(format!("rank {rank} holds no stage {}", work.stage))
+        })?;
+        let state = chunked.then(|| self.chunks.state(work, held.model.layout().layers().len()));
+        Ok((&held.model, state))
     }
 
     fn record(&mut self, task: Task, start: Instant) {
@@ -449,15 +485,24 @@ impl StageCompute for GptStage {
         }
         self.free_offloaded(true)?;
         let start = Instant::now();
-        let input = match input {
-            Some(hidden) => hidden,
-            None => self.batch_entry(work, "input", StepBatch::input)?.clone(),
+        let chunk = self.chunk_at(work)?;
+        let input = match (input, chunk) {
+            (Some(hidden), _) => hidden,
+            (None, None) => self.batch_entry(work, "input", StepBatch::input)?.clone(),
+            (None, Some((at, len))) => {
+                let ids = self.batch_entry(work, "input", StepBatch::input)?;
+                SequenceChunks::narrow(ids, at, len)?
+            }
         };
-        let held = self.stage(work.stage)?;
-        let (output, saved) = held
-            .model
-            .forward(&input)
-            .map_err(kernel_failure(work, "forward"))?;
+        let (model, state) = self.model_and_state(work, chunk.is_some())?;
+        let (output, saved) = match (chunk, state) {
+            (Some((at, _)), Some(state)) => model.forward_chunk(&input, at, state),
+            _ => model.forward(&input),
+        }
+        .map_err(kernel_failure(work, "forward"))?;
+        if self.forward_only && self.chunks.split() && self.chunks.is_last(work) {
+            self.chunks.finish(work, true)?;
+        }
         if !self.forward_only {
             self.keep_saved(work, saved);
             if self.weight_recomputed.contains(&work) {
@@ -477,13 +522,17 @@ impl StageCompute for GptStage {
 
     fn loss(&mut self, work: Work, logits: Tensor) -> Result<Tensor, StageError> {
         let targets = self.batch_entry(work, "targets", StepBatch::target)?;
+        let targets = match self.chunk_at(work)? {
+            Some((at, len)) => SequenceChunks::narrow(targets, at, len)?,
+            None => targets.clone(),
+        };
         let held = self.stage(work.stage)?;
         let out = self
             .cross_entropy
             .loss_and_grad(
                 held.model.primitives(),
                 &logits,
-                targets,
+                &targets,
                 self.batch.normalizer(),
             )
             .map_err(kernel_failure(work, "loss"))?;
@@ -529,11 +578,18 @@ impl StageCompute for GptStage {
         let saved = self.saved_state(work)?;
         // Timed from here: waiting for a reload is the link's time, not the backward's.
         let start = Instant::now();
-        let held = self.stage(work.stage)?;
-        let (grad_input, pending) = held
-            .model
-            .backward_input(saved, &grad_output)
-            .map_err(kernel_failure(work, "input-gradient backward"))?;
+        let chunk = self.chunk_at(work)?;
+        let (model, state) = self.model_and_state(work, chunk.is_some())?;
+        let (grad_input, pending) = match (chunk, state) {
+            (Some((at, _)), Some(state)) => {
+                model.backward_input_chunk(saved, &grad_output, at, state)
+            }
+            _ => model.backward_input(saved, &grad_output),
+        }
+        .map_err(kernel_failure(work, "input-gradient backward"))?;
+        if matches!(chunk, Some((at, _)) if at.index == 0) {
+            self.chunks.finish(work, false)?;
+        }
         if let Some((_, grad)) = self.weight_inputs.get_mut(&work) {
             *grad = Some(grad_output);
         }
@@ -611,10 +667,13 @@ impl StageCompute for GptStage {
                     display(work)
                 ))
             })?;
-        let model = &self.stage(work.stage)?.model;
-        let rebuilt = model
-            .recompute_state(checkpoint)
-            .map_err(kernel_failure(work, "recompute"))?;
+        let chunk = self.chunk_at(work)?;
+        let (model, state) = self.model_and_state(work, chunk.is_some())?;
+        let rebuilt = match (chunk, state) {
+            (Some((at, _)), Some(state)) => model.recompute_chunk_state(checkpoint, at, state),
+            _ => model.recompute_state(checkpoint),
+        }
+        .map_err(kernel_failure(work, "recompute"))?;
         self.release(Table::Saved, work);
         self.keep_saved(work, rebuilt);
         self.record(Task::Recompute(work), start);
@@ -641,6 +700,14 @@ impl StageCompute for GptStage {
     }
 
     fn recompute_weight_grad(&mut self, work: Work) -> Result<(), StageError> {
+        if self.chunks.split() {
+            // Running a chunk's I again would send its keys' gradients back twice.
+            return Err(StageError::bad_input(format!(
+                "recompute of {}'s weight-gradient state: a sequence chunk's W state is not \
+                 recomputed (write recompute(..., weight_grads=keep))",
+                display(work)
+            )));
+        }
         self.free_offloaded(true)?;
         let start = Instant::now();
         let Some((input, Some(grad_output))) = self.weight_inputs.remove(&work) else {

@@ -210,7 +210,9 @@ impl GptModel {
         injection: Option<(RankId, Injection)>,
     ) -> Result<StepOutcome, TrainError> {
         let problem = runner.problem();
-        let (p, m) = (problem.ranks(), problem.microbatches());
+        // With sequence chunks, the batch holds the sample groups the plan's units are cut from.
+        let (p, m) = (problem.ranks(), problem.sample_groups());
+        let chunks = problem.seq_chunks() as usize;
         if replicas == 0 || batch.microbatches() != (replicas * m) as usize {
             return Err(TrainError::Batch {
                 reason: format!(
@@ -260,7 +262,7 @@ impl GptModel {
         for outcome in outcomes {
             stages.extend(outcome?);
         }
-        let loss = fold_losses(&stages, batch.microbatches())? / batch.normalizer();
+        let loss = fold_losses(&stages, batch.microbatches() * chunks)? / batch.normalizer();
         let measured = stages.iter().map(|s| s.measured().to_vec()).collect();
         let peak_activation_bytes = stages.iter().map(GptStage::peak_activation_bytes).collect();
         let peak_host_bytes = stages.iter().map(GptStage::peak_host_bytes).collect();
@@ -304,7 +306,8 @@ impl GptModel {
             offset: 0,
         };
         let stages = self.run_stages(runner, &batch, sync, how)?;
-        let loss = fold_losses(&stages, batch.microbatches())?;
+        let chunks = runner.problem().seq_chunks() as usize;
+        let loss = fold_losses(&stages, batch.microbatches() * chunks)?;
         Ok((loss, batch.tokens()))
     }
 }
@@ -388,7 +391,8 @@ impl GptModel {
     }
 }
 
-/// The summed loss of every microbatch, added in microbatch order.
+/// The summed loss of every microbatch (of every sequence chunk of each, keyed `m·k + c`),
+/// added in that order.
 fn fold_losses(stages: &[GptStage], microbatches: usize) -> Result<f64, TrainError> {
     let mut per_microbatch = vec![None; microbatches];
     for stage in stages {

@@ -162,7 +162,8 @@ impl Trainer {
         cluster: Box<dyn Cluster>,
     ) -> Result<Trainer, TrainError> {
         let split = corpus.split(settings.shape.seq_len)?;
-        let per_replica = plan.problem().microbatches() as usize;
+        let per_replica = plan.problem().sample_groups() as usize;
+        crate::chunks::check_plan(plan.problem(), settings.shape.seq_len)?;
         if settings.replicas == 0
             || settings.shape.global_microbatches != per_replica * settings.replicas as usize
         {

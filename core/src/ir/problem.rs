@@ -58,6 +58,10 @@ pub struct ProblemSpec {
     /// on the chunks before it on every stage (see [`crate::ir::deps`]). Default 1: no split.
     #[builder(default = 1)]
     seq_chunks: u32,
+    /// Where the chunks end, as fractions of the sequence: `seq_chunks + 1` increasing values
+    /// from 0 to 1 (a [`crate::ir::sequence::SequenceCut`]'s); empty: equal parts.
+    #[builder(default)]
+    seq_bounds: Vec<f64>,
 }
 
 /// One validated route.
@@ -129,6 +133,9 @@ pub struct Problem {
     route_of: Vec<u32>,
     /// Sequence chunks per sample group (1: none).
     seq_chunks: u32,
+    /// The chunks' boundaries as fractions of the sequence, by their bits (compared and hashed
+    /// as data).
+    seq_bounds: Vec<u64>,
 }
 
 fn check_size(what: &'static str, value: u64, max: u64) -> Result<(), CoreError> {
@@ -220,6 +227,7 @@ impl ProblemSpec {
         let (routes, route_of) = validate_routes(route_specs, stage_count, self.microbatches)?;
         let tied_stages = validate_tied(self.tied_stages, stage_count)?;
         check_seq_chunks(self.seq_chunks, self.microbatches, &routes)?;
+        let seq_bounds = check_seq_bounds(self.seq_chunks, self.seq_bounds)?;
         Ok(Problem {
             ranks: self.ranks,
             microbatches: self.microbatches,
@@ -229,6 +237,7 @@ impl ProblemSpec {
             tied_stages,
             route_of,
             seq_chunks: self.seq_chunks,
+            seq_bounds: seq_bounds.into_iter().map(f64::to_bits).collect(),
         })
     }
 }
@@ -242,6 +251,28 @@ pub fn microbatch_label(seq_chunks: u32, microbatch: MicrobatchId) -> String {
     } else {
         microbatch.get().to_string()
     }
+}
+
+/// The chunks' boundaries: `chunks + 1` increasing fractions from 0 to 1, equal parts where
+/// none are given.
+fn check_seq_bounds(chunks: u32, bounds: Vec<f64>) -> Result<Vec<f64>, CoreError> {
+    if bounds.is_empty() {
+        let k = f64::from(chunks.max(1));
+        return Ok((0..=chunks).map(|c| f64::from(c) / k).collect());
+    }
+    let increasing = bounds.windows(2).all(|w| w[0] < w[1]);
+    if bounds.len() != chunks as usize + 1
+        || bounds.first() != Some(&0.0)
+        || bounds.last() != Some(&1.0)
+        || !increasing
+    {
+        return Err(CoreError::InvalidProblem(format!(
+            "seq_bounds {bounds:?} must be {} increasing fractions from 0 to 1, one more than \
+             the {chunks} sequence chunks",
+            chunks + 1
+        )));
+    }
+    Ok(bounds)
 }
 
 /// Holds sequence chunks to their problem: at least one per group, the microbatches whole
@@ -416,6 +447,16 @@ impl Problem {
     /// Whether the microbatches are sequence chunks of fewer sample groups.
     pub fn is_seq_split(&self) -> bool {
         self.seq_chunks > 1
+    }
+    /// Where the sequence chunks end, as fractions of the sequence (`seq_chunks + 1` values from
+    /// 0 to 1).
+    pub fn seq_bounds(&self) -> Vec<f64> {
+        self.seq_bounds.iter().map(|b| f64::from_bits(*b)).collect()
+    }
+    /// The chunks' boundaries on a sequence of `tokens` tokens: whole tokens, at least one per
+    /// chunk (an error where the sequence has fewer tokens than chunks).
+    pub fn seq_token_bounds(&self, tokens: u32) -> Result<Vec<u32>, CoreError> {
+        crate::ir::sequence::SequenceCut::on_tokens(&self.seq_bounds(), tokens)
     }
     /// The sample groups (microbatches before a sequence split): `microbatches / seq_chunks`.
     pub fn sample_groups(&self) -> u32 {

@@ -77,20 +77,37 @@ impl SequenceCut {
             })
             .collect();
         if let Some(n) = tokens {
-            // Whole tokens, increasing, at least one per chunk.
-            let n = f64::from(n);
-            let mut last = 0.0;
-            for (c, b) in bounds.iter_mut().enumerate() {
-                let left = f64::from(chunks) - c as f64;
-                let at = (*b * n).round().max(last + if c == 0 { 0.0 } else { 1.0 });
-                let at = at.min(n - left);
-                *b = at / n;
-                last = at;
-            }
+            let whole = Self::on_tokens(&bounds, n)?;
+            bounds = whole.iter().map(|&t| f64::from(t) / f64::from(n)).collect();
         }
         bounds[0] = 0.0;
         bounds[chunks as usize] = 1.0;
         Ok(SequenceCut { bounds, tokens })
+    }
+
+    /// Boundaries given as fractions (`bounds`, from 0 to 1) on a sequence of `tokens` tokens:
+    /// rounded to whole tokens, increasing, at least one token per chunk. An error where the
+    /// sequence has fewer tokens than chunks.
+    pub fn on_tokens(bounds: &[f64], tokens: u32) -> Result<Vec<u32>, CoreError> {
+        let chunks = bounds.len().saturating_sub(1);
+        if chunks as u64 > u64::from(tokens) {
+            return Err(CoreError::SequenceSplit(format!(
+                "chunks = {chunks} is more than the sequence's {tokens} tokens; a chunk holds at \
+                 least one token"
+            )));
+        }
+        let n = f64::from(tokens);
+        let mut out = Vec::with_capacity(bounds.len());
+        let mut last = 0.0f64;
+        for (c, b) in bounds.iter().enumerate() {
+            let left = (chunks - c) as f64;
+            let at = (b * n).round().max(if c == 0 { 0.0 } else { last + 1.0 });
+            let at = if c == chunks { n } else { at.min(n - left) };
+            let at = if c == 0 { 0.0 } else { at };
+            out.push(at as u32);
+            last = at;
+        }
+        Ok(out)
     }
 
     /// Number of chunks.

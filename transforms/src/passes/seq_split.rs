@@ -135,6 +135,7 @@ impl SeqSplit {
                     .collect(),
             )
             .seq_chunks(k)
+            .seq_bounds(cut.bounds().to_vec())
             .build();
         let split = spec
             .validate()
