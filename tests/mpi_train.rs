@@ -1,6 +1,7 @@
 //! The trainer over MPI (cargo feature `mpi`; needs `mpirun` and the `train_gpt` example built
 //! with the feature, see .ci/mpi): `mpirun -np 4 train_gpt --backend mpi --deterministic` logs the
-//! threads' losses bit for bit for the full composition, ZB-V and DualPipe; two data-parallel
+//! threads' losses bit for bit for the full composition, ZB-V, DualPipe and sequence chunks
+//! (Seq1F1B); two data-parallel
 //! replicas of a two-rank pipeline log the losses of one rank on the whole batch, bit for bit, on
 //! both backends; a failing, a stalled and a killed rank each end the job within 10 s of the
 //! fault with a report naming the rank (for the stall: who waits on whom).
@@ -176,6 +177,18 @@ fn the_full_composition_gives_the_threads_losses_bit_for_bit() {
 #[test]
 fn zero_bubble_v_gives_the_threads_losses_bit_for_bit() {
     equal_on_both_backends("zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))", "4", "8");
+}
+
+#[test]
+fn sequence_chunks_give_the_threads_losses_bit_for_bit() {
+    // Seq1F1B: the chunks of a sequence hand their keys and values on within a stage, and
+    // only chunk-sized activations travel.
+    equal_on_both_backends("seq_split(f1b(gpipe), chunks=4)", "2", "4");
+    equal_on_both_backends(
+        "seq_split(zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v)), chunks=4)",
+        "4",
+        "8",
+    );
 }
 
 #[test]

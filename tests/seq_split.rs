@@ -271,3 +271,87 @@ fn bad_input_is_refused_with_the_rule_it_breaks() {
         assert!(err.contains(rule), "{expression}: {err}");
     }
 }
+
+/// The example trainer, built beside this test's binaries by `cargo test`.
+fn train_gpt() -> std::process::Command {
+    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_pipeweave"));
+    let path = bin
+        .parent()
+        .map(|dir| dir.join("examples").join("train_gpt"))
+        .expect("the binary has a folder");
+    assert!(path.exists(), "{} is missing", path.display());
+    std::process::Command::new(path)
+}
+
+/// The losses `train_gpt` logs for `schedule` on `ranks` ranks at 256 tokens, two steps.
+fn logged_losses(schedule: &str, ranks: u32) -> Vec<f64> {
+    let log = std::env::temp_dir().join(format!(
+        "pipeweave-seq-split-{}-{ranks}-{}.jsonl",
+        schedule.len(),
+        std::process::id()
+    ));
+    let out = train_gpt()
+        .args(["--schedule", schedule, "--seq-len", "256", "--ranks"])
+        .arg(ranks.to_string())
+        .args([
+            "--steps",
+            "2",
+            "--deterministic",
+            "--threads-per-rank",
+            "1",
+            "--log",
+        ])
+        .arg(&log)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{schedule} on {ranks}: {stderr}");
+    let lines = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    lines
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn train_gpt_runs_the_issues_split_bit_identical_and_within_1e_6_of_the_unsplit_run() {
+    let split = "seq_split(f1b(gpipe), chunks=4)";
+    let reference = logged_losses(split, 2);
+    assert_eq!(reference.len(), 2);
+    for (schedule, ranks) in [
+        (split, 1),
+        (split, 4),
+        ("seq_split(zero_bubble(f1b(gpipe)), chunks=4)", 2),
+        ("zero_bubble(seq_split(f1b(gpipe), chunks=4))", 4),
+        ("seq_split(gpipe, chunks=4)", 2),
+    ] {
+        let got = logged_losses(schedule, ranks);
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&reference), "{schedule} on {ranks} ranks");
+    }
+    for (a, b) in reference.iter().zip(logged_losses("f1b(gpipe)", 2)) {
+        assert!((a - b).abs() / b < 1e-6, "split {a} vs unsplit {b}");
+    }
+    // More chunks than tokens: one line, exit 2.
+    let out = train_gpt()
+        .args([
+            "--schedule",
+            "seq_split(f1b(gpipe), chunks=300)",
+            "--seq-len",
+            "256",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("more than the sequence's 256 tokens"),
+        "{stderr}"
+    );
+}

@@ -340,9 +340,10 @@ impl GptStage {
         chunked: bool,
     ) -> Result<(&StageModel, Option<&mut SequenceState>), StageError> {
         let rank = self.rank;
-        let held = self.stages.get(&work.stage).ok_or_else(|| {
-            StageError::bug(format!("rank {rank} holds no stage {}", work.stage))
-        })?;
+        let held = self
+            .stages
+            .get(&work.stage)
+            .ok_or_else(|| StageError::bug(format!("rank {rank} holds no stage {}", work.stage)))?;
         let state = chunked.then(|| self.chunks.state(work, held.model.layout().layers().len()));
         Ok((&held.model, state))
     }

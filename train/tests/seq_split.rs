@@ -20,7 +20,12 @@ const SEQ_LEN: usize = 16;
 
 fn corpus() -> Corpus {
     let text: String = (0..400)
-        .map(|i| format!("fn f_{i}(x: u32) -> u32 {{ x.rotate_left({}) ^ {i} }}\n", i % 31))
+        .map(|i| {
+            format!(
+                "fn f_{i}(x: u32) -> u32 {{ x.rotate_left({}) ^ {i} }}\n",
+                i % 31
+            )
+        })
         .collect();
     Corpus::from_text("synthetic.rs", text)
 }
@@ -103,8 +108,15 @@ fn variable_length_microbatches_split_at_their_own_length() {
 fn measured_peaks(expression: &str) -> Vec<usize> {
     let plan = plan(expression, 4, MICROBATCHES);
     let runner = StepRunner::new(&plan, RecvPolicy::Early, false).unwrap();
-    let model =
-        GptModel::new(&tiny_gpt::config(), plan.problem(), 7, DType::F32, false, true).unwrap();
+    let model = GptModel::new(
+        &tiny_gpt::config(),
+        plan.problem(),
+        7,
+        DType::F32,
+        false,
+        true,
+    )
+    .unwrap();
     let batch = tiny_gpt::batch(MICROBATCHES as usize, 11);
     model.step(&runner, &batch).unwrap().peak_activation_bytes
 }
@@ -117,7 +129,10 @@ fn measured_activation_bytes_fall_within_the_prediction() {
     };
     let whole = "f1b(gpipe)";
     let (before, p_before) = (measured_peaks(whole), predicted(whole));
-    for split in ["seq_split(f1b(gpipe), chunks=2)", "seq_split(f1b(gpipe), chunks=4)"] {
+    for split in [
+        "seq_split(f1b(gpipe), chunks=2)",
+        "seq_split(f1b(gpipe), chunks=4)",
+    ] {
         let (after, p_after) = (measured_peaks(split), predicted(split));
         for r in 0..4 {
             let measured = after[r] as f64 / before[r] as f64;
@@ -138,10 +153,13 @@ fn measured_activation_bytes_fall_within_the_prediction() {
 #[test]
 fn more_chunks_than_tokens_are_refused() {
     let plan = plan("seq_split(f1b(gpipe), chunks=32)", 2, MICROBATCHES);
-    let err = Trainer::new(&plan, &corpus(), settings(false)).err().unwrap();
+    let err = Trainer::new(&plan, &corpus(), settings(false))
+        .err()
+        .unwrap();
     assert!(err.is_bad_input(), "{err}");
     assert!(
-        err.to_string().contains("more than the sequence's 16 tokens"),
+        err.to_string()
+            .contains("more than the sequence's 16 tokens"),
         "{err}"
     );
 }
