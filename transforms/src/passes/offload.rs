@@ -58,6 +58,9 @@ use pipeweave_core::{
     held_during, replay_within, OpKind, Plan, RankId, Replay, Residency, Simulation, Task, Work,
 };
 
+/// How many reload moves [`Hoisting::hoist_with`] makes per task of a rank's order at most.
+const MAX_HOISTS_PER_TASK: usize = 4;
+
 /// The offload strategy: `offload` is [`Relief<Offload>`](super::Relief), built with
 /// `Relief::new(Offload, memory)`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -254,7 +257,9 @@ impl Hoisting {
     }
 
     /// Walks `rank`'s reloads in order, giving each that can move earlier to `hoist` (which
-    /// says whether it moved it).
+    /// says whether it moved it). At most [`MAX_HOISTS_PER_TASK`] moves per task of the order:
+    /// where pairs differ in size (sequence chunks split by cost), two reloads can pass each
+    /// other in turn, each move leaving room for the other's; the walk ends there.
     fn hoist_with(
         &mut self,
         rank: usize,
@@ -264,12 +269,15 @@ impl Hoisting {
         // What the rank holds during each task, kept until a move changes its order.
         let mut held = held_during(&self.plan, RankId::new(rank as u32));
         let mut position = 0;
+        let mut moves_left = MAX_HOISTS_PER_TASK * self.plan.orders()[rank].len();
         while position < self.plan.orders()[rank].len() {
-            let moved = self
-                .reload_at(rank, position, &held, limit)
-                .filter(|reload| reload.earliest < position)
-                .is_some_and(|reload| hoist(self, position, reload));
+            let moved = moves_left > 0
+                && self
+                    .reload_at(rank, position, &held, limit)
+                    .filter(|reload| reload.earliest < position)
+                    .is_some_and(|reload| hoist(self, position, reload));
             if moved {
+                moves_left -= 1;
                 held = held_during(&self.plan, RankId::new(rank as u32));
             }
             // A moved reload sits earlier; the task now at `position` is the next to look at.
