@@ -34,6 +34,8 @@ CASES = [
      {"costs": {"F": 18522, "I": 18086, "W": 9337, "comm": 601},
       "activation_memory": {"total": 1, "weight_grad": 0.366}},
      ["--costs", "F=18522,I=18086,W=9337,comm=601", "--activation-memory", "total=1,weight_grad=0.366"]),
+    ("seq_split(zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v)), chunks=4)", 4, 8, {}, []),
+    ("seq_split(f1b(gpipe), chunks=4, split=cost)", 2, 4, {"profile": PROFILE}, ["--profile", PROFILE]),
 ]
 
 
@@ -60,6 +62,17 @@ def test_report_equals_the_cli_json(cli, expression, ranks, microbatches, kwargs
         assert hasattr(plan, name), name
     for name, value in expected.items():
         assert getattr(plan, name) == value
+
+
+def test_a_sequence_split_plan_reports_its_chunks_and_refuses_pytorchs_csv(tmp_path):
+    whole = pipeweave.plan("f1b(gpipe)", ranks=4, microbatches=8)
+    split = pipeweave.plan("seq_split(f1b(gpipe), chunks=4)", ranks=4, microbatches=8)
+    # The orders name the chunks: microbatch m's chunk c is m*4 + c.
+    assert (split.seq_chunks, split.microbatches, whole.seq_chunks) == (4, 32, 1)
+    assert split.makespan < whole.makespan
+    assert max(split.peak_activations_per_rank) < 0.55 * max(whole.peak_activations_per_rank)
+    with pytest.raises(pipeweave.Error, match="PyTorch's runtime keeps no state"):
+        split.to_csv(tmp_path / "split.csv")
 
 
 def test_the_plan_reports_a_lower_bound_and_its_gap():

@@ -1,6 +1,6 @@
 """What `pipeweave.torch.schedule` refuses, with `pipeweave.Error`: DualPipe's two routes (naming
-the DualPipeV expression that does the same on one route), recomputes for a weight gradient, and
-stages that do not match the plan."""
+the DualPipeV expression that does the same on one route), recomputes for a weight gradient,
+sequence chunks (`seq_split`), and stages that do not match the plan."""
 
 import types
 
@@ -38,6 +38,14 @@ def test_recomputes_for_a_weight_gradient_are_refused():
     assert any(a.endswith("RW0") or "RW" in a for a in plan.order[1])
     stages = [fake_stage(s, plan.stages, 2, 1) for s in plan.stages_on(1)]
     with pytest.raises(Error, match="recomputes what [0-9]+ weight-gradient backward\\(s\\) keep"):
+        pwt.schedule(plan, stages, loss_fn=H.loss_fn)
+
+
+def test_sequence_chunks_are_refused():
+    plan = H.make_plan("seq_split(f1b(gpipe), chunks=2)", 2, 4)
+    assert plan.seq_chunks == 2
+    stages = [fake_stage(s, plan.stages, 2, 0) for s in plan.stages_on(0)]
+    with pytest.raises(Error, match="keeps no state between the microbatches of a stage"):
         pwt.schedule(plan, stages, loss_fn=H.loss_fn)
 
 

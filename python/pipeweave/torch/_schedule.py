@@ -469,6 +469,14 @@ def _check(plan: Any, stages: Sequence[Any], rank: Optional[int]) -> int:
             f"tied across them: {tied}), which PyTorch's pipelining runtime cannot express; "
             f"`{DUALPIPE_V}` (DualPipeV) does the same on one route"
         )
+    chunks = plan.report.get("seq_chunks") or 1
+    if chunks > 1:
+        raise _error(
+            f"`{plan.expression}` splits each microbatch's sequence into {chunks} chunks "
+            f"(seq_split), and PyTorch's pipelining runtime keeps no state between the "
+            f"microbatches of a stage (a chunk's attention needs the keys and values of the chunks "
+            f"before it); pipeweave's own trainer runs such plans (train_gpt --schedule ...)"
+        )
     rebuilt = [a for order in plan.order for a in order if a[0].isdigit() and _parse(a)[1] == "RW"]
     if rebuilt:
         raise _error(
@@ -530,6 +538,7 @@ def schedule(
     plan's order with PyTorch's own communication, FSDP residency and gradient reduction, and the
     plan's recomputes and offloads per (stage, microbatch). Raises `pipeweave.Error` for a plan
     PyTorch cannot express (DualPipe's two routes: it names the DualPipeV expression that does
-    the same on one route; recomputes for a weight gradient, `RW`) or stages that do not match the plan's ranks and stages."""
+    the same on one route; recomputes for a weight gradient, `RW`; sequence chunks, `seq_split`)
+    or stages that do not match the plan's ranks and stages."""
     rank = _check(plan, stages, rank)
     return PlanSchedule(plan, stages, loss_fn=loss_fn, rank=rank, scale_grads=scale_grads, **runtime_kwargs)
