@@ -355,3 +355,100 @@ fn train_gpt_runs_the_issues_split_bit_identical_and_within_1e_6_of_the_unsplit_
         "{stderr}"
     );
 }
+
+#[test]
+fn the_cli_refuses_bad_splits_in_one_line_with_exit_2() {
+    let fixture = |name: &str| format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    for (expression, profile, reason) in [
+        (
+            "seq_split(f1b(gpipe), chunks=100)",
+            fixture("profile_w192.json"),
+            "more than the sequence's 64 tokens",
+        ),
+        (
+            "seq_split(f1b(gpipe), chunks=2)",
+            fixture("generic_profile_v2.json"),
+            "gives no seq_len",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipeweave"))
+            .args([
+                "plan",
+                expression,
+                "-p",
+                "2",
+                "-m",
+                "2",
+                "--profile",
+                &profile,
+            ])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{expression}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(reason), "{stderr}");
+    }
+    // PyTorch's schedule CSV cannot hold a split plan: one line saying why.
+    let csv = std::env::temp_dir().join(format!("pipeweave-split-{}.csv", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipeweave"))
+        .args([
+            "plan",
+            "seq_split(f1b(gpipe), chunks=2)",
+            "-p",
+            "2",
+            "-m",
+            "2",
+            "--csv",
+        ])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("keeps no state between the microbatches"),
+        "{stderr}"
+    );
+    assert!(!csv.exists(), "no file is written");
+}
+
+mod properties {
+    use super::unit;
+    use crate::common::persisted;
+    use pipeweave::core_ir::{max_peak, RecvPolicy, TOLERANCE};
+    use pipeweave::{build_plan, compile, simulate, Registry};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(persisted(48, "proptest-regressions/seq_split.txt"))]
+
+        /// Every composition with `seq_split` verifies, projects and passes the checker at any
+        /// size; Seq1F1B is never slower than 1F1B nor holds more (equal chunks, no latency).
+        #[test]
+        fn splits_compose_at_any_size(p in 1u32..=6, m in 1u32..=10, k in 1u32..=4) {
+            let config = unit(p, m);
+            let registry = Registry::builtin();
+            for expression in [
+                format!("seq_split(gpipe, chunks={k})"),
+                format!("seq_split(f1b(gpipe), chunks={k})"),
+                format!("f1b(seq_split(gpipe, chunks={k}))"),
+                format!("seq_split(vpp(f1b(gpipe), chunks=2), chunks={k})"),
+                format!("seq_split(zero_bubble(f1b(gpipe)), chunks={k})"),
+                format!("zero_bubble(seq_split(f1b(gpipe), chunks={k}))"),
+                format!("seq_split(zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v)), chunks={k})"),
+                format!("offload(seq_split(f1b(gpipe), chunks={k}), memory=1)"),
+            ] {
+                let compiled = compile(&registry, &expression, &config, RecvPolicy::Early);
+                prop_assert!(compiled.is_ok(), "{} at P={} M={}: {}", expression, p, m,
+                    compiled.err().map(|e| e.to_string()).unwrap_or_default());
+            }
+            let whole = build_plan("f1b(gpipe)", &config).unwrap();
+            let split = build_plan(&format!("seq_split(f1b(gpipe), chunks={k})"), &config).unwrap();
+            let (t_whole, t_split) =
+                (simulate(&whole).unwrap().makespan(), simulate(&split).unwrap().makespan());
+            prop_assert!(t_split <= t_whole + TOLERANCE, "{} > {}", t_split, t_whole);
+            prop_assert!(max_peak(&split) <= max_peak(&whole) + TOLERANCE);
+        }
+    }
+}

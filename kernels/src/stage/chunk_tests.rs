@@ -92,22 +92,12 @@ fn chunked_step(
 
 fn two_stages(dtype: DType, recompute: bool) -> (StageModel, StageModel) {
     let config = config();
-    let first = StageModel::new(
-        config.clone(),
-        stage_layout(&config, true, 0..1, false),
-        5,
-        dtype,
-    )
-    .unwrap()
-    .with_recompute(recompute);
-    let second = StageModel::new(
-        config.clone(),
-        stage_layout(&config, false, 1..2, true),
-        5,
-        dtype,
-    )
-    .unwrap()
-    .with_recompute(recompute);
+    let first = StageModel::new(config, stage_layout(&config, true, 0..1, false), 5, dtype)
+        .unwrap()
+        .with_recompute(recompute);
+    let second = StageModel::new(config, stage_layout(&config, false, 1..2, true), 5, dtype)
+        .unwrap()
+        .with_recompute(recompute);
     (first, second)
 }
 

@@ -25,7 +25,9 @@
 //!   list scheduler sees their dependencies) within `memory=N`, by default the input's peak
 //!   counted in chunks plus the `k - 1` chunks a microbatch's reversal holds:
 //!   `max_r (peak_r + (k - 1)·a_r)·s`, with `a_r` a microbatch's activations on rank `r` and
-//!   `s` a chunk's share.
+//!   `s` a chunk's share (where nothing fits that default, limits halfway up to the chunked
+//!   input's own peak, and at last the chunked input order itself; a limit given with
+//!   `memory=N` is kept or refused).
 //!
 //! Requires: a scheduled plan (any pacing) that keeps its activations, on the linear or an
 //! interleaved layout (not a dual plan), not split already; where the costs come from a profile,
@@ -44,9 +46,9 @@ use crate::order::warmup_merge;
 use crate::pass::{Changes, Contract, Pass, Requires};
 use crate::passes::zero_bubble::auto_within;
 use pipeweave_core::{
-    peak_per_rank, simulate, Backwards, CostModel, Facts, LayoutKind, MemoryModel, Pacing, Plan,
-    Problem, ProblemSpec, RouteSpec, SequenceCut, SplitBy, StageMemory, StageMemorySpec, Task,
-    MAX_SEQ_CHUNKS,
+    max_peak, peak_per_rank, simulate, Backwards, CostModel, Facts, LayoutKind, MemoryModel,
+    Pacing, Plan, Problem, ProblemSpec, RouteSpec, SequenceCut, SplitBy, StageMemory,
+    StageMemorySpec, Task, MAX_SEQ_CHUNKS,
 };
 
 /// The share of a chunk's activations that are its keys and values, which later chunks read:
@@ -267,6 +269,22 @@ fn seq1f1b(coarse: &[Vec<Task>], orders: &[Vec<Task>], k: u32, linear: bool) -> 
         .collect()
 }
 
+/// `auto` over the chunks of `baseline` (the input's orders chunked) within the default `limit`,
+/// else within limits halfway up to the baseline's own peak, else the baseline's orders: where
+/// the chunks' dependencies hold more than the default counts (few microbatches on many
+/// stages), the split still runs, at no more memory than the input.
+fn within_default(baseline: &Plan, limit: f64) -> Vec<Vec<Task>> {
+    let ceiling = max_peak(baseline);
+    let mut at = limit;
+    for _ in 0..3 {
+        if let Some(orders) = auto_within(baseline, at.min(ceiling)) {
+            return orders;
+        }
+        at = 0.5 * (at + ceiling);
+    }
+    baseline.orders().to_vec()
+}
+
 impl Pass for SeqSplit {
     fn name(&self) -> &str {
         Self::NAME
@@ -321,12 +339,15 @@ impl Pass for SeqSplit {
                 }
             }
             (_, Backwards::Split) => {
-                let orders = auto_within(&baseline, limit).ok_or_else(|| {
-                    TransformError::unmet(
-                        "a schedule of the chunks within the memory limit",
-                        format!("no candidate fits in {limit} activations per rank"),
-                    )
-                })?;
+                let orders = match self.memory {
+                    Some(_) => auto_within(&baseline, limit).ok_or_else(|| {
+                        TransformError::unmet(
+                            "a schedule of the chunks within the memory limit",
+                            format!("no candidate fits in {limit} activations per rank"),
+                        )
+                    })?,
+                    None => within_default(&baseline, limit),
+                };
                 (orders, Pacing::Custom)
             }
         };
