@@ -351,15 +351,7 @@ impl PlanReport {
     /// The text form: header, grid, per-rank figures, totals.
     pub fn to_text(&self, plan: &Plan, simulation: &Simulation) -> String {
         let mut out = String::new();
-        let microbatches = if self.seq_chunks > 1 {
-            format!(
-                "{} microbatches in {} sequence chunks each",
-                self.microbatches / self.seq_chunks,
-                self.seq_chunks
-            )
-        } else {
-            format!("{} microbatches", self.microbatches)
-        };
+        let microbatches = plan.problem().describe_microbatches();
         let _ = writeln!(
             out,
             "{}  ({} ranks, {} stages, {microbatches}; passes: {})",

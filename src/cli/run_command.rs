@@ -391,10 +391,10 @@ fn write_report(
         serde_json::to_string_pretty(report).expect("a run report always serialises") + "\n"
     } else {
         format!(
-            "{}  ({} ranks, {} microbatches) on {}\nsimulated   {:.3} units = {:.4} s at {} ms per unit\nmeasured    {:.4} s\n{}gradients   {} the single-device computation (max relative error {:.2e}, tolerance {:.0e})\n",
+            "{}  ({} ranks, {}) on {}\nsimulated   {:.3} units = {:.4} s at {} ms per unit\nmeasured    {:.4} s\n{}gradients   {} the single-device computation (max relative error {:.2e}, tolerance {:.0e})\n",
             report.expression,
             problem.ranks(),
-            problem.microbatches(),
+            problem.describe_microbatches(),
             report.backend,
             report.simulated_makespan,
             report.simulated_seconds,

@@ -469,6 +469,19 @@ impl Problem {
             microbatch.get() % self.seq_chunks,
         )
     }
+    /// How reports count the microbatches: `8 microbatches`, or with sequence chunks
+    /// `4 microbatches in 2 sequence chunks each`.
+    pub fn describe_microbatches(&self) -> String {
+        if self.is_seq_split() {
+            format!(
+                "{} microbatches in {} sequence chunks each",
+                self.sample_groups(),
+                self.seq_chunks
+            )
+        } else {
+            format!("{} microbatches", self.microbatches)
+        }
+    }
     /// How pictures and traces name `microbatch`: its number, or with sequence chunks its
     /// sample group and chunk (`3.1`: chunk 1 of group 3).
     pub fn microbatch_label(&self, microbatch: MicrobatchId) -> String {
