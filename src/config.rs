@@ -130,7 +130,11 @@ impl PipelineConfig {
                 layers_per_stage.map(<[usize]>::to_vec),
                 cut.bytes_per_unit,
             )?
-            .with_sequence(profile.seq_len().and_then(|n| u32::try_from(n).ok())),
+            .with_sequence(
+                profile
+                    .seq_len()
+                    .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+            ),
         );
         Ok((config, cut))
     }

@@ -439,9 +439,14 @@ mod properties {
                 format!("seq_split(zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v)), chunks={k})"),
                 format!("offload(seq_split(f1b(gpipe), chunks={k}), memory=1)"),
             ] {
-                let compiled = compile(&registry, &expression, &config, RecvPolicy::Early);
-                prop_assert!(compiled.is_ok(), "{} at P={} M={}: {}", expression, p, m,
-                    compiled.err().map(|e| e.to_string()).unwrap_or_default());
+                match compile(&registry, &expression, &config, RecvPolicy::Early) {
+                    Ok(_) => {}
+                    // A chunk's q, k and v stay on the device for the later chunks: a limit
+                    // may be out of an offload's reach, which it says.
+                    Err(e) if expression.starts_with("offload")
+                        && e.to_string().contains("reachable with pairs offloaded") => {}
+                    Err(e) => prop_assert!(false, "{} at P={} M={}: {}", expression, p, m, e),
+                }
             }
             let whole = build_plan("f1b(gpipe)", &config).unwrap();
             let split = build_plan(&format!("seq_split(f1b(gpipe), chunks={k})"), &config).unwrap();

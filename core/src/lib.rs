@@ -29,7 +29,7 @@ pub mod tolerance;
 
 pub use analysis::bound::lower_bound;
 pub use analysis::link::{link_order, offload_producers};
-pub use analysis::peak::{held_during, held_per_task, max_peak, peak_per_rank, RankPeak};
+pub use analysis::peak::{held_during, held_per_task, max_peak, moved_by, peak_per_rank, RankPeak};
 pub use analysis::replay::{replay_within, Blocked, Replay, ReplayError, TimedTask};
 pub use analysis::sharing::{simulate_on_cores, simulate_shared, Sharing};
 pub use analysis::simulate::{simulate, simulate_with, Simulation};

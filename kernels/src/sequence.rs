@@ -85,9 +85,13 @@ impl ChunkMemory {
             return Err(out_of_order("backward", at, self.keys_values.len()));
         }
         let end = grad_prefix_qkv.dims().get(1).copied().unwrap_or(0);
-        let own = ops.narrow_positions(grad_prefix_qkv, at.start, end - at.start)?;
+        let len = end
+            .checked_sub(at.start)
+            .filter(|&len| len > 0)
+            .ok_or_else(|| out_of_order("backward", at, self.keys_values.len()))?;
+        let own = ops.narrow_positions(grad_prefix_qkv, at.start, len)?;
         let own = match &self.grad_prefix {
-            Some(sent) => ops.add(&own, &ops.narrow_positions(sent, at.start, end - at.start)?)?,
+            Some(sent) => ops.add(&own, &ops.narrow_positions(sent, at.start, len)?)?,
             None => own,
         };
         self.grad_prefix = if at.start == 0 {

@@ -137,8 +137,9 @@ fn measured_activation_bytes_fall_within_the_prediction() {
         for r in 0..4 {
             let measured = after[r] as f64 / before[r] as f64;
             let planned = p_after[r] / p_before[r];
-            // Within the prediction: a chunk's attention weights are quadratic in its length
-            // and fall faster than its tokens' share, which the plan counts.
+            // Within the prediction: a chunk's attention weights (its queries by the keys up to
+            // its end) are at most its tokens' share of the whole sequence's, which the plan
+            // counts.
             assert!(
                 measured <= planned + 1e-9,
                 "{split}, rank {r}: measured {} -> {} bytes ({measured:.3}), planned {planned:.3}",

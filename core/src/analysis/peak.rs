@@ -86,13 +86,13 @@ fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
                 held += m.weight_grad() - kept;
             }
             Task::Offload(w) => {
-                let moved = moved_by(&m, backed.contains(&w));
+                let moved = moved_by(plan, &m, backed.contains(&w));
                 held -= moved;
                 host += moved;
                 host_peak = host_peak.max(host);
             }
             Task::Reload(w) => {
-                let moved = moved_by(&m, backed.contains(&w));
+                let moved = moved_by(plan, &m, backed.contains(&w));
                 held += moved;
                 host -= moved;
                 during = held;
@@ -127,11 +127,15 @@ fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
     host_peak
 }
 
-/// What a transfer of a pair on a stage with figures `m` moves: all its activations, or after its
-/// input-gradient backward (`backed`) the part kept for its weight gradient.
-fn moved_by(m: &crate::ir::memory::StageMemory, backed: bool) -> f64 {
+/// What a transfer of a pair on a stage with figures `m` of `plan` moves: all its activations
+/// (of a sequence chunk all but its checkpoint: the keys and values the later chunks read stay
+/// on the device), or after its input-gradient backward (`backed`) the part kept for its weight
+/// gradient. The one home of this rule, for the replay here and the `offload` pass.
+pub fn moved_by(plan: &Plan, m: &crate::ir::memory::StageMemory, backed: bool) -> f64 {
     if backed {
         m.weight_grad()
+    } else if plan.problem().is_seq_split() {
+        m.dropped()
     } else {
         m.total()
     }

@@ -392,6 +392,6 @@ mod tests {
             .validate()
             .unwrap_err()
             .to_string()
-            .contains("seq_chunks is 0"));
+            .contains("seq_chunks = 0"));
     }
 }

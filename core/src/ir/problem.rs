@@ -278,10 +278,11 @@ fn check_seq_bounds(chunks: u32, bounds: Vec<f64>) -> Result<Vec<f64>, CoreError
 /// Holds sequence chunks to their problem: at least one per group, the microbatches whole
 /// groups, and every group's chunks on one route (a route starts at a group's first chunk).
 fn check_seq_chunks(chunks: u32, microbatches: u32, routes: &[Route]) -> Result<(), CoreError> {
-    if chunks == 0 {
-        return Err(CoreError::InvalidProblem(
-            "seq_chunks is 0; a sequence is cut into at least one chunk".into(),
-        ));
+    if chunks == 0 || chunks > crate::ir::sequence::MAX_SEQ_CHUNKS {
+        return Err(CoreError::InvalidProblem(format!(
+            "seq_chunks = {chunks}; a sequence is cut into 1 to {} chunks",
+            crate::ir::sequence::MAX_SEQ_CHUNKS
+        )));
     }
     if microbatches % chunks != 0 {
         return Err(CoreError::InvalidProblem(format!(

@@ -53,9 +53,12 @@
 
 use super::relief::ReliefStrategy;
 use crate::pass::Requires;
-use crate::schedules::relief::{issued_at, reordered, Proposal, Reach, Step, Window, EPSILON};
+use crate::schedules::relief::{
+    issued_at, reordered, Proposal, Reach, Span, Step, Window, EPSILON,
+};
 use pipeweave_core::{
-    held_during, replay_within, OpKind, Plan, RankId, Replay, Residency, Simulation, Task, Work,
+    held_during, moved_by, replay_within, OpKind, Plan, RankId, Replay, Residency, Simulation,
+    Task, Work,
 };
 
 /// How many reload moves [`Hoisting::hoist_with`] makes per task of a rank's order at most.
@@ -88,7 +91,7 @@ impl ReliefStrategy for Offload {
     /// Kept, or recomputed (left as they are).
     const ACCEPTS: &'static [Residency] = Requires::KEPT_OR_RECOMPUTED;
     /// What a W keeps too, moved out between its I and W.
-    fn reach(&self) -> Reach {
+    fn reach(&self, _plan: &Plan) -> Reach {
         Reach::WeightGrads
     }
 
@@ -114,7 +117,9 @@ impl ReliefStrategy for Offload {
                 .plan
                 .memory()
                 .of(window.work.stage, window.work.microbatch)
-                .map_or(0.0, |m| window.held(&m)),
+                .map_or(0.0, |m| {
+                    moved_by(step.plan, &m, window.span == Span::WeightGrad)
+                }),
             frees: window.forward + 1..reload_at,
             work: window.work,
             inserted: transfers(window, reload_at),
@@ -358,10 +363,12 @@ impl Hoisting {
             .of(work.stage, work.microbatch)
             .unwrap_or_default();
         let input = work.op(OpKind::InputGrad);
-        if order[..position].iter().any(|t| t.runs(input)) {
-            (OpKind::WeightGrad, memory.weight_grad())
+        let backed = order[..position].iter().any(|t| t.runs(input));
+        let size = moved_by(&self.plan, &memory, backed);
+        if backed {
+            (OpKind::WeightGrad, size)
         } else {
-            (OpKind::InputGrad, memory.total())
+            (OpKind::InputGrad, size)
         }
     }
 

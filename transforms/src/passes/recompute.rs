@@ -51,7 +51,7 @@
 use super::relief::ReliefStrategy;
 use crate::pass::Requires;
 use crate::schedules::relief::{idle_before, Proposal, Reach, Span, Step, Window};
-use pipeweave_core::{Residency, Task};
+use pipeweave_core::{Plan, Residency, Task};
 
 /// The recompute strategy: `recompute` is [`Relief<Recompute>`](super::Relief), built with
 /// `Relief::new(Recompute::default(), memory)`; by default it also recomputes what a W keeps.
@@ -108,11 +108,12 @@ impl ReliefStrategy for Recompute {
     /// Kept, or offloaded (left as they are).
     const ACCEPTS: &'static [Residency] = Requires::KEPT_OR_OFFLOADED;
     /// Activations, and unless `weight_grads=keep` what a W keeps between a split backward's I
-    /// and W (an `RW`).
-    fn reach(&self) -> Reach {
+    /// and W (an `RW`); activations alone on a plan of sequence chunks (an `RW` would run a
+    /// chunk's I again, sending its keys' gradients back twice).
+    fn reach(&self, plan: &Plan) -> Reach {
         match self.weight_grads {
-            WeightGrads::Recompute => Reach::WeightGrads,
-            WeightGrads::Keep => Reach::Activations,
+            WeightGrads::Recompute if !plan.problem().is_seq_split() => Reach::WeightGrads,
+            _ => Reach::Activations,
         }
     }
 

@@ -37,10 +37,13 @@ pub trait ReliefStrategy: Copy + Debug + PartialEq + Send + Sync + 'static {
     const TRIES: usize = 1;
     /// The residencies the pass accepts: activations kept, or relieved by other strategies only.
     const ACCEPTS: &'static [Residency];
-    /// The windows the strategy can relieve: by default a pair's activations (forward to
-    /// input-gradient backward); an offload also takes what a W keeps between a split
-    /// backward's I and W, and a recompute does unless told to keep it.
-    fn reach(&self) -> Reach {
+    /// The windows the strategy can relieve on `plan`: by default a pair's activations
+    /// (forward to input-gradient backward); an offload also takes what a W keeps between a
+    /// split backward's I and W, and a recompute does unless told to keep it (or the plan's
+    /// sequences are split into chunks: a chunk's I run again would send its keys' gradients
+    /// back twice).
+    fn reach(&self, plan: &Plan) -> Reach {
+        let _ = plan;
         Reach::Activations
     }
 
@@ -120,7 +123,7 @@ impl<S: ReliefStrategy> Pass for Relief<S> {
 
     fn rewrite(&self, plan: Plan) -> Result<Plan, TransformError> {
         let limit = target_limit(self.memory, &plan)?;
-        let reach = self.strategy.reach();
+        let reach = self.strategy.reach(&plan);
         let fitted = match reach {
             Reach::Activations => self.fit(&plan, limit, reach),
             // What a W keeps is relieved only where that makes the plan faster: the estimates

@@ -10,9 +10,10 @@
 //! dependencies on every stage (chunk `c`'s F after chunk `c - 1`'s; chunk `c - 1`'s I after
 //! chunk `c`'s: [`pipeweave_core::ir::deps`]). A chunk costs its share of the microbatch by the
 //! per-token model of the profile (later chunks attend to more tokens), holds its tokens'
-//! share of the activations (the memory model's per-microbatch scales), keeps its keys and values
-//! for later chunks where a later pass recomputes or offloads it (the checkpoint is at least
-//! [`KV_SHARE`] of its activations), and sends its tokens' share of an activation (the
+//! share of the activations (the memory model's per-microbatch scales), keeps its query, keys
+//! and values on the device for later chunks where a later pass recomputes or offloads it (the
+//! checkpoint is at least [`KV_SHARE`] of its activations: a recompute keeps it, an offload
+//! moves the rest, [`pipeweave_core::moved_by`]), and sends its tokens' share of an activation (the
 //! latency scaled by the largest share).
 //!
 //! The orders are the input's, rescheduled at chunk granularity:
@@ -51,10 +52,12 @@ use pipeweave_core::{
     StageMemorySpec, Task, MAX_SEQ_CHUNKS,
 };
 
-/// The share of a chunk's activations that are its keys and values, which later chunks read:
-/// 4h of a transformer layer's 34h bytes per token in 16-bit (Korthikanti et al., "Reducing
-/// Activation Recomputation in Large Transformer Models", without the attention scores).
-pub const KV_SHARE: f64 = 4.0 / 34.0;
+/// The share of a chunk's activations that stay on the device for later chunks where it is
+/// recomputed or offloaded: its fused query, key and value tensor (what the kernels keep, the
+/// query with the keys and values), 6h of a transformer layer's 34h bytes per token in 16-bit
+/// (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+/// without the attention scores).
+pub const KV_SHARE: f64 = 6.0 / 34.0;
 
 /// The sequence-split pass, `seq_split`.
 #[derive(Clone, Copy, Debug)]
@@ -141,7 +144,7 @@ impl SeqSplit {
             .build();
         let split = spec
             .validate()
-            .map_err(|e| TransformError::core("seq_split: building the chunks' problem", e))?;
+            .map_err(|e| TransformError::core(Self::NAME, e))?;
         let scales = (0..problem.microbatches())
             .flat_map(|m| {
                 let whole = costs.microbatch_scale(m.into());

@@ -62,16 +62,6 @@ pub struct Window {
     pub span: Span,
 }
 
-impl Window {
-    /// The memory the pair holds in the window on a stage of figures `memory`.
-    pub fn held(&self, memory: &pipeweave_core::StageMemory) -> f64 {
-        match self.span {
-            Span::Activations => memory.total(),
-            Span::WeightGrad => memory.weight_grad(),
-        }
-    }
-}
-
 /// Which windows a relief pass may take: activations only (a recompute), or the memory kept for
 /// weight gradients too (an offload can move it out between a split backward's I and W).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
