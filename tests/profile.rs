@@ -240,13 +240,7 @@ fn microbatch_tokens_price_each_microbatch_by_the_per_token_model() {
 /// The example trainer, built beside this test's binaries by `cargo test`, on a model of
 /// `layers` blocks (the profile's has 4).
 fn train_gpt(layers: &str) -> Command {
-    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_pipeweave"));
-    let path = bin
-        .parent()
-        .map(|dir| dir.join("examples").join("train_gpt"))
-        .expect("the binary has a folder");
-    assert!(path.exists(), "{} is missing", path.display());
-    let mut command = Command::new(path);
+    let mut command = common::train_gpt();
     // The profile's model, 2 ranks, 8 microbatches, one step.
     command.args(["--layers", layers]).args(words(
         "--d-model 192 --heads 4 --seq-len 64 --microbatch-size 4 --microbatches 8 --ranks 2 \

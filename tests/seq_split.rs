@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{field, read_json};
+use common::{field, read_json, train_gpt};
 use pipeweave::core_ir::{max_peak, RecvPolicy, TOLERANCE};
 use pipeweave::{build_plan, compile, simulate, PipelineConfig, Plan, Profile, Registry, Task};
 use serde_json::Value;
@@ -270,17 +270,6 @@ fn bad_input_is_refused_with_the_rule_it_breaks() {
         let err = error_of(expression, &unit(4, 4));
         assert!(err.contains(rule), "{expression}: {err}");
     }
-}
-
-/// The example trainer, built beside this test's binaries by `cargo test`.
-fn train_gpt() -> std::process::Command {
-    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_pipeweave"));
-    let path = bin
-        .parent()
-        .map(|dir| dir.join("examples").join("train_gpt"))
-        .expect("the binary has a folder");
-    assert!(path.exists(), "{} is missing", path.display());
-    std::process::Command::new(path)
 }
 
 /// The losses `train_gpt` logs for `schedule` on `ranks` ranks at 256 tokens, two steps.

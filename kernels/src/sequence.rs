@@ -34,6 +34,10 @@ impl ChunkAt {
     pub const WHOLE: ChunkAt = ChunkAt { index: 0, start: 0 };
 }
 
+/// A sequence chunk's place and its layer's memory of the earlier chunks, where a layer runs a
+/// chunk (None: a whole sequence).
+pub(crate) type Chunk<'a> = Option<(ChunkAt, &'a mut ChunkMemory)>;
+
 /// What one layer keeps of a group's earlier chunks (attention's keys and values, and the
 /// gradients later chunks sent back to them); empty for the other layers.
 #[derive(Debug, Default)]

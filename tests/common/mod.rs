@@ -204,3 +204,14 @@ pub fn persisted(cases: u32, path: &'static str) -> ProptestConfig {
         ..ProptestConfig::default()
     }
 }
+
+/// The example trainer `train_gpt`, built beside the test binaries by `cargo test`.
+pub fn train_gpt() -> std::process::Command {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_pipeweave"));
+    let path = bin
+        .parent()
+        .map(|dir| dir.join("examples").join("train_gpt"))
+        .expect("the binary has a folder");
+    assert!(path.exists(), "{} is missing", path.display());
+    std::process::Command::new(path)
+}

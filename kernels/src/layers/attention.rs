@@ -14,7 +14,7 @@ use super::{composite, composite_weights, held_tensors, Layer, Linear};
 use crate::check;
 use crate::error::{KernelError, Result};
 use crate::primitives::Primitives;
-use crate::sequence::{ChunkAt, ChunkMemory};
+use crate::sequence::{Chunk, ChunkAt, ChunkMemory};
 
 const LAYER: &str = "Attention";
 
@@ -86,29 +86,23 @@ impl Attention {
         1.0 / ((self.width() / self.n_head) as f64).sqrt()
     }
 
-    /// The attention core on `qkv: [B, T, 3d]`: returns the merged context `[B, T, d]`.
-    fn attend(&self, ops: &dyn Primitives, qkv: Tensor) -> Result<(Tensor, CoreSaved)> {
-        let out = ops.causal_attention(&qkv, 0, self.n_head, self.score_scale())?;
-        let core = CoreSaved {
-            qkv,
-            probs: out.probs,
-        };
-        Ok((out.context, core))
-    }
-
-    /// The attention core of a sequence chunk at `at` on its `qkv: [B, T_c, 3d]`, reading the
-    /// earlier chunks' keys and values in `memory` and keeping its own there: the chunk's merged
-    /// context `[B, T_c, d]`.
-    fn attend_chunk(
+    /// The attention core on `qkv: [B, T, 3d]`: returns the merged context `[B, T, d]`. Of a
+    /// sequence chunk (where `chunk` says), `qkv` is the chunk's own `[B, T_c, 3d]`: it reads the
+    /// earlier chunks' keys and values in the chunk's memory and keeps its own there.
+    fn attend(
         &self,
         ops: &dyn Primitives,
         qkv: Tensor,
-        at: ChunkAt,
-        memory: &mut ChunkMemory,
+        chunk: Chunk<'_>,
     ) -> Result<(Tensor, CoreSaved)> {
-        memory.keep(at, &qkv)?;
-        let prefix = memory.prefix(ops, at)?;
-        let out = ops.causal_attention(&prefix, at.start, self.n_head, self.score_scale())?;
+        let out = match chunk {
+            None => ops.causal_attention(&qkv, 0, self.n_head, self.score_scale())?,
+            Some((at, memory)) => {
+                memory.keep(at, &qkv)?;
+                let prefix = memory.prefix(ops, at)?;
+                ops.causal_attention(&prefix, at.start, self.n_head, self.score_scale())?
+            }
+        };
         let core = CoreSaved {
             qkv,
             probs: out.probs,
@@ -116,59 +110,46 @@ impl Attention {
         Ok((out.context, core))
     }
 
-    /// Backward of [`Self::attend_chunk`]: the chunk's own qkv gradient `[B, T_c, 3d]` (with
-    /// what the later chunks sent back to its keys and values); what it sends back to the
-    /// earlier chunks stays in `memory`.
-    fn attend_chunk_backward(
-        &self,
-        ops: &dyn Primitives,
-        core: CoreSaved,
-        grad_context: &Tensor,
-        at: ChunkAt,
-        memory: &mut ChunkMemory,
-    ) -> Result<Tensor> {
-        let prefix = memory.prefix(ops, at)?;
-        drop(core.qkv);
-        let grad_prefix = ops.causal_attention_backward(
-            &prefix,
-            &core.probs,
-            grad_context,
-            at.start,
-            self.n_head,
-            self.score_scale(),
-        )?;
-        memory.take_gradient(ops, at, &grad_prefix)
-    }
-
     /// Backward of [`Self::attend`]: context gradient `[B, T, d]` -> qkv gradient `[B, T, 3d]`.
+    /// Of a chunk, its own qkv gradient (with what the later chunks sent back to its keys and
+    /// values); what it sends back to the earlier chunks stays in its memory.
     fn attend_backward(
         &self,
         ops: &dyn Primitives,
         core: CoreSaved,
         grad_context: &Tensor,
+        chunk: Chunk<'_>,
     ) -> Result<Tensor> {
-        ops.causal_attention_backward(
-            &core.qkv,
+        let (qkv, start) = match &chunk {
+            None => (core.qkv, 0),
+            Some((at, memory)) => (memory.prefix(ops, *at)?, at.start),
+        };
+        let grad = ops.causal_attention_backward(
+            &qkv,
             &core.probs,
             grad_context,
-            0,
+            start,
             self.n_head,
             self.score_scale(),
-        )
+        )?;
+        match chunk {
+            None => Ok(grad),
+            Some((at, memory)) => memory.take_gradient(ops, at, &grad),
+        }
     }
-}
 
-impl Layer for Attention {
-    type Saved = AttentionSaved;
-    type PendingWeightGrad = AttentionPendingWeightGrad;
-    type InputGrad = Tensor;
-
-    fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, AttentionSaved)> {
+    /// The forward, of a sequence chunk where `chunk` says.
+    fn run(
+        &self,
+        ops: &dyn Primitives,
+        input: &Tensor,
+        chunk: Chunk<'_>,
+    ) -> Result<(Tensor, AttentionSaved)> {
         let checked = check::named(LAYER, "input", input);
         checked.rank_is(3, "[B, T, d]")?;
         checked.width_and_dtype(self.width(), self.dtype())?;
         let (qkv, c_attn) = self.c_attn.forward(ops, input)?;
-        let (context, core) = self.attend(ops, qkv)?;
+        let (context, core) = self.attend(ops, qkv, chunk)?;
         let (output, c_proj) = self.c_proj.forward(ops, &context)?;
         let saved = AttentionSaved {
             c_attn,
@@ -178,16 +159,37 @@ impl Layer for Attention {
         Ok((output, saved))
     }
 
+    /// The input backward, of a sequence chunk where `chunk` says.
+    fn run_backward(
+        &self,
+        ops: &dyn Primitives,
+        saved: AttentionSaved,
+        grad_output: &Tensor,
+        chunk: Chunk<'_>,
+    ) -> Result<(Tensor, AttentionPendingWeightGrad)> {
+        let (grad_context, c_proj) = self.c_proj.backward_input(ops, saved.c_proj, grad_output)?;
+        let grad_qkv = self.attend_backward(ops, saved.core, &grad_context, chunk)?;
+        let (grad_input, c_attn) = self.c_attn.backward_input(ops, saved.c_attn, &grad_qkv)?;
+        Ok((grad_input, AttentionPendingWeightGrad { c_attn, c_proj }))
+    }
+}
+
+impl Layer for Attention {
+    type Saved = AttentionSaved;
+    type PendingWeightGrad = AttentionPendingWeightGrad;
+    type InputGrad = Tensor;
+
+    fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, AttentionSaved)> {
+        self.run(ops, input, None)
+    }
+
     fn backward_input(
         &self,
         ops: &dyn Primitives,
         saved: AttentionSaved,
         grad_output: &Tensor,
     ) -> Result<(Tensor, AttentionPendingWeightGrad)> {
-        let (grad_context, c_proj) = self.c_proj.backward_input(ops, saved.c_proj, grad_output)?;
-        let grad_qkv = self.attend_backward(ops, saved.core, &grad_context)?;
-        let (grad_input, c_attn) = self.c_attn.backward_input(ops, saved.c_attn, &grad_qkv)?;
-        Ok((grad_input, AttentionPendingWeightGrad { c_attn, c_proj }))
+        self.run_backward(ops, saved, grad_output, None)
     }
 
     composite_weights!();
@@ -199,18 +201,7 @@ impl Layer for Attention {
         at: ChunkAt,
         memory: &mut ChunkMemory,
     ) -> Result<(Tensor, AttentionSaved)> {
-        let checked = check::named(LAYER, "input", input);
-        checked.rank_is(3, "[B, T, d]")?;
-        checked.width_and_dtype(self.width(), self.dtype())?;
-        let (qkv, c_attn) = self.c_attn.forward(ops, input)?;
-        let (context, core) = self.attend_chunk(ops, qkv, at, memory)?;
-        let (output, c_proj) = self.c_proj.forward(ops, &context)?;
-        let saved = AttentionSaved {
-            c_attn,
-            core,
-            c_proj,
-        };
-        Ok((output, saved))
+        self.run(ops, input, Some((at, memory)))
     }
 
     fn backward_input_chunk(
@@ -221,10 +212,7 @@ impl Layer for Attention {
         at: ChunkAt,
         memory: &mut ChunkMemory,
     ) -> Result<(Tensor, AttentionPendingWeightGrad)> {
-        let (grad_context, c_proj) = self.c_proj.backward_input(ops, saved.c_proj, grad_output)?;
-        let grad_qkv = self.attend_chunk_backward(ops, saved.core, &grad_context, at, memory)?;
-        let (grad_input, c_attn) = self.c_attn.backward_input(ops, saved.c_attn, &grad_qkv)?;
-        Ok((grad_input, AttentionPendingWeightGrad { c_attn, c_proj }))
+        self.run_backward(ops, saved, grad_output, Some((at, memory)))
     }
 }
 

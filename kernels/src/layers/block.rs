@@ -21,7 +21,7 @@ use crate::error::Result;
 use crate::flops::{block_flops, PassFlops};
 use crate::init::{ParameterFactory, INIT_STD};
 use crate::primitives::Primitives;
-use crate::sequence::{ChunkAt, ChunkMemory};
+use crate::sequence::{Chunk, ChunkAt, ChunkMemory};
 
 const LAYER: &str = "Block";
 
@@ -103,10 +103,6 @@ fn check_agrees(
     }
     Ok(())
 }
-
-/// A sequence chunk's place and the attention's memory of the earlier chunks (None: a whole
-/// sequence).
-type Chunk<'a> = Option<(ChunkAt, &'a mut ChunkMemory)>;
 
 /// `x + sub(norm(x))`, one pre-norm residual half of the block (`sub` run on a sequence chunk
 /// where `chunk` says): the output and the states of `norm` and `sub`.
