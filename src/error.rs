@@ -50,6 +50,18 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A file whose bytes are not UTF-8 text.
+    #[error("{path}: line {line}, column {column}: byte {byte:#04x} is not UTF-8 text")]
+    NotText {
+        /// The file.
+        path: String,
+        /// The line of the first byte that is not text (from 1).
+        line: usize,
+        /// Its column (from 1, in characters).
+        column: usize,
+        /// The byte.
+        byte: u8,
+    },
     /// JSON that could not be read.
     #[error("{path}: {message}")]
     Json {
@@ -84,6 +96,7 @@ impl Error {
             | Error::Overflow { .. }
             | Error::Option { .. }
             | Error::Io { .. }
+            | Error::NotText { .. }
             | Error::Json { .. } => FailureKind::BadInput,
         }
     }

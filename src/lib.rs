@@ -18,12 +18,14 @@ pub mod cli;
 pub mod compile;
 pub mod config;
 pub mod error;
+pub mod files;
 pub mod frontier;
 pub mod frontier_limit;
 pub mod paper_table;
 pub mod reference;
 pub mod report;
 pub mod request;
+pub mod text_table;
 pub mod tune;
 pub mod variable_length;
 

@@ -107,10 +107,7 @@ impl PaperRow {
 
 /// Reads the table file.
 pub fn read_table(path: &str) -> Result<PaperTable, Error> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.to_string(),
-        source,
-    })?;
+    let text = crate::files::read_text(path)?;
     serde_json::from_str(&text).map_err(|e| Error::Json {
         path: path.to_string(),
         message: e.to_string(),

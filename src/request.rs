@@ -190,10 +190,7 @@ impl ConfigRequest {
 /// its programs) or a reference JSON file, costed by `costs` (CLI syntax).
 pub fn import_schedule(path: &str, costs: &str) -> Result<(Plan, Option<ProgramSet>), Error> {
     let (costs, comm) = parse_costs(costs)?;
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.to_string(),
-        source,
-    })?;
+    let text = crate::files::read_text(path)?;
     if path.ends_with(".json") {
         Ok((read_reference(path, &text, costs, comm)?, None))
     } else {

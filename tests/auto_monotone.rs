@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{costed, persisted, split_costs};
+use common::{costed, depth, persisted, split_costs};
 use pipeweave::core_ir::{max_peak, TOLERANCE};
 use pipeweave::{build_plan, simulate, PipelineConfig};
 use proptest::prelude::*;
@@ -45,7 +45,7 @@ fn config(p: u32, m: u32, (f, i, w, comm): (f64, f64, f64, f64)) -> PipelineConf
 }
 
 proptest! {
-    #![proptest_config(persisted(24, "proptest-regressions/auto_monotone.txt"))]
+    #![proptest_config(persisted(depth(2, 24), "proptest-regressions/auto_monotone.txt"))]
 
     #[test]
     fn auto_never_slows_as_memory_grows_and_beats_what_fits(

@@ -151,7 +151,7 @@ fn cost_settings() -> Vec<(&'static str, StageCostsSpec, f64)> {
 }
 
 /// `auto` within V-Half's and V-Min's peaks is no slower than they are, at sizes of P in
-/// {4, 8, 16} and M from P to 8P (every third M here; `-- --ignored` runs them all).
+/// {4, 8, 16} and M from P to 8P (every `every`-th M; `-- --ignored` runs them all).
 fn auto_dominates(every: u32) {
     for (label, costs, comm) in cost_settings() {
         for p in [4u32, 8, 16] {
@@ -176,7 +176,8 @@ fn auto_dominates(every: u32) {
 
 #[test]
 fn auto_at_their_peaks_is_no_slower_than_v_half_and_v_min() {
-    auto_dominates(7);
+    // Every 21st size in the quick run, every 7th in the deep one ([`common::deep`]).
+    auto_dominates(common::depth(21, 7));
 }
 
 #[test]

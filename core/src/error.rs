@@ -19,8 +19,8 @@ pub enum CoreError {
     SizeOutOfRange {
         /// Which size (e.g. `ranks`).
         what: &'static str,
-        /// The value given.
-        value: u64,
+        /// The value given (signed and wide, so that any count a user types is named as typed).
+        value: i128,
         /// The rule it breaks, e.g. `must be between 1 and 4096`.
         constraint: String,
     },

@@ -37,6 +37,7 @@ pub use analysis::slack::slack;
 pub use analysis::verify::{verify, verify_schedule, Violation, Violations};
 pub use error::{CoreError, FailureKind};
 pub use formats::grid::render_grid;
+pub use formats::number::{parse_number, parse_whole, show_number, NumberError};
 pub use formats::profile::{
     parse_bytes, LayerProfile, Profile, ProfiledModel, SendProfile, PROFILE_FORMAT,
     PROFILE_FORMAT_V1,
@@ -54,7 +55,7 @@ pub use ir::layers::{
 pub use ir::memory::{MemoryModel, StageMemory, StageMemorySpec};
 pub use ir::op::{Op, OpKind, Task, TaskKind, Work};
 pub use ir::plan::{Dropped, Plan};
-pub use ir::problem::{Problem, ProblemSpec, RouteSpec};
+pub use ir::problem::{checked_size, Problem, ProblemSpec, RouteSpec, MAX_MICROBATCHES, MAX_RANKS};
 pub use ir::sequence::{SequenceCut, SplitBy, MAX_SEQ_CHUNKS};
 pub use ir::slots::OpSlots;
 pub use spmd::check::{check_programs, CheckReport, CommError};

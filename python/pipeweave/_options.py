@@ -11,8 +11,12 @@ from ._errors import Error
 
 
 def _number(option: str, key: str, value: Any) -> str:
+    """`value` as the CLI's text of it: a whole number as one (`0`, not `0.0`), so that the
+    library's message about it reads as the CLI's for the same input."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise Error(f"option {option}: `{value!r}` is not a number (key `{key}`)")
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
     return repr(float(value))
 
 
@@ -38,6 +42,18 @@ def whole(option: str, value: Any, *, low: int = 1) -> int:
     if value < low or value > 2**32 - 1:
         raise Error(f"option {option}: {value} must be between {low} and {2**32 - 1}")
     return value
+
+
+# The widest count the native module takes: beyond it, a count is as out of range as any.
+_WIDEST = 2**127 - 1
+
+
+def size(value: Any, option: str) -> int:
+    """A count the library range-checks (`ranks`, `microbatches`): any whole number (not a
+    bool), so that its range error is the CLI's line for the same number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise Error(f"option {option}: `{value!r}` is not a whole number")
+    return max(-_WIDEST, min(_WIDEST, int(value)))
 
 
 def counts(option: str, values: Optional[Sequence[Any]]) -> Optional[list]:
@@ -84,9 +100,9 @@ def request(
             f"option --profile: expected a path or a pipeweave.Profile, got {type(profile).__name__}"
         )
     return {
-        # Zero reaches the library, whose range check gives the CLI's message.
-        "ranks": whole("--ranks", ranks, low=0),
-        "microbatches": whole("--microbatches", microbatches, low=0),
+        # Any whole number reaches the library, whose range check gives the CLI's message.
+        "ranks": size(ranks, "--ranks"),
+        "microbatches": size(microbatches, "--microbatches"),
         "costs": key_values("--costs", costs),
         "activation_memory": key_values("--activation-memory", activation_memory),
         "memory_limit": limit_text(memory_limit),

@@ -137,6 +137,13 @@ class Plan:
         """Writes the Chrome/Perfetto trace, as `plan --trace`."""
         self._require_native("to_trace").write_trace(str(path))
 
-    def programs(self) -> List[Dict[str, Any]]:
-        """Per rank, its checked program (instructions), as `plan --programs` writes them."""
+    def programs(self) -> List[List[Dict[str, Any]]]:
+        """Per rank, its checked program's instructions (`programs()[r]` rank r's), as
+        `plan --programs` writes them under `programs`; `programs_document()` is that whole
+        file."""
+        return [rank["instrs"] for rank in self.programs_document()["programs"]]
+
+    def programs_document(self) -> Dict[str, Any]:
+        """The file `plan --programs` writes: `programs` (per rank, its rank and `instrs`),
+        `forward_only` and `semantics` (the communication semantics it was checked under)."""
         return json.loads(self._require_native("programs").programs_json())

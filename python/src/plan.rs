@@ -7,7 +7,9 @@ use pipeweave::compile::{compile, compile_imported, Compiled};
 use pipeweave::request::{import_schedule, ConfigRequest, ProfileSource};
 use pipeweave::Error;
 use pipeweave_core::formats::{csv, svg, trace};
-use pipeweave_core::{CutCosts, Profile, RecvPolicy, Sharing};
+use pipeweave_core::{
+    checked_size, CutCosts, Profile, RecvPolicy, Sharing, MAX_MICROBATCHES, MAX_RANKS,
+};
 use pyo3::prelude::*;
 
 /// A compiled plan: verified, simulated, its programs checked.
@@ -18,6 +20,8 @@ pub struct NativePlan {
     cut: Option<CutCosts>,
     /// What the ranks share (host links), for the report's link figures.
     sharing: Sharing,
+    /// An imported plan's costs (`--costs` syntax) and whether they are the default.
+    costs: Option<(String, bool)>,
 }
 
 fn write(path: &str, contents: &str) -> Result<(), Error> {
@@ -31,10 +35,13 @@ fn write(path: &str, contents: &str) -> Result<(), Error> {
 impl NativePlan {
     /// The report, as `pipeweave plan --format json` prints it.
     fn report_json(&self) -> String {
-        let report = self
+        let mut report = self
             .compiled
             .report(&self.title, self.cut.as_ref())
             .with_links(self.sharing, &self.compiled.simulation);
+        if let Some((text, default)) = &self.costs {
+            report = report.with_costs(text, *default);
+        }
         serde_json::to_string_pretty(&report).expect("a report always serialises")
     }
 
@@ -101,8 +108,9 @@ fn recv_policy(py: Python<'_>, recv: &str) -> PyResult<RecvPolicy> {
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 pub struct RequestArgs {
-    ranks: u32,
-    microbatches: u32,
+    /// As the user gave them (any whole number): the library checks their range, as the CLI's.
+    ranks: i128,
+    microbatches: i128,
     costs: Option<String>,
     activation_memory: Option<String>,
     memory_limit: Option<String>,
@@ -115,19 +123,22 @@ pub struct RequestArgs {
 }
 
 impl RequestArgs {
-    /// Pipeline ranks.
-    pub fn ranks(&self) -> u32 {
+    /// Pipeline ranks, as given.
+    pub fn ranks(&self) -> i128 {
         self.ranks
     }
 
-    /// Microbatches.
-    pub fn microbatches(&self) -> u32 {
+    /// Microbatches, as given.
+    pub fn microbatches(&self) -> i128 {
         self.microbatches
     }
 
     /// The library's request, the profile parsed and checked.
     pub fn request(&self) -> Result<ConfigRequest, Error> {
-        let mut request = ConfigRequest::new(self.ranks, self.microbatches);
+        let mut request = ConfigRequest::new(
+            checked_size("ranks", self.ranks, MAX_RANKS.into())?,
+            checked_size("microbatches", self.microbatches, MAX_MICROBATCHES.into())?,
+        );
         if let Some(costs) = &self.costs {
             request.costs = costs.clone();
         }
@@ -181,6 +192,7 @@ pub fn compile_plan(
             title: expression.to_string(),
             cut,
             sharing: config.sharing(),
+            costs: None,
         })
     })
 }
@@ -196,6 +208,7 @@ pub fn check_file(
     recv: &str,
 ) -> PyResult<NativePlan> {
     let recv = recv_policy(py, recv)?;
+    let default = costs.is_none();
     let costs = costs.unwrap_or_else(|| pipeweave::request::DEFAULT_COSTS.to_string());
     detached(py, || {
         let (plan, programs) = import_schedule(path, &costs)?;
@@ -204,6 +217,7 @@ pub fn check_file(
             title: path.to_string(),
             cut: None,
             sharing: Sharing::default(),
+            costs: Some((costs.clone(), default)),
         })
     })
 }

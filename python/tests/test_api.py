@@ -46,11 +46,13 @@ def cli_json(cli, args):
 
 
 def cli_error(cli, args):
+    """The CLI's exit status and its one line on stderr (without `error: `)."""
     done = subprocess.run([cli, *args], capture_output=True, text=True)
     assert done.returncode != 0
-    line = done.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: "), line
-    return done.returncode, line[len("error: "):]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    return done.returncode, lines[0][len("error: "):]
 
 
 @pytest.mark.parametrize("expression,ranks,microbatches,kwargs,flags", CASES)
@@ -132,7 +134,11 @@ def test_files_equal_the_cli_files(cli, tmp_path):
     programs_file = tmp_path / "programs.json"
     subprocess.run([cli, "plan", expression, "-p", p, "-m", m, "--programs", programs_file],
                    check=True, capture_output=True)
-    assert plan.programs() == json.loads(programs_file.read_text())
+    document = json.loads(programs_file.read_text())
+    assert plan.programs_document() == document
+    # Per rank, its instructions (PYTHON.md).
+    assert plan.programs() == [rank["instrs"] for rank in document["programs"]]
+    assert len(plan.programs()) == plan.ranks
 
 
 def test_csv_of_a_residency_plan_warns_what_it_leaves_out(tmp_path):
@@ -206,6 +212,18 @@ BAD = [
     (("zero_bubble(f1b(gpipe)", 4, 8), {}, ["plan", "zero_bubble(f1b(gpipe)"]),
     (("f1b(vpp(gpipe, chunks=2))", 4, 8), {}, ["plan", "f1b(vpp(gpipe, chunks=2))"]),
     (("f1b(gpipe)", 4, 8), {"ranks_per_link": 0}, ["plan", "f1b(gpipe)", "--ranks-per-link", "0"]),
+    # Issue 43: negative and huge counts, limits of 0 and beyond a number, chunks beyond their
+    # range, costs whose sums would overflow.
+    (("f1b(gpipe)", -4, 8), {}, ["plan", "f1b(gpipe)", "-p", "-4"]),
+    (("f1b(gpipe)", -4, 8), {}, ["plan", "f1b(gpipe)", "--ranks=-4"]),
+    (("f1b(gpipe)", 4, -1), {}, ["plan", "f1b(gpipe)", "-m", "-1"]),
+    (("f1b(gpipe)", 2**70, 8), {}, ["plan", "f1b(gpipe)", "-p", str(2**70)]),
+    (("f1b(gpipe)", 4, 8), {"memory_limit": 0}, ["plan", "f1b(gpipe)", "--memory-limit", "0"]),
+    (("f1b(gpipe)", 4, 8), {"memory_limit": "1e400"}, ["plan", "f1b(gpipe)", "--memory-limit", "1e400"]),
+    (("vpp(f1b(gpipe), chunks=1000000000)", 4, 8), {}, ["plan", "vpp(f1b(gpipe), chunks=1000000000)"]),
+    (("f1b(gpipe)", 4, 8), {"costs": {"F": 1e308, "I": 1e308}}, ["plan", "f1b(gpipe)", "--costs", "F=1e308,I=1e308"]),
+    (("f1b(gpipe)", 4, 8), {"costs": {"comm": 1e308}}, ["plan", "f1b(gpipe)", "--costs", "comm=1e308"]),
+    (("zero_bubble(f1b(gpipe), memory=1e400)", 4, 8), {}, ["plan", "zero_bubble(f1b(gpipe), memory=1e400)"]),
 ]
 
 
@@ -218,6 +236,24 @@ def test_bad_input_raises_the_cli_line(cli, args, kwargs, cli_args):
     assert str(raised.value) == line
     assert isinstance(raised.value, ValueError)
     assert not isinstance(raised.value, pipeweave.PassBug)
+
+
+def test_a_file_that_is_not_text_raises_the_cli_line(cli, tmp_path):
+    path = tmp_path / "binary.csv"
+    path.write_bytes(b"0F0,1F0\n\xff\xfe\n")
+    code, line = cli_error(cli, ["check", str(path)])
+    assert code == 2 and "line 2, column 1" in line, line
+    with pytest.raises(pipeweave.Error) as raised:
+        pipeweave.check(path)
+    assert str(raised.value) == line
+
+
+def test_check_says_which_costs_it_used(cli, tmp_path):
+    path = tmp_path / "f1b.csv"
+    pipeweave.plan("f1b(gpipe)", ranks=2, microbatches=4).to_csv(path)
+    assert pipeweave.check(path).report["costs"] == "F=1,I=1,W=1,comm=0 (default)"
+    assert pipeweave.check(path, costs={"F": 2}).report["costs"] == "F=2"
+    assert cli_json(cli, ["check", str(path)])["costs"] == "F=1,I=1,W=1,comm=0 (default)"
 
 
 def test_python_types_are_checked_before_the_library():

@@ -1,13 +1,10 @@
 //! `pipeweave check FILE`: import a schedule (PyTorch CSV, compute or lowered, or a reference JSON
 //! file), verify it, project and check its communication, simulate it, and report.
 
-use crate::cli::options::parse_costs;
-use crate::cli::outputs::{check_and_emit, OutputArgs, Source};
+use crate::cli::outputs::{check_and_emit, OutputArgs, ReportContext, Source};
 use crate::error::Error;
-use crate::reference::read_reference;
+use crate::request::{import_schedule, DEFAULT_COSTS};
 use clap::Args;
-use pipeweave_core::formats::csv::import_csv;
-use pipeweave_core::Sharing;
 use std::io::Write;
 
 /// Arguments of `pipeweave check`.
@@ -15,33 +12,22 @@ use std::io::Write;
 pub struct CheckArgs {
     /// The schedule: a `.csv` in PyTorch's dialect, or a `.json` reference file.
     file: String,
-    /// Durations of a rank's whole share: `F=1,I=1,W=1,B=..,FB=..,comm=0`.
-    #[arg(long, default_value = "F=1,I=1,W=1,comm=0")]
-    costs: String,
+    /// Durations of a rank's whole share: `F=1,I=1,W=1,B=..,FB=..,comm=0` (default: unit costs,
+    /// `F=1,I=1,W=1,comm=0`).
+    #[arg(long)]
+    costs: Option<String>,
     #[command(flatten)]
     outputs: OutputArgs,
 }
 
 /// Runs `pipeweave check`.
 pub fn run(args: &CheckArgs, stdout: &mut dyn Write) -> Result<(), Error> {
-    let (costs, comm) = parse_costs(&args.costs)?;
-    let text = std::fs::read_to_string(&args.file).map_err(|source| Error::Io {
-        path: args.file.clone(),
-        source,
-    })?;
-    let (plan, programs) = if args.file.ends_with(".json") {
-        (read_reference(&args.file, &text, costs, comm)?, None)
-    } else {
-        let imported = import_csv(&text, costs, comm)?;
-        (imported.plan, imported.programs)
-    };
+    let costs = args.costs.as_deref().unwrap_or(DEFAULT_COSTS);
+    let (plan, programs) = import_schedule(&args.file, costs)?;
     let source = Source::Imported(plan, programs);
-    check_and_emit(
-        &args.file,
-        source,
-        &args.outputs,
-        None,
-        Sharing::default(),
-        stdout,
-    )
+    let context = ReportContext {
+        costs: Some((costs, args.costs.is_none())),
+        ..ReportContext::default()
+    };
+    check_and_emit(&args.file, source, &args.outputs, &context, stdout)
 }

@@ -64,15 +64,14 @@ where
 {
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
+        Err(e) if e.exit_code() == 0 => {
+            // --help and --version.
+            let _ = write!(stdout, "{}", e.render());
+            return 0;
+        }
         Err(e) => {
-            let code = e.exit_code();
-            let rendered = e.render().to_string();
-            let _ = if code == 0 {
-                write!(stdout, "{rendered}")
-            } else {
-                write!(stderr, "{rendered}")
-            };
-            return code;
+            let _ = writeln!(stderr, "error: {}", one_line(&e));
+            return 2;
         }
     };
     let result = match cli.command {
@@ -90,6 +89,28 @@ where
             exit_code(&e)
         }
     }
+}
+
+/// A command-line error as one line: a bad value as the library words it (so the CLI and Python
+/// give the same line), anything else as clap words it, its tip kept, its usage dropped.
+fn one_line(error: &clap::Error) -> String {
+    use std::error::Error as _;
+    if let Some(ours) = error
+        .source()
+        .and_then(|s| s.downcast_ref::<crate::Error>())
+    {
+        return ours.to_string().replace('\n', " ");
+    }
+    let rendered = error.render().to_string();
+    let mut parts = Vec::new();
+    for line in rendered.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with("Usage:") || line.starts_with("For more information")
+        {
+            continue;
+        }
+        parts.push(line.strip_prefix("error: ").unwrap_or(line).to_string());
+    }
+    parts.join("; ")
 }
 
 /// 2 for everything the user can fix, 1 for a bug in a pass or a failed run

@@ -1,7 +1,41 @@
-//! Parsing of the `key=value,...` options: `--costs`, `--activation-memory`, `--stage-costs`.
+//! Parsing of the options' values: the `key=value,...` options (`--costs`,
+//! `--activation-memory`, `--stage-costs`), and the counts and numbers clap reads ([`count`],
+//! [`number`]), every number read as expressions read them ([`pipeweave_core::parse_number`]).
 
 use crate::error::Error;
-use pipeweave_core::{StageCosts, StageCostsSpec, StageMemory, StageMemorySpec};
+use pipeweave_core::ir::cost::MAX_DURATION;
+use pipeweave_core::{
+    checked_size, parse_number, parse_whole, show_number, StageCosts, StageCostsSpec, StageMemory,
+    StageMemorySpec,
+};
+
+/// A clap value parser for a count `what` (`ranks`, ...) of option `option`, in `1..=max`: a
+/// whole number as expressions write it, negative ones included (so that `-p -4` is refused by
+/// its range, as Python's `ranks=-4` is, not by clap's syntax).
+pub fn count(
+    option: &'static str,
+    what: &'static str,
+    max: u64,
+) -> impl Fn(&str) -> Result<u32, Error> + Clone + Send + Sync + 'static {
+    move |text: &str| {
+        let value = parse_whole(text).map_err(|e| Error::Option {
+            option,
+            message: e.describe(text),
+        })?;
+        Ok(checked_size(what, value, max)?)
+    }
+}
+
+/// A clap value parser for a number of option `option` (`1e3` as `1000`; `inf` and `nan` are
+/// not numbers).
+pub fn number(option: &'static str) -> impl Fn(&str) -> Result<f64, Error> + Clone + Send + Sync {
+    move |text: &str| {
+        parse_number(text).map_err(|e| Error::Option {
+            option,
+            message: e.describe(text),
+        })
+    }
+}
 
 fn pairs(option: &'static str, text: &str, keys: &[&str]) -> Result<Vec<(String, f64)>, Error> {
     let mut out: Vec<(String, f64)> = Vec::new();
@@ -23,9 +57,9 @@ fn pairs(option: &'static str, text: &str, keys: &[&str]) -> Result<Vec<(String,
                 message: format!("`{key}` is given twice"),
             });
         }
-        let value: f64 = value.trim().parse().map_err(|_| Error::Option {
+        let value = parse_number(value).map_err(|e| Error::Option {
             option,
-            message: format!("`{}` is not a number (key `{key}`)", value.trim()),
+            message: format!("{} (key `{key}`)", e.describe(value.trim())),
         })?;
         out.push((key.to_string(), value));
     }
@@ -47,10 +81,14 @@ pub fn parse_costs(text: &str) -> Result<(StageCosts, f64), Error> {
     let p = pairs("--costs", text, &keys)?;
     let costs = stage_costs(&p)?;
     let comm = get(&p, "comm").unwrap_or(0.0);
-    if !(comm.is_finite() && comm >= 0.0) {
+    if !(0.0..=MAX_DURATION).contains(&comm) {
         return Err(Error::Option {
             option: "--costs",
-            message: format!("comm = {comm} must be >= 0"),
+            message: format!(
+                "comm = {} must be a latency between 0 and {}",
+                show_number(comm),
+                show_number(MAX_DURATION)
+            ),
         });
     }
     Ok((costs, comm))
@@ -87,10 +125,7 @@ pub fn parse_activation_memory(text: &str) -> Result<StageMemory, Error> {
 /// Reads `--stage-costs FILE.json`: a JSON list with one object per rank's share, keys as in
 /// `--costs` (`F`, `I`, `W`, optional `B`, `FB`).
 pub fn read_stage_costs(path: &str) -> Result<Vec<StageCosts>, Error> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.to_string(),
-        source,
-    })?;
+    let text = crate::files::read_text(path)?;
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Json {
         path: path.to_string(),
         message: e.to_string(),
@@ -160,7 +195,7 @@ mod tests {
             ("F=1,X=2", "unknown key `X`"),
             ("F", "is not key=value"),
             ("F=abc", "`abc` is not a number"),
-            ("F=-1", "F = -1 must be a finite duration"),
+            ("F=-1", "F = -1 must be a duration between 0 and 1e100"),
             ("F=1,F=2", "given twice"),
             ("comm=-1", "comm = -1"),
         ] {

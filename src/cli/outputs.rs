@@ -161,14 +161,25 @@ pub fn check_plan(source: Source, recv: RecvArg) -> Result<Compiled, Error> {
     }
 }
 
+/// What a report says beyond the plan and its simulation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReportContext<'a> {
+    /// The profile's cut, where the costs came from a profile.
+    pub cut: Option<&'a CutCosts>,
+    /// The ranks' shared host links.
+    pub sharing: Sharing,
+    /// The costs an imported plan is under (in `--costs` syntax) and whether they are the
+    /// default.
+    pub costs: Option<(&'a str, bool)>,
+}
+
 /// [`check_plan`], then the report and the files: the communication check runs on a thread of its
 /// own while the files are rendered and staged (none is put in place before every check passed).
 pub fn check_and_emit(
     title: &str,
     source: Source,
     args: &OutputArgs,
-    cut: Option<&CutCosts>,
-    sharing: Sharing,
+    context: &ReportContext,
     stdout: &mut dyn Write,
 ) -> Result<(), Error> {
     if args.csv.is_some() {
@@ -188,9 +199,8 @@ pub fn check_and_emit(
             &projected.programs,
             &projected.simulation,
             args,
-            cut,
-        )
-        .with_links(sharing, &projected.simulation);
+            context,
+        );
         let counts = check
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -230,19 +240,13 @@ struct Files {
 }
 
 impl Files {
-    /// The report with the host links' figures where ranks share them.
-    fn with_links(mut self, sharing: Sharing, simulation: &Simulation) -> Files {
-        self.report = self.report.with_links(sharing, simulation);
-        self
-    }
-
     fn render(
         title: &str,
         plan: &Plan,
         programs: &ProgramSet,
         simulation: &Simulation,
         args: &OutputArgs,
-        cut: Option<&CutCosts>,
+        context: &ReportContext,
     ) -> Files {
         let svg = |path: &String| Staged::new(path, svg::timeline_svg(plan, simulation, title));
         let trace = |path: &String| {
@@ -262,8 +266,14 @@ impl Files {
             let text = serde_json::to_string_pretty(programs).expect("programs always serialise");
             Staged::new(path, text)
         };
+        let mut report = PlanReport::new(title, plan, simulation)
+            .with_cut(context.cut)
+            .with_links(context.sharing, simulation);
+        if let Some((text, default)) = context.costs {
+            report = report.with_costs(text, default);
+        }
         Files {
-            report: PlanReport::new(title, plan, simulation).with_cut(cut),
+            report,
             svg: args.svg.as_ref().map(svg),
             trace: args.trace.as_ref().map(trace),
             csv: args.csv.as_ref().map(csv),

@@ -1,15 +1,15 @@
 //! `pipeweave plan`: build a schedule from an expression, verify it, project and check its
 //! programs, simulate it, and report (text or JSON) and write the requested files.
 
-use crate::cli::options::{read_stage_costs, LinkArgs};
-use crate::cli::outputs::{check_and_emit, OutputArgs, Source};
+use crate::cli::options::{count, read_stage_costs, LinkArgs};
+use crate::cli::outputs::{check_and_emit, OutputArgs, ReportContext, Source};
 use crate::cli::profile_options::ProfileArgs;
 use crate::compile::run_passes;
 use crate::config::PipelineConfig;
 use crate::error::Error;
 use crate::request::{ConfigRequest, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS};
 use clap::Args;
-use pipeweave_core::CutCosts;
+use pipeweave_core::{CutCosts, MAX_MICROBATCHES, MAX_RANKS};
 use pipeweave_transforms::Registry;
 use std::io::Write;
 
@@ -23,10 +23,12 @@ pub struct ScheduleArgs {
     #[arg(default_value = DEFAULT_EXPRESSION)]
     pub expression: String,
     /// Number of pipeline ranks.
-    #[arg(long, short = 'p', default_value_t = 4)]
+    #[arg(long, short = 'p', default_value = "4", allow_negative_numbers = true,
+          value_parser = count("--ranks", "ranks", MAX_RANKS.into()))]
     pub ranks: u32,
     /// Number of microbatches.
-    #[arg(long, short = 'm', default_value_t = 8)]
+    #[arg(long, short = 'm', default_value = "8", allow_negative_numbers = true,
+          value_parser = count("--microbatches", "microbatches", MAX_MICROBATCHES.into()))]
     pub microbatches: u32,
     /// Durations of a rank's whole share: `F=1,I=1,W=1,B=..,FB=..,comm=0`.
     #[arg(long, default_value = DEFAULT_COSTS)]
@@ -98,12 +100,16 @@ pub fn run(args: &PlanArgs, stdout: &mut dyn Write) -> Result<(), Error> {
     }
     let expression = &args.schedule.expression;
     let (plan, simulation) = run_passes(&Registry::builtin(), expression, &config)?;
+    let context = ReportContext {
+        cut: cut.as_ref(),
+        sharing: config.sharing(),
+        costs: None,
+    };
     check_and_emit(
         expression,
         Source::Built(plan, simulation),
         &args.outputs,
-        cut.as_ref(),
-        config.sharing(),
+        &context,
         stdout,
     )
 }

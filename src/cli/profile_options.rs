@@ -5,7 +5,7 @@ use crate::config::PipelineConfig;
 use crate::error::Error;
 use crate::request::ProfileSource;
 use clap::Args;
-use pipeweave_core::{parse_bytes, CutCosts, Profile};
+use pipeweave_core::{parse_bytes, parse_number, CutCosts, NumberError, Profile};
 
 /// Measured costs instead of typed ones (`plan`, `run`, `tune`).
 #[derive(Clone, Debug, Args, Default)]
@@ -57,10 +57,7 @@ impl ProfileArgs {
         let Some(path) = &self.profile else {
             return Ok(None);
         };
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let text = crate::files::read_text(path)?;
         Profile::from_json(&text)
             .map(Some)
             .map_err(|e| Error::Json {
@@ -169,10 +166,12 @@ pub fn parse_memory_limit(
         message,
     };
     let units = match parse_bytes(text) {
-        None => text
-            .trim()
-            .parse::<f64>()
-            .map_err(|_| bad(format!("`{text}` is neither a number nor bytes like 2GiB")))?,
+        None => parse_number(text).map_err(|e| match e {
+            NumberError::NotANumber => {
+                bad(format!("`{text}` is neither a number nor bytes like 2GiB"))
+            }
+            other => bad(other.describe(text)),
+        })?,
         Some(bytes) => {
             let bytes = bytes.map_err(bad)?;
             let per_unit = bytes_per_unit.ok_or_else(|| {

@@ -8,6 +8,7 @@
 //! measured times and prints the report; every process exits with the same status. An error that
 //! every process finds alike (bad input, a world of the wrong size) is printed once, by rank 0.
 
+use crate::cli::options::number;
 use crate::cli::outputs::{check_plan, RecvArg, Source};
 use crate::cli::plan_command::ScheduleArgs;
 use crate::config::build_and_simulate;
@@ -51,13 +52,15 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = Backend::Threads)]
     backend: Backend,
     /// Milliseconds of wall time each unit of cost takes in the run (0: run as fast as possible).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value = "0", allow_negative_numbers = true,
+          value_parser = number("--time-scale"))]
     time_scale: f64,
     /// Receive placement of the projected programs.
     #[arg(long, value_enum, default_value_t = RecvArg::Early)]
     recv: RecvArg,
     /// Seconds a rank may wait for one message before the run is declared stuck.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    #[arg(long, value_name = "SECONDS", default_value = "60", allow_negative_numbers = true,
+          value_parser = number("--timeout"))]
     timeout: f64,
     /// Print the result as JSON.
     #[arg(long)]

@@ -1,13 +1,15 @@
 //! `pipeweave tune`: search the schedules for the fastest that fits (contract: ../shared/CLI.md),
 //! with a progress bar on a terminal.
 
-use crate::cli::options::LinkArgs;
+use crate::cli::options::{count, LinkArgs};
 use crate::cli::outputs::Format;
 use crate::cli::profile_options::ProfileArgs;
 use crate::error::Error;
 use crate::frontier::frontier_svg;
 use crate::request::{ConfigRequest, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS};
+use crate::text_table::{Align, TextTable};
 use clap::Args;
+use pipeweave_core::{MAX_MICROBATCHES, MAX_RANKS};
 use serde::Serialize;
 use std::io::{IsTerminal, Write};
 
@@ -15,10 +17,12 @@ use std::io::{IsTerminal, Write};
 #[derive(Debug, Args)]
 pub struct TuneArgs {
     /// Number of pipeline ranks.
-    #[arg(long, short = 'p', default_value_t = 4)]
+    #[arg(long, short = 'p', default_value = "4", allow_negative_numbers = true,
+          value_parser = count("--ranks", "ranks", MAX_RANKS.into()))]
     ranks: u32,
     /// Number of microbatches.
-    #[arg(long, short = 'm', default_value_t = 8)]
+    #[arg(long, short = 'm', default_value = "8", allow_negative_numbers = true,
+          value_parser = count("--microbatches", "microbatches", MAX_MICROBATCHES.into()))]
     microbatches: u32,
     /// Durations of a rank's whole share: `F=1,I=1,W=1,B=..,FB=..,comm=0`.
     #[arg(long, default_value = DEFAULT_COSTS)]
@@ -75,44 +79,48 @@ pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
     let mut report = with_progress("schedules", |progress| request.tune(progress))?;
     report.candidates.truncate(args.top.max(1));
     let text = formatted(args.format, &report, |report| {
-        // The expression column is as wide as the longest expression shown (52 at least).
-        let width = widest(report.candidates.iter().map(|c| &c.expression), 52);
         let mut out = format!(
-            "best of {} schedules for {} ranks, {} microbatches{}:\n\n{:>4}  {:<width$} {:>10} {:>8} {:>6}\n",
+            "best of {} schedules for {} ranks, {} microbatches{}:\n\n",
             report.evaluated,
             args.ranks,
             args.microbatches,
             args.memory_limit
                 .as_ref()
                 .map_or(String::new(), |l| format!(" within {l} per rank")),
-            "rank",
-            "expression",
-            "makespan",
-            "bubble",
-            "peak"
         );
+        let mut table = TextTable::new(&[
+            ("rank", Align::Right, 4),
+            ("expression", Align::Left, 52),
+            ("makespan", Align::Right, 10),
+            ("bubble", Align::Right, 8),
+            ("peak", Align::Right, 6),
+            ("", Align::Left, 0),
+        ]);
         for (i, c) in report.candidates.iter().enumerate() {
-            out.push_str(&format!(
-                "{:>4}  {:<width$} {:>10.3} {:>8.4} {:>6.2}",
-                i + 1,
-                c.expression,
-                c.makespan,
-                c.bubble_rate,
-                c.peak_activations
-            ));
-            if let (Some(layers), Some(bytes)) = (&c.layers_per_stage, c.peak_activation_bytes) {
-                let shown: Vec<String> = layers.iter().map(usize::to_string).collect();
-                out.push_str(&format!(
-                    "  --layers-per-stage {} ({:.1} MiB peak)",
-                    shown.join(","),
-                    bytes / (1024.0 * 1024.0)
-                ));
-            }
-            out.push('\n');
+            let cut = match (&c.layers_per_stage, c.peak_activation_bytes) {
+                (Some(layers), Some(bytes)) => {
+                    let shown: Vec<String> = layers.iter().map(usize::to_string).collect();
+                    format!(
+                        " --layers-per-stage {} ({:.1} MiB peak)",
+                        shown.join(","),
+                        bytes / (1024.0 * 1024.0)
+                    )
+                }
+                _ => String::new(),
+            };
+            table.row(vec![
+                (i + 1).to_string(),
+                c.expression.clone(),
+                format!("{:.3}", c.makespan),
+                format!("{:.4}", c.bubble_rate),
+                format!("{:.2}", c.peak_activations),
+                cut,
+            ]);
         }
+        out.push_str(&table.render());
         if let (Some(bound), Some(gap)) = (report.lower_bound, report.optimality_gap) {
             out.push_str(&format!(
-                "\nlimit {bound:.3}: no schedule of the placements and kinds tried is faster \
+                "\nlower bound {bound:.3}: no schedule of the placements and kinds tried is faster \
                  (the best is {:.2}% above it)\n",
                 100.0 * gap
             ));
@@ -151,11 +159,6 @@ fn formatted<T: Serialize>(format: Format, value: &T, text: impl FnOnce(&T) -> S
     }
 }
 
-/// The width of a column of `names`: the longest, `at_least` at least.
-fn widest<'a>(names: impl Iterator<Item = &'a String>, at_least: usize) -> usize {
-    names.map(String::len).max().unwrap_or(0).max(at_least)
-}
-
 fn write_out(stdout: &mut dyn Write, text: &str) -> Result<(), Error> {
     stdout
         .write_all(text.as_bytes())
@@ -183,17 +186,19 @@ fn run_frontier(
         })?;
     }
     let text = formatted(args.format, &found, |found| {
-        let width = widest(found.frontier.iter().map(|p| &p.expression), 10);
-        let mut out = format!(
-            "{title}:\n\n{:>12}  {:<width$} {:>12}\n",
-            "memory limit", "expression", "makespan"
-        );
+        let mut table = TextTable::new(&[
+            ("memory limit", Align::Right, 12),
+            ("expression", Align::Left, 10),
+            ("makespan", Align::Right, 12),
+        ]);
         for p in &found.frontier {
-            out.push_str(&format!(
-                "{:>12.3}  {:<width$} {:>12.3}\n",
-                p.memory_limit, p.expression, p.makespan
-            ));
+            table.row(vec![
+                format!("{:.3}", p.memory_limit),
+                p.expression.clone(),
+                format!("{:.3}", p.makespan),
+            ]);
         }
+        let out = format!("{title}:\n\n{}", table.render());
         out
     });
     write_out(stdout, &text)

@@ -195,6 +195,21 @@ pub fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= TOLERANCE * (1.0 + a.abs().max(b.abs()))
 }
 
+/// Whether the deep property runs are asked for (`PIPEWEAVE_DEEP_TESTS=1`, which CI sets): the
+/// quick runs of `cargo test --workspace` keep a newcomer's wait short, CI keeps the depth.
+pub fn deep() -> bool {
+    std::env::var_os("PIPEWEAVE_DEEP_TESTS").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// `quick` cases, or `deep` ones where [`deep`] asks for them.
+pub fn depth(quick: u32, deep: u32) -> u32 {
+    if self::deep() {
+        deep
+    } else {
+        quick
+    }
+}
+
 /// `cases` random cases, failures kept in (and replayed from) `path`, e.g.
 /// `"proptest-regressions/properties.txt"`.
 pub fn persisted(cases: u32, path: &'static str) -> ProptestConfig {

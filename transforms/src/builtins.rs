@@ -95,16 +95,18 @@ fn vpp(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
         Some((_, "block")) => VppOrder::Block,
         _ => VppOrder::Auto,
     };
-    // A refused argument is named by the rule it breaks (which names the arguments).
-    let pass = Vpp::new(chunks, group, placement)
-        .and_then(|pass| pass.with_order(order))
-        .map_err(|e| match e {
-            TransformError::Precondition { ref constraint, .. } => {
-                let rule = constraint.clone();
-                refused(args, &rule, args.column(), e)
-            }
-            other => other,
-        })?;
+    let built = |group, placement, order| {
+        Vpp::new(chunks, group, placement).and_then(|pass: Vpp| pass.with_order(order))
+    };
+    // A refusal blames the first argument that, added to the ones before it, is refused.
+    let blame = |argument: &'static str| {
+        let column = args.value(argument).map_or(args.column(), |(c, _)| c);
+        move |e| refused(args, argument, column, e)
+    };
+    built(None, ChunkPlacement::Standard, VppOrder::Auto).map_err(blame("chunks"))?;
+    built(group, ChunkPlacement::Standard, VppOrder::Auto).map_err(blame("group"))?;
+    built(group, placement, VppOrder::Auto).map_err(blame("layout"))?;
+    let pass = built(group, placement, order).map_err(blame("order"))?;
     Ok(Box::new(pass))
 }
 

@@ -13,6 +13,7 @@
 //! [`TransformError::TooDeep`]).
 
 use crate::error::TransformError;
+use pipeweave_core::parse_number;
 
 /// How deep calls may nest. The deepest meaningful expression of the built-in passes nests seven
 /// calls (`offload(recompute(zero_bubble(dual(vpp(f1b(gpipe))))))`); users' passes leave ample
@@ -236,15 +237,16 @@ impl<'a> Parser<'a> {
             }
         }
         let text = &self.text[start..self.pos];
-        match text.parse::<f64>() {
-            Ok(value) if value.is_finite() => Ok(Node::Number {
+        // Read as the command line's options read numbers (`1e3` alike in both).
+        match parse_number(text) {
+            Ok(value) => Ok(Node::Number {
                 value,
                 text: text.to_string(),
                 column,
             }),
-            _ => Err(TransformError::Syntax {
+            Err(e) => Err(TransformError::Syntax {
                 column,
-                message: format!("`{text}` is not a number"),
+                message: e.describe(text),
             }),
         }
     }

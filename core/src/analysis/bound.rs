@@ -4,9 +4,10 @@
 //! The problem is relaxed: memory, recomputes and transfers are dropped (they only add work or
 //! constraints), so the bound holds at every memory limit. Each (stage, microbatch) pair has a
 //! forward, an input-gradient backward and a weight-gradient backward, priced as cheap as any
-//! task form allows (a fused B as the lesser of `I + W` and `B`; on two routes, where F&B tasks
-//! with a given price may fuse a forward with a backward, each half of the cheapest such task at
-//! most; without a given price an F&B costs its forward plus its backward, so nothing). Then:
+//! task form allows ([`CheapestForms`]: a fused B as the lesser of `I + W` and `B`; where F&B
+//! tasks have a given price, on any layout, a forward and a backward each a share of it that no
+//! pair of them can undercut; without a given price an F&B costs its forward plus its backward,
+//! so nothing). Then:
 //! - **heads and tails**: per op, the longest dependency chain before it (with the cross-rank
 //!   latency) and after it; their largest sum with the op is the longest chain bound;
 //! - **each rank alone**: its ops with those heads and tails on one machine that may even
@@ -17,7 +18,7 @@
 //! (one rank; a single microbatch).
 
 use crate::ir::ids::{MicrobatchId, RankId};
-use crate::ir::op::{Task, Work};
+use crate::ir::op::Work;
 use crate::ir::plan::Plan;
 use crate::ir::problem::Problem;
 use std::cmp::Ordering;
@@ -55,15 +56,23 @@ pub fn lower_bound(plan: &Plan) -> f64 {
 }
 
 /// What each op costs at least in any task form a schedule may run it in: a fused B as the
-/// lesser of `I + W` and `B`, and on two routes, where an F&B task with a given price runs a
-/// forward and a backward for one price, each half of the cheapest such task on its rank (an
-/// F&B without a given price costs its forward plus its backward, which saves nothing). The one
-/// pricing of every relaxation that bounds all task forms.
+/// lesser of `I + W` and `B`, and, where an F&B task with a given price may run a forward and a
+/// backward of the same rank for one price (on every layout and route: DualPipe's two routes,
+/// DualPipeV's V, or two microbatches of one stage), a share of that price. The one pricing of
+/// every relaxation that bounds all task forms.
+///
+/// An F&B of forward `a` and backward `b` costs `max(X_a, X_b)`, `X` a work's F&B price at its
+/// microbatch's scale ([`CostModel::task_duration`](crate::ir::cost::CostModel::task_duration)).
+/// Each rank splits that price by a share `α` in 0..=1: a forward costs at least the lesser of
+/// its own price and `α·X`, a backward the lesser of its own and `(1-α)·X`. Any pair then costs
+/// at least `α·X_a + (1-α)·X_b <= max(X_a, X_b)`, so every `α` is sound; the rank's share of
+/// forward work in its fused-priced works is taken, which is exact where its stages cost alike
+/// (every pair then prices at its F&B, and nothing is lost where fusing saves nothing).
 #[derive(Clone, Debug)]
 pub struct CheapestForms<'p> {
     plan: &'p Plan,
-    /// Per rank, half of its cheapest F&B with a given price (infinite: none).
-    fused_half: Vec<f64>,
+    /// Per rank, the forward's share `α` of a fused price.
+    forward_share: Vec<f64>,
 }
 
 impl<'p> CheapestForms<'p> {
@@ -71,21 +80,31 @@ impl<'p> CheapestForms<'p> {
     pub fn of(plan: &'p Plan) -> CheapestForms<'p> {
         let problem = plan.problem();
         let costs = plan.costs();
-        let mut fused_half = vec![f64::INFINITY; problem.ranks() as usize];
-        if problem.routes().len() > 1 {
-            for w in &all_works(problem) {
-                let given = costs.stage(w.stage).is_some_and(|c| c.overlapped_given());
-                if let (true, Some(rank)) = (given, problem.rank_of(w.stage)) {
-                    let fused = costs.task_duration(&Task::Overlapped {
-                        forward: *w,
-                        backward: *w,
-                    });
-                    let half = &mut fused_half[rank.index()];
-                    *half = half.min(fused / 2.0);
-                }
-            }
+        let ranks = problem.ranks() as usize;
+        // Per rank, the forward and backward work of its stages whose F&B price is given.
+        let mut forward = vec![0.0_f64; ranks];
+        let mut backward = vec![0.0_f64; ranks];
+        for w in &all_works(problem) {
+            let Some(stage) = costs.stage(w.stage).filter(|c| c.overlapped_given()) else {
+                continue;
+            };
+            let Some(rank) = problem.rank_of(w.stage) else {
+                continue;
+            };
+            let scale = costs.microbatch_scale(w.microbatch);
+            forward[rank.index()] += stage.forward() * scale;
+            backward[rank.index()] +=
+                (stage.input_grad() + stage.weight_grad()).min(stage.full_backward()) * scale;
         }
-        CheapestForms { plan, fused_half }
+        let forward_share = forward
+            .iter()
+            .zip(&backward)
+            .map(|(f, b)| if f + b > 0.0 { f / (f + b) } else { 0.5 })
+            .collect();
+        CheapestForms {
+            plan,
+            forward_share,
+        }
     }
 
     /// The least durations of `w`'s forward, input gradient and weight gradient.
@@ -93,22 +112,26 @@ impl<'p> CheapestForms<'p> {
         let costs = self.plan.costs();
         let stage = costs.stage(w.stage).copied().unwrap_or_default();
         let scale = costs.microbatch_scale(w.microbatch);
-        let (f, i, wg) = (
+        let (mut f, i, wg) = (
             stage.forward() * scale,
             stage.input_grad() * scale,
             stage.weight_grad() * scale,
         );
         let backward = stage.full_backward() * scale;
-        let whole = (i + wg).min(backward);
-        let rank = self
-            .plan
-            .problem()
-            .rank_of(w.stage)
-            .map_or(0, RankId::index);
-        let half = self.fused_half.get(rank).copied().unwrap_or(f64::INFINITY);
-        let f = f.min(half);
-        let i = i.min(backward).min(half);
-        (f, i, (whole.min(half) - i).max(0.0))
+        let mut whole = (i + wg).min(backward);
+        if stage.overlapped_given() {
+            let rank = self
+                .plan
+                .problem()
+                .rank_of(w.stage)
+                .map_or(0, RankId::index);
+            let alpha = self.forward_share.get(rank).copied().unwrap_or(0.5);
+            let fused = stage.overlapped() * scale;
+            f = f.min(alpha * fused);
+            whole = whole.min((1.0 - alpha) * fused);
+        }
+        let i = i.min(backward).min(whole);
+        (f, i, (whole - i).max(0.0))
     }
 }
 

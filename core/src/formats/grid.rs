@@ -6,7 +6,8 @@
 //! recompute, `RW3` for a recompute for the weight gradient); the cells it continues over show `~`, idle cells `.`. A rank whose plan offloads gets
 //! a second row, `link`, with its transfers (`O3` offload, `L3` reload). A rank's first local stage is written in capitals, its
 //! other stages (model chunks) in lower case, so interleaved schedules read like the papers' figures.
-//! The quantum is the shortest task duration, widened so the grid has at most [`MAX_COLUMNS`] columns.
+//! The quantum is the shortest task duration, widened so the grid has at most [`MAX_COLUMNS`] columns;
+//! a grid so widened that tasks share a cell says how many it does not show.
 
 use crate::analysis::simulate::Simulation;
 use crate::ir::ids::push_decimal;
@@ -104,6 +105,8 @@ pub fn render_grid(plan: &Plan, simulation: &Simulation) -> String {
         .unwrap_or(1);
     let mut out = String::new();
     let mut row = vec![Cell::Idle; columns];
+    // Tasks drawn (their start in a cell of their own) and in all.
+    let (mut drawn, mut total) = (0, 0);
     let offloads = plan.facts().residency.offloaded;
     for (r, tasks) in timeline.iter().enumerate() {
         let first_local = plan
@@ -140,6 +143,8 @@ pub fn render_grid(plan: &Plan, simulation: &Simulation) -> String {
             } else {
                 let _ = write!(out, "rank {r:>2} |");
             }
+            drawn += row.iter().filter(|c| matches!(c, Cell::Starts(_))).count();
+            total += tasks.iter().filter(|t| t.task.on_link() == link).count();
             for cell in &row {
                 let text = match *cell {
                     Cell::Idle => ".".to_string(),
@@ -150,6 +155,15 @@ pub fn render_grid(plan: &Plan, simulation: &Simulation) -> String {
             }
             out.push('\n');
         }
+    }
+    if drawn < total {
+        let _ = writeln!(
+            out,
+            "(a sample: each column spans {quantum:.3}, longer than the shortest task, \
+             {shortest:.3}; a cell shows the last task that starts in it, so {} of the {total} \
+             tasks are not shown)",
+            total - drawn
+        );
     }
     out
 }

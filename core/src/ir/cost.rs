@@ -14,6 +14,7 @@
 //! turns `-0` into `0`), so a plan's costs can be fingerprinted by hashing them.
 
 use crate::error::CoreError;
+use crate::formats::number::show_number;
 use crate::ir::ids::{MicrobatchId, StageId};
 use crate::ir::layers::LayerLayout;
 use crate::ir::op::{Op, OpKind, Task, Work};
@@ -61,14 +62,23 @@ pub struct StageCosts {
     offload: f64,
 }
 
+/// The longest duration a cost figure may have: far beyond any step, and small enough that the
+/// sums a plan makes of its durations (a fused backward of I + W, an F&B, a makespan of millions
+/// of ops) stay finite numbers.
+pub const MAX_DURATION: f64 = 1e100;
+
 fn check_duration(stage: &str, name: &str, value: f64) -> Result<f64, CoreError> {
-    if value.is_finite() && value >= 0.0 {
+    if value.is_finite() && (0.0..=MAX_DURATION).contains(&value) {
         // `-0` as `0`, so that comparing bits is comparing numbers.
         Ok(value.abs())
     } else {
         Err(invalid(
             stage,
-            format!("{name} = {value} must be a finite duration >= 0"),
+            format!(
+                "{name} = {} must be a duration between 0 and {}",
+                show_number(value),
+                show_number(MAX_DURATION)
+            ),
         ))
     }
 }
@@ -437,7 +447,7 @@ mod tests {
             ),
             (
                 StageCostsSpec::builder().forward(-1.0).build(),
-                "F = -1 must be a finite duration",
+                "F = -1 must be a duration between 0 and 1e100",
             ),
         ] {
             let err = spec.validate().unwrap_err().to_string();

@@ -139,14 +139,20 @@ pub struct Problem {
 }
 
 fn check_size(what: &'static str, value: u64, max: u64) -> Result<(), CoreError> {
-    if value == 0 || value > max {
-        return Err(CoreError::SizeOutOfRange {
+    checked_size(what, i128::from(value), max).map(|_| ())
+}
+
+/// A count a user gives (`ranks`, `microbatches`, ...) as a `u32`, or the error naming it and its
+/// range `1..=max`: the one range check of the command line, Python and the problem alike.
+pub fn checked_size(what: &'static str, value: i128, max: u64) -> Result<u32, CoreError> {
+    match u32::try_from(value) {
+        Ok(count) if count >= 1 && u64::from(count) <= max => Ok(count),
+        _ => Err(CoreError::SizeOutOfRange {
             what,
             value,
             constraint: format!("must be between 1 and {max}"),
-        });
+        }),
     }
-    Ok(())
 }
 
 impl ProblemSpec {
@@ -194,7 +200,7 @@ impl ProblemSpec {
         if pairs > MAX_STAGE_MICROBATCH_PAIRS {
             return Err(CoreError::SizeOutOfRange {
                 what: "stages x microbatches",
-                value: pairs,
+                value: i128::from(pairs),
                 constraint: format!("must be at most {MAX_STAGE_MICROBATCH_PAIRS}"),
             });
         }

@@ -58,7 +58,7 @@ fn infer_problem(rows: &[Vec<Action>]) -> Result<Problem, CoreError> {
     if stages > u64::from(crate::ir::problem::MAX_STAGES) {
         return Err(CoreError::SizeOutOfRange {
             what: "stages",
-            value: stages,
+            value: i128::from(stages),
             constraint: format!("must be at most {}", crate::ir::problem::MAX_STAGES),
         });
     }
@@ -73,7 +73,7 @@ fn infer_problem(rows: &[Vec<Action>]) -> Result<Problem, CoreError> {
     if microbatches > u64::from(crate::ir::problem::MAX_MICROBATCHES) {
         return Err(CoreError::SizeOutOfRange {
             what: "microbatches",
-            value: microbatches,
+            value: i128::from(microbatches),
             constraint: format!("must be at most {}", crate::ir::problem::MAX_MICROBATCHES),
         });
     }

@@ -99,8 +99,9 @@ pub fn optimal_orders(
 /// Lower bounds on the makespan of every schedule of one plan's problem that runs each F, I and
 /// W once (fused backwards included: each priced as cheap as any of its forms) and holds at most
 /// a given limit of activations per rank: the exact search's bound at its root, whose memory
-/// waits and slots ([`node_bound`]) see what the limit forces. On two routes, DualPipe's F&B
-/// tasks are relaxed too (each half at most half the task). Schedules that recompute or offload
+/// waits and slots ([`node_bound`]) see what the limit forces. F&B tasks with a given price are
+/// relaxed too, on every layout ([`pipeweave_core::analysis::bound::CheapestForms`]: a forward
+/// and a backward each a share of it). Schedules that recompute or offload
 /// activations are not bounded by it.
 #[derive(Debug)]
 pub struct MemoryBound {
