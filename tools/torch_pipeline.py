@@ -61,7 +61,17 @@ class StageModel:
     def reference(self, torch: Any, stages: int, ranks: int, microbatches: int,
                   replicas: int = 1) -> Tuple[Dict[str, Any], List[List[float]]]:
         """Per parameter `stage.name` the single-device gradient (replicas averaged, divided by M),
-        and per replica the microbatches' losses."""
+        and per replica the microbatches' losses. Computed with one thread, as the workers compute
+        (a reduction split over threads, a norm's weight gradient, may round otherwise)."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._reference(torch, stages, ranks, microbatches, replicas)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _reference(self, torch: Any, stages: int, ranks: int, microbatches: int,
+                   replicas: int) -> Tuple[Dict[str, Any], List[List[float]]]:
         grads: Dict[str, Any] = {}
         losses: List[List[float]] = []
         for replica in range(replicas):

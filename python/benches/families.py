@@ -96,7 +96,7 @@ def build(family: str, torch: Any, *, layers: int = LAYERS, dtype: Any = None) -
 
         config = GPT2Config(vocab_size=VOCAB, n_positions=TOKENS, n_embd=WIDTH, n_layer=layers,
                             n_head=HEADS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                            activation_function="gelu_new")
+                            activation_function="gelu_new", bos_token_id=None, eos_token_id=None)
         config._attn_implementation = "sdpa"
         body = [Block(GPT2Block(config, layer_idx=i)) for i in range(layers)]
         out = [Embedding(VOCAB, WIDTH, TOKENS), *body,

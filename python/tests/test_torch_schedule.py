@@ -20,7 +20,7 @@ TABLE = {}
 def test_gradients_and_losses_match_one_device(ranks, wrap, tag, expression, microbatches):
     report, records = H.group(torch, ranks, wrap)[(tag, expression, microbatches)]
     assert len(records) == ranks
-    worst, identical = H.compare(torch, report, records)
+    worst, identical = H.compare(torch, report, records, tag=tag)
     row = TABLE.setdefault((expression, ranks, wrap), [0, 0, 0.0])
     row[0] += 1
     row[1] += int(identical)

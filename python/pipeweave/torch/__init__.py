@@ -13,7 +13,12 @@
   reduction) and run by `_PipelineScheduleRuntime`; the plan's recomputes and offloads are carried
   out per (stage, microbatch). DualPipe's two routes raise `pipeweave.Error` naming DualPipeV.
 - `SavedActivationMeter`: bytes of saved activations alive on the device (and offloaded to the
-  host), with peaks; `activation_bytes(module, *inputs)`: what one forward saves.
+  host), with peaks; `activation_bytes(module, *inputs)`: what one forward saves;
+  `weight_grad_bytes(module, *inputs)`: what its split backward keeps from I to W.
+- Split backwards (an I and a W) cost what the full backward costs: I runs the whole backward but
+  the linear layers' weight gradients and keeps each one's input and output gradient, W computes
+  those (`_weight_grad`); `splittable(module)` says whether a stage's modules allow it (linear
+  layers, norms, biases, embeddings), else PyTorch's own autograd split runs.
 - `profile(layers, example_input, *, loss_fn, target=None, repeats=5, device=None)`: per layer F,
   I, W seconds and activation bytes, and one send, as a `pipeweave.Profile`.
 - `split(layers, plan)`: the model's layers cut into the plan's stages.
@@ -30,6 +35,7 @@ from ._memory import SavedActivationMeter, activation_bytes
 from ._profile import profile
 from ._schedule import DUALPIPE_V, PlanSchedule, lower_plan, schedule
 from ._split import split, stage_layer_counts
+from ._weight_grad import splittable, weight_grad_bytes
 
 __all__ = [
     "DUALPIPE_V",
@@ -40,5 +46,7 @@ __all__ = [
     "profile",
     "schedule",
     "split",
+    "splittable",
     "stage_layer_counts",
+    "weight_grad_bytes",
 ]

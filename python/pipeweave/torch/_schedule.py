@@ -23,8 +23,9 @@ where they are. `SavedActivationMeter` counts what is on the device.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
@@ -32,6 +33,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from .._errors import Error
 from .._plan import parse_action
+from . import _weight_grad
 from ._memory import LEDGER, StorageKey, parameter_keys, storage_key, storage_nbytes
 
 __all__ = ["schedule", "PlanSchedule", "DUALPIPE_V"]
@@ -117,6 +119,43 @@ def lower_plan(
     return orders, before, after
 
 
+@contextlib.contextmanager
+def _tracked(stash: Optional[_weight_grad.WeightGradStash], deferring: Optional[bool] = None) -> Iterator[None]:
+    """While it lasts, the stash's linear layers save their inputs as autograd saves tensors
+    (through the saved-tensor hooks around them), deferring their weight gradients as `deferring`
+    says where given: see `_weight_grad._deferred_forward`."""
+    if stash is None:
+        yield
+        return
+    before = (stash.tracked, stash.deferring)
+    stash.tracked = True
+    if deferring is not None:
+        stash.deferring = deferring
+    try:
+        yield
+    finally:
+        stash.tracked, stash.deferring = before
+
+
+def _input_keys(stage: Any, mb: int) -> Set[StorageKey]:
+    """The storages of microbatch `mb`'s inputs on `stage` (the runtime's forward state of it,
+    where this PyTorch release keeps one by that name; none otherwise)."""
+    state = getattr(stage, "_forward_chunk_states", {}).get(mb)
+    values = getattr(state, "input_values", ()) or ()
+    return {k for k in (storage_key(t) for t in values if isinstance(t, torch.Tensor)) if k is not None}
+
+
+def _compute_actions(actions: Iterable[_Action]) -> List[_Action]:
+    """`actions` with each overlapped F;B pair's sub-actions in its place."""
+    out: List[_Action] = []
+    for action in actions:
+        if action.sub_actions:
+            out.extend(action.sub_actions)
+        else:
+            out.append(action)
+    return out
+
+
 # --------------------------------------------------------------------------------- residency
 
 
@@ -166,8 +205,14 @@ def _detached(value: Any) -> Any:
 class _Frame:
     """One forward of one (stage, microbatch) and what it saved: kept, recomputed or offloaded."""
 
-    def __init__(self, stage: Any, mb: int, mode: str, call: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]):
+    def __init__(self, stage: Any, mb: int, mode: str, call: Callable[..., Any], args: Tuple[Any, ...],
+                 kwargs: Dict[str, Any], stash: Optional[_weight_grad.WeightGradStash] = None):
         self.stage = stage
+        # The stage's split-backward stash, whose linear layers must save their inputs through
+        # this frame's hooks (`_weight_grad._deferred_forward`) when it runs the forward again, as
+        # they ran it (deferring the weight gradients or not).
+        self.stash = stash
+        self.deferring = stash.deferring if stash is not None else False
         self.mb = mb
         self.mode = mode  # "keep", "recompute" or "offload"
         self.call = call
@@ -251,7 +296,7 @@ class _Frame:
             torch.set_rng_state(cpu_state)
             if cuda_state is not None:
                 torch.cuda.set_rng_state(cuda_state)
-            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            with torch.enable_grad(), _tracked(self.stash, self.deferring), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                 out = self.call(*args, **kwargs)
         del out
         if len(saved) != self.count:
@@ -316,23 +361,45 @@ class _Frame:
 
 
 class _StageHooks:
-    """Wraps one stage's compute methods for the length of a step: the residency actions around
-    them, and the saved-tensor hooks of its forwards."""
+    """Wraps one stage's compute methods for the length of a step, with only what this step
+    needs of them (decided when the step starts, from what the plan asks of the stage): the
+    residency actions around its computes, the saved-tensor hooks of the forwards the plan
+    recomputes or offloads (and of every forward while a `SavedActivationMeter` is on), and the
+    split backward's capture around its I. A stage that needs none of them runs PyTorch's
+    methods untouched."""
 
-    def __init__(self, schedule: "PlanSchedule", stage: Any):
+    def __init__(self, schedule: "PlanSchedule", stage: Any, *, metering: bool):
         self.schedule = schedule
         self.stage = stage
         self.index = stage.stage_index
+        self.metering = metering
         self.current: Optional[int] = None
         self.originals: Dict[str, Any] = {}
+        self.split: Optional[_weight_grad.Installed] = None
+        self.call_forward = self._original_of("forward_maybe_with_nosync")
 
     def install(self) -> None:
-        for name, wrapper in (
-            ("forward_one_chunk", self.forward_one_chunk),
-            ("forward_maybe_with_nosync", self.forward_call),
-            ("backward_one_chunk", self.backward_one_chunk),
-            ("backward_weight_one_chunk", self.backward_weight_one_chunk),
-        ):
+        schedule = self.schedule
+        index = self.index
+        residency = index in schedule._residency_stages
+        wrappers = []
+        if residency or self.metering:
+            wrappers += [
+                ("forward_one_chunk", self.forward_one_chunk),
+                ("forward_maybe_with_nosync", self.forward_call),
+            ]
+        elif index in schedule._split_stages:
+            # Only whether each forward's backward will be split.
+            wrappers += [("forward_one_chunk", self.forward_one_chunk)]
+        if residency or index in schedule._split_stages:
+            wrappers += [
+                ("backward_one_chunk", self.backward_one_chunk),
+                ("backward_weight_one_chunk", self.backward_weight_one_chunk),
+            ]
+        if index in schedule._split_stages:
+            self.split = _weight_grad.install(self.stage)
+            schedule._stashes[index] = self.split.stash
+        for name, wrapper in wrappers:
             self.originals[name] = self.stage.__dict__.get(name)
             setattr(self.stage, name, wrapper)
 
@@ -343,6 +410,14 @@ class _StageHooks:
             else:
                 setattr(self.stage, name, previous)
         self.originals.clear()
+        if self.split is not None:
+            _weight_grad.uninstall(self.split)
+            self.schedule._stashes.pop(self.index, None)
+            self.split = None
+
+    def _original_of(self, name: str) -> Callable[..., Any]:
+        own = self.stage.__dict__.get(name)
+        return own if own is not None else getattr(type(self.stage), name).__get__(self.stage)
 
     def _original(self, name: str) -> Callable[..., Any]:
         previous = self.originals.get(name)
@@ -352,6 +427,8 @@ class _StageHooks:
     def forward_one_chunk(self, mb: int, *args: Any, **kwargs: Any) -> Any:
         key = (self.index, "F", mb)
         self.schedule._residency(self.schedule._before.get(key, ()))
+        if self.split is not None:
+            self.split.stash.deferring = (self.index, mb) in self.schedule._split_pairs
         self.current = mb
         try:
             out = self._original("forward_one_chunk")(mb, *args, **kwargs)
@@ -366,9 +443,13 @@ class _StageHooks:
         if mb is None:  # a metadata probe, not one of the plan's forwards
             return call(*args, **kwargs)
         mode = self.schedule._modes.get((self.index, mb), "keep")
-        frame = _Frame(self.stage, mb, mode, call, args, kwargs)
+        if mode == "keep" and not self.metering:
+            # The plan keeps what this forward saves, as PyTorch does: nothing to do.
+            return call(*args, **kwargs)
+        stash = self.split.stash if self.split is not None else None
+        frame = _Frame(self.stage, mb, mode, call, args, kwargs, stash)
         self.schedule._frames[(self.index, mb)] = frame
-        with torch.autograd.graph.saved_tensors_hooks(frame.pack, frame.unpack):
+        with _tracked(stash), torch.autograd.graph.saved_tensors_hooks(frame.pack, frame.unpack):
             out = call(*args, **kwargs)
         if mode == "recompute":
             frame.drop()
@@ -378,7 +459,19 @@ class _StageHooks:
         full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
         key = (self.index, "B" if full else "I", mb)
         self.schedule._residency(self.schedule._before.get(key, ()))
-        out = self._original("backward_one_chunk")(mb, *args, **kwargs)
+        if self.split is not None:
+            # An I keeps its linear layers' weight gradients for its W; a B computes them.
+            self.split.stash.backward = True
+            self.split.stash.capturing = not full
+            self.split.stash.inputs = _input_keys(self.stage, mb) if not full else set()
+        try:
+            out = self._original("backward_one_chunk")(mb, *args, **kwargs)
+        finally:
+            if self.split is not None:
+                self.split.stash.capturing = False
+                self.split.stash.backward = False
+        if self.split is not None:
+            self.split.stash.claim(mb)
         self.schedule._residency(self.schedule._after.get(key, ()))
         return out
 
@@ -386,6 +479,8 @@ class _StageHooks:
         key = (self.index, "W", mb)
         self.schedule._residency(self.schedule._before.get(key, ()))
         out = self._original("backward_weight_one_chunk")(mb, *args, **kwargs)
+        if self.split is not None:
+            self.split.stash.kept.pop(mb, None)
         self.schedule._residency(self.schedule._after.get(key, ()))
         return out
 
@@ -400,7 +495,10 @@ class PlanSchedule(_PipelineScheduleRuntime):
     own: `step(x, target=y, losses=losses)` on every rank (inputs on the rank of stage 0, the
     target on that of the last stage). `plan` is the plan it runs; `residency` maps each
     (stage, microbatch) pair of this rank the plan recomputes or offloads to "recompute" or
-    "offload"."""
+    "offload"; `split_backward` maps each stage of this rank whose backward the plan splits (an I
+    and a W) to how: "pipeweave" (`_weight_grad`: I runs the whole backward but the linear
+    layers' weight gradients, W those, at the full backward's cost) or "autograd (...)" (PyTorch's
+    own split, for a stage with a parameter of a module the former does not know, named)."""
 
     def __init__(
         self,
@@ -435,21 +533,50 @@ class PlanSchedule(_PipelineScheduleRuntime):
                 self.residency[pair] = "offload"
         self._modes = self.residency
         self._frames: "weakref.WeakValueDictionary[Tuple[int, int], _Frame]" = weakref.WeakValueDictionary()
+        # Decided once: the stages whose computes carry residency actions or recompute/offload
+        # modes, and how each stage of this rank the plan splits (an I and a W) is split.
+        self._residency_stages = {s for s, _ in self.residency} | {
+            k[0] for k in list(before[rank]) + list(after[rank])
+        }
+        # The (stage, microbatch) pairs of this rank whose backward the plan splits.
+        self._split_pairs = {
+            (a.stage_index, a.microbatch_index)
+            for a in _compute_actions(orders[rank])
+            if a.computation_type.value == "I"
+        }
+        split = {stage for stage, _ in self._split_pairs}
+        self.split_backward: Dict[int, str] = {}
+        for stage in stages:
+            if stage.stage_index not in split:
+                continue
+            ok, why = _weight_grad.splittable(stage.submod)
+            self.split_backward[stage.stage_index] = "pipeweave" if ok else f"autograd ({why})"
+        self._split_stages = {s for s, how in self.split_backward.items() if how == "pipeweave"}
+        # During a step: the stashes of the stages split here.
+        self._stashes: Dict[int, _weight_grad.WeightGradStash] = {}
 
     def _residency(self, actions: Iterable[ResidencyAction]) -> None:
         for name, stage, mb in actions:
-            frame = self._frames.get((stage, mb))
-            if name == "R" or frame is None:
+            if name == "R":
                 # A recompute runs when the backward first needs what the forward dropped, which
-                # is right after the plan's R; a frame gone has nothing saved left to move.
+                # is right after the plan's R.
                 continue
-            if name == "OFFLOAD":
-                frame.offload()
-            elif name == "RELOAD":
-                frame.reload()
+            # What the pair holds now: its forward's saved tensors until its I, then what the
+            # split backward keeps for its W (a frame gone has nothing saved left to move).
+            frame = self._frames.get((stage, mb))
+            stash = self._stashes.get(stage)
+            kept = stash.kept.get(mb) if stash is not None else None
+            for holder in (frame, kept):
+                if holder is None:
+                    continue
+                if name == "OFFLOAD":
+                    holder.offload()
+                elif name == "RELOAD":
+                    holder.reload()
 
     def _step_microbatches(self, *args: Any, **kwargs: Any) -> Any:
-        hooks = [_StageHooks(self, stage) for stage in self._stages]
+        metering = bool(LEDGER.meters)
+        hooks = [_StageHooks(self, stage, metering=metering) for stage in self._stages]
         for h in hooks:
             h.install()
         try:
@@ -481,8 +608,9 @@ def _check(plan: Any, stages: Sequence[Any], rank: Optional[int]) -> int:
     if rebuilt:
         raise _error(
             f"`{plan.expression}` recomputes what {len(rebuilt)} weight-gradient backward(s) keep "
-            f"(`{rebuilt[0]}`: the forward and the I again before the W), which PyTorch's runtime "
-            f"cannot do (its I keeps the autograd graph for the W); add `weight_grads=keep` to the "
+            f"(`{rebuilt[0]}`: the forward and the I again before the W), which pipeweave.torch "
+            f"cannot do in PyTorch's runtime (the I would run again without sending its gradient "
+            f"or adding its norms' gradients twice); add `weight_grads=keep` to the "
             f"recompute to recompute activations only, or offload what the W keeps instead"
         )
     if not stages:
