@@ -32,7 +32,7 @@ TOLERANCE = 1e-6
 sys.path.insert(0, os.path.join(REPO, "tools"))
 from torch_pipeline import EXPRESSIONS, GroupFailed, StageModel, WorkerGroup, free_port  # noqa: E402
 from torch_pipeline import gradient_record, loss_fn, loss_record, pipeline_ends, pipeline_mesh  # noqa: E402
-from torch_pipeline import read_jsonl  # noqa: E402
+from torch_pipeline import join_group, read_jsonl  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- plans
@@ -234,6 +234,70 @@ def group(torch: Any, ranks: int, wrap: str) -> Dict[Tuple[str, str, int], Tuple
     return _GROUPS[key]
 
 
+def autotune_worker(args: argparse.Namespace) -> None:
+    """One rank of an autotune run over the model as a list of layers (the stages' modules in
+    order): `pwt.autotune`, then one training step of the chosen schedule; writes what it found
+    and the step's gradients and losses."""
+    import torch
+    import torch.distributed as dist
+
+    import pipeweave.torch as pwt
+
+    torch.set_num_threads(1)
+    microbatches = args.microbatches
+    ranks = args.ranks
+    join_group(args.rank, ranks, args.port, 60)
+    # One layer per stage of a 2-chunk layout: every candidate (one stage per rank or two) cuts
+    # it into the stages' modules of the model the reference trains.
+    layers = [stage_module(torch, s) for s in range(2 * ranks)]
+    x, y = MODEL.batch(torch, ranks, microbatches)
+    found = pwt.autotune(layers, x, y, loss_fn=loss_fn, microbatches=microbatches, top=2, budget=60,
+                         steps=1, rounds=2)
+    built = found.build(layers, loss_fn=loss_fn)
+    losses: List[Any] = []
+    inputs, target = built.ends(x, y)
+    built.schedule.step(*inputs, target=target, losses=losses)
+    grads = {}
+    for s, layer in enumerate(layers):
+        for name, p in layer.named_parameters():
+            if p.grad is not None:
+                grads[f"{s}.{name}"] = [v.hex() for v in p.grad.detach().flatten().tolist()]
+    record = {
+        "rank": args.rank,
+        "replica": 0,
+        "best": found.best.name,
+        "trials": [{"name": t.name, "kind": t.kind, "predicted": t.predicted, "calibrated": t.calibrated,
+                    "measured": t.measured, "rounds": t.rounds} for t in found.trials],
+        "profile": found.profile.data,
+        "grads": grads,
+        "losses": loss_record(losses, target),
+    }
+    with open(args.results, "w") as f:
+        f.write(json.dumps(record) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_autotune(ranks: int, microbatches: int, timeout: float = 240.0) -> List[Dict[str, Any]]:
+    """Runs `autotune_worker` on `ranks` processes; returns their records."""
+    workdir = tempfile.mkdtemp(prefix="pipeweave-autotune-test-")
+    try:
+        port = free_port()
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        results = [os.path.join(workdir, f"results{r}.jsonl") for r in range(ranks)]
+        logs = [os.path.join(workdir, f"log{r}.txt") for r in range(ranks)]
+        commands = [[sys.executable, os.path.abspath(__file__), "autotune", "--rank", str(r), "--ranks", str(ranks),
+                     "--port", str(port), "--microbatches", str(microbatches), "--results", results[r]]
+                    for r in range(ranks)]
+        with WorkerGroup(commands, logs, env=env) as workers:
+            failure = workers.wait(timeout)
+        if failure:
+            raise GroupFailed(failure)
+        return read_jsonl(results)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 # ----------------------------------------------------------------------------- the parent
 
 
@@ -283,8 +347,15 @@ def main() -> int:
     w.add_argument("--cases", required=True)
     w.add_argument("--results", required=True)
     w.add_argument("--fsdp", action="store_true")
+    a = sub.add_parser("autotune")
+    for name in ("rank", "ranks", "port", "microbatches"):
+        a.add_argument(f"--{name}", type=int, required=True)
+    a.add_argument("--results", required=True)
     args = parser.parse_args()
-    worker(args)
+    if args.mode == "autotune":
+        autotune_worker(args)
+    else:
+        worker(args)
     return 0
 
 

@@ -188,6 +188,8 @@ fn measure_layer(
         forward: full.forward,
         input_grad: full.input_grad,
         weight_grad: full.weight_grad,
+        // The trainer's backward is its split's I and W (train/src/stage): no fused one.
+        backward: None,
         activation_bytes,
         weight_grad_bytes,
         half_length,
@@ -329,6 +331,8 @@ pub fn measure_profile(request: &ProfileRequest) -> Result<Profile, TrainError> 
         calibrated: false,
         layers,
         send: measure_send(request)?,
+        runtime: None,
+        action_seconds: None,
     })
 }
 

@@ -31,6 +31,7 @@ call it that) and wraps the stages' `forward_one_chunk`, `forward_maybe_with_nos
 F;B pairs (DualPipeV) need a release whose runtime has `OVERLAP_F_B`. Only 2.15 is tested.
 """
 
+from ._autotune import Autotuned, Trial, autotune
 from ._memory import SavedActivationMeter, activation_bytes
 from ._profile import profile
 from ._schedule import DUALPIPE_V, PlanSchedule, lower_plan, schedule
@@ -38,10 +39,13 @@ from ._split import split, stage_layer_counts
 from ._weight_grad import splittable, weight_grad_bytes
 
 __all__ = [
+    "Autotuned",
     "DUALPIPE_V",
     "PlanSchedule",
     "SavedActivationMeter",
+    "Trial",
     "activation_bytes",
+    "autotune",
     "lower_plan",
     "profile",
     "schedule",

@@ -1,36 +1,46 @@
 """`profile(layers, example_input, loss_fn=...)`: a PyTorch model's measured layer costs, in the
-profile format `pipeweave plan/tune --profile` read (`pipeweave-profile/2`).
+profile format `pipeweave plan/tune --profile` read (`pipeweave-profile/2`), as PyTorch's runtime
+runs them through `pipeweave.torch.schedule`.
 
 Per layer, with the layers run one after another on `example_input` (one microbatch):
 - `forward`: seconds of its forward (the last layer's includes the loss);
-- `input_grad`: seconds of the gradient with respect to its input only, as PyTorch's
-  `stage_backward_input` computes it for a stage (the graph kept for the weight gradient);
-- `weight_grad`: seconds of its weight gradients from there, as `stage_backward_weight`;
+- `backward`: seconds of its full backward, as a stage whose backward is not split runs it;
+- `input_grad` and `weight_grad`: seconds of its split backward as the schedule runs it:
+  pipeweave's split (`_weight_grad`: the I runs the whole backward but the linear layers' weight
+  gradients, the W computes those) where the layer's modules allow it (`pwt.splittable`), else
+  PyTorch's (`stage_backward_input`, then `stage_backward_weight`);
 - `activation_bytes`: bytes of the tensors its forward saves for the backward (saved-tensor hooks;
   once per storage; its parameters left out). Its input counts where the layer saves it (inside a
   stage it is the previous layer's activation), so a stage's sum is `SavedActivationMeter`'s count
   of it plus the stage's input where its first layer saves that;
-- `weight_grad_bytes`: of those, the bytes still alive after the input gradient, kept until W.
+- `weight_grad_bytes`: the bytes its split's I keeps until the W, counted alike (pipeweave's: each
+  linear layer's input and output gradient, which may be more than the forward saved; PyTorch's:
+  what its input gradient leaves of the graph).
 Times are medians over `repeats` runs after one warm-up run: CUDA events on a GPU, `perf_counter`
 on CPU. `send`: the seconds to send the largest activation between two layers (the tensor a stage
 sends): on CPU measured with gloo, a send and a receive between two process groups of this
 process over loopback TCP (the transport of a CPU pipeline, without the second process); on CUDA
 estimated by a device-to-device copy of that many bytes (a lower bound of NCCL's send).
+`runtime` is `pytorch`; `action_seconds` (what the runtime adds to each compute action) is left
+to a measurement of the runtime itself (`pwt.autotune`'s).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import threading
 import time
+import types
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import torch
 
 from .._profile import Profile
-from ._memory import LEDGER, SavedActivationMeter
+from . import _weight_grad
+from ._memory import LEDGER, SavedActivationMeter, storage_key
 
 __all__ = ["profile", "FORMAT"]
 
@@ -62,6 +72,71 @@ class _Clock:
         t0 = time.perf_counter()
         out = fn()
         return time.perf_counter() - t0, out
+
+
+class _LayerSplit:
+    """How the runtime splits one layer's backward, measured: pipeweave's split
+    (`_weight_grad`: I runs the whole backward but the linear layers' weight gradients, W those)
+    where the layer allows it, else PyTorch's (`stage_backward_input`, then
+    `stage_backward_weight`; a layer whose input needs no gradient, as a first stage's token ids,
+    runs its whole backward as the W, as PyTorch's first stage does)."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        self.layer = layer
+        self.ours = _weight_grad.splittable(layer)[0]
+        self.holder = types.SimpleNamespace(submod=layer, dw_builder=None)
+        self.install: Optional[_weight_grad.Installed] = None
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        if not self.ours:
+            yield
+            return
+        self.install = _weight_grad.install(self.holder)
+        try:
+            yield
+        finally:
+            _weight_grad.uninstall(self.install)
+            self.install = None
+
+    def input_grad(self, outputs: Any, grads: Any, inputs: List[torch.Tensor], count_inputs: bool = False) -> Any:
+        """The I; returns what the W needs (what it keeps of `inputs` not counted by a meter
+        unless `count_inputs`)."""
+        if self.install is not None:
+            stash = self.install.stash
+            stash.inputs = set() if count_inputs else {k for k in (storage_key(t) for t in inputs) if k is not None}
+            stash.backward = stash.capturing = True
+            try:
+                torch.autograd.backward(list(outputs), grads)
+            finally:
+                stash.backward = stash.capturing = False
+            return ("ours", self.holder.dw_builder())
+        return _backward_input(outputs, grads, inputs, self.layer)
+
+    def kept_bytes_of(self, forward: Callable[[Any], Any], inp: Any) -> int:
+        """The bytes this split's I keeps for its W after one forward of `inp` (its input counted
+        where kept, as `activation_bytes` counts it where saved), counted as
+        `SavedActivationMeter` counts them."""
+        flat = _tensors(inp)
+        with self.installed():
+            if self.install is not None:
+                # As a metered schedule runs a split stage: inputs saved through the hooks.
+                self.install.stash.tracked = True
+            with SavedActivationMeter([self.layer], hooks=True):
+                before = LEDGER.device_bytes
+                outputs, grads = forward(inp)
+                state = self.input_grad(outputs, grads, flat, count_inputs=True)
+                del outputs, grads
+                kept = LEDGER.device_bytes - before
+            self.weight_grad(state)
+            del state
+        return int(max(kept, 0))
+
+    def weight_grad(self, state: Any) -> None:
+        if state[0] == "ours":
+            state[1]()
+        else:
+            _backward_weight(state, self.layer)
 
 
 def _backward_input(out: Any, grads: Any, inputs: List[torch.Tensor], layer: torch.nn.Module) -> Any:
@@ -199,6 +274,9 @@ def profile(
     target: Any = None,
     repeats: int = 5,
     device: Optional[Union[str, torch.device]] = None,
+    group: Any = None,
+    batch: Any = None,
+    microbatches: Optional[int] = None,
 ) -> Profile:
     """Measures each layer of a model and returns its profile, a `pipeweave.Profile`.
 
@@ -212,7 +290,17 @@ def profile(
     The layers are moved to `device` and their gradients are left as they were (the measurement's
     weight gradients are discarded). See the module docstring for what each field is and how the
     send is measured. The profile's `layers_per_stage` counts every layer (all are `placement`
-    `any`)."""
+    `any`).
+
+    With `group` (a process group of the pipeline's ranks; call it on every one of them), the
+    profile is the runtime's: the layers are timed on the group's first rank, then every rank
+    runs `batch` (`(x, y)`, all `microbatches` microbatches, on every rank) through PyTorch's
+    `Schedule1F1B` and pipeweave's `zero_bubble(f1b(gpipe))` for a few steps, and the layers are
+    scaled to what those runs measured, with the runtime's cost per action fitted
+    (`pwt._calibrate`; the profile says `calibrated`). Every rank returns the same profile."""
+    if group is not None or batch is not None or microbatches is not None:
+        return _in_runtime(layers, example_input, loss_fn=loss_fn, target=target, repeats=repeats,
+                           device=device, group=group, batch=batch, microbatches=microbatches)
     layers = list(layers)
     if not layers:
         raise ValueError("profile() needs at least one layer")
@@ -240,56 +328,54 @@ def profile(
     send_bytes = 0
     last = len(layers) - 1
     for index, layer in enumerate(layers):
-        forward_s: List[float] = []
-        input_s: List[float] = []
-        weight_s: List[float] = []
-        act_bytes = wg_bytes = 0
-        for run in range(repeats + 1):
+        split = _LayerSplit(layer)
+
+        def forward(inp: Any) -> Any:
+            out = layer(*inp) if isinstance(inp, tuple) else layer(inp)
+            if index == last:
+                loss = loss_fn(out, target) if target is not None else loss_fn(out)
+                return (loss,), None
+            outputs = tuple(_tensors(out))
+            return outputs, [torch.ones_like(t) for t in outputs]
+
+        times: Dict[str, List[float]] = {"forward": [], "backward": [], "input_grad": [], "weight_grad": []}
+        with torch.enable_grad():
+            for run in range(repeats + 1):
+                # The forward and the full backward, as a stage whose backward is not split runs them.
+                inp = _as_input(inputs[index])
+                f_seconds, (outputs, grads) = clock.time(lambda: forward(inp))
+                b_seconds, _ = clock.time(lambda: torch.autograd.backward(list(outputs), grads))
+                del outputs, grads
+                # The split as the runtime runs it: pipeweave's (the forward with the weight
+                # gradients deferred) where the layer allows it, else PyTorch's.
+                inp = _as_input(inputs[index])
+                with split.installed():
+                    outputs, grads = forward(inp)
+                    i_seconds, state = clock.time(lambda: split.input_grad(outputs, grads, _tensors(inp)))
+                    del outputs, grads
+                    w_seconds, _ = clock.time(lambda: split.weight_grad(state))
+                    del state
+                if run == 0:
+                    continue  # warm-up
+                for key, value in (("forward", f_seconds), ("backward", b_seconds),
+                                   ("input_grad", i_seconds), ("weight_grad", w_seconds)):
+                    times[key].append(value)
+            # The bytes, once: what the forward saves, and what the split's I keeps for the W
+            # (the layer's input counted where it is saved or kept: inside a stage, it is the
+            # previous layer's activation).
             inp = _as_input(inputs[index])
-            flat_inputs = _tensors(inp)
-            meter = SavedActivationMeter([layer], hooks=True)
-
-            def forward() -> Any:
-                with meter:
-                    out = layer(*inp) if isinstance(inp, tuple) else layer(inp)
-                if index == last:
-                    loss = loss_fn(out, target) if target is not None else loss_fn(out)
-                    return out, loss
-                return out, None
-
-            with torch.enable_grad():
+            with SavedActivationMeter([layer], hooks=True):
                 before = LEDGER.device_bytes
-                seconds, (out, loss) = clock.time(forward)
-                held_f = LEDGER.device_bytes - before
-                if index == last:
-                    roots, grads = loss, None
-                else:
-                    roots = out
-                    grads = [torch.randn_like(t) for t in _tensors(out)]
-                    send_bytes = max(send_bytes, sum(t.numel() * t.element_size() for t in _tensors(out)))
-                outputs = roots if isinstance(roots, tuple) else (roots,)
-                i_seconds, state = clock.time(lambda: _backward_input(tuple(outputs), grads, flat_inputs, layer))
-                del outputs, roots, out, loss
-                held_w = LEDGER.device_bytes - before
-                w_seconds, _ = clock.time(lambda: _backward_weight(state, layer))
-                del state
-            if run == 0:
-                continue  # warm-up
-            forward_s.append(seconds)
-            input_s.append(i_seconds)
-            weight_s.append(w_seconds)
-            act_bytes, wg_bytes = max(act_bytes, held_f), max(wg_bytes, held_w)
-        records.append(
-            {
-                "name": str(index),
-                "placement": "any",
-                "forward": statistics.median(forward_s),
-                "input_grad": statistics.median(input_s),
-                "weight_grad": statistics.median(weight_s),
-                "activation_bytes": int(act_bytes),
-                "weight_grad_bytes": int(min(wg_bytes, act_bytes)),
-            }
-        )
+                outputs, grads = forward(inp)
+                act_bytes = LEDGER.device_bytes - before
+            if index != last:
+                send_bytes = max(send_bytes, sum(t.numel() * t.element_size() for t in outputs))
+            del outputs, grads
+            wg_bytes = split.kept_bytes_of(forward, _as_input(inputs[index]))
+        record: Dict[str, Any] = {"name": str(index), "placement": "any"}
+        record.update({key: statistics.median(values) for key, values in times.items()})
+        record.update({"activation_bytes": int(act_bytes), "weight_grad_bytes": int(wg_bytes)})
+        records.append(record)
     for layer in layers:
         for p in layer.parameters():
             p.grad = saved_grads.get(id(p))
@@ -303,5 +389,40 @@ def profile(
         "calibrated": False,
         "layers": records,
         "send": {"bytes": int(send_bytes), "seconds": _send_seconds(send_bytes, device, repeats)},
+        "runtime": "pytorch",
     }
     return Profile(document)
+
+
+def _in_runtime(layers: Sequence[torch.nn.Module], example_input: Any, *, loss_fn: Callable[..., torch.Tensor],
+                target: Any, repeats: int, device: Any, group: Any, batch: Any,
+                microbatches: Optional[int]) -> Profile:
+    """`profile(..., group=...)`: the layers timed on the group's first rank, shared, then
+    calibrated by short runs of PyTorch's 1F1B and a pipeweave zero-bubble plan."""
+    import torch.distributed as dist
+
+    from .._errors import Error
+    from ._calibrate import calibrate
+    from ._trials import Trial, build, device_of, measure, root_rank
+
+    if batch is None or microbatches is None:
+        raise Error("profile(group=...) needs batch=(x, y) and microbatches= to run the runtime")
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise Error(f"profile(): microbatches must be a whole number >= 1, got {microbatches!r}")
+    if not dist.is_initialized():
+        raise Error("profile(group=...) runs on the pipeline's ranks: initialise torch.distributed first")
+    layers = list(layers)
+    dev = torch.device(device) if device is not None else device_of(layers)
+    shared: List[Any] = [None]
+    if dist.get_rank(group) == 0:
+        shared[0] = profile(layers, example_input, loss_fn=loss_fn, target=target, repeats=repeats,
+                            device=dev).to_json()
+    dist.broadcast_object_list(shared, src=root_rank(group), group=group)
+    base = Profile.from_json(shared[0])
+    x, y = batch
+    ranks = dist.get_world_size(group)
+    trials = [Trial.of_class("Schedule1F1B"), Trial.of_plan("zero_bubble(f1b(gpipe))")]
+    builts = [build(t, layers, ranks, microbatches, loss_fn, group, dev, base) for t in trials]
+    measure(trials, builts, layers, x, y, group=group, steps=2, rounds=1, budget=float("inf"),
+            started=time.perf_counter())
+    return calibrate(base, trials, ranks, microbatches, group)

@@ -5,14 +5,17 @@
 //! (the methods here that cost a cut hand it the table).
 //!
 //! A profile lists the model's layers in order, each with its median forward (F),
-//! input-gradient (I) and weight-gradient (W) seconds for one microbatch, the activation bytes
+//! input-gradient (I) and weight-gradient (W) seconds for one microbatch (and, where measured,
+//! its full backward's, `backward`: a runtime's split may cost more or less than it), the activation bytes
 //! one microbatch's forward leaves (`activation_bytes`) and those its input gradient leaves for W
 //! (`weight_grad_bytes`, which may be the larger: W needs each product's output gradient), and
 //! where the layer may go (`placement`): `first` layers (an input embedding) always go on the
 //! first stage, `last` layers (an output head with the loss) on the last, `any` layers (the
 //! default; a transformer's blocks, or every layer of a plain list) wherever the cut puts them.
 //! The `first` layers open the list and the `last` ones end it. It also gives the seconds to send
-//! one activation between ranks. A cut (`layers_per_stage`: the `any` layers per stage, in order)
+//! one activation between ranks, and, where the producer measured them for a runtime (`runtime`,
+//! e.g. `pytorch`), the seconds that runtime adds to every compute action of a stage
+//! (`action_seconds`: each stage's F, I, W and B pay it once). A cut (`layers_per_stage`: the `any` layers per stage, in order)
 //! then gives each stage the sums of its layers: [`Profile::cut`] ([`LayerTable::cut`]); a stage
 //! that holds no pinned layer needs at least one of its own. Each layer's times at half the sequence length
 //! (`half_length`) give the per-token model of variable-length microbatches:
@@ -34,7 +37,8 @@
 //!             {"name": "layer.0", "placement": "any", ...},
 //!             ...,
 //!             {"name": "output", "placement": "last", ...}],
-//!  "send": {"bytes": 1048576, "seconds": 0.0002}}
+//!  "send": {"bytes": 1048576, "seconds": 0.0002},
+//!  "runtime": "pytorch", "action_seconds": 0.00003}
 //! ```
 //!
 //! Files of the former format `pipeweave-profile/1` are read too and converted
@@ -98,6 +102,11 @@ pub struct LayerProfile {
     pub input_grad: f64,
     /// Median weight-gradient seconds.
     pub weight_grad: f64,
+    /// Median full (fused) backward seconds, where measured (else the split's I + W): a runtime
+    /// may run its split dearer or cheaper than the full backward, and a schedule that does not
+    /// split pays this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backward: Option<f64>,
     /// Bytes one microbatch's forward leaves for the backward.
     pub activation_bytes: u64,
     /// Bytes its input-gradient backward leaves for the weight gradient (each product's input
@@ -140,6 +149,13 @@ pub struct Profile {
     pub layers: Vec<LayerProfile>,
     /// One activation's send.
     pub send: SendProfile,
+    /// The runtime the layers were measured for, where the producer says (`pytorch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    /// Seconds the runtime adds to every compute action of a stage (the call of F, I, W or B and
+    /// its bookkeeping) beside the layers' own, where measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action_seconds: Option<f64>,
 }
 
 fn bad(reason: impl Into<String>) -> CoreError {
@@ -215,13 +231,15 @@ impl Profile {
                     .forward(l.forward)
                     .input_grad(l.input_grad)
                     .weight_grad(l.weight_grad)
+                    .backward_opt(l.backward)
                     .activation_bytes(l.activation_bytes)
                     .weight_grad_bytes(l.weight_grad_bytes)
                     .half_length_opt(l.half_length)
                     .build()
             })
             .collect();
-        LayerTable::new(layers, self.send.seconds)
+        LayerTable::new(layers, self.send.seconds)?
+            .with_action_seconds(self.action_seconds.unwrap_or(0.0))
     }
 
     /// The layers a cut places (`placement` `any`): what `layers_per_stage` counts.

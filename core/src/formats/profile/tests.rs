@@ -13,6 +13,7 @@ fn layer(name: &str, placement: LayerPlacement, f: f64, bytes: u64) -> LayerProf
         forward: f,
         input_grad: f,
         weight_grad: f / 2.0,
+        backward: None,
         activation_bytes: bytes,
         weight_grad_bytes: bytes / 2,
         half_length: None,
@@ -63,6 +64,8 @@ fn plain(n: usize) -> Profile {
             bytes: 8,
             seconds: 0.0,
         },
+        runtime: None,
+        action_seconds: None,
     }
 }
 
@@ -349,4 +352,52 @@ fn byte_counts_parse_with_units() {
     assert_eq!(parse_bytes("8"), None);
     assert!(matches!(parse_bytes("2XB"), Some(Err(_))));
     assert!(matches!(parse_bytes("-1GiB"), Some(Err(_))));
+}
+
+#[test]
+fn a_measured_full_backward_and_the_runtimes_action_cost_price_each_stage() {
+    let mut p = plain(4);
+    for layer in &mut p.layers {
+        layer.backward = Some(layer.input_grad * 1.25);
+    }
+    p.runtime = Some("pytorch".to_string());
+    p.action_seconds = Some(0.5);
+    let back = Profile::from_json(&p.to_json()).unwrap();
+    assert_eq!(back, p);
+    let cut = p.cut(&[1, 3]).unwrap();
+    // Layer k: F = I = k + 1, W = (k + 1) / 2, B = 1.25 (k + 1); each action + 0.5.
+    let first = cut.costs[0];
+    assert_eq!(
+        (
+            first.forward(),
+            first.input_grad(),
+            first.weight_grad(),
+            first.full_backward()
+        ),
+        (1.5, 1.5, 1.0, 1.75)
+    );
+    let second = cut.costs[1];
+    assert_eq!(second.full_backward(), 1.25 * 9.0 + 0.5);
+    // Without a measured backward for every layer of a stage, B is the split's I + W.
+    p.layers[0].backward = None;
+    let cut = p.cut(&[2, 2]).unwrap();
+    let first = cut.costs[0];
+    assert_eq!(
+        first.full_backward(),
+        first.input_grad() + first.weight_grad()
+    );
+    // Bad figures are named.
+    p.action_seconds = Some(-1.0);
+    assert!(p
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("action seconds = -1"));
+    p.action_seconds = None;
+    p.layers[1].backward = Some(f64::NAN);
+    assert!(p
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("backward = NaN"));
 }

@@ -110,6 +110,7 @@ pub(super) fn from_v1(document: Value) -> Result<Profile, CoreError> {
             forward: layer.forward,
             input_grad: layer.input_grad,
             weight_grad: layer.weight_grad,
+            backward: None,
             activation_bytes: layer.activation_bytes,
             weight_grad_bytes: layer.weight_grad_bytes,
             half_length: layer.half_length,
@@ -129,5 +130,7 @@ pub(super) fn from_v1(document: Value) -> Result<Profile, CoreError> {
         calibrated: v1.calibrated,
         layers,
         send: v1.send,
+        runtime: None,
+        action_seconds: None,
     })
 }

@@ -2,7 +2,7 @@
 //! layers per stage ([`LayerTable::cut`], [`CutCosts`]), and each position's figures of any
 //! problem a pass builds from a cut by one count per rank ([`LayerLayout::stages_of`]).
 
-use super::{bad, LayerTable};
+use super::{bad, LayerCosts, LayerTable};
 use crate::error::CoreError;
 use crate::ir::blocks::{cut_violation, spread_shares};
 use crate::ir::cost::{StageCosts, StageCostsSpec};
@@ -42,29 +42,37 @@ impl LayerTable {
             let f: f64 = members.iter().map(|l| l.forward()).sum();
             let i: f64 = members.iter().map(|l| l.input_grad()).sum();
             let w: f64 = members.iter().map(|l| l.weight_grad()).sum();
+            // The fused backward as measured where every layer's was, else the split's sum.
+            let b: Option<f64> = members
+                .iter()
+                .all(LayerCosts::backward_measured)
+                .then(|| members.iter().map(LayerCosts::full_backward).sum());
             let left: u64 = members.iter().map(|l| l.activation_bytes).sum();
             let held: u64 = members.iter().map(|l| l.weight_grad_bytes).sum();
             // The memory model holds a forward's figure until I and a part of it until W, so
             // where I leaves more than F did, the forward is charged that from its start: a
             // peak is never under-counted (over-counted by the difference only between F and
             // I).
-            sums.push((f, i, w, left.max(held), held));
+            sums.push(((f, i, w, b), left.max(held), held));
         }
-        let heaviest = sums.iter().map(|s| s.3).max().unwrap_or(0).max(1) as f64;
+        let heaviest = sums.iter().map(|s| s.1).max().unwrap_or(0).max(1) as f64;
+        // Every compute action also pays the runtime's own cost of running it.
+        let action = self.action_seconds();
         let costs = sums
             .iter()
-            .map(|&(f, i, w, _, _)| {
+            .map(|&((f, i, w, b), _, _)| {
                 StageCostsSpec::builder()
-                    .forward(f)
-                    .input_grad(i)
-                    .weight_grad(w)
+                    .forward(f + action)
+                    .input_grad(i + action)
+                    .weight_grad(w + action)
+                    .full_backward_opt(b.map(|b| b + action))
                     .build()
                     .validate()
             })
             .collect::<Result<Vec<_>, _>>()?;
         let memory = sums
             .iter()
-            .map(|&(_, _, _, total, held)| {
+            .map(|&(_, total, held)| {
                 StageMemorySpec::builder()
                     .total(total as f64 / heaviest)
                     .weight_grad(held as f64 / heaviest)

@@ -101,6 +101,10 @@ pub struct LayerCostsSpec {
     input_grad: f64,
     /// Weight-gradient seconds.
     weight_grad: f64,
+    /// Full (fused) backward seconds, where measured: what a schedule that does not split the
+    /// backward pays, which a runtime may run cheaper or dearer than its split's I + W.
+    #[builder(default, setter(strip_option(fallback = backward_opt)))]
+    backward: Option<f64>,
     /// Bytes one microbatch's forward leaves for the backward.
     activation_bytes: u64,
     /// Bytes its input gradient leaves for the weight gradient.
@@ -116,6 +120,7 @@ pub struct LayerCosts {
     name: String,
     placement: LayerPlacement,
     times: PhaseTimes,
+    backward: Option<f64>,
     activation_bytes: u64,
     weight_grad_bytes: u64,
     half_length: Option<PhaseTimes>,
@@ -131,6 +136,7 @@ impl LayerCostsSpec {
             ("forward", self.forward),
             ("input_grad", self.input_grad),
             ("weight_grad", self.weight_grad),
+            ("backward", self.backward.unwrap_or(0.0)),
             ("half_length forward", half[0]),
             ("half_length input_grad", half[1]),
             ("half_length weight_grad", half[2]),
@@ -156,6 +162,7 @@ impl LayerCostsSpec {
                 input_grad: self.input_grad,
                 weight_grad: self.weight_grad,
             }),
+            backward: self.backward.map(f64::abs),
             activation_bytes: self.activation_bytes,
             weight_grad_bytes: self.weight_grad_bytes,
             half_length: self.half_length.map(times),
@@ -184,6 +191,15 @@ impl LayerCosts {
     pub fn weight_grad(&self) -> f64 {
         self.times.weight_grad
     }
+    /// Full backward seconds: as measured, else the split's `input_grad + weight_grad`.
+    pub fn full_backward(&self) -> f64 {
+        self.backward
+            .unwrap_or(self.times.input_grad + self.times.weight_grad)
+    }
+    /// Whether the full backward was measured (else it is the split's sum).
+    pub fn backward_measured(&self) -> bool {
+        self.backward.is_some()
+    }
     /// Bytes one microbatch's forward leaves for the backward.
     pub fn activation_bytes(&self) -> u64 {
         self.activation_bytes
@@ -197,11 +213,22 @@ impl LayerCosts {
         self.half_length
     }
 
-    fn key(&self) -> (&str, LayerPlacement, [u64; 3], [u64; 2], Option<[u64; 3]>) {
+    #[allow(clippy::type_complexity)]
+    fn key(
+        &self,
+    ) -> (
+        &str,
+        LayerPlacement,
+        [u64; 3],
+        Option<u64>,
+        [u64; 2],
+        Option<[u64; 3]>,
+    ) {
         (
             &self.name,
             self.placement,
             self.times.bits(),
+            self.backward.map(f64::to_bits),
             [self.activation_bytes, self.weight_grad_bytes],
             self.half_length.as_ref().map(PhaseTimes::bits),
         )
@@ -260,6 +287,9 @@ pub(crate) fn pinned_ends<'a>(
 pub struct LayerTable {
     layers: Vec<LayerCosts>,
     comm: f64,
+    /// Seconds the runtime adds to every compute action (F, I, W, B) of a stage, beside its
+    /// layers' own: the call, its bookkeeping (0 where not measured).
+    action: f64,
 }
 
 impl LayerTable {
@@ -300,7 +330,25 @@ impl LayerTable {
         Ok(LayerTable {
             layers: table,
             comm: comm.abs(),
+            action: 0.0,
         })
+    }
+
+    /// The same table with `seconds` (finite, >= 0) added to every compute action of a stage:
+    /// what the runtime's call of an action costs beside the layers' own work.
+    pub fn with_action_seconds(mut self, seconds: f64) -> Result<LayerTable, CoreError> {
+        if !(seconds.is_finite() && seconds >= 0.0) {
+            return Err(bad(format!(
+                "action seconds = {seconds} must be finite and >= 0"
+            )));
+        }
+        self.action = seconds.abs();
+        Ok(self)
+    }
+
+    /// Seconds the runtime adds to every compute action of a stage.
+    pub fn action_seconds(&self) -> f64 {
+        self.action
     }
 
     /// The layers in order.
@@ -394,7 +442,9 @@ impl LayerTable {
 
 impl PartialEq for LayerTable {
     fn eq(&self, other: &LayerTable) -> bool {
-        self.layers == other.layers && self.comm.to_bits() == other.comm.to_bits()
+        self.layers == other.layers
+            && self.comm.to_bits() == other.comm.to_bits()
+            && self.action.to_bits() == other.action.to_bits()
     }
 }
 
@@ -404,5 +454,6 @@ impl Hash for LayerTable {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.layers.hash(state);
         self.comm.to_bits().hash(state);
+        self.action.to_bits().hash(state);
     }
 }
