@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -150,9 +151,15 @@ def worker(args: argparse.Namespace) -> None:
             builts.append(T.build(trial, layers, RANKS, m, loss, group, device, profile))
     T.measure([t for t, _ in trials], builts, layers, x, y, group=group, steps=spec["steps"],
               rounds=spec["rounds"], budget=float("inf"), started=time.perf_counter())
+    # Per trial, every rank's median action durations per (stage, kind), gathered on rank 0.
+    actions = [{f"{stage}{kind}": statistics.median(d) for (stage, kind), d in t.actions.items() if d}
+               for t, _ in trials]
+    gathered: List[Any] = [None] * RANKS
+    dist.all_gather_object(gathered, actions)
     if args.rank == 0:
-        for row, (trial, _) in zip(rows, trials):
+        for i, (row, (trial, _)) in enumerate(zip(rows, trials)):
             row["measured"], row["rounds"] = trial.measured, trial.rounds
+            row["actions"] = {k: v for part in gathered for k, v in part[i].items()}
         autotune = [{"name": t.name, "kind": t.kind, "cut": t.layers_per_stage, "predicted": t.predicted,
                      "calibrated": t.calibrated, "measured": t.measured} for t in found.trials]
         with open(args.out, "w") as f:
@@ -206,6 +213,21 @@ def table(family: str, microbatches: int, result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def split_table(family: str, microbatches: int, result: Dict[str, Any]) -> str:
+    """Per stage of the even cut: the full backward as PyTorch's 1F1B ran it, and I and W as
+    `zero_bubble(f1b(gpipe))` ran them through `pwt.schedule` (medians of the timed actions)."""
+    by_label = {r["label"]: r for r in result["rows"]}
+    full = by_label["Schedule1F1B"]["actions"]
+    split = by_label["zero_bubble(f1b(gpipe))"]["actions"]
+    lines = [f"\n{family}, M={microbatches}: | stage | B (ms) | I (ms) | W (ms) | (I+W)/B |", "|---|---|---|---|---|"]
+    for stage in range(RANKS):
+        b, i, w = full.get(f"{stage}B"), split.get(f"{stage}I"), split.get(f"{stage}W")
+        if None in (b, i, w):
+            continue
+        lines.append(f"| {stage} | {1e3 * b:.2f} | {1e3 * i:.2f} | {1e3 * w:.2f} | {(i + w) / b:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command")
@@ -234,6 +256,7 @@ def main() -> None:
                 result = run(family, m, orders, args, workdir)
                 results[f"{family} M={m}"] = result
                 print(table(family, m, result))
+                print(split_table(family, m, result))
                 sys.stdout.flush()
                 with open(args.out, "w") as f:
                     json.dump(results, f, indent=1)

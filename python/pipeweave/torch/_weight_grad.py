@@ -107,9 +107,8 @@ class Kept:
     """What one I kept for its W: the entries, the storages counted for the activation meter, and
     while offloaded the host copies (the plan's `OFFLOAD` after the I, `RELOAD` before the W)."""
 
-    def __init__(self, entries: List[_Entry], counted: Set[Any], inputs: Set[Any], scratch: "_Scratch") -> None:
+    def __init__(self, entries: List[_Entry], counted: Set[Any], inputs: Set[Any]) -> None:
         self.entries = entries
-        self.scratch = scratch
         # Device storages this object counts in the ledger (once each), by key.
         self.counted = counted
         # The stage's inputs among them: never counted, never moved (the meter's rule).
@@ -120,9 +119,11 @@ class Kept:
 
     def weight_gradients(self) -> None:
         """Computes the kept weight gradients (reloading first if the plan did not) and lets go.
-        A gradient added to an existing one is computed into a reused scratch buffer (`scratch`):
-        a fresh product per layer and microbatch would be fresh memory from the allocator each
-        time, which on CPU costs page faults the full backward's hot temporaries do not."""
+        A gradient added to an existing one is added by the product itself (`addmm_`, no fresh
+        product: on CPU a fresh one per layer and microbatch costs the allocator's page faults,
+        which the full backward's hot temporaries do not). That is autograd's `grad += product`
+        bit for bit where the matrix library adds the finished product, as every library measured
+        here does; else within its rounding."""
         if self.host is not None:
             self.reload()
         with torch.no_grad():
@@ -130,8 +131,7 @@ class Kept:
                 if e.weight.grad is None:
                     e.weight.grad = _weight_grad(e.x, e.grad, e.conv1d)
                 else:
-                    buffer = self.scratch.like(e.weight.grad)
-                    e.weight.grad.add_(_weight_grad(e.x, e.grad, e.conv1d, out=buffer))
+                    _add_weight_grad(e.weight.grad, e.x, e.grad, e.conv1d)
         self.entries = []
         for key in self.counted:
             LEDGER.device.release(key)
@@ -211,7 +211,6 @@ class WeightGradStash:
         self.inputs: Set[Any] = set()
         self.last: Optional[Kept] = None
         self.kept: Dict[int, Kept] = {}
-        self.scratch = _Scratch()
 
     def keep(self, weight: torch.Tensor, x: torch.Tensor, grad: torch.Tensor, conv1d: bool) -> None:
         # Detached: a saved tensor unpacked through hooks comes back attached to the graph, and
@@ -229,11 +228,10 @@ class WeightGradStash:
             self.keep(weight, x, grad, conv1d)
             return
         with torch.no_grad():
-            product = _weight_grad(x, grad.detach(), conv1d)
             if weight.grad is None:
-                weight.grad = product
+                weight.grad = _weight_grad(x, grad.detach(), conv1d)
             else:
-                weight.grad.add_(product)
+                _add_weight_grad(weight.grad, x, grad.detach(), conv1d)
 
     def take(self) -> Callable[[], None]:
         """The closure that computes the weight gradients kept since the last take (counted in
@@ -247,7 +245,7 @@ class WeightGradStash:
                     if key is not None and key not in self.inputs and key not in counted:
                         LEDGER.device.hold(key, storage_nbytes(t))
                         counted.add(key)
-        kept = Kept(entries, counted, set(self.inputs), self.scratch)
+        kept = Kept(entries, counted, set(self.inputs))
         self.last = kept if entries else None
         return kept.weight_gradients
 
@@ -262,30 +260,20 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def _weight_grad(x: torch.Tensor, grad: torch.Tensor, conv1d: bool,
-                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def _weight_grad(x: torch.Tensor, grad: torch.Tensor, conv1d: bool) -> torch.Tensor:
     """The weight gradient as autograd's own backward of the layer computes it (the same mm, so
-    the same bits): `g^T x` for a Linear (weight `[out, in]`), `x^T g` for a Conv1D (`[in, out]`);
-    into `out` where given."""
+    the same bits): `g^T x` for a Linear (weight `[out, in]`), `x^T g` for a Conv1D (`[in, out]`)."""
     x2, g2 = _flat(x), _flat(grad)
-    a, b = (x2.t(), g2) if conv1d else (g2.t(), x2)
-    return torch.mm(a, b) if out is None else torch.mm(a, b, out=out)
+    return torch.mm(x2.t(), g2) if conv1d else torch.mm(g2.t(), x2)
 
 
-class _Scratch:
-    """Reused product buffers, one per shape, dtype and device: what a W adds to an existing
-    gradient is computed into one of them, as autograd adds its fresh product (the same values)."""
-
-    def __init__(self) -> None:
-        self.buffers: Dict[Tuple[Any, ...], torch.Tensor] = {}
-
-    def like(self, t: torch.Tensor) -> torch.Tensor:
-        key = (tuple(t.shape), t.dtype, t.device)
-        buffer = self.buffers.get(key)
-        if buffer is None:
-            buffer = torch.empty(t.shape, dtype=t.dtype, device=t.device)
-            self.buffers[key] = buffer
-        return buffer
+def _add_weight_grad(into: torch.Tensor, x: torch.Tensor, grad: torch.Tensor, conv1d: bool) -> None:
+    """`into += ` the weight gradient of `_weight_grad`, by one `addmm_`."""
+    x2, g2 = _flat(x), _flat(grad)
+    if conv1d:
+        into.addmm_(x2.t(), g2)
+    else:
+        into.addmm_(g2.t(), x2)
 
 
 class DeferredLinear(torch.autograd.Function):
