@@ -30,6 +30,7 @@ fn synthetic(costs: &[f64], bytes: &[u64]) -> Profile {
                 forward: f,
                 input_grad: f,
                 weight_grad: f / 2.0,
+                backward: None,
                 activation_bytes: b,
                 weight_grad_bytes: b + b / 5,
                 half_length: Some(PhaseTimes {
@@ -57,6 +58,8 @@ fn synthetic(costs: &[f64], bytes: &[u64]) -> Profile {
             bytes: 1024,
             seconds: 0.001,
         },
+        runtime: None,
+        action_seconds: None,
     }
 }
 

@@ -10,7 +10,8 @@ and each microbatch count M, on P = 2 gloo ranks with one compute thread each
 1. profiles the model in the runtime (`pwt.profile(..., group=...)`: the layers timed, then
    calibrated by short runs of PyTorch's 1F1B and pipeweave's zero bubble);
 2. runs `pwt.autotune` on that profile (tune's best three for PyTorch's runtime and PyTorch's
-   classes, two rounds of two steps): its choice is the measured pick;
+   classes, up to four rounds of two steps, the later ones for those within 10% of the fastest,
+   within `--budget` seconds): its choice is the measured pick;
 3. measures, in `--rounds` alternating rounds of `--steps` steps after a warm-up each:
    - each of PyTorch's classes (`Schedule1F1B`, `ScheduleInterleaved1F1B`, `ScheduleZBVZeroBubble`,
      `ScheduleInterleavedZeroBubble`, `ScheduleDualPipeV`) on the even cut;
@@ -18,8 +19,10 @@ and each microbatch count M, on P = 2 gloo ranks with one compute thread each
    - pipeweave's zero-bubble plans on the even cut, tune's pick (its cut), the measured pick.
 Each figure is the median over the rounds of each round's median step (the wall time from the
 first rank's start to the last rank's end, a barrier releasing them together; the gradients set to
-None after each step). Ratios are to the fastest PyTorch class of the same family and M, and, for
-the same orders, to their own class; `predicted` is the step the plan's simulation gives on the
+None after each step); a schedule listed twice (a pick that is one of the classes, or a plan of the
+same orders on the same cut as another row) is measured once and shown in both rows. Ratios are to
+the fastest PyTorch class of the same family and M, and, for the same orders, to their own class,
+each the median over the rounds of the two configurations' ratio in that round; `predicted` is the step the plan's simulation gives on the
 runtime profile (an error against the measured step beside it). The tables (markdown) are printed
 and everything is written as JSON to `--out`.
 """
@@ -116,20 +119,31 @@ def worker(args: argparse.Namespace) -> None:
                           batch=(x, y), microbatches=m)
     profiled = time.perf_counter() - started
     found = pwt.autotune(layers, x, y, loss_fn=loss, microbatches=m, profile=profile, top=3,
-                         budget=spec["budget"], steps=2, rounds=2)
+                         budget=spec["budget"])
     tuned = time.perf_counter() - started - profiled
     pick = pipeweave.tune(ranks=RANKS, microbatches=m, profile=profile, runtime="pytorch", top=1)[0]
 
     rows: List[Dict[str, Any]] = []
     trials: List[Any] = []
+    seen: Dict[Any, int] = {}
 
     def add(label: str, trial: Any, plan: Any = None) -> None:
+        """A row; a schedule already listed (the same class, or a plan of the same orders on the
+        same cut) is not built again: the row shows that one's measurement."""
         predicted = None
         if trial.kind == "pipeweave":
-            predicted = trial.plan(RANKS, m, profile).makespan
+            built_plan = trial.plan(RANKS, m, profile)
+            predicted = built_plan.makespan
+            key: Any = ("plan", json.dumps(built_plan.order),
+                        tuple(trial.layer_counts(len(layers), RANKS, m, profile)))
+        else:
+            key = (trial.kind, trial.name)
+        same = seen.get(key)
+        if same is None:
+            same = seen[key] = len(trials)
+            trials.append((trial, plan))
         rows.append({"label": label, "kind": trial.kind, "name": trial.name, "cut": trial.layers_per_stage,
-                     "predicted": predicted})
-        trials.append((trial, plan))
+                     "predicted": predicted, "config": same})
 
     for name in CLASSES:
         add(name, T.Trial.of_class(name))
@@ -157,9 +171,10 @@ def worker(args: argparse.Namespace) -> None:
     gathered: List[Any] = [None] * RANKS
     dist.all_gather_object(gathered, actions)
     if args.rank == 0:
-        for i, (row, (trial, _)) in enumerate(zip(rows, trials)):
+        for row in rows:
+            trial = trials[row["config"]][0]
             row["measured"], row["rounds"] = trial.measured, trial.rounds
-            row["actions"] = {k: v for part in gathered for k, v in part[i].items()}
+            row["actions"] = {k: v for part in gathered for k, v in part[row["config"]].items()}
         autotune = [{"name": t.name, "kind": t.kind, "cut": t.layers_per_stage, "predicted": t.predicted,
                      "calibrated": t.calibrated, "measured": t.measured} for t in found.trials]
         with open(args.out, "w") as f:
@@ -193,23 +208,31 @@ def run(family: str, microbatches: int, orders: Dict[str, str], args: argparse.N
         return json.load(f)
 
 
+def paired(row: Dict[str, Any], to: Dict[str, Any]) -> float:
+    """The median over the rounds of `row`'s step over `to`'s in the same round: the ratio with
+    the machine's drift between rounds paired out."""
+    return statistics.median(a / b for a, b in zip(row["rounds"], to["rounds"]))
+
+
 def table(family: str, microbatches: int, result: Dict[str, Any]) -> str:
     rows = result["rows"]
     by_label = {r["label"]: r for r in rows}
-    best = min(by_label[name]["measured"] for name in CLASSES)
-    lines = [f"\n## {family}, P={RANKS}, M={microbatches} (best PyTorch class {best:.3f} s)\n",
+    best_class = min(CLASSES, key=lambda name: by_label[name]["measured"])
+    best = by_label[best_class]
+    lines = [f"\n## {family}, P={RANKS}, M={microbatches} (best PyTorch class {best_class}, "
+             f"{best['measured']:.3f} s; ratios are medians of the rounds' paired ratios)\n",
              "| schedule | step (s) | vs best class | vs its class | predicted (s) | error |",
              "|---|---|---|---|---|---|"]
     for r in rows:
         own = ""
         if r["label"].startswith("same order as "):
-            own = f"{r['measured'] / by_label[r['label'][len('same order as '):]]['measured']:.3f}x"
+            own = f"{paired(r, by_label[r['label'][len('same order as '):]]):.3f}x"
         predicted = error = ""
         if r["predicted"] is not None and not r["label"].startswith("same order"):
             predicted = f"{r['predicted']:.3f}"
             error = f"{100 * (r['predicted'] / r['measured'] - 1):+.1f}%"
         cut = f" (cut {','.join(map(str, r['cut']))})" if r.get("cut") else ""
-        lines.append(f"| {r['label']}{cut} | {r['measured']:.3f} | {r['measured'] / best:.3f}x | {own} | {predicted} | {error} |")
+        lines.append(f"| {r['label']}{cut} | {r['measured']:.3f} | {paired(r, best):.3f}x | {own} | {predicted} | {error} |")
     return "\n".join(lines)
 
 

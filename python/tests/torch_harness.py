@@ -255,8 +255,8 @@ def autotune_worker(args: argparse.Namespace) -> None:
                          steps=1, rounds=2)
     built = found.build(layers, loss_fn=loss_fn)
     losses: List[Any] = []
-    inputs, target = built.ends(x, y)
-    built.schedule.step(*inputs, target=target, losses=losses)
+    built.step(x, y, losses=losses)
+    _, target = built.ends(x, y)
     grads = {}
     for s, layer in enumerate(layers):
         for name, p in layer.named_parameters():

@@ -19,8 +19,13 @@
   the linear layers' weight gradients and keeps each one's input and output gradient, W computes
   those (`_weight_grad`); `splittable(module)` says whether a stage's modules allow it (linear
   layers, norms, biases, embeddings), else PyTorch's own autograd split runs.
-- `profile(layers, example_input, *, loss_fn, target=None, repeats=5, device=None)`: per layer F,
-  I, W seconds and activation bytes, and one send, as a `pipeweave.Profile`.
+- `profile(layers, example_input, *, loss_fn, target=None, repeats=5, device=None, group=None,
+  batch=None, microbatches=None)`: per layer F, the full B, the split's I and W seconds and
+  activation bytes, and one send, as a `pipeweave.Profile`; with `group` the runtime's (calibrated
+  by short runs on the ranks).
+- `autotune(layers, x, y, *, loss_fn, microbatches, ...)`: tune's best candidates and PyTorch's
+  classes measured on the ranks; the fastest measured, the same on every rank (`Autotuned`:
+  `best`, `trials` with predicted and measured steps, the calibrated `profile`, `build`).
 - `split(layers, plan)`: the model's layers cut into the plan's stages.
 
 Supported PyTorch: 2.6 or later (the contract's floor; `pip install './python[torch]'`), tested with

@@ -69,8 +69,9 @@ def autotune(
     top: int = 3,
     classes: bool = True,
     budget: float = 60.0,
-    steps: int = 3,
-    rounds: int = 2,
+    steps: int = 2,
+    rounds: int = 4,
+    contenders: float = 0.1,
 ) -> Autotuned:
     """Measures the best schedules for this model on these ranks and returns the fastest.
 
@@ -86,7 +87,8 @@ def autotune(
     accept these sizes). `budget`: seconds the measurement may take (a round under way is
     finished; if the first round cannot finish, the candidates measured so far compete).
     `steps`: timed steps per candidate and round (after one warm-up step). `rounds`: rounds over
-    the candidates, in rotating order.
+    the candidates, in rotating order; after the first, only those within `contenders` (a share,
+    0.1: 10%) of the fastest so far run again, so the budget goes to the close ones.
 
     Returns an `Autotuned`; `result.build(layers, loss_fn=...)` gives the chosen schedule on this
     rank. Raises `pipeweave.Error` for bad arguments or where nothing could be measured."""
@@ -103,6 +105,8 @@ def autotune(
     top, steps, rounds = _whole("top", top), _whole("steps", steps), _whole("rounds", rounds)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
         raise Error(f"autotune(): budget must be a positive number of seconds, got {budget!r}")
+    if isinstance(contenders, bool) or not isinstance(contenders, (int, float)) or contenders < 0:
+        raise Error(f"autotune(): contenders must be a share >= 0, got {contenders!r}")
     layers = list(layers)
     ranks = dist.get_world_size(group)
     dev = torch.device(device) if device is not None else device_of(layers)
@@ -133,7 +137,8 @@ def autotune(
             continue
     if not kept:
         raise Error("autotune(): no candidate could be built for these sizes")
-    measure(kept, builts, layers, x, y, group=group, steps=steps, rounds=rounds, budget=budget, started=started)
+    measure(kept, builts, layers, x, y, group=group, steps=steps, rounds=rounds, budget=budget, started=started,
+            contenders=float(contenders))
     measured = [t for t in kept if t.measured is not None]
     if not measured:
         raise Error("autotune(): the budget ran out before any candidate was measured")

@@ -376,7 +376,6 @@ class _StageHooks:
         self.current: Optional[int] = None
         self.originals: Dict[str, Any] = {}
         self.split: Optional[_weight_grad.Installed] = None
-        self.call_forward = self._original_of("forward_maybe_with_nosync")
 
     def install(self) -> None:
         schedule = self.schedule
@@ -414,10 +413,6 @@ class _StageHooks:
             _weight_grad.uninstall(self.split)
             self.schedule._stashes.pop(self.index, None)
             self.split = None
-
-    def _original_of(self, name: str) -> Callable[..., Any]:
-        own = self.stage.__dict__.get(name)
-        return own if own is not None else getattr(type(self.stage), name).__get__(self.stage)
 
     def _original(self, name: str) -> Callable[..., Any]:
         previous = self.originals.get(name)

@@ -108,6 +108,12 @@ class Built:
         `y` where it holds the last."""
         return ((x,) if 0 in self.mine else ()), (y if self.num_stages - 1 in self.mine else None)
 
+    def step(self, x: Any, y: Any, losses: Optional[List[Any]] = None) -> Any:
+        """One training step on the batch `x` with target `y` (given on every rank; each rank
+        passes what its stages take), the last stage's microbatch losses appended to `losses`."""
+        inputs, target = self.ends(x, y)
+        return self.schedule.step(*inputs, target=target, losses=losses)
+
 
 def device_of(layers: Sequence[torch.nn.Module]) -> torch.device:
     """Where the layers' parameters are (CPU for layers without any)."""
@@ -214,11 +220,9 @@ def _step_seconds(built: Built, x: Any, y: Any, layers: Sequence[torch.nn.Module
     """One training step, the wall time from the first rank's start to the last rank's end."""
     import torch.distributed as dist
 
-    inputs, target = built.ends(x, y)
-    losses: List[Any] = []
     dist.barrier(group=group)
     t0 = time.perf_counter()
-    built.schedule.step(*inputs, target=target, losses=losses)
+    built.step(x, y, losses=[])
     t1 = time.perf_counter()
     for layer in layers:
         layer.zero_grad(set_to_none=True)
@@ -228,10 +232,14 @@ def _step_seconds(built: Built, x: Any, y: Any, layers: Sequence[torch.nn.Module
 
 
 def measure(trials: Sequence[Trial], builts: Sequence[Built], layers: Sequence[torch.nn.Module], x: Any, y: Any,
-            *, group: Any, steps: int, rounds: int, budget: float, started: float) -> None:
+            *, group: Any, steps: int, rounds: int, budget: float, started: float,
+            contenders: Optional[float] = None) -> None:
     """Runs each trial `steps` timed steps (after one warm-up) per round, in rounds whose order
     rotates, until `rounds` are done or `budget` seconds have passed since `started` (a round
-    under way is finished; every rank stops after the same round). Fills each trial's `rounds`,
+    under way is finished; every rank stops after the same round). With `contenders` (e.g. 0.1),
+    a round after the first runs only the trials within that share of the fastest so far (by the
+    medians of the rounds each ran), so the budget goes to telling the close ones apart; every
+    rank drops the same ones (the step times are gathered). Fills each trial's `rounds`,
     `measured` and `actions`."""
     import torch.distributed as dist
 
@@ -239,9 +247,9 @@ def measure(trials: Sequence[Trial], builts: Sequence[Built], layers: Sequence[t
     for timer in timers:
         timer.install()
     try:
-        count = len(trials)
+        running = list(range(len(trials)))
         for r in range(rounds):
-            order = list(range(count))[r % count:] + list(range(count))[:r % count]
+            order = running[r % len(running):] + running[:r % len(running)]
             for i in order:
                 _step_seconds(builts[i], x, y, layers, group)  # warm-up
                 timers[i].on = True
@@ -252,6 +260,10 @@ def measure(trials: Sequence[Trial], builts: Sequence[Built], layers: Sequence[t
             dist.broadcast_object_list(spent, src=root_rank(group), group=group)
             if spent[0] > budget:
                 break
+            if contenders is not None:
+                so_far = {i: statistics.median(trials[i].rounds) for i in running}
+                fastest = min(so_far.values())
+                running = [i for i in running if so_far[i] <= fastest * (1.0 + contenders)]
     finally:
         for timer in timers:
             timer.uninstall()
