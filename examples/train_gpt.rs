@@ -561,7 +561,7 @@ impl Costing {
             .map_err(|e| bad(e.to_string()))?;
         Ok(Costing {
             config: config.with_memory_limit(limit(Some(cut.bytes_per_unit))?),
-            length: LengthCost::Profiled(profile),
+            length: LengthCost::Profiled(Box::new(profile)),
         })
     }
 }

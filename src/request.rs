@@ -29,8 +29,8 @@ pub enum ProfileSource {
     None,
     /// A file to read.
     File(String),
-    /// A profile in memory.
-    Loaded(Profile),
+    /// A profile in memory (boxed: a profile is large beside the other cases).
+    Loaded(Box<Profile>),
 }
 
 /// The sizes, costs, memory and profile of one configuration: everything `plan` and `tune` share.
@@ -74,7 +74,7 @@ impl ConfigRequest {
     pub fn profile(&self) -> Result<Option<Profile>, Error> {
         match &self.profile {
             ProfileSource::None => Ok(None),
-            ProfileSource::Loaded(p) => Ok(Some(p.clone())),
+            ProfileSource::Loaded(p) => Ok(Some(Profile::clone(p))),
             ProfileSource::File(path) => ProfileArgs {
                 profile: Some(path.clone()),
                 ..ProfileArgs::default()

@@ -26,8 +26,9 @@ pub enum LengthCost {
         /// The full length.
         full: usize,
     },
-    /// A profile's per-token model ([`Profile::length_scale`]).
-    Profiled(Profile),
+    /// A profile's per-token model ([`Profile::length_scale`]), boxed (a profile is large
+    /// beside the other case).
+    Profiled(Box<Profile>),
 }
 
 impl LengthCost {

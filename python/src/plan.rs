@@ -147,7 +147,7 @@ impl RequestArgs {
         }
         request.memory_limit = self.memory_limit.clone();
         request.profile = match (&self.profile_json, &self.profile_path) {
-            (Some(text), _) => ProfileSource::Loaded(Profile::from_json(text)?),
+            (Some(text), _) => ProfileSource::Loaded(Box::new(Profile::from_json(text)?)),
             (None, Some(path)) => ProfileSource::File(path.clone()),
             (None, None) => ProfileSource::None,
         };
