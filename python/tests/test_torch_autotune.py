@@ -31,8 +31,12 @@ def test_every_rank_gets_the_same_fastest_measured_choice(records):
     assert records[0]["trials"] == records[1]["trials"]
     # Every candidate ran the first round; the later ones ran only those within 10% of the
     # fastest so far (the best among them).
+    # The budget (60 s) outlasts both rounds of these small steps, so the trial with the fastest
+    # first round always ran the second. The best is the lowest median; on a noisy machine that
+    # may be a trial dropped after one round (the finalists' second rounds ran slower).
     fastest_first = min(t["rounds"][0] for t in measured)
-    assert len(best["rounds"]) == 2
+    leader = min(measured, key=lambda t: t["rounds"][0])
+    assert len(leader["rounds"]) == 2
     for t in measured:
         assert t["measured"] > 0 and len(t["rounds"]) in (1, 2)
         if len(t["rounds"]) == 1:
