@@ -16,7 +16,6 @@
 use candle_core::{DType, Tensor};
 
 use crate::error::{KernelError, Result};
-use crate::layers::{LayerNorm, Linear};
 use crate::primitives::Primitives;
 
 /// GPT-2's `initializer_range`.
@@ -93,7 +92,8 @@ pub fn parameter_seed(seed: u64, name: &str) -> u64 {
 }
 
 /// Makes parameter tensors of one dtype from one seed: what each model layer's
-/// [`crate::layers::ModelLayer::build`] draws its parameters with.
+/// `ModelLayer::build` draws its parameters with (a layer made of parameters, such as
+/// [`crate::Linear`], adds its own constructor to the factory in its file).
 pub(crate) struct ParameterFactory<'a> {
     ops: &'a dyn Primitives,
     /// `None` for shapes only: every tensor one zero broadcast to its shape, nothing drawn.
@@ -130,7 +130,7 @@ impl<'a> ParameterFactory<'a> {
     }
 
     /// A tensor filled with `value`.
-    fn constant(&self, shape: &[usize], value: f64) -> Result<Tensor> {
+    pub(crate) fn constant(&self, shape: &[usize], value: f64) -> Result<Tensor> {
         if self.seed.is_none() {
             return self.shape_only(shape);
         }
@@ -139,31 +139,11 @@ impl<'a> ParameterFactory<'a> {
             .float_tensor(&vec![value; count], shape, self.dtype)
     }
 
-    /// A `Conv1D` linear `[inputs, outputs]` named `prefix`, weight `N(0, std²)`, bias 0.
-    pub(crate) fn linear(
-        &self,
-        prefix: &str,
-        inputs: usize,
-        outputs: usize,
-        std: f64,
-    ) -> Result<Linear> {
-        let weight = self.normal(&format!("{prefix}.weight"), &[inputs, outputs], std)?;
-        Linear::new(weight, self.constant(&[outputs], 0.0)?)
-    }
-
     /// One zero of the factory's dtype broadcast to `shape`.
     fn shape_only(&self, shape: &[usize]) -> Result<Tensor> {
         let zero = self.ops.float_tensor(&[0.0], &[], self.dtype)?;
         zero.broadcast_as(shape)
             .map_err(KernelError::backend("parameter shape"))
-    }
-
-    /// A layer norm of width `features`: weight 1, bias 0.
-    pub(crate) fn layer_norm(&self, features: usize) -> Result<LayerNorm> {
-        LayerNorm::new(
-            self.constant(&[features], 1.0)?,
-            self.constant(&[features], 0.0)?,
-        )
     }
 }
 

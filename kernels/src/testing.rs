@@ -6,7 +6,8 @@ use candle_core::{DType, Device, Tensor, Var};
 
 use crate::error::KernelError;
 use crate::init::{NormalSampler, SplitMix64};
-use crate::layers::{InputGradient, Layer};
+use crate::layers::model::InputGradient;
+use crate::layers::Layer;
 use crate::primitives::CpuPrimitives;
 
 /// The dtypes every oracle test runs in.

@@ -9,8 +9,9 @@
 
 use candle_core::Tensor;
 
+use super::linear::Linear;
 use super::linear::{LinearPendingWeightGrad, LinearSaved};
-use super::{composite, composite_weights, held_tensors, Layer, Linear};
+use super::protocol::{composite, composite_weights, held_tensors, Layer};
 use crate::check;
 use crate::error::{KernelError, Result};
 use crate::primitives::Primitives;

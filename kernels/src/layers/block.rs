@@ -8,17 +8,18 @@
 
 use candle_core::{DType, Tensor};
 
+use super::attention::Attention;
 use super::attention::{AttentionPendingWeightGrad, AttentionSaved};
+use super::layer_norm::LayerNorm;
 use super::layer_norm::{LayerNormPendingWeightGrad, LayerNormSaved};
+use super::mlp::Mlp;
 use super::mlp::{MlpPendingWeightGrad, MlpSaved};
-use super::{
-    composite, composite_weights, held_tensors, Attention, KindDescription, Layer, LayerNorm, Mlp,
-    ModelLayer, Placement,
-};
+use super::model::{KindDescription, ModelLayer, Placement};
+use super::protocol::{composite, composite_weights, held_tensors, Layer};
 use crate::check;
 use crate::config::GptConfig;
 use crate::error::Result;
-use crate::flops::{block_flops, PassFlops};
+use crate::flops::passes::{block_flops, PassFlops};
 use crate::init::{ParameterFactory, INIT_STD};
 use crate::primitives::Primitives;
 use crate::sequence::{Chunk, ChunkAt, ChunkMemory};

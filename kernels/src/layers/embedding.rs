@@ -7,9 +7,8 @@
 
 use candle_core::{DType, Tensor};
 
-use super::{
-    held_tensors, parameters, KindDescription, Layer, ModelLayer, NamedParameters, Placement,
-};
+use super::model::{KindDescription, ModelLayer, Placement};
+use super::protocol::{held_tensors, parameters, Layer, NamedParameters};
 use crate::check;
 use crate::config::GptConfig;
 use crate::error::{KernelError, Result};

@@ -3,7 +3,7 @@
 
 use candle_core::Tensor;
 
-use super::{held_tensors, Layer, NamedParameters};
+use super::protocol::{held_tensors, Layer, NamedParameters};
 use crate::check;
 use crate::error::Result;
 use crate::primitives::Primitives;

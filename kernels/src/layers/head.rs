@@ -6,15 +6,14 @@
 
 use candle_core::Tensor;
 
+use super::layer_norm::LayerNorm;
 use super::layer_norm::{LayerNormPendingWeightGrad, LayerNormSaved};
-use super::{
-    concat_grads, held_tensors, parameters, KindDescription, Layer, LayerNorm, ModelLayer,
-    NamedParameters, Placement,
-};
+use super::model::{KindDescription, ModelLayer, Placement};
+use super::protocol::{concat_grads, held_tensors, parameters, Layer, NamedParameters};
 use crate::check;
 use crate::config::GptConfig;
 use crate::error::Result;
-use crate::flops::{head_flops, PassFlops};
+use crate::flops::passes::{head_flops, PassFlops};
 use crate::init::{ParameterFactory, INIT_STD};
 use crate::primitives::Primitives;
 

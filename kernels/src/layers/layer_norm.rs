@@ -6,9 +6,10 @@
 
 use candle_core::Tensor;
 
-use super::{held_tensors, parameters, Layer};
+use super::protocol::{held_tensors, parameters, Layer};
 use crate::check;
 use crate::error::Result;
+use crate::init::ParameterFactory;
 use crate::primitives::Primitives;
 
 const LAYER: &str = "LayerNorm";
@@ -103,6 +104,17 @@ held_tensors!(mut LayerNormPendingWeightGrad {
     normalized,
     grad_output
 });
+
+/// The factory's GPT-2 initialisation of a [`LayerNorm`].
+impl ParameterFactory<'_> {
+    /// A layer norm of width `features`: weight 1, bias 0.
+    pub(crate) fn layer_norm(&self, features: usize) -> Result<LayerNorm> {
+        LayerNorm::new(
+            self.constant(&[features], 1.0)?,
+            self.constant(&[features], 0.0)?,
+        )
+    }
+}
 
 #[cfg(test)]
 mod tests {

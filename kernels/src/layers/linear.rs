@@ -6,9 +6,10 @@
 
 use candle_core::Tensor;
 
-use super::{held_tensors, parameters, with_last_dim, Layer};
+use super::protocol::{held_tensors, parameters, with_last_dim, Layer};
 use crate::check;
 use crate::error::Result;
+use crate::init::ParameterFactory;
 use crate::primitives::Primitives;
 
 const LAYER: &str = "Linear";
@@ -125,6 +126,21 @@ held_tensors!(mut LinearPendingWeightGrad {
     input_rows,
     grad_rows
 });
+
+/// The factory's GPT-2 initialisation of a [`Linear`].
+impl ParameterFactory<'_> {
+    /// A `Conv1D` linear `[inputs, outputs]` named `prefix`, weight `N(0, std²)`, bias 0.
+    pub(crate) fn linear(
+        &self,
+        prefix: &str,
+        inputs: usize,
+        outputs: usize,
+        std: f64,
+    ) -> Result<Linear> {
+        let weight = self.normal(&format!("{prefix}.weight"), &[inputs, outputs], std)?;
+        Linear::new(weight, self.constant(&[outputs], 0.0)?)
+    }
+}
 
 #[cfg(test)]
 mod tests {

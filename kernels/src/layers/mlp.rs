@@ -5,9 +5,11 @@
 
 use candle_core::Tensor;
 
+use super::gelu::Gelu;
 use super::gelu::GeluSaved;
+use super::linear::Linear;
 use super::linear::{LinearPendingWeightGrad, LinearSaved};
-use super::{composite, composite_weights, held_tensors, Gelu, Layer, Linear};
+use super::protocol::{composite, composite_weights, held_tensors, Layer};
 use crate::check;
 use crate::error::Result;
 use crate::primitives::Primitives;

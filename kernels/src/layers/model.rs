@@ -6,9 +6,9 @@
 //! beside its [`Layer`] impl: a [`KindDescription`] (its name, where a cut may place it, what it
 //! takes), how many the model has, how it is built from the seed (through the
 //! [`ParameterFactory`]), where its errors are located and what its parameters are called in the
-//! model (Hugging Face's GPT-2 names). One line of [`register_layers!`] in `layers/mod.rs`
+//! model (Hugging Face's GPT-2 names). One line of [`register_layers!`] in `layers/registry.rs`
 //! registers it; the registration's order is the model's order ([`model_layers`]), and the macro
-//! writes the one enum of layers ([`super::AnyLayer`]) and of their states that a stage holds,
+//! writes the one enum of layers (`AnyLayer`) and of their states that a stage holds,
 //! each method one `match` dispatching to the kind's own.
 //!
 //! The layers of a model are placed in order: first those pinned to the first stage
@@ -17,10 +17,10 @@
 
 use candle_core::Tensor;
 
-use super::{Layer, LayerKind};
+use super::protocol::Layer;
 use crate::config::GptConfig;
-use crate::error::{KernelError, Result};
-use crate::flops::PassFlops;
+use crate::error::Result;
+use crate::flops::passes::PassFlops;
 use crate::init::ParameterFactory;
 
 /// Where a cut may put a layer: on the first stage, on any, or on the last.
@@ -68,6 +68,21 @@ impl KindDescription {
             input: LayerInput::TokenIds,
             ..self
         }
+    }
+
+    /// The kind's name.
+    pub(crate) fn name(self) -> &'static str {
+        self.name
+    }
+
+    /// Where a cut may put the kind's layers.
+    pub(crate) fn placement(self) -> Placement {
+        self.placement
+    }
+
+    /// What the kind's layers take.
+    pub(crate) fn input(self) -> LayerInput {
+        self.input
     }
 }
 
@@ -120,100 +135,13 @@ impl InputGradient for () {
     }
 }
 
-impl LayerKind {
-    /// The kind's name (`embedding`, `block`, `head`).
-    pub fn name(self) -> &'static str {
-        self.description().name
-    }
-
-    /// Where a cut may put the kind's layers.
-    pub fn placement(self) -> Placement {
-        self.description().placement
-    }
-
-    /// What the kind's layers take.
-    pub fn input(self) -> LayerInput {
-        self.description().input
-    }
-}
-
-/// One layer of the model: its kind and its index among the layers of that kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LayerId {
-    kind: LayerKind,
-    index: usize,
-    /// How many layers of the kind the model has.
-    of: usize,
-}
-
-impl LayerId {
-    /// The layer's kind.
-    pub fn kind(self) -> LayerKind {
-        self.kind
-    }
-
-    /// The layer's index among the layers of its kind (a block's global index).
-    pub fn index(self) -> usize {
-        self.index
-    }
-
-    /// Where a cut may put it.
-    pub fn placement(self) -> Placement {
-        self.kind.placement()
-    }
-
-    /// What it takes.
-    pub fn input(self) -> LayerInput {
-        self.kind.input()
-    }
-
-    /// Its name in a profile: the kind's name, with the index for free kinds and kinds of
-    /// several layers (`embedding`, `block.3`, `head`).
-    pub fn label(self) -> String {
-        match self.placement() == Placement::Any || self.of > 1 {
-            true => format!("{}.{}", self.kind.name(), self.index),
-            false => self.kind.name().to_string(),
-        }
-    }
-
-    /// Where its errors are located: its GPT-2 name.
-    pub(crate) fn location(self) -> String {
-        self.kind.location(self.index)
-    }
-}
-
-/// The layers of the model of `config`, in order: every registered kind's layers, kind after
-/// kind in the order of the registration.
-pub fn model_layers(config: &GptConfig) -> Vec<LayerId> {
-    LayerKind::ALL
-        .iter()
-        .flat_map(|&kind| {
-            let of = kind.count(config);
-            (0..of).map(move |index| LayerId { kind, index, of })
-        })
-        .collect()
-}
-
-/// The error of a layer given a state of another kind's layer (`field`: `saved` or `pending`).
-pub(crate) fn state_mismatch(
-    field: &'static str,
-    layer: LayerKind,
-    state: LayerKind,
-) -> KernelError {
-    KernelError::InvalidArgument {
-        field,
-        value: format!("a state of the {} for the {}", state.name(), layer.name()),
-        reason: "was produced by a stage with another layout",
-    }
-}
-
 /// Registers the model's layer kinds, in model order, one line each (`Kind(LayerType)`), in
-/// `layers/mod.rs`: writes [`LayerKind`] (with what [`ModelLayer`] says of each) and the enums a
-/// stage holds, [`super::AnyLayer`] and its states [`super::AnySaved`] and
-/// [`super::AnyPending`], each method one `match` over the kinds.
+/// `layers/registry.rs`: writes `LayerKind` (with what [`ModelLayer`] says of each) and the enums a
+/// stage holds, `AnyLayer` and its states `AnySaved` and
+/// `AnyPending`, each method one `match` over the kinds.
 macro_rules! register_layers {
     ($($kind:ident($layer:ty)),+ $(,)?) => {
-        /// The kinds of the model's layers, in model order (registered in `layers/mod.rs`).
+        /// The kinds of the model's layers, in model order (registered in `layers/registry.rs`).
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum LayerKind {
             $(
@@ -248,7 +176,7 @@ macro_rules! register_layers {
                 config: &$crate::config::GptConfig,
                 batch: usize,
                 seq_len: usize,
-            ) -> $crate::flops::PassFlops {
+            ) -> $crate::flops::passes::PassFlops {
                 match self {
                     $(LayerKind::$kind => {
                         <$layer as $crate::layers::model::ModelLayer>::flops(config, batch, seq_len)
@@ -289,13 +217,13 @@ macro_rules! register_layers {
         /// What [`AnyLayer::forward`] keeps: its kind's saved state.
         #[derive(Debug)]
         pub(crate) enum AnySaved {
-            $($kind(<$layer as $crate::layers::Layer>::Saved),)+
+            $($kind(<$layer as $crate::layers::protocol::Layer>::Saved),)+
         }
 
         /// What [`AnyLayer::backward_weight`] needs: its kind's pending state.
         #[derive(Debug)]
         pub(crate) enum AnyPending {
-            $($kind(<$layer as $crate::layers::Layer>::PendingWeightGrad),)+
+            $($kind(<$layer as $crate::layers::protocol::Layer>::PendingWeightGrad),)+
         }
 
         impl AnyLayer {
@@ -310,10 +238,10 @@ macro_rules! register_layers {
                 match self {
                     $(AnyLayer::$kind(layer) => {
                         let (output, saved) = match chunk {
-                            Some((at, memory)) => $crate::layers::Layer::forward_chunk(
+                            Some((at, memory)) => $crate::layers::protocol::Layer::forward_chunk(
                                 layer, ops, input, at, memory,
                             )?,
-                            None => $crate::layers::Layer::forward(layer, ops, input)?,
+                            None => $crate::layers::protocol::Layer::forward(layer, ops, input)?,
                         };
                         Ok((output, AnySaved::$kind(saved)))
                     })+
@@ -332,10 +260,10 @@ macro_rules! register_layers {
                 match (self, saved) {
                     $((AnyLayer::$kind(layer), AnySaved::$kind(saved)) => {
                         let (grad, pending) = match chunk {
-                            Some((at, memory)) => $crate::layers::Layer::backward_input_chunk(
+                            Some((at, memory)) => $crate::layers::protocol::Layer::backward_input_chunk(
                                 layer, ops, saved, grad_output, at, memory,
                             )?,
-                            None => $crate::layers::Layer::backward_input(
+                            None => $crate::layers::protocol::Layer::backward_input(
                                 layer,
                                 ops,
                                 saved,
@@ -343,12 +271,12 @@ macro_rules! register_layers {
                             )?,
                         };
                         Ok((
-                            $crate::layers::InputGradient::into_gradient(grad),
+                            $crate::layers::model::InputGradient::into_gradient(grad),
                             AnyPending::$kind(pending),
                         ))
                     })+
                     #[allow(unreachable_patterns)]
-                    (layer, saved) => Err($crate::layers::model::state_mismatch(
+                    (layer, saved) => Err($crate::layers::registry::state_mismatch(
                         "saved",
                         layer.kind(),
                         saved.kind(),
@@ -364,10 +292,10 @@ macro_rules! register_layers {
             ) -> $crate::error::Result<Vec<candle_core::Tensor>> {
                 match (self, pending) {
                     $((AnyLayer::$kind(layer), AnyPending::$kind(pending)) => {
-                        $crate::layers::Layer::backward_weight(layer, ops, pending)
+                        $crate::layers::protocol::Layer::backward_weight(layer, ops, pending)
                     })+
                     #[allow(unreachable_patterns)]
-                    (layer, pending) => Err($crate::layers::model::state_mismatch(
+                    (layer, pending) => Err($crate::layers::registry::state_mismatch(
                         "pending",
                         layer.kind(),
                         pending.kind(),
@@ -393,16 +321,16 @@ macro_rules! register_layers {
         $crate::layers::model::register_layers!(@kind AnySaved { $($kind),+ });
         $crate::layers::model::register_layers!(@kind AnyPending { $($kind),+ });
 
-        impl $crate::layers::ParameterSlots for AnyLayer {
+        impl $crate::layers::protocol::ParameterSlots for AnyLayer {
             fn push_slots<'a>(&'a mut self, out: &mut Vec<&'a mut candle_core::Tensor>) {
                 match self {
-                    $(AnyLayer::$kind(layer) => $crate::layers::ParameterSlots::push_slots(layer, out),)+
+                    $(AnyLayer::$kind(layer) => $crate::layers::protocol::ParameterSlots::push_slots(layer, out),)+
                 }
             }
         }
 
-        $crate::layers::held_tensors!(mut enum AnySaved { $($kind(state)),+ });
-        $crate::layers::held_tensors!(mut enum AnyPending { $($kind(state)),+ });
+        $crate::layers::protocol::held_tensors!(mut enum AnySaved { $($kind(state)),+ });
+        $crate::layers::protocol::held_tensors!(mut enum AnyPending { $($kind(state)),+ });
     };
     (@kind $enum:ident { $($kind:ident),+ }) => {
         impl $enum {
@@ -416,43 +344,3 @@ macro_rules! register_layers {
     };
 }
 pub(crate) use register_layers;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_gpt_is_its_embedding_blocks_and_head_in_order() {
-        let config = GptConfig::new(3, 8, 2, 8).unwrap();
-        let layers = model_layers(&config);
-        let labels: Vec<String> = layers.iter().map(|l| l.label()).collect();
-        assert_eq!(
-            labels,
-            ["embedding", "block.0", "block.1", "block.2", "head"]
-        );
-        let placements: Vec<Placement> = layers.iter().map(|l| l.placement()).collect();
-        use Placement::{Any, First, Last};
-        assert_eq!(placements, [First, Any, Any, Any, Last]);
-        assert_eq!(layers[0].input(), LayerInput::TokenIds);
-        assert!(layers[1..].iter().all(|l| l.input() == LayerInput::Hidden));
-        assert_eq!(layers[3].location(), "transformer.h.2");
-    }
-
-    #[test]
-    fn the_registration_keeps_placements_and_token_inputs_in_order() {
-        // Those placed first open the model, those placed last end it; only layers before every
-        // other may take token ids (they hand no gradient back).
-        let rank = |p: Placement| match p {
-            Placement::First => 0,
-            Placement::Any => 1,
-            Placement::Last => 2,
-        };
-        let kinds = LayerKind::ALL;
-        assert!(kinds
-            .windows(2)
-            .all(|w| rank(w[0].placement()) <= rank(w[1].placement())));
-        let first_hidden = kinds.iter().position(|k| k.input() == LayerInput::Hidden);
-        let tokens_after = first_hidden.map_or(&[][..], |i| &kinds[i..]);
-        assert!(tokens_after.iter().all(|k| k.input() == LayerInput::Hidden));
-    }
-}

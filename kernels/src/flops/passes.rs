@@ -1,10 +1,7 @@
-//! Floating-point operation estimates per layer and per stage, for the three passes a pipeline
-//! schedule runs (F, I, W): matrix products only, `2·m·n·k` each; the elementwise work (layer
-//! norm, softmax, GELU, scatter-add) is ignored. The attention core is counted over the full
-//! `T x T` score matrix (the CPU kernels do not skip the masked half).
+//! The estimates per layer kind: [`PassFlops`] and the products of a block and of the head.
+//! Depends on the model's shape only.
 
 use crate::config::GptConfig;
-use crate::stage::StageLayout;
 
 /// Estimated FLOPs of the forward, input-gradient and weight-gradient passes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -60,21 +57,6 @@ pub fn head_flops(config: &GptConfig, batch: usize, seq_len: usize) -> PassFlops
     }
 }
 
-/// A whole stage: its layers' estimates summed in order, each as its kind gives it (the
-/// embedding is a gather and a scatter-add: no products).
-pub fn stage_flops(
-    config: &GptConfig,
-    layout: &StageLayout,
-    batch: usize,
-    seq_len: usize,
-) -> PassFlops {
-    layout
-        .layers()
-        .iter()
-        .map(|id| id.kind().flops(config, batch, seq_len))
-        .fold(PassFlops::default(), PassFlops::plus)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,7 +69,5 @@ mod tests {
         let (n, d, t) = (2048u64, 768u64, 1024u64);
         assert_eq!(flops.forward, 24 * n * d * d + 4 * 2 * t * t * d);
         assert_eq!(flops.backward_weight, 24 * n * d * d);
-        let stage = stage_flops(&config, &StageLayout::whole_model(&config), 2, 1024);
-        assert_eq!(stage.backward_weight, 12 * 24 * n * d * d + 2 * n * 256 * d);
     }
 }
