@@ -16,7 +16,8 @@
 //! peak of a chosen plan must stay within the limit it was chosen for).
 
 use pipeweave::frontier::frontier;
-use pipeweave::tune::{candidate_cuts, candidate_expressions, tune, tune_cuts, TuneReport};
+use pipeweave::search_space::candidate_expressions;
+use pipeweave::tune::{candidate_cuts, tune, tune_cuts, TuneReport};
 use pipeweave::{build_and_simulate, build_plan, PipelineConfig, Profile};
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::BatchShape;

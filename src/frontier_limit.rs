@@ -1,7 +1,7 @@
 //! The limit under the frontier (`tune --frontier`): for each memory limit, no schedule of the
 //! placements the frontier searches is faster.
 //!
-//! The placements: those of [`crate::frontier::LIMIT_BASES`] (1F1B and 2- to 8-chunk
+//! The placements: those of [`crate::search_space::LIMIT_BASES`] (1F1B and 2- to 8-chunk
 //! interleaving), the V layout and DualPipe's two routes on 1F1B and 2-chunk interleaving. For
 //! each, the relaxation's bound ([`pipeweave_core::lower_bound`]: every schedule, recomputes and
 //! offloads included) and, at each limit, what the limit forces on the schedules that keep
@@ -13,8 +13,8 @@
 //!   included, is faster at any limit.
 
 use crate::config::{build_plan, PipelineConfig};
-use crate::frontier::LIMIT_BASES;
 use crate::report::tidy;
+use crate::search_space::LIMIT_BASES;
 use pipeweave_core::{lower_bound, TOLERANCE};
 use pipeweave_transforms::schedules::exact::MemoryBound;
 use serde::Serialize;

@@ -21,10 +21,16 @@ pub mod error;
 pub mod files;
 pub mod frontier;
 pub mod frontier_limit;
+pub mod frontier_point;
+pub mod frontier_svg;
+pub mod memory_limit;
 pub mod paper_table;
+pub mod profile_costing;
 pub mod reference;
 pub mod report;
 pub mod request;
+pub mod residency_search;
+pub mod search_space;
 pub mod text_table;
 pub mod tune;
 pub mod variable_length;
@@ -34,6 +40,7 @@ pub use config::{
     build_and_simulate, build_plan, build_plan_observed, build_plan_with, PipelineConfig,
 };
 pub use error::Error;
+pub use memory_limit::MemoryLimit;
 pub use pipeweave_backends as backends;
 pub use pipeweave_core as core_ir;
 pub use pipeweave_core::{
@@ -47,6 +54,7 @@ pub use pipeweave_transforms::{
     compile_expression, Arguments, Arity, Changes, Contract, Pass, PassList, Registry, Requires,
     TransformError,
 };
+pub use profile_costing::ProfileOptions;
 pub use request::{ConfigRequest, ProfileSource};
 
 /// What a pass of one's own needs, in one import: `use pipeweave::prelude::*;`.

@@ -2,23 +2,20 @@
 //! keyword arguments Python passes, turned into a [`PipelineConfig`] (and a profile's cut) by one
 //! set of rules, so both front ends give the same figures and the same error lines.
 //!
-//! Option values keep the CLI's syntax (`F=1,I=1,comm=0.1`, `total=1,weight_grad=0.4`, `2GiB`):
-//! their one parser is the CLI's ([`crate::cli::parse_costs`] and its siblings), which names the
-//! option in its errors.
+//! The request holds typed values (costs, memory, a [`MemoryLimit`], [`ProfileOptions`]); the
+//! front ends read their own syntax into them (the CLI's `--costs F=1,I=1,comm=0.1` through
+//! `crate::cli`'s parsers, which name the option in their errors).
 
-use crate::cli::{parse_activation_memory, parse_costs, parse_memory_limit, ProfileArgs};
 use crate::config::PipelineConfig;
 use crate::error::Error;
 use crate::frontier::{frontier, Frontier};
+use crate::memory_limit::MemoryLimit;
+use crate::profile_costing::{read_profile, ProfileOptions};
 use crate::reference::read_reference;
-use crate::tune::{candidate_cuts, candidate_expressions, tune, tune_cuts, TuneReport};
+use crate::search_space::candidate_expressions;
+use crate::tune::{candidate_cuts, tune, tune_cuts, TuneReport};
 use pipeweave_core::formats::csv::import_csv;
-use pipeweave_core::{CutCosts, Plan, Profile, ProgramSet};
-
-/// The costs `plan` and `tune` assume without `--costs`.
-pub const DEFAULT_COSTS: &str = "F=1,I=1,W=1,comm=0";
-/// The activation memory they assume without `--activation-memory`.
-pub const DEFAULT_ACTIVATION_MEMORY: &str = "total=1";
+use pipeweave_core::{CutCosts, Plan, Profile, ProgramSet, StageCosts, StageMemory};
 
 /// Where a profile comes from: a file (`--profile FILE.json`) or one already loaded (Python's
 /// `pipeweave.Profile`).
@@ -40,17 +37,18 @@ pub struct ConfigRequest {
     pub ranks: u32,
     /// Microbatches.
     pub microbatches: u32,
-    /// `--costs` (CLI syntax).
-    pub costs: String,
-    /// `--activation-memory` (CLI syntax; replaced by a profile's memory).
-    pub activation_memory: String,
-    /// `--memory-limit`: units, or bytes with a profile.
-    pub memory_limit: Option<String>,
-    /// `--profile`.
+    /// Every rank's share's costs (replaced by a profile's).
+    pub costs: StageCosts,
+    /// The latency of one transfer between ranks.
+    pub comm: f64,
+    /// One microbatch's activation memory on a rank's share (replaced by a profile's).
+    pub activation_memory: StageMemory,
+    /// The per-rank limit: units, or bytes with a profile.
+    pub memory_limit: Option<MemoryLimit>,
+    /// Measured costs.
     pub profile: ProfileSource,
-    /// `--layers-per-stage`, `--microbatch-tokens`, `--cores` (the path in it is unused: see
-    /// `profile`).
-    pub profile_options: ProfileArgs,
+    /// How the profile costs the configuration (cut, tokens, cores).
+    pub profile_options: ProfileOptions,
     /// `--ranks-per-link`: consecutive ranks on one host link (1: a link per rank).
     pub ranks_per_link: u32,
 }
@@ -61,11 +59,12 @@ impl ConfigRequest {
         ConfigRequest {
             ranks,
             microbatches,
-            costs: DEFAULT_COSTS.to_string(),
-            activation_memory: DEFAULT_ACTIVATION_MEMORY.to_string(),
+            costs: StageCosts::default(),
+            comm: 0.0,
+            activation_memory: StageMemory::default(),
             memory_limit: None,
             profile: ProfileSource::None,
-            profile_options: ProfileArgs::default(),
+            profile_options: ProfileOptions::default(),
             ranks_per_link: 1,
         }
     }
@@ -75,20 +74,15 @@ impl ConfigRequest {
         match &self.profile {
             ProfileSource::None => Ok(None),
             ProfileSource::Loaded(p) => Ok(Some(Profile::clone(p))),
-            ProfileSource::File(path) => ProfileArgs {
-                profile: Some(path.clone()),
-                ..ProfileArgs::default()
-            }
-            .read(),
+            ProfileSource::File(path) => read_profile(path).map(Some),
         }
     }
 
     /// The configuration before any profile or limit: sizes, typed costs and memory.
     fn base(&self) -> Result<PipelineConfig, Error> {
-        let (costs, comm) = parse_costs(&self.costs)?;
         PipelineConfig::new(self.ranks, self.microbatches)?
-            .with_costs(costs, comm)?
-            .with_memory(parse_activation_memory(&self.activation_memory)?)
+            .with_costs(self.costs.clone(), self.comm)?
+            .with_memory(self.activation_memory.clone())
             .with_ranks_per_link(self.ranks_per_link)
     }
 
@@ -103,10 +97,7 @@ impl ConfigRequest {
                 (config, Some(cut))
             }
         };
-        let limit = parse_memory_limit(
-            self.memory_limit.as_deref(),
-            cut.as_ref().map(|c| c.bytes_per_unit),
-        )?;
+        let limit = self.limit_in_units(cut.as_ref().map(|c| c.bytes_per_unit))?;
         Ok((config.with_memory_limit(limit), cut))
     }
 
@@ -117,7 +108,7 @@ impl ConfigRequest {
         let base = self.base()?;
         let report = match self.profile()? {
             None => {
-                let limit = parse_memory_limit(self.memory_limit.as_deref(), None)?;
+                let limit = self.limit_in_units(None)?;
                 self.search(&base.with_memory_limit(limit), limit, progress)
             }
             Some(p) => {
@@ -128,8 +119,7 @@ impl ConfigRequest {
                 let options = &self.profile_options;
                 let base = options.with_cores(options.with_tokens(base, &p)?, &p)?;
                 tune_cuts(&base, &p, &cuts, &mut |config, cut| {
-                    let limit =
-                        parse_memory_limit(self.memory_limit.as_deref(), Some(cut.bytes_per_unit))?;
+                    let limit = self.limit_in_units(Some(cut.bytes_per_unit))?;
                     Ok(self.search(&config.clone().with_memory_limit(limit), limit, progress))
                 })?
             }
@@ -139,14 +129,24 @@ impl ConfigRequest {
                 option: "--memory-limit",
                 message: format!(
                     "no schedule fits in {} per rank ({} tried)",
-                    self.memory_limit
-                        .as_deref()
-                        .unwrap_or("unlimited activations"),
+                    match &self.memory_limit {
+                        None => "unlimited activations".to_string(),
+                        Some(MemoryLimit::Units(units)) => pipeweave_core::show_number(*units),
+                        Some(MemoryLimit::Bytes { written, .. }) => written.clone(),
+                    },
                     report.evaluated
                 ),
             });
         }
         Ok(report)
+    }
+
+    /// The limit in units (bytes converted by a cut's `bytes_per_unit`), or none.
+    fn limit_in_units(&self, bytes_per_unit: Option<f64>) -> Result<Option<f64>, Error> {
+        self.memory_limit
+            .as_ref()
+            .map(|limit| limit.in_units(bytes_per_unit))
+            .transpose()
     }
 
     /// With a limit, the frontier's search (`auto` at every rung of its ladder up to the limit,
@@ -187,9 +187,12 @@ impl ConfigRequest {
 }
 
 /// A schedule file read as `check` reads it: a PyTorch CSV (compute-only or lowered, then with
-/// its programs) or a reference JSON file, costed by `costs` (CLI syntax).
-pub fn import_schedule(path: &str, costs: &str) -> Result<(Plan, Option<ProgramSet>), Error> {
-    let (costs, comm) = parse_costs(costs)?;
+/// its programs) or a reference JSON file, costed by `costs` and the latency `comm`.
+pub fn import_schedule(
+    path: &str,
+    costs: StageCosts,
+    comm: f64,
+) -> Result<(Plan, Option<ProgramSet>), Error> {
     let text = crate::files::read_text(path)?;
     if path.ends_with(".json") {
         Ok((read_reference(path, &text, costs, comm)?, None))

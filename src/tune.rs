@@ -1,19 +1,11 @@
-//! `tune`: which schedule is best for my sizes, costs and memory?
+//! `tune`: which schedule is best for my sizes, costs and memory? The engine of every search:
 //!
-//! Builds every candidate expression of the grammar (the built-in passes with their arguments:
-//! chunks, layout, policy, memory) for one [`PipelineConfig`], keeps those that build and whose
-//! peak activations fit the memory limit, and ranks them by makespan (then peak memory, then the
-//! order of the list below). Every candidate is built by [`build_plan`] exactly as `plan` would
-//! build it with the same options, so an expression given back to `plan` gives the same figures.
-//! Candidates are evaluated on every core.
-//!
-//! The candidates: `gpipe`; `f1b(gpipe)`; `vpp(f1b(gpipe), chunks=C)` for C = 2..4 and the V
-//! layout; `zero_bubble` with `h1`, `h2` and `auto` on 1F1B, on interleaving (2 and 3 chunks, the
-//! V layout) and, with `auto` at twice the 1F1B memory when the limit allows, on 1F1B; `auto` on
-//! 4- and 8-chunk interleaving (at the limit where one is given); on problems of at most 300 ops,
-//! `policy=optimal` on 1F1B with a node budget; V-Half and
-//! V-Min (`policy=v_half`, `policy=v_min`) on the V layout; `dual` and
-//! `zero_bubble(dual(..))` on 1F1B and 2-chunk interleaving.
+//! Builds a list of candidate expressions (the search space is [`crate::search_space`]'s) for one
+//! [`PipelineConfig`], keeps those that build and whose peak activations fit the memory limit,
+//! and ranks them by makespan (then peak memory, then the order of the list). Every candidate is
+//! built by [`build_plan`] exactly as `plan` would build it with the same options, so an
+//! expression given back to `plan` gives the same figures. Candidates are evaluated on every
+//! core. With a profile, the search runs over candidate cuts too ([`tune_cuts`]).
 
 use crate::config::{build_plan_with, PipelineConfig};
 use crate::error::Error;
@@ -119,98 +111,6 @@ impl PlacementBounds {
         }
         bound
     }
-}
-
-/// The most ops (F, I and W) a problem may have for `tune` to try `policy=optimal` on it.
-pub const OPTIMAL_CANDIDATE_OPS: u32 = 300;
-
-/// The node budget of `tune`'s `policy=optimal` candidate (deterministic: a time budget would
-/// make the ranking depend on the machine).
-pub const OPTIMAL_CANDIDATE_NODES: u32 = 200_000;
-
-/// Every expression `tune` tries for `ranks` x `microbatches`, in tie-breaking order.
-pub fn candidate_expressions(
-    ranks: u32,
-    microbatches: u32,
-    memory_limit: Option<f64>,
-    sequence: Option<u32>,
-) -> Vec<String> {
-    let mut out: Vec<String> = vec!["gpipe".into(), "f1b(gpipe)".into()];
-    for chunks in 2..=4 {
-        out.push(format!("vpp(f1b(gpipe), chunks={chunks})"));
-    }
-    out.push("vpp(f1b(gpipe), chunks=2, layout=v)".into());
-    for policy in ["h1", "h2", "auto"] {
-        out.push(format!("zero_bubble(f1b(gpipe), policy={policy})"));
-    }
-    let doubled = 2.0 * f64::from(ranks);
-    if memory_limit.is_none_or(|l| l >= doubled) {
-        out.push(format!(
-            "zero_bubble(f1b(gpipe), policy=auto, memory={doubled})"
-        ));
-    }
-    for inner in [
-        "vpp(f1b(gpipe), chunks=2)",
-        "vpp(f1b(gpipe), chunks=3)",
-        "vpp(f1b(gpipe), chunks=2, layout=v)",
-    ] {
-        out.push(format!("zero_bubble({inner})"));
-    }
-    // The exact search where the problem is small.
-    if ranks.saturating_mul(microbatches).saturating_mul(3) <= OPTIMAL_CANDIDATE_OPS {
-        let memory = memory_limit.map_or(String::new(), |l| format!(", memory={l}"));
-        out.push(format!(
-            "zero_bubble(f1b(gpipe), policy=optimal{memory}, nodes={OPTIMAL_CANDIDATE_NODES})"
-        ));
-    }
-    // Finer interleaving fills the pipeline faster (3M + (P - 1) / C at unit costs, which `auto`
-    // reaches on 4 and 8 chunks), at the limit where one is given.
-    for chunks in [4, 8] {
-        let inner = format!("vpp(f1b(gpipe), chunks={chunks})");
-        out.push(match memory_limit {
-            Some(limit) => format!("zero_bubble({inner}, policy=auto, memory={limit})"),
-            None => format!("zero_bubble({inner})"),
-        });
-    }
-    for policy in ["v_half", "v_min"] {
-        out.push(format!(
-            "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v), policy={policy})"
-        ));
-    }
-    for inner in ["f1b(gpipe)", "vpp(f1b(gpipe), chunks=2)"] {
-        out.push(format!("dual({inner})"));
-        out.push(format!("zero_bubble(dual({inner}))"));
-    }
-    out.extend(seq_split_expressions(memory_limit, sequence));
-    out
-}
-
-/// Sequence-split candidates (Seq1F1B), where the model has a sequence of `tokens` tokens to
-/// split (a profile's `seq_len`; none without: abstract costs know no attention and no
-/// per-chunk overhead, so splitting would always look free): 1F1B and ZB-V over 2, 4 and 8
-/// chunks balanced by cost, and at a limit the zero-bubble search over 4 chunks within it.
-pub fn seq_split_expressions(memory_limit: Option<f64>, tokens: Option<u32>) -> Vec<String> {
-    let Some(tokens) = tokens else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for chunks in [2, 4, 8].into_iter().filter(|&k| k <= tokens) {
-        out.push(format!(
-            "seq_split(f1b(gpipe), chunks={chunks}, split=cost)"
-        ));
-    }
-    if tokens >= 4 {
-        out.push(
-            "seq_split(zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v)), chunks=4, split=cost)"
-                .into(),
-        );
-        if let Some(limit) = memory_limit {
-            out.push(format!(
-                "seq_split(zero_bubble(f1b(gpipe)), chunks=4, split=cost, memory={limit})"
-            ));
-        }
-    }
-    out
 }
 
 /// Evaluates `expressions` under `config` on every core; `progress` is called once per
@@ -433,6 +333,7 @@ pub fn candidate_cuts(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::search_space::candidate_expressions;
     use pipeweave_core::TOLERANCE;
 
     #[test]

@@ -3,9 +3,11 @@
 
 use crate::errors::{bad_input, detached};
 use crate::passes::{registry_with, PythonPass};
+use pipeweave::cli::{parse_activation_memory, parse_costs, read_memory_limit, DEFAULT_COSTS};
 use pipeweave::compile::{compile, compile_imported, Compiled};
 use pipeweave::request::{import_schedule, ConfigRequest, ProfileSource};
 use pipeweave::Error;
+use pipeweave::ProfileOptions;
 use pipeweave_core::formats::{csv, svg, trace};
 use pipeweave_core::{
     checked_size, CutCosts, Profile, RecvPolicy, Sharing, MAX_MICROBATCHES, MAX_RANKS,
@@ -140,20 +142,26 @@ impl RequestArgs {
             checked_size("microbatches", self.microbatches, MAX_MICROBATCHES.into())?,
         );
         if let Some(costs) = &self.costs {
-            request.costs = costs.clone();
+            (request.costs, request.comm) = parse_costs(costs)?;
         }
         if let Some(memory) = &self.activation_memory {
-            request.activation_memory = memory.clone();
+            request.activation_memory = parse_activation_memory(memory)?;
         }
-        request.memory_limit = self.memory_limit.clone();
+        request.memory_limit = self
+            .memory_limit
+            .as_deref()
+            .map(read_memory_limit)
+            .transpose()?;
         request.profile = match (&self.profile_json, &self.profile_path) {
             (Some(text), _) => ProfileSource::Loaded(Box::new(Profile::from_json(text)?)),
             (None, Some(path)) => ProfileSource::File(path.clone()),
             (None, None) => ProfileSource::None,
         };
-        request.profile_options.layers_per_stage = self.layers_per_stage.clone();
-        request.profile_options.microbatch_tokens = self.microbatch_tokens.clone();
-        request.profile_options.cores = self.cores;
+        request.profile_options = ProfileOptions {
+            layers_per_stage: self.layers_per_stage.clone(),
+            microbatch_tokens: self.microbatch_tokens.clone(),
+            cores: self.cores,
+        };
         request.ranks_per_link = self.ranks_per_link.unwrap_or(1);
         for (given, option) in [
             (self.layers_per_stage.is_some(), "layers_per_stage"),
@@ -209,9 +217,10 @@ pub fn check_file(
 ) -> PyResult<NativePlan> {
     let recv = recv_policy(py, recv)?;
     let default = costs.is_none();
-    let costs = costs.unwrap_or_else(|| pipeweave::request::DEFAULT_COSTS.to_string());
+    let costs = costs.unwrap_or_else(|| DEFAULT_COSTS.to_string());
     detached(py, || {
-        let (plan, programs) = import_schedule(path, &costs)?;
+        let (stage_costs, comm) = parse_costs(&costs)?;
+        let (plan, programs) = import_schedule(path, stage_costs, comm)?;
         Ok(NativePlan {
             compiled: compile_imported(plan, programs, recv)?,
             title: path.to_string(),

@@ -1,9 +1,10 @@
 //! `pipeweave check FILE`: import a schedule (PyTorch CSV, compute or lowered, or a reference JSON
 //! file), verify it, project and check its communication, simulate it, and report.
 
+use crate::cli::options::{parse_costs, DEFAULT_COSTS};
 use crate::cli::outputs::{check_and_emit, OutputArgs, ReportContext, Source};
 use crate::error::Error;
-use crate::request::{import_schedule, DEFAULT_COSTS};
+use crate::request::import_schedule;
 use clap::Args;
 use std::io::Write;
 
@@ -23,7 +24,8 @@ pub struct CheckArgs {
 /// Runs `pipeweave check`.
 pub fn run(args: &CheckArgs, stdout: &mut dyn Write) -> Result<(), Error> {
     let costs = args.costs.as_deref().unwrap_or(DEFAULT_COSTS);
-    let (plan, programs) = import_schedule(&args.file, costs)?;
+    let (costs_parsed, comm) = parse_costs(costs)?;
+    let (plan, programs) = import_schedule(&args.file, costs_parsed, comm)?;
     let source = Source::Imported(plan, programs);
     let context = ReportContext {
         costs: Some((costs, args.costs.is_none())),

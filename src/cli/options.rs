@@ -9,6 +9,11 @@ use pipeweave_core::{
     StageMemorySpec,
 };
 
+/// The costs `plan` and `tune` assume without `--costs`.
+pub const DEFAULT_COSTS: &str = "F=1,I=1,W=1,comm=0";
+/// The activation memory they assume without `--activation-memory`.
+pub const DEFAULT_ACTIVATION_MEMORY: &str = "total=1";
+
 /// A clap value parser for a count `what` (`ranks`, ...) of option `option`, in `1..=max`: a
 /// whole number as expressions write it, negative ones included (so that `-p -4` is refused by
 /// its range, as Python's `ranks=-4` is, not by clap's syntax).

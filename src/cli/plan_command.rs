@@ -2,12 +2,16 @@
 //! programs, simulate it, and report (text or JSON) and write the requested files.
 
 use crate::cli::options::{count, read_stage_costs, LinkArgs};
+use crate::cli::options::{
+    parse_activation_memory, parse_costs, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS,
+};
 use crate::cli::outputs::{check_and_emit, OutputArgs, ReportContext, Source};
+use crate::cli::profile_options::read_memory_limit;
 use crate::cli::profile_options::ProfileArgs;
 use crate::compile::run_passes;
 use crate::config::PipelineConfig;
 use crate::error::Error;
-use crate::request::{ConfigRequest, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS};
+use crate::request::ConfigRequest;
 use clap::Args;
 use pipeweave_core::{CutCosts, MAX_MICROBATCHES, MAX_RANKS};
 use pipeweave_transforms::Registry;
@@ -45,18 +49,20 @@ impl ScheduleArgs {
     /// The sizes and uniform costs as a configuration, or the costs and memory of a profile's
     /// cut (with the cut).
     pub fn config(&self) -> Result<(PipelineConfig, Option<CutCosts>), Error> {
-        self.request().config()
+        self.request()?.config()
     }
 
     /// The sizes, costs and profile as a request (unit activations, no limit).
-    pub fn request(&self) -> ConfigRequest {
-        ConfigRequest {
-            costs: self.costs.clone(),
+    pub fn request(&self) -> Result<ConfigRequest, Error> {
+        let (costs, comm) = parse_costs(&self.costs)?;
+        Ok(ConfigRequest {
+            costs,
+            comm,
             profile: self.profile.source(),
-            profile_options: self.profile.clone(),
+            profile_options: self.profile.options(),
             ranks_per_link: self.links.ranks_per_link,
             ..ConfigRequest::new(self.ranks, self.microbatches)
-        }
+        })
     }
 }
 
@@ -83,18 +89,22 @@ pub struct PlanArgs {
 
 impl PlanArgs {
     /// The configuration these options ask for, as a request ([`ConfigRequest`]).
-    pub fn request(&self) -> ConfigRequest {
-        ConfigRequest {
-            activation_memory: self.activation_memory.clone(),
-            memory_limit: self.memory_limit.clone(),
-            ..self.schedule.request()
-        }
+    pub fn request(&self) -> Result<ConfigRequest, Error> {
+        Ok(ConfigRequest {
+            activation_memory: parse_activation_memory(&self.activation_memory)?,
+            memory_limit: self
+                .memory_limit
+                .as_deref()
+                .map(read_memory_limit)
+                .transpose()?,
+            ..self.schedule.request()?
+        })
     }
 }
 
 /// Runs `pipeweave plan`.
 pub fn run(args: &PlanArgs, stdout: &mut dyn Write) -> Result<(), Error> {
-    let (mut config, cut) = args.request().config()?;
+    let (mut config, cut) = args.request()?.config()?;
     if let Some(path) = &args.stage_costs {
         config = config.with_rank_costs(read_stage_costs(path)?)?;
     }

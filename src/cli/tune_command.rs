@@ -2,11 +2,15 @@
 //! with a progress bar on a terminal.
 
 use crate::cli::options::{count, LinkArgs};
+use crate::cli::options::{
+    parse_activation_memory, parse_costs, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS,
+};
 use crate::cli::outputs::Format;
+use crate::cli::profile_options::read_memory_limit;
 use crate::cli::profile_options::ProfileArgs;
 use crate::error::Error;
 use crate::frontier::frontier_svg;
-use crate::request::{ConfigRequest, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS};
+use crate::request::ConfigRequest;
 use crate::text_table::{Align, TextTable};
 use clap::Args;
 use pipeweave_core::{MAX_MICROBATCHES, MAX_RANKS};
@@ -57,22 +61,28 @@ pub struct TuneArgs {
 
 impl TuneArgs {
     /// The configuration these options ask for, as a request ([`ConfigRequest`]).
-    pub fn request(&self) -> ConfigRequest {
-        ConfigRequest {
-            costs: self.costs.clone(),
-            activation_memory: self.activation_memory.clone(),
-            memory_limit: self.memory_limit.clone(),
+    pub fn request(&self) -> Result<ConfigRequest, Error> {
+        let (costs, comm) = parse_costs(&self.costs)?;
+        Ok(ConfigRequest {
+            costs,
+            comm,
+            activation_memory: parse_activation_memory(&self.activation_memory)?,
+            memory_limit: self
+                .memory_limit
+                .as_deref()
+                .map(read_memory_limit)
+                .transpose()?,
             profile: self.profile.source(),
-            profile_options: self.profile.clone(),
+            profile_options: self.profile.options(),
             ranks_per_link: self.links.ranks_per_link,
             ..ConfigRequest::new(self.ranks, self.microbatches)
-        }
+        })
     }
 }
 
 /// Runs `pipeweave tune`.
 pub fn run(args: &TuneArgs, stdout: &mut dyn Write) -> Result<(), Error> {
-    let request = args.request();
+    let request = args.request()?;
     if args.frontier {
         return run_frontier(args, &request, stdout);
     }

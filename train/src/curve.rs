@@ -2,6 +2,7 @@
 //! a line, the evaluation loss at its steps as a line with dots, axes with ticks and a legend.
 //! Non-finite losses are left out.
 
+use pipeweave_core::formats::svg_markup::{escape, open_document};
 use std::fmt::Write;
 
 /// Plot size and margins, in SVG user units.
@@ -76,22 +77,6 @@ fn nice_step(raw: f64) -> f64 {
     nice.unwrap_or(10.0) * power
 }
 
-/// `text` with XML's special characters escaped.
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 impl LossCurve {
     /// A curve titled `title` of these losses.
     pub fn new(title: impl Into<String>, train: Vec<(u64, f64)>, eval: Vec<(u64, f64)>) -> Self {
@@ -112,13 +97,7 @@ impl LossCurve {
         let all = || train.iter().chain(&eval);
         let x = Axis::over(all().map(|p| p.0), 0.0, 1.0);
         let y = Axis::over(all().map(|p| p.1), 0.05, 0.0);
-        let mut svg = String::new();
-        let _ = write!(svg, r#"<svg xmlns="http://www.w3.org/2000/svg" "#);
-        let _ = writeln!(
-            svg,
-            r#"width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
-        );
-        svg.push_str("<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
+        let mut svg = open_document(WIDTH, HEIGHT, "sans-serif", 12.0);
         let _ = writeln!(
             svg,
             r#"<text x="{}" y="24" text-anchor="middle" font-size="15">{}</text>"#,

@@ -9,4 +9,5 @@ pub mod grid;
 pub mod number;
 pub mod profile;
 pub mod svg;
+pub mod svg_markup;
 pub mod trace;

@@ -5,6 +5,7 @@
 
 use crate::analysis::replay::TimedTask;
 use crate::analysis::simulate::Simulation;
+use crate::formats::svg_markup::escape;
 use crate::ir::op::TaskKind;
 use crate::ir::plan::Plan;
 use crate::ir::problem::microbatch_label;
@@ -45,12 +46,6 @@ fn label(kind: TaskKind) -> &'static str {
 
 /// Height of the lane of a rank's host-link transfers (when the plan offloads).
 const LINK_LANE: f64 = 7.0;
-
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
 
 /// The SVG document of `simulation` (a simulation of `plan`), titled `title`.
 pub fn timeline_svg(plan: &Plan, simulation: &Simulation, title: &str) -> String {
