@@ -8,6 +8,7 @@
 
 use crate::error::TrainError;
 use candle_core::{Device, Tensor};
+use pipeweave_kernels::{CpuPrimitives, Primitives};
 
 /// The target id of padding: outside the byte vocabulary, so it can never be a real target.
 pub const PAD_ID: u32 = 256;
@@ -26,15 +27,30 @@ pub struct StepBatch {
 }
 
 impl StepBatch {
-    /// Microbatch `m` feeds `inputs[m]` and predicts `targets[m]`, each `sequences × T_m` ids
-    /// row-major with `0 < T_m <= seq_len` (every microbatch its own length: variable-length
-    /// batches); targets equal to `pad_id` count for nothing.
+    /// [`StepBatch::on_device`] on the device of the kernels' CPU primitives, where the stages
+    /// of [`pipeweave_kernels::StageModel::new`] compute.
     pub fn new(
         inputs: &[Vec<u32>],
         targets: &[Vec<u32>],
         sequences: usize,
         seq_len: usize,
         pad_id: Option<u32>,
+    ) -> Result<StepBatch, TrainError> {
+        let ops = CpuPrimitives::new();
+        Self::on_device(inputs, targets, sequences, seq_len, pad_id, ops.device())
+    }
+
+    /// Microbatch `m` feeds `inputs[m]` and predicts `targets[m]`, each `sequences × T_m` ids
+    /// row-major with `0 < T_m <= seq_len` (every microbatch its own length: variable-length
+    /// batches), as tensors on `device` (where the stages compute); targets equal to `pad_id`
+    /// count for nothing.
+    pub fn on_device(
+        inputs: &[Vec<u32>],
+        targets: &[Vec<u32>],
+        sequences: usize,
+        seq_len: usize,
+        pad_id: Option<u32>,
+        device: &Device,
     ) -> Result<StepBatch, TrainError> {
         if inputs.len() != targets.len() || inputs.is_empty() {
             return Err(TrainError::Batch {
@@ -56,7 +72,7 @@ impl StepBatch {
                     ),
                 });
             }
-            Tensor::from_slice(ids, (sequences, t), &Device::Cpu)
+            Tensor::from_slice(ids, (sequences, t), device)
                 .map_err(TrainError::tensor(format!("microbatch {m}'s {what} ids")))
         };
         if let Some(m) = (0..inputs.len()).find(|&m| inputs[m].len() != targets[m].len()) {
@@ -143,5 +159,36 @@ impl StepBatch {
     /// Non-padding targets of the whole batch.
     pub fn tokens(&self) -> usize {
         self.tokens
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_lives_on_the_given_device_and_counts_non_padding_targets() {
+        let inputs = [vec![1, 2, 3, 4], vec![5, 6]];
+        let targets = [vec![2, 3, PAD_ID, 5], vec![6, 7]];
+        let device = Device::Cpu;
+        let batch = StepBatch::on_device(&inputs, &targets, 2, 2, Some(PAD_ID), &device).unwrap();
+        assert_eq!(batch.microbatches(), 2);
+        assert_eq!(batch.tokens(), 5);
+        assert_eq!(batch.normalizer(), 5.0);
+        let first = batch.input(0).unwrap();
+        assert!(first.device().same_device(&device));
+        assert_eq!(first.dims(), [2, 2]);
+        assert_eq!(batch.target(1).unwrap().dims(), [2, 1]);
+    }
+
+    #[test]
+    fn mismatched_or_padding_only_batches_are_refused() {
+        let refused = |inputs: &[Vec<u32>], targets: &[Vec<u32>]| {
+            StepBatch::new(inputs, targets, 1, 4, Some(PAD_ID)).is_err()
+        };
+        assert!(refused(&[vec![1, 2]], &[vec![2]]));
+        assert!(refused(&[vec![1, 2]], &[vec![PAD_ID, PAD_ID]]));
+        assert!(refused(&[vec![1; 5]], &[vec![2; 5]]));
+        assert!(!refused(&[vec![1, 2]], &[vec![2, 3]]));
     }
 }

@@ -23,6 +23,8 @@
 //! - [`profile`]: the measured per-layer costs (`train_gpt --profile`) that `pipeweave plan
 //!   --profile` sums for any cut;
 //! - [`allocator`]: glibc's allocator set to keep freed activations for the next microbatch;
+//! - [`command`]: the trainer's command-line front door (`pipeweave train`, `train_gpt`): its
+//!   options, the backend choice and the run;
 //! - [`error`]: [`TrainError`], the crate's one error type.
 #![warn(missing_docs)]
 
@@ -31,6 +33,7 @@ pub mod batch;
 pub mod checkpoint;
 pub mod chunks;
 pub mod cluster;
+pub mod command;
 pub mod curve;
 pub mod cut;
 pub mod data;
@@ -59,7 +62,9 @@ pub use data::{BatchShape, Corpus, DataPosition, GlobalBatch, Loader};
 pub use error::TrainError;
 pub use gradients::{GradSync, LocalGradients};
 pub use optim::{AdamW, AdamWConfig, OptimizerState};
-pub use profile::{calibrate, measure_profile, GptProfileModel, ProfileRequest};
+pub use profile::{
+    calibrate, measure_profile, measure_profile_on, GptProfileModel, ProfileRequest,
+};
 pub use progress::Progress;
 pub use schedule::LrSchedule;
 pub use stage::{GptStage, Injection, MeasuredOp};

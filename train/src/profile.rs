@@ -24,8 +24,10 @@ use pipeweave_core::{
     PROFILE_FORMAT,
 };
 use pipeweave_kernels::{
-    model_layers, CrossEntropy, GptConfig, LayerId, LayerInput, Placement, StageLayout, StageModel,
+    model_layers, CpuPrimitives, CrossEntropy, GptConfig, LayerId, LayerInput, Placement,
+    Primitives, StageLayout, StageModel,
 };
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Our GPT as a profile describes it: the model's `name` `gpt`, its `seq_len` and
@@ -137,40 +139,48 @@ fn candle(what: &'static str) -> impl Fn(candle_core::Error) -> TrainError {
     move |e| TrainError::invariant(format!("profiling: {what}: {e}"))
 }
 
-/// The inputs of a layer: token ids or hidden states, as the layer takes.
+/// The inputs of a layer on `device`: token ids or hidden states, as the layer takes.
 fn layer_input(
     request: &ProfileRequest,
     input: LayerInput,
     t: usize,
+    device: &Device,
 ) -> Result<Tensor, TrainError> {
     let (b, d) = (request.microbatch_size, request.config.d_model());
-    let device = Device::Cpu;
     match input {
         LayerInput::TokenIds => {
             let ids: Vec<u32> = (0..b * t)
                 .map(|i| ((i as u64 * 2_654_435_761 + request.seed) % 256) as u32)
                 .collect();
-            Tensor::from_vec(ids, (b, t), &device).map_err(candle("token ids"))
+            Tensor::from_vec(ids, (b, t), device).map_err(candle("token ids"))
         }
-        LayerInput::Hidden => Tensor::randn(0f32, 1.0, (b, t, d), &device)
+        LayerInput::Hidden => Tensor::randn(0f32, 1.0, (b, t, d), device)
             .and_then(|x| x.to_dtype(request.dtype))
             .map_err(candle("hidden states")),
     }
 }
 
-/// Layer `index` of the model's list measured alone (a one-layer stage) at the request's length
-/// and at half of it (the per-token model).
+/// Layer `index` of the model's list measured alone (a one-layer stage on `ops`) at the
+/// request's length and at half of it (the per-token model).
 fn measure_layer(
     request: &ProfileRequest,
+    ops: &Arc<dyn Primitives>,
     index: usize,
     layer: LayerId,
 ) -> Result<LayerProfile, TrainError> {
     let name = layer.label();
     let layout = StageLayout::new(&request.config, index..index + 1)
         .map_err(TrainError::kernel_config("a profiled layer's layout"))?;
-    let model = StageModel::new(request.config, layout, request.seed, request.dtype).map_err(
-        TrainError::kernel_config(format!("the profiled layer {name}")),
-    )?;
+    let model = StageModel::with_primitives(
+        request.config,
+        layout,
+        request.seed,
+        request.dtype,
+        Arc::clone(ops),
+    )
+    .map_err(TrainError::kernel_config(format!(
+        "the profiled layer {name}"
+    )))?;
     let (full, activation_bytes, weight_grad_bytes) =
         time_phases(request, &model, &name, request.seq_len)?;
     let half_length = match request.seq_len / 2 {
@@ -198,6 +208,7 @@ fn measure_layer(
 
 /// `repeats` timed runs of a one-layer stage's F, I and W on sequences of `t` tokens (after a
 /// warm-up): their medians, and the bytes the forward saves and the weight gradient still needs.
+/// The inputs are made on the device the stage's primitives compute on.
 fn time_phases(
     request: &ProfileRequest,
     model: &StageModel,
@@ -206,14 +217,15 @@ fn time_phases(
 ) -> Result<(PhaseTimes, u64, u64), TrainError> {
     let config = request.config;
     let layout = model.layout();
-    let input = layer_input(request, layout.input(), t)?;
+    let device = model.primitives().device();
+    let input = layer_input(request, layout.input(), t, device)?;
     let b = request.microbatch_size;
     let targets: Vec<u32> = (0..b * t)
         .map(|i| ((i as u64 * 40_503 + request.seed) % 256) as u32)
         .collect();
-    let targets = Tensor::from_vec(targets, (b, t), &Device::Cpu).map_err(candle("targets"))?;
+    let targets = Tensor::from_vec(targets, (b, t), device).map_err(candle("targets"))?;
     let cross_entropy = CrossEntropy::new(Some(PAD_ID));
-    let grad_hidden = Tensor::randn(0f32, 1.0, (b, t, config.d_model()), &Device::Cpu)
+    let grad_hidden = Tensor::randn(0f32, 1.0, (b, t, config.d_model()), device)
         .and_then(|x| x.to_dtype(request.dtype))
         .map_err(candle("output gradient"))?;
     let kernel = |what: &str| TrainError::kernel(format!("profiling {name}: {what}"));
@@ -261,10 +273,10 @@ fn time_phases(
     Ok((times, activation_bytes, weight_grad_bytes))
 }
 
-/// The time to hand one activation (`[B, T, d]`) to another thread and get word back, halved:
-/// one send of the threads backend.
-fn measure_send(request: &ProfileRequest) -> Result<SendProfile, TrainError> {
-    let activation = layer_input(request, LayerInput::Hidden, request.seq_len)?;
+/// The time to hand one activation (`[B, T, d]`, on `device`) to another thread and get word
+/// back, halved: one send of the threads backend.
+fn measure_send(request: &ProfileRequest, device: &Device) -> Result<SendProfile, TrainError> {
+    let activation = layer_input(request, LayerInput::Hidden, request.seq_len, device)?;
     let bytes = (activation.elem_count() * activation.dtype().size_in_bytes()) as u64;
     let (to_peer, peer_in) = std::sync::mpsc::channel::<Tensor>();
     let (to_back, back_in) = std::sync::mpsc::channel::<Tensor>();
@@ -295,8 +307,18 @@ fn measure_send(request: &ProfileRequest) -> Result<SendProfile, TrainError> {
     })
 }
 
-/// Measures every layer of `request.config` and one send.
+/// Measures every layer of `request.config` and one send, on the kernels' CPU primitives (what
+/// [`StageModel::new`] computes on, as the trainer's stages do).
 pub fn measure_profile(request: &ProfileRequest) -> Result<Profile, TrainError> {
+    measure_profile_on(request, Arc::new(CpuPrimitives::new()))
+}
+
+/// Measures every layer of `request.config` and one send on `ops`: the layers compute through
+/// them and every input is made on their device.
+pub fn measure_profile_on(
+    request: &ProfileRequest,
+    ops: Arc<dyn Primitives>,
+) -> Result<Profile, TrainError> {
     if request.repeats == 0 {
         return Err(TrainError::invalid(
             "profile repeats",
@@ -309,7 +331,7 @@ pub fn measure_profile(request: &ProfileRequest) -> Result<Profile, TrainError> 
     let layers = model
         .iter()
         .enumerate()
-        .map(|(index, &layer)| measure_layer(request, index, layer))
+        .map(|(index, &layer)| measure_layer(request, &ops, index, layer))
         .collect::<Result<Vec<_>, _>>()?;
     let blocks = model
         .iter()
@@ -330,7 +352,7 @@ pub fn measure_profile(request: &ProfileRequest) -> Result<Profile, TrainError> 
         repeats: request.repeats,
         calibrated: false,
         layers,
-        send: measure_send(request)?,
+        send: measure_send(request, ops.device())?,
         runtime: None,
         action_seconds: None,
     })
