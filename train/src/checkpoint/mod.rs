@@ -19,21 +19,23 @@
 //! `attn.bias` are not persistent in transformers and are not written. The byte vocabulary has
 //! no special tokens: `bos_token_id` and `eos_token_id` are set to 0 (the NUL byte, absent from
 //! text), so generation never stops early on a real byte.
+//!
+//! This file holds what a checkpoint is and checks; `files.rs` the safetensors files themselves
+//! (tensors to and from their bytes, written atomically).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use pipeweave_kernels::{GptConfig, StageLayout, StageModel};
-use safetensors::tensor::{Dtype, SafeTensors, View};
 use serde::{Deserialize, Serialize};
 
 use crate::data::DataPosition;
 use crate::error::{Result, TrainError};
 use crate::optim::OptimizerState;
+use files::{read_safetensors, serialize, with_suffix, write_atomically};
 
+mod files;
 /// The metadata key of the pipeweave record.
 const META_KEY: &str = "pipeweave";
 /// The metadata key of the optimizer's step count (in the optimizer file).
@@ -185,12 +187,6 @@ pub fn config_path(path: &Path) -> PathBuf {
 /// `FILE.optim.safetensors`: the optimizer state beside the weights file `FILE`.
 pub fn optimizer_path(path: &Path) -> PathBuf {
     with_suffix(path, ".optim.safetensors")
-}
-
-fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
-    let mut name = path.as_os_str().to_os_string();
-    name.push(suffix);
-    PathBuf::from(name)
 }
 
 /// The parameters of `GPT2LMHeadModel` (untied `lm_head`) for `config`: names and shapes, in
@@ -459,161 +455,14 @@ fn check_moments(
     Ok(())
 }
 
-/// A tensor's bytes, ready for safetensors.
-struct RawTensor {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    data: Vec<u8>,
-}
-
-impl View for RawTensor {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-        std::borrow::Cow::Borrowed(&self.data)
-    }
-    fn data_len(&self) -> usize {
-        self.data.len()
-    }
-}
-
-/// The error of the tensor `name` (of the file `path`) of the dtype `actual`, neither F32 nor F64.
-fn not_f32_or_f64(path: &Path, name: &str, actual: String) -> TrainError {
-    TrainError::TensorDType {
-        path: path.to_path_buf(),
-        name: name.to_string(),
-        actual,
-        expected: "F32 or F64".to_string(),
-    }
-}
-
-/// The little-endian bytes of an F32 or F64 tensor.
-fn raw(path: &Path, name: &str, tensor: &Tensor) -> Result<RawTensor> {
-    let flat = tensor
-        .flatten_all()
-        .map_err(TrainError::tensor(format!("flattening {name}")))?;
-    let context = || TrainError::tensor(format!("reading {name}"));
-    let (dtype, data) = match tensor.dtype() {
-        DType::F32 => {
-            let values = flat.to_vec1::<f32>().map_err(context())?;
-            (
-                Dtype::F32,
-                values.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            )
-        }
-        DType::F64 => {
-            let values = flat.to_vec1::<f64>().map_err(context())?;
-            (
-                Dtype::F64,
-                values.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            )
-        }
-        other => return Err(not_f32_or_f64(path, name, format!("{other:?}"))),
-    };
-    let shape = tensor.dims().to_vec();
-    Ok(RawTensor { dtype, shape, data })
-}
-
-/// `tensors` as a safetensors file with metadata `info`.
-fn serialize(
-    path: &Path,
-    tensors: &BTreeMap<String, Tensor>,
-    info: HashMap<String, String>,
-) -> Result<Vec<u8>> {
-    let raws = tensors
-        .iter()
-        .map(|(name, t)| Ok((name.clone(), raw(path, name, t)?)))
-        .collect::<Result<Vec<_>>>()?;
-    safetensors::serialize(raws, Some(info)).map_err(|e| TrainError::Safetensors {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })
-}
-
-/// The tensors (on the CPU) and metadata of the safetensors file `path`.
-fn read_safetensors(path: &Path) -> Result<(BTreeMap<String, Tensor>, HashMap<String, String>)> {
-    let bytes = fs::read(path).map_err(TrainError::io(path, "read"))?;
-    let bad_file = |e: safetensors::SafeTensorError| TrainError::Safetensors {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    };
-    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(bad_file)?;
-    let info = header.metadata().clone().unwrap_or_default();
-    let file = SafeTensors::deserialize(&bytes).map_err(bad_file)?;
-    let tensors = file
-        .tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            let tensor = tensor_of(path, &name, view.dtype(), view.shape(), view.data())?;
-            Ok((name, tensor))
-        })
-        .collect::<Result<BTreeMap<_, _>>>()?;
-    Ok((tensors, info))
-}
-
-/// A CPU tensor from little-endian F32 or F64 bytes.
-fn tensor_of(
-    path: &Path,
-    name: &str,
-    dtype: Dtype,
-    shape: &[usize],
-    data: &[u8],
-) -> Result<Tensor> {
-    let built = match dtype {
-        Dtype::F32 => {
-            let values: Vec<f32> = data
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            Tensor::from_vec(values, shape, &Device::Cpu)
-        }
-        Dtype::F64 => {
-            let values: Vec<f64> = data
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-                .collect();
-            Tensor::from_vec(values, shape, &Device::Cpu)
-        }
-        other => return Err(not_f32_or_f64(path, name, format!("{other}"))),
-    };
-    built.map_err(TrainError::tensor(format!(
-        "building {name} from {}",
-        path.display()
-    )))
-}
-
-/// Writes `bytes` to a temporary file beside `path`, flushes it to disk and renames it to
-/// `path`, so that `path` is never seen half-written.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let temporary = with_suffix(path, &format!(".tmp-{}", std::process::id()));
-    let written = (|| {
-        let mut file =
-            fs::File::create(&temporary).map_err(TrainError::io(&temporary, "create"))?;
-        file.write_all(bytes)
-            .map_err(TrainError::io(&temporary, "write"))?;
-        file.sync_all()
-            .map_err(TrainError::io(&temporary, "flush to disk"))
-    })();
-    let renamed = written.and_then(|()| {
-        fs::rename(&temporary, path)
-            .map_err(TrainError::io(path, "rename the temporary file into place"))
-    });
-    if renamed.is_err() {
-        let _ = fs::remove_file(&temporary);
-    }
-    renamed
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::data::tests::scratch_dir;
     use crate::optim::{AdamW, AdamWConfig};
+    use candle_core::Device;
     use pipeweave_kernels::{StageLayout, StageModel};
+    use std::fs;
 
     /// A checkpoint's path in a fresh empty folder.
     fn scratch(name: &str) -> PathBuf {
