@@ -139,6 +139,8 @@ impl InputGradient for () {
 /// `layers/registry.rs`: writes `LayerKind` (with what [`ModelLayer`] says of each) and the enums a
 /// stage holds, `AnyLayer` and its states `AnySaved` and
 /// `AnyPending`, each method one `match` over the kinds.
+// The registration's file provides `state_mismatch` (the error of a state given to another kind's
+// layer): this file names nothing of the registration.
 macro_rules! register_layers {
     ($($kind:ident($layer:ty)),+ $(,)?) => {
         /// The kinds of the model's layers, in model order (registered in `layers/registry.rs`).
@@ -276,7 +278,7 @@ macro_rules! register_layers {
                         ))
                     })+
                     #[allow(unreachable_patterns)]
-                    (layer, saved) => Err($crate::layers::registry::state_mismatch(
+                    (layer, saved) => Err(state_mismatch(
                         "saved",
                         layer.kind(),
                         saved.kind(),
@@ -295,7 +297,7 @@ macro_rules! register_layers {
                         $crate::layers::protocol::Layer::backward_weight(layer, ops, pending)
                     })+
                     #[allow(unreachable_patterns)]
-                    (layer, pending) => Err($crate::layers::registry::state_mismatch(
+                    (layer, pending) => Err(state_mismatch(
                         "pending",
                         layer.kind(),
                         pending.kind(),
