@@ -28,6 +28,7 @@ pub mod paper_table;
 pub mod profile_costing;
 pub mod reference;
 pub mod report;
+pub mod report_fields;
 pub mod request;
 pub mod residency_search;
 pub mod search_space;

@@ -81,8 +81,8 @@ impl ConfigRequest {
     /// The configuration before any profile or limit: sizes, typed costs and memory.
     fn base(&self) -> Result<PipelineConfig, Error> {
         PipelineConfig::new(self.ranks, self.microbatches)?
-            .with_costs(self.costs.clone(), self.comm)?
-            .with_memory(self.activation_memory.clone())
+            .with_costs(self.costs, self.comm)?
+            .with_memory(self.activation_memory)
             .with_ranks_per_link(self.ranks_per_link)
     }
 

@@ -16,33 +16,40 @@ class PassBug(Error): ...
 def parse_action(text: str) -> Tuple[int, str, int]: ...
 
 class Plan:
+    # The report's fields (pipeweave._native.report_fields("plan"); test_stub.py holds them
+    # together): Optional where the report may leave a field out (then the attribute is None).
     expression: str
     passes: List[str]
     ranks: int
     stages: int
     microbatches: int
+    seq_chunks: int
     stage_to_rank: List[int]
-    routes: List[Tuple[int, int, List[int]]]
+    routes: List[List[Any]]
     tied_stages: List[List[int]]
     order: List[List[str]]
     makespan: float
     max_span: float
     bubble_rate: float
+    lower_bound: float
+    lower_bound_basis: str
+    costs: Optional[str]
+    optimality_gap: float
     busy_per_rank: List[float]
     idle_per_rank: List[float]
     peak_activations_per_rank: List[float]
-    device_peak_per_rank: List[float]
-    host_peak_per_rank: List[float]
-    link_busy_per_rank: List[float]
-    ranks_per_link: int
-    shared_link_busy: List[float]
-    offloads_per_rank: List[int]
-    recomputes_per_rank: List[int]
-    recomputed_ops: int
+    device_peak_per_rank: Optional[List[float]]
+    host_peak_per_rank: Optional[List[float]]
+    link_busy_per_rank: Optional[List[float]]
+    ranks_per_link: Optional[int]
+    shared_link_busy: Optional[List[float]]
+    offloads_per_rank: Optional[List[int]]
+    recomputes_per_rank: Optional[List[int]]
+    recomputed_ops: Optional[int]
     memory_limit: Optional[float]
-    layers_per_stage: List[int]
-    bytes_per_unit: float
-    peak_activation_bytes_per_rank: List[float]
+    layers_per_stage: Optional[List[int]]
+    bytes_per_unit: Optional[float]
+    peak_activation_bytes_per_rank: Optional[List[float]]
     verified: bool
     messages: int
     communication_groups: int

@@ -21,6 +21,19 @@ def parse_action(text: str) -> Tuple[int, str, int]:
     return int(match.group(1)), match.group(2), int(match.group(3))
 
 
+def _optional_fields() -> Set[str]:
+    """The report's fields that may be absent (`Optional[...]` in the report's definition)."""
+    global _OPTIONAL
+    if _OPTIONAL is None:
+        from . import _native
+
+        _OPTIONAL = {name for name, kind in _native.report_fields("plan") if kind.startswith("Optional[")}
+    return _OPTIONAL
+
+
+_OPTIONAL = None
+
+
 class Plan:
     """A verified, simulated plan whose per-rank programs passed the communication check.
 
@@ -60,6 +73,9 @@ class Plan:
         report = self.__dict__.get("_report")
         if report is not None and name in report:
             return report[name]
+        if name in _optional_fields():
+            # A field the report leaves out where it does not apply (no offload, no profile).
+            return None
         raise AttributeError(
             f"Plan has no field `{name}`; its report has: {', '.join(sorted(report or {}))}"
         )

@@ -24,6 +24,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan::check_file, m)?)?;
     m.add_function(wrap_pyfunction!(search::tune_json, m)?)?;
     m.add_function(wrap_pyfunction!(search::frontier_json, m)?)?;
+    m.add_function(wrap_pyfunction!(search::report_fields, m)?)?;
     m.add_function(wrap_pyfunction!(profile::profile_normalize, m)?)?;
     m.add_function(wrap_pyfunction!(passes::builtin_passes, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -39,3 +39,26 @@ pub fn frontier_json(py: Python<'_>, args: RequestArgs, svg: Option<String>) -> 
         Ok(serde_json::to_string_pretty(&found).expect("a frontier always serialises"))
     })
 }
+
+/// The fields of a report kind (`plan`, `candidate` or `frontier_point`): `(name, Python type)`
+/// each, from the Rust definitions ([`pipeweave::report_fields`]); `Plan`, `Candidate` and
+/// `FrontierPoint` and their type stub are held against it.
+#[pyfunction]
+pub fn report_fields(py: Python<'_>, kind: &str) -> PyResult<Vec<(&'static str, String)>> {
+    use pipeweave::report_fields::{candidate_fields, frontier_point_fields, plan_report_fields};
+    let fields = match kind {
+        "plan" => plan_report_fields(),
+        "candidate" => candidate_fields(),
+        "frontier_point" => frontier_point_fields(),
+        other => {
+            return Err(crate::errors::bad_input(
+                py,
+                format!("report_fields(): `{other}` is not a report kind: plan, candidate or frontier_point"),
+            ))
+        }
+    };
+    Ok(fields
+        .into_iter()
+        .map(|f| (f.name, f.python_type))
+        .collect())
+}
