@@ -22,6 +22,7 @@ pub mod plan_command;
 mod profile_options;
 mod run_command;
 mod staged;
+pub mod train_command;
 mod tune_command;
 
 use clap::{Parser, Subcommand};
@@ -56,6 +57,8 @@ enum Command {
     Run(run_command::RunArgs),
     /// Search the schedules and their arguments for the fastest that fits the memory limit.
     Tune(tune_command::TuneArgs),
+    /// Train a GPT on bytes through a pipeline schedule (../shared/TRAIN.md).
+    Train(train_command::TrainOptions),
 }
 
 /// Runs the tool with `args` (including the program name); returns the exit status.
@@ -80,6 +83,7 @@ where
         Command::Plan(args) => plan_command::run(&args, stdout).map(|()| true),
         Command::Check(args) => check_command::run(&args, stdout).map(|()| true),
         Command::Run(args) => run_command::run(&args, stdout),
+        Command::Train(args) => return i32::from(train_command::run(&args, stderr)),
         Command::Tune(args) => tune_command::run(&args, stdout).map(|()| true),
     };
     match result {

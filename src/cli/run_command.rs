@@ -13,7 +13,7 @@ use crate::cli::outputs::{check_plan, RecvArg, Source};
 use crate::cli::plan_command::ScheduleArgs;
 use crate::config::build_and_simulate;
 use crate::error::Error;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use pipeweave_backends::numeric::{total_gradients, AffineModel, AffineStage, Gradients};
 use pipeweave_backends::{run_threads, ThreadOptions};
 use pipeweave_core::{simulate_with, CheckedPrograms, CostModel, Plan, Problem, Task};
@@ -25,23 +25,8 @@ use std::time::Duration;
 /// Relative tolerance for "equal to the single-device computation" (f64 sums in another order).
 pub const GRADIENT_TOLERANCE: f64 = 1e-12;
 
-/// Which backend runs the programs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Backend {
-    /// One OS thread per rank, channels as links.
-    Threads,
-    /// One process per rank under `mpirun -np P` (needs the cargo feature `mpi`).
-    Mpi,
-}
-
-impl Backend {
-    fn name(self) -> &'static str {
-        match self {
-            Backend::Threads => "threads",
-            Backend::Mpi => "mpi",
-        }
-    }
-}
+/// Which backend runs the programs (the one choice `pipeweave train` and `train_gpt` take too).
+pub use pipeweave_train::command::Backend;
 
 /// Arguments of `pipeweave run`.
 #[derive(Debug, Args)]

@@ -23,6 +23,8 @@
 //! - [`profile`]: the measured per-layer costs (`train_gpt --profile`) that `pipeweave plan
 //!   --profile` sums for any cut;
 //! - [`allocator`]: glibc's allocator set to keep freed activations for the next microbatch;
+//! - [`command`]: the trainer's command-line front door (`pipeweave train`, `train_gpt`): its
+//!   options, the backend choice and the run;
 //! - [`error`]: [`TrainError`], the crate's one error type.
 #![warn(missing_docs)]
 
@@ -31,6 +33,7 @@ pub mod batch;
 pub mod checkpoint;
 pub mod chunks;
 pub mod cluster;
+pub mod command;
 pub mod curve;
 pub mod cut;
 pub mod data;
