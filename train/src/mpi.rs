@@ -74,6 +74,8 @@ impl WirePayload for WireTensor {
         encode(std::slice::from_ref(&self.0)).unwrap_or_default()
     }
 
+    /// The tensor in host memory, where the bytes arrived; [`StepTransport`] moves it to the
+    /// step's device.
     fn from_bytes(dtype: WireDType, shape: &[usize], bytes: &[u8]) -> Result<Self, String> {
         let like = match dtype {
             WireDType::F32 => Tensor::zeros(shape, DType::F32, &Device::Cpu),
@@ -122,12 +124,13 @@ impl Courier for MailboxCourier<'_> {
 }
 
 /// The pipeline's transport for tensors, advancing the gradient reduction before every group
-/// and completing it at the end of the program.
+/// and completing it at the end of the program; received tensors are moved to `device`.
 struct StepTransport<'a> {
     inner: &'a mut MpiTransport,
     mailbox: &'a mut Mailbox,
     reduction: Option<&'a SharedReduction>,
     world_rank: usize,
+    device: &'a Device,
 }
 
 impl StepTransport<'_> {
@@ -179,7 +182,13 @@ impl Transport<Tensor> for StepTransport<'_> {
             })
             .collect();
         let received: Vec<WireTensor> = self.inner.exchange(sends, receives)?;
-        Ok(received.into_iter().map(|w| w.0).collect())
+        received
+            .into_iter()
+            .map(|w| {
+                w.0.to_device(self.device)
+                    .map_err(|e| TransportFailure::Broken(e.to_string()))
+            })
+            .collect()
     }
 
     fn at_instruction(&mut self, index: usize) {
@@ -323,12 +332,13 @@ impl MpiCluster {
     }
 
     /// Runs this rank's checked program (training or forward-only) with `stage` over the pipeline
-    /// (and the reduction, when training).
+    /// (and the reduction, when training), the tensors it receives moved to `device`.
     fn run(
         &mut self,
         forward_only: bool,
         stage: &mut GptStage,
         reduction: Option<&SharedReduction>,
+        device: &Device,
     ) -> Result<(), TrainError> {
         let programs = if forward_only {
             &self.eval_programs
@@ -346,6 +356,7 @@ impl MpiCluster {
             mailbox: &mut self.mailbox,
             reduction,
             world_rank: self.world_rank,
+            device,
         };
         run_rank(program, stage, &mut transport).map_err(TrainError::from)
     }
@@ -380,6 +391,14 @@ impl MpiCluster {
                 ))),
             })
     }
+}
+
+/// The device a step's tensors live on: its batch's (where the loader put the tokens).
+fn device_of(batch: &StepBatch) -> Result<Device, TrainError> {
+    batch
+        .input(0)
+        .map(|tokens| tokens.device().clone())
+        .ok_or_else(|| TrainError::invariant("a step without microbatches"))
 }
 
 /// `plan`'s programs (training or forward-only), projected and checked.
@@ -423,7 +442,7 @@ impl Cluster for MpiCluster {
             .rank_stage(&self.problem, self.rank, &batch, &sync, how)?
             .with_residency(program);
         drop(sync);
-        self.run(false, &mut stage, Some(&reduction))
+        self.run(false, &mut stage, Some(&reduction), &device_of(&batch)?)
             .map_err(|e| self.located(e))?;
         let chunks = self.problem.seq_chunks() as usize;
         let loss = Self::fold_losses(&self.world, &stage, batch.microbatches() * chunks)?
@@ -470,7 +489,7 @@ impl Cluster for MpiCluster {
         };
         let batch = Arc::new(batch.clone());
         let mut stage = model.rank_stage(&self.problem, self.rank, &batch, &sync, how)?;
-        self.run(true, &mut stage, None)
+        self.run(true, &mut stage, None, &device_of(&batch)?)
             .map_err(|e| self.located(e))?;
         let chunks = self.problem.seq_chunks() as usize;
         let loss = Self::fold_losses(&self.pipeline, &stage, batch.microbatches() * chunks)?;
