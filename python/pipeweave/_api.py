@@ -3,6 +3,7 @@ library code (the figures of `pipeweave plan --format json` as attributes, the s
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import warnings
@@ -14,7 +15,6 @@ from ._errors import Error
 from ._options import key_values, request
 from ._passes import registrations
 from ._plan import Plan
-from ._profile import Profile
 
 Number = Union[int, float]
 
@@ -38,21 +38,35 @@ def _plan_of(native: Any, cut_given: bool = True) -> Plan:
     return Plan(json.loads(native.report_json()), _NativeFiles(native), cut_given)
 
 
+# The keyword arguments that describe the problem, shared by `plan`, `tune` and `frontier` (the
+# stub's `_ProblemOptions`): `request` renders them as the CLI's options.
+_PROBLEM_OPTIONS = frozenset(inspect.signature(request).parameters) - {"ranks", "microbatches"}
+
+
+def _problem(function: str, ranks: Any, microbatches: Any, options: Dict[str, Any]) -> Dict[str, Any]:
+    """The native request of `function`'s problem; a keyword it does not take is a `TypeError`
+    naming it, as Python's own for a missing parameter."""
+    for name in options:
+        if name not in _PROBLEM_OPTIONS:
+            raise TypeError(f"{function}() got an unexpected keyword argument '{name}'")
+    return request(ranks, microbatches, **options)
+
+
+def _records(cls: type, rows: Sequence[Mapping[str, Any]]) -> list:
+    """`rows` of a JSON report as `cls` dataclasses, each row's keys that `cls` has no field for
+    left out (a newer report may add some)."""
+    fields = cls.__dataclass_fields__
+    return [cls(**{k: v for k, v in row.items() if k in fields}) for row in rows]
+
+
 def plan(
     expression: str,
     ranks: int,
     microbatches: int,
     *,
-    costs: Optional[Mapping[str, Number]] = None,
-    activation_memory: Optional[Mapping[str, Number]] = None,
-    memory_limit: Union[Number, str, None] = None,
-    profile: Union[str, os.PathLike, Profile, None] = None,
-    layers_per_stage: Optional[Sequence[int]] = None,
-    microbatch_tokens: Optional[Sequence[int]] = None,
-    cores: Optional[int] = None,
-    ranks_per_link: Optional[int] = None,
     recv: str = "early",
     passes: Sequence[type] = (),
+    **options: Any,
 ) -> Plan:
     """Builds the schedule `expression`, verifies it after every pass, simulates it, projects
     and checks its per-rank programs: `pipeweave plan EXPRESSION -p RANKS -m MICROBATCHES`.
@@ -60,6 +74,9 @@ def plan(
     Arguments (as the CLI's options of the same names):
       expression: a schedule expression, e.g. `"zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))"`.
       ranks, microbatches: the pipeline's ranks (P) and microbatches (M).
+      recv: where receives go in the programs, `"early"` or `"just-in-time"`.
+      passes: pass classes written in Python for this call (see `pipeweave.register`).
+    The problem's options (`tune` and `frontier` take them too, each optional):
       costs: durations of a rank's share, `{"F": 1, "I": 1, "W": 1, "B": .., "FB": .., "R": ..,
         "offload": .., "comm": 0}` (every key optional).
       activation_memory: one microbatch's activations on a rank's share, `{"total": 1,
@@ -71,8 +88,6 @@ def plan(
       cores: with a profile, the cores the ranks share.
       ranks_per_link: consecutive ranks sharing one host link for offload transfers (default 1:
         a link per rank); the report then gives `ranks_per_link` and `shared_link_busy`.
-      recv: where receives go in the programs, `"early"` or `"just-in-time"`.
-      passes: pass classes written in Python for this call (see `pipeweave.register`).
 
     Returns a `Plan`. Raises `pipeweave.Error` with the CLI's message for bad input,
     `pipeweave.PassBug` when a pass broke the plan.
@@ -81,20 +96,9 @@ def plan(
         raise Error(f"the expression is text, got {type(expression).__name__}")
     if not isinstance(recv, str):
         raise Error("option --recv: `early` or `just-in-time`")
-    args = request(
-        ranks,
-        microbatches,
-        costs=costs,
-        activation_memory=activation_memory,
-        memory_limit=memory_limit,
-        profile=profile,
-        layers_per_stage=layers_per_stage,
-        microbatch_tokens=microbatch_tokens,
-        cores=cores,
-        ranks_per_link=ranks_per_link,
-    )
+    args = _problem("plan", ranks, microbatches, options)
     native = _native.compile_plan(expression, args, recv, registrations(passes))
-    return _plan_of(native, cut_given=layers_per_stage is not None)
+    return _plan_of(native, cut_given=options.get("layers_per_stage") is not None)
 
 
 def check(
@@ -147,16 +151,9 @@ def tune(
     ranks: int,
     microbatches: int,
     *,
-    costs: Optional[Mapping[str, Number]] = None,
-    activation_memory: Optional[Mapping[str, Number]] = None,
-    memory_limit: Union[Number, str, None] = None,
-    profile: Union[str, os.PathLike, Profile, None] = None,
-    layers_per_stage: Optional[Sequence[int]] = None,
-    microbatch_tokens: Optional[Sequence[int]] = None,
-    cores: Optional[int] = None,
-    ranks_per_link: Optional[int] = None,
     top: int = 5,
     runtime: Optional[str] = None,
+    **options: Any,
 ) -> List[Candidate]:
     """Searches the schedules (and with a profile, the cuts) for the fastest that fit
     `memory_limit`: `pipeweave tune`. Arguments as `plan`'s; `top`: how many to return;
@@ -167,14 +164,10 @@ def tune(
         raise Error(f"option --top: `{top!r}` must be a whole number >= 1")
     if runtime not in (None, "pytorch"):
         raise Error(f"runtime= is None or \"pytorch\", got {runtime!r}")
-    args = request(ranks, microbatches, costs=costs, activation_memory=activation_memory,
-                   memory_limit=memory_limit, profile=profile, layers_per_stage=layers_per_stage,
-                   microbatch_tokens=microbatch_tokens, cores=cores,
-                   ranks_per_link=ranks_per_link)
+    args = _problem("tune", ranks, microbatches, options)
     # Filtered before the best `top` are kept: ask for all of them.
     report = json.loads(_native.tune_json(args, top if runtime is None else 2**31))
-    fields = Candidate.__dataclass_fields__
-    found = [Candidate(**{k: v for k, v in c.items() if k in fields}) for c in report["candidates"]]
+    found = _records(Candidate, report["candidates"])
     if runtime == "pytorch":
         found = [c for c in found if c.pytorch]
         if not found:
@@ -186,28 +179,17 @@ def frontier(
     ranks: int,
     microbatches: int,
     *,
-    costs: Optional[Mapping[str, Number]] = None,
-    activation_memory: Optional[Mapping[str, Number]] = None,
-    memory_limit: Union[Number, str, None] = None,
-    profile: Union[str, os.PathLike, Profile, None] = None,
-    layers_per_stage: Optional[Sequence[int]] = None,
-    microbatch_tokens: Optional[Sequence[int]] = None,
-    cores: Optional[int] = None,
-    ranks_per_link: Optional[int] = None,
     svg: Union[str, os.PathLike, None] = None,
+    **options: Any,
 ) -> List[FrontierPoint]:
     """The memory/time frontier (`pipeweave tune --frontier`): for each memory limit up to
     `memory_limit`, the fastest schedule found. Arguments as `plan`'s; `svg`: also draw it to
     that file. Returns `FrontierPoint`s, least memory first."""
-    args = request(ranks, microbatches, costs=costs, activation_memory=activation_memory,
-                   memory_limit=memory_limit, profile=profile, layers_per_stage=layers_per_stage,
-                   microbatch_tokens=microbatch_tokens, cores=cores,
-                   ranks_per_link=ranks_per_link)
+    args = _problem("frontier", ranks, microbatches, options)
     if svg is not None and not isinstance(svg, (str, os.PathLike)):
         raise Error(f"svg= takes a file's path, got {type(svg).__name__}")
     found = json.loads(_native.frontier_json(args, None if svg is None else os.fspath(svg)))
-    fields = FrontierPoint.__dataclass_fields__
-    return [FrontierPoint(**{k: v for k, v in p.items() if k in fields}) for p in found["frontier"]]
+    return _records(FrontierPoint, found["frontier"])
 
 
 def passes() -> List[str]:
