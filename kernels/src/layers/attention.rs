@@ -11,11 +11,11 @@ use candle_core::Tensor;
 
 use super::linear::Linear;
 use super::linear::{LinearPendingWeightGrad, LinearSaved};
-use super::protocol::{composite, composite_weights, held_tensors, Layer};
+use super::protocol::{chunked_passes, composite, composite_weights, held_tensors, Layer};
 use crate::check;
 use crate::error::{KernelError, Result};
 use crate::primitives::Primitives;
-use crate::sequence::{Chunk, ChunkAt, ChunkMemory};
+use crate::sequence::Chunk;
 
 const LAYER: &str = "Attention";
 
@@ -28,8 +28,9 @@ pub struct Attention {
 }
 
 /// What the attention core's backward needs: `qkv: [B, T, 3d]` (the heads read in place; of a
-/// sequence chunk, its own positions', the earlier ones kept in its [`ChunkMemory`]) and the
-/// attention weights `[B, H, T, T]` (of a chunk, `[B, H, T_c, start + T_c]`).
+/// sequence chunk, its own positions', the earlier ones kept in its
+/// [`crate::sequence::ChunkMemory`]) and the attention weights `[B, H, T, T]` (of a chunk,
+/// `[B, H, T_c, start + T_c]`).
 #[derive(Debug)]
 struct CoreSaved {
     qkv: Tensor,
@@ -180,41 +181,8 @@ impl Layer for Attention {
     type PendingWeightGrad = AttentionPendingWeightGrad;
     type InputGrad = Tensor;
 
-    fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, AttentionSaved)> {
-        self.run(ops, input, None)
-    }
-
-    fn backward_input(
-        &self,
-        ops: &dyn Primitives,
-        saved: AttentionSaved,
-        grad_output: &Tensor,
-    ) -> Result<(Tensor, AttentionPendingWeightGrad)> {
-        self.run_backward(ops, saved, grad_output, None)
-    }
-
     composite_weights!();
-
-    fn forward_chunk(
-        &self,
-        ops: &dyn Primitives,
-        input: &Tensor,
-        at: ChunkAt,
-        memory: &mut ChunkMemory,
-    ) -> Result<(Tensor, AttentionSaved)> {
-        self.run(ops, input, Some((at, memory)))
-    }
-
-    fn backward_input_chunk(
-        &self,
-        ops: &dyn Primitives,
-        saved: AttentionSaved,
-        grad_output: &Tensor,
-        at: ChunkAt,
-        memory: &mut ChunkMemory,
-    ) -> Result<(Tensor, AttentionPendingWeightGrad)> {
-        self.run_backward(ops, saved, grad_output, Some((at, memory)))
-    }
+    chunked_passes!();
 }
 
 composite!(Attention: AttentionPendingWeightGrad { c_attn, c_proj });

@@ -15,14 +15,14 @@ use super::layer_norm::{LayerNormPendingWeightGrad, LayerNormSaved};
 use super::mlp::Mlp;
 use super::mlp::{MlpPendingWeightGrad, MlpSaved};
 use super::model::{KindDescription, ModelLayer, Placement};
-use super::protocol::{composite, composite_weights, held_tensors, Layer};
+use super::protocol::{chunked_passes, composite, composite_weights, held_tensors, Layer};
 use crate::check;
 use crate::config::GptConfig;
 use crate::error::Result;
 use crate::flops::passes::{block_flops, PassFlops};
 use crate::init::{ParameterFactory, INIT_STD};
 use crate::primitives::Primitives;
-use crate::sequence::{Chunk, ChunkAt, ChunkMemory};
+use crate::sequence::Chunk;
 
 const LAYER: &str = "Block";
 
@@ -145,41 +145,8 @@ impl Layer for Block {
     type PendingWeightGrad = BlockPendingWeightGrad;
     type InputGrad = Tensor;
 
-    fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, BlockSaved)> {
-        self.run(ops, input, None)
-    }
-
-    fn backward_input(
-        &self,
-        ops: &dyn Primitives,
-        saved: BlockSaved,
-        grad_output: &Tensor,
-    ) -> Result<(Tensor, BlockPendingWeightGrad)> {
-        self.run_backward(ops, saved, grad_output, None)
-    }
-
     composite_weights!();
-
-    fn forward_chunk(
-        &self,
-        ops: &dyn Primitives,
-        input: &Tensor,
-        at: ChunkAt,
-        memory: &mut ChunkMemory,
-    ) -> Result<(Tensor, BlockSaved)> {
-        self.run(ops, input, Some((at, memory)))
-    }
-
-    fn backward_input_chunk(
-        &self,
-        ops: &dyn Primitives,
-        saved: BlockSaved,
-        grad_output: &Tensor,
-        at: ChunkAt,
-        memory: &mut ChunkMemory,
-    ) -> Result<(Tensor, BlockPendingWeightGrad)> {
-        self.run_backward(ops, saved, grad_output, Some((at, memory)))
-    }
+    chunked_passes!();
 }
 
 impl Block {

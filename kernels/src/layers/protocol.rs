@@ -191,6 +191,53 @@ macro_rules! composite_weights {
 }
 pub(crate) use composite_weights;
 
+/// Inside the [`Layer`] impl of a layer whose sequence chunks change what it computes (an
+/// attention, or a layer holding one): its whole-sequence and chunk forward and input backward,
+/// all four from the layer's own `run(ops, input, chunk)` and `run_backward(ops, saved,
+/// grad_output, chunk)`, whose `chunk` ([`crate::sequence::Chunk`]) is None for a whole sequence.
+macro_rules! chunked_passes {
+    () => {
+        fn forward(
+            &self,
+            ops: &dyn $crate::primitives::Primitives,
+            input: &candle_core::Tensor,
+        ) -> $crate::error::Result<(candle_core::Tensor, Self::Saved)> {
+            self.run(ops, input, None)
+        }
+
+        fn backward_input(
+            &self,
+            ops: &dyn $crate::primitives::Primitives,
+            saved: Self::Saved,
+            grad_output: &candle_core::Tensor,
+        ) -> $crate::error::Result<(Self::InputGrad, Self::PendingWeightGrad)> {
+            self.run_backward(ops, saved, grad_output, None)
+        }
+
+        fn forward_chunk(
+            &self,
+            ops: &dyn $crate::primitives::Primitives,
+            input: &candle_core::Tensor,
+            at: $crate::sequence::ChunkAt,
+            memory: &mut $crate::sequence::ChunkMemory,
+        ) -> $crate::error::Result<(candle_core::Tensor, Self::Saved)> {
+            self.run(ops, input, Some((at, memory)))
+        }
+
+        fn backward_input_chunk(
+            &self,
+            ops: &dyn $crate::primitives::Primitives,
+            saved: Self::Saved,
+            grad_output: &candle_core::Tensor,
+            at: $crate::sequence::ChunkAt,
+            memory: &mut $crate::sequence::ChunkMemory,
+        ) -> $crate::error::Result<(Self::InputGrad, Self::PendingWeightGrad)> {
+            self.run_backward(ops, saved, grad_output, Some((at, memory)))
+        }
+    };
+}
+pub(crate) use chunked_passes;
+
 /// A composite layer's weight gradients: its parts' gradients one after another, in the order of
 /// [`NamedParameters::parameters`].
 pub(crate) fn concat_grads<const N: usize>(parts: [Vec<Tensor>; N]) -> Vec<Tensor> {
