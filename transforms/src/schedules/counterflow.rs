@@ -30,7 +30,9 @@
 //! routes, placement, costs and memory, so it takes any layout; `dual` uses it on DualPipe's.
 
 use crate::schedules::greedy::FillWaits;
-use crate::schedules::kernel::{self, largest_activation, ChoiceRule, Decision, Timeline};
+use crate::schedules::kernel::{
+    self, largest_activation, ChoiceRule, Decision, Placed, Timeline, Wakes,
+};
 use crate::schedules::refine::refine;
 use crate::schedules::score::{refine_budget, Scored};
 use pipeweave_core::ir::problem::Route;
@@ -459,17 +461,9 @@ impl ChoiceRule for CounterFlow<'_> {
 
     /// The ranks whose next choice may have changed: the owners of the stages `task`'s F and I
     /// feed.
-    fn ran(
-        &mut self,
-        timeline: &Timeline<'_>,
-        _r: usize,
-        task: Task,
-        start: f64,
-        _end: f64,
-        wake: &mut Vec<(usize, f64)>,
-    ) -> bool {
+    fn ran(&mut self, timeline: &Timeline<'_>, placed: Placed, wake: &mut Wakes) -> bool {
         let problem = self.plan.problem();
-        for op in task.ops() {
+        for op in placed.task.ops() {
             if op.kind == OpKind::WeightGrad {
                 continue;
             }
@@ -481,7 +475,7 @@ impl ChoiceRule for CounterFlow<'_> {
                 _ => route.prev(op.stage),
             };
             if let Some(stage) = fed {
-                wake.push((timeline.owner(stage), start));
+                wake.push((timeline.owner(stage), placed.start));
             }
         }
         true

@@ -18,7 +18,8 @@
 
 use crate::schedules::chunk_gate::ChunkGate;
 use crate::schedules::kernel::{
-    self, activation, largest_activation, Agenda, ChoiceRule, Decision, Time, Timeline,
+    self, activation, largest_activation, Agenda, ChoiceRule, Decision, Placed, Time, Timeline,
+    Wakes,
 };
 use crate::schedules::score::Score;
 use pipeweave_core::{Op, OpKind, Plan, StageId, Task, Work, TOLERANCE};
@@ -474,15 +475,10 @@ impl ChoiceRule for Greedy<'_> {
     }
 
     /// Book-keeping of a finished task; the arrivals it makes known wake the ranks they reach.
-    fn ran(
-        &mut self,
-        timeline: &Timeline<'_>,
-        r: usize,
-        task: Task,
-        _start: f64,
-        end: f64,
-        wake: &mut Vec<(usize, f64)>,
-    ) -> bool {
+    fn ran(&mut self, timeline: &Timeline<'_>, placed: Placed, wake: &mut Wakes) -> bool {
+        let Placed {
+            rank: r, task, end, ..
+        } = placed;
         let (_, work) = self.decided;
         let ops = task.ops();
         self.ranks[r].remaining_work -= work;

@@ -73,19 +73,26 @@ pub trait ChoiceRule {
         timeline.plan().costs().task_duration(task)
     }
 
-    /// Book-keeping after `task` ran on `rank` from `start` until `end` (already on the
-    /// timeline): pushes onto `wake` the ranks to ask again, with when (at `start` at the
-    /// earliest). False gives the run up.
-    fn ran(
-        &mut self,
-        timeline: &Timeline<'_>,
-        rank: usize,
-        task: Task,
-        start: f64,
-        end: f64,
-        wake: &mut Vec<(usize, f64)>,
-    ) -> bool;
+    /// Book-keeping after a task ran (`placed`, already on the timeline): pushes onto `wake` the
+    /// ranks to ask again, with when (at its start at the earliest). False gives the run up.
+    fn ran(&mut self, timeline: &Timeline<'_>, placed: Placed, wake: &mut Wakes) -> bool;
 }
+
+/// A task the loop placed on the timeline: its rank, and when it runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Placed {
+    /// The rank that ran it.
+    pub rank: usize,
+    /// The task.
+    pub task: Task,
+    /// When it started.
+    pub start: f64,
+    /// When it ended.
+    pub end: f64,
+}
+
+/// The ranks a rule asks the loop to ask again, each with when.
+pub type Wakes = Vec<(usize, f64)>;
 
 /// A rank's live entry in the agenda: an ask, or a decided run waiting for its start.
 #[derive(Clone, Copy, Debug)]
@@ -168,7 +175,13 @@ pub fn run<'p, R: ChoiceRule>(mut timeline: Timeline<'p>, rule: &mut R) -> Optio
         let duration = rule.duration(&timeline, &task);
         let end = timeline.place(r, task, start, duration);
         wake.clear();
-        if !rule.ran(&timeline, r, task, start, end, &mut wake) {
+        let placed = Placed {
+            rank: r,
+            task,
+            start,
+            end,
+        };
+        if !rule.ran(&timeline, placed, &mut wake) {
             return None;
         }
         if R::EAGER {
@@ -234,17 +247,9 @@ mod tests {
             Some(task)
         }
 
-        fn ran(
-            &mut self,
-            timeline: &Timeline<'_>,
-            _rank: usize,
-            _task: Task,
-            start: f64,
-            _end: f64,
-            wake: &mut Vec<(usize, f64)>,
-        ) -> bool {
+        fn ran(&mut self, timeline: &Timeline<'_>, placed: Placed, wake: &mut Wakes) -> bool {
             // Any rank may have waited for this task's results.
-            wake.extend((0..timeline.ranks()).map(|q| (q, start)));
+            wake.extend((0..timeline.ranks()).map(|q| (q, placed.start)));
             true
         }
     }
