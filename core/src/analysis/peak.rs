@@ -195,7 +195,8 @@ mod tests {
     use crate::ir::memory::StageMemorySpec;
     use crate::testing::{plan_on, problem};
 
-    fn one_rank(cells: &[&str], weight_grad: f64, checkpoint: f64) -> Plan {
+    /// A plan of one rank running `order` (its tasks separated by spaces) on three microbatches.
+    fn one_rank(order: &str, weight_grad: f64, checkpoint: f64) -> Plan {
         let memory = StageMemorySpec::builder()
             .total(1.0)
             .weight_grad(weight_grad)
@@ -203,17 +204,12 @@ mod tests {
             .build()
             .validate()
             .unwrap();
-        plan_on(
-            problem(1, 3),
-            StageCosts::default(),
-            memory,
-            &[&cells.join(" ")],
-        )
+        plan_on(problem(1, 3), StageCosts::default(), memory, &[order])
     }
 
     #[test]
     fn peaks_follow_each_ranks_order() {
-        let plan = one_rank(&["0F0", "0F1", "0I0", "0W0", "0I1", "0W1"], 0.25, 0.0);
+        let plan = one_rank("0F0 0F1 0I0 0W0 0I1 0W1", 0.25, 0.0);
         let peaks = peak_per_rank(&plan);
         assert_eq!(peaks[0].peak, 2.0);
         assert_eq!(peaks[0].at.unwrap().to_string(), "0F1");
@@ -223,7 +219,7 @@ mod tests {
 
     #[test]
     fn held_per_task_is_the_most_held_while_each_task_runs() {
-        let plan = one_rank(&["0F0", "0F1", "0R0", "0B0", "0B1"], 1.0, 0.0);
+        let plan = one_rank("0F0 0F1 0R0 0B0 0B1", 1.0, 0.0);
         // 0F0 peaks at 1 and is dropped; 0F1 holds 1; 0R0 brings 0F0 back: 2, which 0B0
         // holds when it starts.
         assert_eq!(held_per_task(&plan), vec![vec![1.0, 1.0, 2.0, 2.0, 1.0]]);
@@ -233,45 +229,25 @@ mod tests {
     fn a_recomputed_forward_keeps_its_checkpoint_until_its_recompute() {
         // 0F0 and 0F1 dropped (each keeps 0.125); the peak is 0F2 over two checkpoints, then
         // the recomputes of 0 and 1 each hold 0.875 again while 0F2 is held.
-        let cells = ["0F0", "0F1", "0F2", "0B2", "0R1", "0B1", "0R0", "0B0"];
-        let plan = one_rank(&cells, 1.0, 0.125);
+        let order = "0F0 0F1 0F2 0B2 0R1 0B1 0R0 0B0";
+        let plan = one_rank(order, 1.0, 0.125);
         let peaks = peak_per_rank(&plan);
         assert_eq!(peaks[0].peak, 1.25);
         assert_eq!(peaks[0].at.unwrap().to_string(), "0F2");
         // Without a checkpoint a lone forward is the peak.
-        assert_eq!(max_peak(&one_rank(&cells, 1.0, 0.0)), 1.0);
+        assert_eq!(max_peak(&one_rank(order, 1.0, 0.0)), 1.0);
     }
 
     #[test]
     fn offloads_move_activations_to_the_host_and_back() {
-        let cells = [
-            "0F0",
-            "0OFFLOAD0",
-            "0F1",
-            "0OFFLOAD1",
-            "0F2",
-            "0B2",
-            "0RELOAD1",
-            "0B1",
-            "0RELOAD0",
-            "0B0",
-        ];
-        let plan = one_rank(&cells, 1.0, 0.0);
+        let order = "0F0 0OFFLOAD0 0F1 0OFFLOAD1 0F2 0B2 0RELOAD1 0B1 0RELOAD0 0B0";
+        let plan = one_rank(order, 1.0, 0.0);
         let peaks = peak_per_rank(&plan);
         assert_eq!(peaks[0].peak, 1.0);
         assert_eq!(peaks[0].host_peak, 2.0);
         // A reload while another pair is held is the peak.
-        let cells = [
-            "0F0",
-            "0F1",
-            "0OFFLOAD0",
-            "0F2",
-            "0B2",
-            "0RELOAD0",
-            "0B1",
-            "0B0",
-        ];
-        let peaks = peak_per_rank(&one_rank(&cells, 1.0, 0.0));
+        let order = "0F0 0F1 0OFFLOAD0 0F2 0B2 0RELOAD0 0B1 0B0";
+        let peaks = peak_per_rank(&one_rank(order, 1.0, 0.0));
         assert_eq!((peaks[0].peak, peaks[0].host_peak), (2.0, 1.0));
         assert_eq!(peaks[0].at.unwrap().to_string(), "0F1");
     }
@@ -281,19 +257,8 @@ mod tests {
         // Half of each pair is kept for its W. 0F0 is moved out whole before its I (1) and
         // again, its W's half (0.5), between its I and W (a transfer counts what was held
         // before it).
-        let cells = [
-            "0F0",
-            "0OFFLOAD0",
-            "0F1",
-            "0RELOAD0",
-            "0I0",
-            "0OFFLOAD0",
-            "0I1",
-            "0RELOAD0",
-            "0W0",
-            "0W1",
-        ];
-        let plan = one_rank(&cells, 0.5, 0.0);
+        let order = "0F0 0OFFLOAD0 0F1 0RELOAD0 0I0 0OFFLOAD0 0I1 0RELOAD0 0W0 0W1";
+        let plan = one_rank(order, 0.5, 0.0);
         let held = held_per_task(&plan);
         assert_eq!(
             held,
