@@ -8,12 +8,13 @@ CPU) that run many cases in one launch and write their gradients, losses and mem
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(HERE)
@@ -280,55 +281,57 @@ def autotune_worker(args: argparse.Namespace) -> None:
 
 def run_autotune(ranks: int, microbatches: int, timeout: float = 240.0) -> List[Dict[str, Any]]:
     """Runs `autotune_worker` on `ranks` processes; returns their records."""
-    workdir = tempfile.mkdtemp(prefix="pipeweave-autotune-test-")
-    try:
+    with scratch_folder("pipeweave-autotune-test-") as workdir:
         port = free_port()
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        results = [os.path.join(workdir, f"results{r}.jsonl") for r in range(ranks)]
-        logs = [os.path.join(workdir, f"log{r}.txt") for r in range(ranks)]
-        commands = [[sys.executable, os.path.abspath(__file__), "autotune", "--rank", str(r), "--ranks", str(ranks),
-                     "--port", str(port), "--microbatches", str(microbatches), "--results", results[r]]
-                    for r in range(ranks)]
-        with WorkerGroup(commands, logs, env=env) as workers:
-            failure = workers.wait(timeout)
-        if failure:
-            raise GroupFailed(failure)
-        return read_jsonl(results)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        argvs = [["autotune", "--rank", str(r), "--ranks", str(ranks), "--port", str(port),
+                  "--microbatches", str(microbatches)] for r in range(ranks)]
+        return run_workers(workdir, argvs, timeout)
 
 
 # ----------------------------------------------------------------------------- the parent
 
 
+@contextlib.contextmanager
+def scratch_folder(prefix: str) -> Iterator[str]:
+    """A fresh temporary folder, removed with everything in it on leaving."""
+    workdir = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield workdir
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_workers(workdir: str, argvs: Sequence[List[str]], timeout: float) -> List[Dict[str, Any]]:
+    """Runs this file once per entry of `argvs` (a worker mode and its options), each process
+    with its own `--results` file and log in `workdir`. Returns every worker's records; raises
+    GroupFailed with the failing rank's output when one fails or the group runs past `timeout`
+    seconds. Every worker (and its process group) is killed before this returns."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    results = [os.path.join(workdir, f"results{r}.jsonl") for r in range(len(argvs))]
+    logs = [os.path.join(workdir, f"log{r}.txt") for r in range(len(argvs))]
+    commands = [[sys.executable, os.path.abspath(__file__)] + argv + ["--results", result]
+                for argv, result in zip(argvs, results)]
+    with WorkerGroup(commands, logs, env=env) as workers:
+        failure = workers.wait(timeout)
+    if failure:
+        raise GroupFailed(failure)
+    return read_jsonl(results)
+
+
 def run_group(cases: Sequence[Dict[str, Any]], ranks: int, *, replicas: int = 1, fsdp: bool = False,
               timeout: float = 150.0) -> List[Dict[str, Any]]:
     """Runs `cases` (each with `id` and the plan's `report`) in one group of ranks x replicas
-    worker processes. Returns every worker's records; raises GroupFailed with the failing rank's
-    output when one fails or the group runs past `timeout` seconds. Every worker (and its process
-    group) is killed before this returns."""
-    workdir = tempfile.mkdtemp(prefix="pipeweave-torch-test-")
-    try:
+    worker processes; returns their records as `run_workers` does."""
+    with scratch_folder("pipeweave-torch-test-") as workdir:
         case_file = os.path.join(workdir, "cases.json")
         with open(case_file, "w") as f:
             json.dump(list(cases), f)
         world = ranks * replicas
         port = free_port()
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        commands, logs, results = [], [], []
-        for rank in range(world):
-            results.append(os.path.join(workdir, f"results{rank}.jsonl"))
-            logs.append(os.path.join(workdir, f"log{rank}.txt"))
-            commands.append([sys.executable, os.path.abspath(__file__), "worker", "--rank", str(rank),
-                             "--world", str(world), "--ranks", str(ranks), "--port", str(port),
-                             "--cases", case_file, "--results", results[-1]] + (["--fsdp"] if fsdp else []))
-        with WorkerGroup(commands, logs, env=env) as workers:
-            failure = workers.wait(timeout)
-        if failure:
-            raise GroupFailed(failure)
-        return read_jsonl(results)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        argvs = [["worker", "--rank", str(rank), "--world", str(world), "--ranks", str(ranks),
+                  "--port", str(port), "--cases", case_file] + (["--fsdp"] if fsdp else [])
+                 for rank in range(world)]
+        return run_workers(workdir, argvs, timeout)
 
 
 def compare(torch: Any, report: Dict[str, Any], records: Sequence[Dict[str, Any]], replicas: int = 1,
@@ -338,19 +341,23 @@ def compare(torch: Any, report: Dict[str, Any], records: Sequence[Dict[str, Any]
     return model_of(tag).compare(torch, report["stages"], report["ranks"], report["microbatches"], records, replicas)
 
 
+def worker_parser(sub: Any, mode: str, numbers: Sequence[str], texts: Sequence[str] = ()) -> Any:
+    """The command line of a worker mode: the whole numbers `numbers`, the texts `texts` and
+    `--results` (every one required)."""
+    parser = sub.add_parser(mode)
+    for name in numbers:
+        parser.add_argument(f"--{name}", type=int, required=True)
+    for name in (*texts, "results"):
+        parser.add_argument(f"--{name}", required=True)
+    return parser
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="mode", required=True)
-    w = sub.add_parser("worker")
-    for name in ("rank", "world", "ranks", "port"):
-        w.add_argument(f"--{name}", type=int, required=True)
-    w.add_argument("--cases", required=True)
-    w.add_argument("--results", required=True)
-    w.add_argument("--fsdp", action="store_true")
-    a = sub.add_parser("autotune")
-    for name in ("rank", "ranks", "port", "microbatches"):
-        a.add_argument(f"--{name}", type=int, required=True)
-    a.add_argument("--results", required=True)
+    worker_mode = worker_parser(sub, "worker", ("rank", "world", "ranks", "port"), ("cases",))
+    worker_mode.add_argument("--fsdp", action="store_true")
+    worker_parser(sub, "autotune", ("rank", "ranks", "port", "microbatches"))
     args = parser.parse_args()
     if args.mode == "autotune":
         autotune_worker(args)
