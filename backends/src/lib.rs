@@ -18,6 +18,7 @@
 //! global plan's orders. Threads, MPI and NCCL differ only in the transport.
 #![warn(missing_docs)]
 
+pub mod choice;
 pub mod compute;
 pub mod error;
 pub mod interpreter;
@@ -31,6 +32,7 @@ pub mod transport;
 
 #[cfg(feature = "mpi")]
 pub use crate::mpi::{agree_on_programs, run_mpi, Mailbox, MpiOptions, MpiTransport, WirePayload};
+pub use choice::Backend;
 pub use compute::{Capabilities, Capability, StageCompute};
 pub use error::BackendError;
 pub use interpreter::{run_rank, CheckedRank};

@@ -22,6 +22,7 @@ pub mod plan_command;
 mod profile_options;
 mod run_command;
 mod staged;
+#[cfg(feature = "train")]
 pub mod train_command;
 mod tune_command;
 
@@ -58,6 +59,7 @@ enum Command {
     /// Search the schedules and their arguments for the fastest that fits the memory limit.
     Tune(tune_command::TuneArgs),
     /// Train a GPT on bytes through a pipeline schedule (../shared/TRAIN.md).
+    #[cfg(feature = "train")]
     Train(train_command::TrainOptions),
 }
 
@@ -83,6 +85,7 @@ where
         Command::Plan(args) => plan_command::run(&args, stdout).map(|()| true),
         Command::Check(args) => check_command::run(&args, stdout).map(|()| true),
         Command::Run(args) => run_command::run(&args, stdout),
+        #[cfg(feature = "train")]
         Command::Train(args) => return i32::from(train_command::run(&args, stderr)),
         Command::Tune(args) => tune_command::run(&args, stdout).map(|()| true),
     };

@@ -26,7 +26,7 @@ use std::time::Duration;
 pub const GRADIENT_TOLERANCE: f64 = 1e-12;
 
 /// Which backend runs the programs (the one choice `pipeweave train` and `train_gpt` take too).
-pub use pipeweave_train::command::Backend;
+pub use pipeweave_backends::Backend;
 
 /// Arguments of `pipeweave run`.
 #[derive(Debug, Args)]

@@ -19,29 +19,11 @@ pub use options::TrainOptions;
 
 use crate::data::BatchShape;
 use crate::{Corpus, LrSchedule, TrainError, TrainSettings, Trainer};
-use clap::ValueEnum;
 use pipeweave_core::{FailureKind, Plan};
 use pipeweave_kernels::GptConfig;
 
-/// Where the ranks run: the one choice of backend of `pipeweave run`, `pipeweave train` and
-/// `train_gpt`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Backend {
-    /// One OS thread per rank in this process, channels as links.
-    Threads,
-    /// One process per rank under `mpirun` (needs the cargo feature `mpi`).
-    Mpi,
-}
-
-impl Backend {
-    /// The name the command line gives it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Threads => "threads",
-            Backend::Mpi => "mpi",
-        }
-    }
-}
+/// Where the ranks run (the one `Backend` of every front end, `pipeweave_backends::Backend`).
+pub use pipeweave_backends::Backend;
 
 /// A failed run with its exit status: 2 for bad input, 1 for a bug or a failed run (the kind the
 /// error carries, as `pipeweave` decides its own).
