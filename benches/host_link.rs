@@ -12,16 +12,20 @@
 
 use pipeweave::{build_plan, PipelineConfig, Profile};
 use pipeweave_core::peak_per_rank;
-use pipeweave_kernels::GptConfig;
-use pipeweave_train::data::BatchShape;
 use pipeweave_train::{pipeline_overhead, Corpus, TrainSettings, Trainer};
 
-const WARM_UP: usize = 2;
-const STEPS: usize = 7;
-const SEQ_LEN: usize = 64;
-const SEQUENCES: usize = 4;
-const RANKS: u32 = 2;
-const MICROBATCHES: u32 = 8;
+mod common;
+
+use common::BenchRun;
+
+const RUN: BenchRun = BenchRun {
+    ranks: 2,
+    microbatches: 8,
+    seq_len: 64,
+    sequences: 4,
+    warm_up: 2,
+    steps: 7,
+};
 const CUT: [usize; 2] = [2, 2];
 
 const BASELINE: &str = "f1b(gpipe)";
@@ -41,19 +45,16 @@ struct Measured {
 }
 
 fn settings() -> TrainSettings {
-    let config = GptConfig::new(4, 192, 4, SEQ_LEN).expect("the bench's model");
-    let shape = BatchShape::new(SEQ_LEN, SEQUENCES, MICROBATCHES as usize).expect("valid shape");
     TrainSettings {
-        eval_sequences: 1,
         layers_per_stage: Some(CUT.to_vec()),
-        ..TrainSettings::new(config, shape)
+        ..RUN.settings(RUN.model(4))
     }
 }
 
 /// `expression` at unit costs, or from `profile`'s costs and bytes (then also the bytes of one
 /// unit of memory).
 fn plan_of(expression: &str, profile: Option<&Profile>) -> (pipeweave_core::Plan, f64) {
-    let config = PipelineConfig::new(RANKS, MICROBATCHES).expect("sizes");
+    let config = PipelineConfig::new(RUN.ranks, RUN.microbatches).expect("sizes");
     let (config, bytes) = match profile {
         Some(profile) => {
             let (config, cut) = config
@@ -74,10 +75,10 @@ fn train(expression: &str, corpus: &Corpus) -> (Measured, Vec<f64>) {
 fn train_plan(plan: pipeweave_core::Plan, corpus: &Corpus) -> (Measured, Vec<f64>) {
     let mut trainer = Trainer::new(&plan, corpus, settings()).expect("a trainer");
     let mut steps = Vec::new();
-    let mut peaks = vec![0usize; RANKS as usize];
-    for i in 0..WARM_UP + STEPS {
+    let mut peaks = vec![0usize; RUN.ranks as usize];
+    for i in RUN.all_steps() {
         trainer.step().expect("a step");
-        if i >= WARM_UP {
+        if RUN.measured(i) {
             let o = pipeline_overhead(&plan, trainer.last_measured()).expect("replay");
             steps.push((o.ratio(), o.measured_seconds, o.replayed_seconds));
             for (peak, &now) in peaks.iter_mut().zip(trainer.peak_activation_bytes()) {
@@ -115,7 +116,7 @@ fn main() {
         } else {
             train(expression, &corpus)
         };
-        let peaks: Vec<String> = (0..RANKS as usize)
+        let peaks: Vec<String> = (0..RUN.ranks as usize)
             .map(|r| {
                 format!(
                     "{:.3} ({:.3})",
@@ -145,7 +146,7 @@ fn main() {
     // them): each rank's measured peak of live device bytes against the plan's, in bytes.
     let (plan, _) = plan_of(BASELINE, None);
     let mut trainer = Trainer::new(&plan, &corpus, settings()).expect("a trainer");
-    for _ in 0..WARM_UP + STEPS {
+    for _ in RUN.all_steps() {
         trainer.step().expect("a step");
     }
     let profile = trainer.profile(5).expect("the profile");
@@ -158,7 +159,7 @@ fn main() {
     for expression in std::iter::once(&BASELINE).chain(OFFLOADS) {
         let (plan, bytes) = plan_of(expression, Some(&profile));
         let (m, predicted) = train_plan(plan, &corpus);
-        let cells: Vec<String> = (0..RANKS as usize)
+        let cells: Vec<String> = (0..RUN.ranks as usize)
             .map(|r| {
                 format!(
                     "{:.2} / {:.2}",
@@ -167,7 +168,7 @@ fn main() {
                 )
             })
             .collect();
-        let within = (0..RANKS as usize).all(|r| m.peaks[r] as f64 <= predicted[r] * bytes);
+        let within = (0..RUN.ranks as usize).all(|r| m.peaks[r] as f64 <= predicted[r] * bytes);
         bounded += usize::from(within);
         println!("{:<72}  {}", expression, cells.join("  "));
     }

@@ -12,38 +12,40 @@
 
 use pipeweave::variable_length::{plan_for_lengths, LengthCost};
 use pipeweave::{build_plan, PipelineConfig};
-use pipeweave_kernels::GptConfig;
-use pipeweave_train::data::BatchShape;
 use pipeweave_train::{pipeline_overhead, Corpus, TrainSettings, Trainer};
 
-const SEQ_LEN: usize = 256;
-const MICROBATCHES: u32 = 8;
-const RANKS: u32 = 2;
-const WARM_UP: usize = 2;
-const STEPS: usize = 12;
+mod common;
+
+use common::BenchRun;
+
+const RUN: BenchRun = BenchRun {
+    ranks: 2,
+    microbatches: 8,
+    seq_len: 256,
+    sequences: 2,
+    warm_up: 2,
+    steps: 12,
+};
 const ROUNDS: usize = 3;
 
 fn settings() -> TrainSettings {
-    let config = GptConfig::new(4, 192, 4, SEQ_LEN).expect("the bench's model");
-    let shape = BatchShape::new(SEQ_LEN, 2, MICROBATCHES as usize).expect("valid shape");
     TrainSettings {
         deterministic: true,
-        eval_sequences: 1,
         variable_length: true,
-        ..TrainSettings::new(config, shape)
+        ..RUN.settings(RUN.model(4))
     }
 }
 
 /// Summed pipeline seconds and step seconds of the measured steps.
 fn run(expression: &str, per_microbatch: bool, corpus: &Corpus) -> (f64, f64) {
-    let config = PipelineConfig::new(RANKS, MICROBATCHES).expect("sizes");
+    let config = PipelineConfig::new(RUN.ranks, RUN.microbatches).expect("sizes");
     let mut plan = build_plan(expression, &config).expect("the plan builds");
     let mut trainer = Trainer::new(&plan, corpus, settings()).expect("a trainer");
     let (mut pipeline, mut steps) = (0.0, 0.0);
-    for i in 0..WARM_UP + STEPS {
+    for i in RUN.all_steps() {
         if per_microbatch {
             let lengths = trainer.next_microbatch_lengths().expect("lengths");
-            let cost = LengthCost::Linear { full: SEQ_LEN };
+            let cost = LengthCost::Linear { full: RUN.seq_len };
             let planned = plan_for_lengths(expression, &config, &lengths, &cost).expect("a plan");
             trainer
                 .set_microbatch_order(planned.order)
@@ -54,7 +56,7 @@ fn run(expression: &str, per_microbatch: bool, corpus: &Corpus) -> (f64, f64) {
             plan = planned.plan;
         }
         let log = trainer.step().expect("a step");
-        if i >= WARM_UP {
+        if RUN.measured(i) {
             let overhead = pipeline_overhead(&plan, trainer.last_measured()).expect("replay");
             pipeline += overhead.measured_seconds;
             steps += log.seconds;
@@ -69,8 +71,13 @@ fn main() {
     let readme = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
     let corpus = Corpus::from_path(readme).expect("the checkout's README");
     println!(
-        "variable-length microbatches ({} documents of README.md, up to {SEQ_LEN} bytes), {MICROBATCHES} microbatches of 2 on {RANKS} ranks, {STEPS} steps x {ROUNDS} rounds:",
-        corpus.documents().len()
+        "variable-length microbatches ({} documents of README.md, up to {} bytes), {} microbatches of {} on {} ranks, {} steps x {ROUNDS} rounds:",
+        corpus.documents().len(),
+        RUN.seq_len,
+        RUN.microbatches,
+        RUN.sequences,
+        RUN.ranks,
+        RUN.steps
     );
     println!(
         "{:<52} {:>16} {:>16} {:>8} {:>16} {:>16} {:>8}",
