@@ -19,6 +19,9 @@ use pipeweave::{StageCostsSpec, StageMemory, StageMemorySpec};
 use std::collections::VecDeque;
 use std::process::ExitCode;
 
+/// The schedules compared, one a line (`lazy_w.py` compares the same).
+const EXPRESSIONS: &str = include_str!("lazy_w_expressions.txt");
+
 /// Delays weight gradients within a per-rank memory bound.
 struct LazyWeights {
     memory: Option<f64>,
@@ -147,15 +150,7 @@ fn main() -> ExitCode {
         "expression", "makespan", "bubble", "peak memory"
     );
     let mut failed = false;
-    for expression in [
-        "f1b(gpipe)",
-        "lazy_w(f1b(gpipe), memory=4)",
-        "lazy_w(f1b(gpipe), memory=6)",
-        "vpp(f1b(gpipe), chunks=2)",
-        "lazy_w(vpp(f1b(gpipe), chunks=2), memory=6)",
-        "zero_bubble(f1b(gpipe), policy=h1)",
-        "zero_bubble(lazy_w(f1b(gpipe)))",
-    ] {
+    for expression in EXPRESSIONS.lines() {
         match build_plan_with(&registry, expression, &config)
             .and_then(|plan| Ok((simulate(&plan)?, plan)))
         {

@@ -15,6 +15,7 @@ Run: `pip install ./python && python examples/lazy_w.py` (prints the same table 
 
 from collections import deque
 import math
+import os
 import sys
 
 import pipeweave
@@ -60,15 +61,9 @@ class LazyWeights:
         return out
 
 
-EXPRESSIONS = [
-    "f1b(gpipe)",
-    "lazy_w(f1b(gpipe), memory=4)",
-    "lazy_w(f1b(gpipe), memory=6)",
-    "vpp(f1b(gpipe), chunks=2)",
-    "lazy_w(vpp(f1b(gpipe), chunks=2), memory=6)",
-    "zero_bubble(f1b(gpipe), policy=h1)",
-    "zero_bubble(lazy_w(f1b(gpipe)))",
-]
+# The schedules compared, one a line (examples/custom_pass.rs compares the same).
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "lazy_w_expressions.txt")) as f:
+    EXPRESSIONS = f.read().splitlines()
 
 
 def main():
