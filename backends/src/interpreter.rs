@@ -516,6 +516,17 @@ mod tests {
         }
     }
 
+    /// Methods of [`StageCompute`] on a `Work` that [`Counting`] only records (and fails in when
+    /// told), each with the name its hook records.
+    macro_rules! only_hooks {
+        ($($method:ident => $name:literal),+ $(,)?) => {$(
+            fn $method(&mut self, _: Work) -> Result<(), StageError> {
+                self.hook($name);
+                Ok(())
+            }
+        )+};
+    }
+
     impl StageCompute for Counting {
         type Tensor = f64;
         fn forward(&mut self, _: Work, input: Option<f64>) -> Result<f64, StageError> {
@@ -530,10 +541,13 @@ mod tests {
             self.hook("backward_input");
             Ok(Some(grad))
         }
-        fn backward_weight(&mut self, _: Work) -> Result<(), StageError> {
-            self.hook("backward_weight");
-            Ok(())
-        }
+        only_hooks!(
+            backward_weight => "backward_weight",
+            drop_activations => "drop",
+            recompute => "recompute",
+            offload => "offload",
+            reload => "reload",
+        );
         fn free_output(&mut self, _: Work) {
             self.hook("free_output");
         }
@@ -547,22 +561,6 @@ mod tests {
         }
         fn capabilities(&self) -> Capabilities {
             self.capabilities
-        }
-        fn drop_activations(&mut self, _: Work) -> Result<(), StageError> {
-            self.hook("drop");
-            Ok(())
-        }
-        fn recompute(&mut self, _: Work) -> Result<(), StageError> {
-            self.hook("recompute");
-            Ok(())
-        }
-        fn offload(&mut self, _: Work) -> Result<(), StageError> {
-            self.hook("offload");
-            Ok(())
-        }
-        fn reload(&mut self, _: Work) -> Result<(), StageError> {
-            self.hook("reload");
-            Ok(())
         }
     }
 
