@@ -6,7 +6,9 @@ use crate::frontier::Frontier;
 use crate::frontier_limit::FrontierLimit;
 use crate::search_space::{Family, LADDER_FAMILIES, NAMED_SCHEDULES};
 use crate::tune::Candidate;
-use pipeweave_core::formats::svg_markup::{escape, legend_entry, open_document, polyline};
+use pipeweave_core::formats::svg_markup::{
+    escape, legend_entry, open_document, polyline, titled_circle,
+};
 use pipeweave_core::TOLERANCE;
 
 /// The frontier as an SVG picture: makespan against peak memory, one line per ladder family,
@@ -123,14 +125,12 @@ pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
         .iter()
         .filter(|(f, c)| !matches!(f, Family::Ladder(_)) && shown(c))
     {
-        svg.push_str(&format!(
-            "<g><title>{}: {} at {}</title><circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{}\"/></g>\n",
-            escape(&c.expression),
-            c.makespan,
-            c.peak_activations,
+        svg.push_str(&titled_circle(
+            &point_title(&c.expression, c.makespan, c.peak_activations),
             x(c.peak_activations),
             y(c.makespan),
-            dot(*family)
+            3.0,
+            &format!("fill=\"{}\"", dot(*family)),
         ));
         if let Some((_, name)) = NAMED_SCHEDULES.iter().find(|(e, _)| *e == c.expression) {
             svg.push_str(&format!(
@@ -160,13 +160,12 @@ pub fn frontier_svg(frontier: &Frontier, title: &str) -> String {
             .get(i + 1)
             .map_or(max_x, |n| n.peak_activations);
         steps.push(format!("{:.1},{:.1}", x(next), y(p.makespan)));
-        svg.push_str(&format!(
-            "<g><title>{}: {} at {}</title><circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"5\" fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\"/></g>\n",
-            escape(&p.expression),
-            p.makespan,
-            p.peak_activations,
+        svg.push_str(&titled_circle(
+            &point_title(&p.expression, p.makespan, p.peak_activations),
             x(p.peak_activations),
-            y(p.makespan)
+            y(p.makespan),
+            5.0,
+            "fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\"",
         ));
     }
     svg.push_str(&polyline(
@@ -229,4 +228,9 @@ fn limit_lines(
         format!("{:.1},{level:.1}", x(max_x)),
     ];
     (keeping, any)
+}
+
+/// A point's tooltip: its expression, makespan and peak.
+fn point_title(expression: &str, makespan: f64, peak: f64) -> String {
+    format!("{expression}: {makespan} at {peak}")
 }

@@ -2,7 +2,9 @@
 //! `--activation-memory`, `--stage-costs`), and the counts and numbers clap reads ([`count`],
 //! [`number`]), every number read as expressions read them ([`pipeweave_core::parse_number`]).
 
+use crate::cli::profile_options::read_memory_limit;
 use crate::error::Error;
+use crate::memory_limit::MemoryLimit;
 use pipeweave_core::ir::cost::MAX_DURATION;
 use pipeweave_core::{
     checked_size, parse_number, parse_whole, show_number, StageCosts, StageCostsSpec, StageMemory,
@@ -125,6 +127,17 @@ pub fn parse_activation_memory(text: &str) -> Result<StageMemory, Error> {
         .checkpoint(get(&p, "checkpoint").unwrap_or(0.0))
         .build();
     Ok(spec.validate()?)
+}
+
+/// Parses `--activation-memory` and `--memory-limit` (the options `plan` and `tune` share).
+pub fn parse_memory_options(
+    activation_memory: &str,
+    memory_limit: Option<&str>,
+) -> Result<(StageMemory, Option<MemoryLimit>), Error> {
+    Ok((
+        parse_activation_memory(activation_memory)?,
+        memory_limit.map(read_memory_limit).transpose()?,
+    ))
 }
 
 /// Reads `--stage-costs FILE.json`: a JSON list with one object per rank's share, keys as in

@@ -3,10 +3,9 @@
 
 use crate::cli::options::{count, read_stage_costs, LinkArgs};
 use crate::cli::options::{
-    parse_activation_memory, parse_costs, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS,
+    parse_costs, parse_memory_options, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS,
 };
 use crate::cli::outputs::{check_and_emit, OutputArgs, ReportContext, Source};
-use crate::cli::profile_options::read_memory_limit;
 use crate::cli::profile_options::ProfileArgs;
 use crate::compile::run_passes;
 use crate::config::PipelineConfig;
@@ -90,13 +89,11 @@ pub struct PlanArgs {
 impl PlanArgs {
     /// The configuration these options ask for, as a request ([`ConfigRequest`]).
     pub fn request(&self) -> Result<ConfigRequest, Error> {
+        let (activation_memory, memory_limit) =
+            parse_memory_options(&self.activation_memory, self.memory_limit.as_deref())?;
         Ok(ConfigRequest {
-            activation_memory: parse_activation_memory(&self.activation_memory)?,
-            memory_limit: self
-                .memory_limit
-                .as_deref()
-                .map(read_memory_limit)
-                .transpose()?,
+            activation_memory,
+            memory_limit,
             ..self.schedule.request()?
         })
     }

@@ -3,10 +3,9 @@
 
 use crate::cli::options::{count, LinkArgs};
 use crate::cli::options::{
-    parse_activation_memory, parse_costs, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS,
+    parse_costs, parse_memory_options, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS,
 };
 use crate::cli::outputs::Format;
-use crate::cli::profile_options::read_memory_limit;
 use crate::cli::profile_options::ProfileArgs;
 use crate::error::Error;
 use crate::frontier::frontier_svg;
@@ -63,15 +62,13 @@ impl TuneArgs {
     /// The configuration these options ask for, as a request ([`ConfigRequest`]).
     pub fn request(&self) -> Result<ConfigRequest, Error> {
         let (costs, comm) = parse_costs(&self.costs)?;
+        let (activation_memory, memory_limit) =
+            parse_memory_options(&self.activation_memory, self.memory_limit.as_deref())?;
         Ok(ConfigRequest {
             costs,
             comm,
-            activation_memory: parse_activation_memory(&self.activation_memory)?,
-            memory_limit: self
-                .memory_limit
-                .as_deref()
-                .map(read_memory_limit)
-                .transpose()?,
+            activation_memory,
+            memory_limit,
             profile: self.profile.source(),
             profile_options: self.profile.options(),
             ranks_per_link: self.links.ranks_per_link,

@@ -39,6 +39,15 @@ pub fn polyline(points: &[String], stroke: &str) -> String {
     )
 }
 
+/// A circle of radius `r` at (`cx`, `cy`) painted by the attributes `paint` (e.g.
+/// `fill="red"`), with `title` as its tooltip.
+pub fn titled_circle(title: &str, cx: f64, cy: f64, r: f64, paint: &str) -> String {
+    format!(
+        "<g><title>{}</title><circle cx=\"{cx:.1}\" cy=\"{cy:.1}\" r=\"{r}\" {paint}/></g>\n",
+        escape(title)
+    )
+}
+
 /// A legend entry at (`x`, `y`): a short bar of `colour`, then `name`.
 pub fn legend_entry(x: f64, y: f64, colour: &str, name: &str) -> String {
     format!(
@@ -73,6 +82,11 @@ mod tests {
         assert_eq!(
             line,
             "<polyline points=\"1,2 3,4\" fill=\"none\" stroke=\"red\"/>\n"
+        );
+        let dot = titled_circle("x & y", 1.0, 2.0, 3.0, "fill=\"red\"");
+        assert_eq!(
+            dot,
+            "<g><title>x &amp; y</title><circle cx=\"1.0\" cy=\"2.0\" r=\"3\" fill=\"red\"/></g>\n"
         );
         let entry = legend_entry(10.0, 20.0, "#000", "a<b");
         assert!(entry.contains(">a&lt;b</text>"), "{entry}");

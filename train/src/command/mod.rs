@@ -144,7 +144,13 @@ pub fn run<P: Planner>(
         fingerprint: options.fingerprint(),
     };
     let mut trainer = make_trainer(&mpi, &plan, &corpus, settings)?;
-    let result = resume_and_train(options, &planner, &plan, &mut trainer, &corpus);
+    let run = Run {
+        options,
+        planner: &planner,
+        plan: &plan,
+        corpus: &corpus,
+    };
+    let result = resume_and_train(&run, &mut trainer);
     if let Err(failure) = &result {
         if failure.status == 1 {
             // Under MPI the other ranks must not wait for this one: report, then end the job.
@@ -218,13 +224,8 @@ fn make_trainer(
 
 /// `--resume` with `--eval`: the checkpoint's loss on a text; otherwise the run, resumed from
 /// `--resume` where given.
-fn resume_and_train(
-    options: &TrainOptions,
-    planner: &dyn Planner,
-    plan: &Plan,
-    trainer: &mut Trainer,
-    corpus: &Corpus,
-) -> Result<(), Failure> {
+fn resume_and_train(run: &Run<'_>, trainer: &mut Trainer) -> Result<(), Failure> {
+    let options = run.options;
     if let (Some(checkpoint), Some(text)) = (&options.resume, &options.eval) {
         trainer.load_weights(checkpoint)?;
         let corpus = Corpus::from_path(text)?;
@@ -237,5 +238,15 @@ fn resume_and_train(
     if let Some(checkpoint) = &options.resume {
         trainer.resume(checkpoint)?;
     }
-    session::train(options, planner, plan, trainer, corpus)
+    session::train(run, trainer)
+}
+
+/// What a run trains with: its options, the planner of its step plans, its first plan and its
+/// corpus.
+#[derive(Clone, Copy)]
+struct Run<'a> {
+    options: &'a TrainOptions,
+    planner: &'a dyn Planner,
+    plan: &'a Plan,
+    corpus: &'a Corpus,
 }

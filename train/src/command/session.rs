@@ -1,9 +1,9 @@
 //! A run's steps and what it writes: the progress bar, `--log`, the summary, `--curve`,
 //! `--timeline`, `--profile`, `--save`; with `--variable-length`, a plan per step.
 
-use super::{Failure, Planner, TrainOptions};
+use super::{Failure, Planner, Run, TrainOptions};
 use crate::checkpoint::config_path;
-use crate::{pipeline_overhead, step_timeline, Corpus, LossCurve, Progress, StepLog, Trainer};
+use crate::{pipeline_overhead, step_timeline, LossCurve, Progress, StepLog, Trainer};
 use pipeweave_core::Plan;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -14,13 +14,13 @@ fn unwritable(path: &Path, e: std::io::Error) -> Failure {
 }
 
 /// The steps up to `--stop-after` or `--steps`, then the summary and the files asked for.
-pub(super) fn train(
-    options: &TrainOptions,
-    planner: &dyn Planner,
-    plan: &Plan,
-    trainer: &mut Trainer,
-    corpus: &Corpus,
-) -> Result<(), Failure> {
+pub(super) fn train(run: &Run<'_>, trainer: &mut Trainer) -> Result<(), Failure> {
+    let Run {
+        options,
+        planner,
+        plan,
+        corpus,
+    } = *run;
     let writer = trainer.is_writer();
     let mut log = match &options.log {
         Some(path) if writer => Some(std::fs::File::create(path).map_err(|e| unwritable(path, e))?),
