@@ -30,9 +30,7 @@ use clap::{Parser, Subcommand};
 use std::ffi::OsString;
 use std::io::Write;
 
-pub use options::{
-    parse_activation_memory, parse_costs, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS,
-};
+pub use options::{parse_activation_memory, parse_costs, DEFAULT_ACTIVATION_MEMORY, DEFAULT_COSTS};
 pub use plan_command::PlanArgs;
 pub use profile_options::{parse_memory_limit, read_memory_limit, ProfileArgs};
 
