@@ -5,6 +5,7 @@
 use crate::config::PipelineConfig;
 use crate::error::Error;
 use crate::report::PlanReport;
+use pipeweave_core::spmd::project::project_simulated;
 use pipeweave_core::{
     simulate, verify, CheckedPrograms, CutCosts, Plan, ProgramSet, ProjectionOptions, RecvPolicy,
     Simulation,
@@ -58,6 +59,25 @@ pub fn run_passes(
     Ok((plan, simulation?))
 }
 
+/// Where a plan to compile comes from, which says what is left to do with it.
+pub enum Source {
+    /// Built by the pass driver with its simulation ([`run_passes`]); the driver verified it
+    /// after its last pass, memory bound included: verifying it again would find what the
+    /// driver found.
+    Built(Plan, Simulation),
+    /// Read from a file, with the programs of a lowered file: verified and simulated here first.
+    Imported(Plan, Option<ProgramSet>),
+}
+
+impl Source {
+    /// The plan.
+    pub fn plan(&self) -> &Plan {
+        match self {
+            Source::Built(plan, _) | Source::Imported(plan, _) => plan,
+        }
+    }
+}
+
 /// An imported plan (a schedule file) verified, simulated and, unless `programs` came with it
 /// (a lowered file), projected; then its programs checked.
 pub fn compile_imported(
@@ -65,9 +85,7 @@ pub fn compile_imported(
     programs: Option<ProgramSet>,
     recv: RecvPolicy,
 ) -> Result<Compiled, Error> {
-    verify(&plan)?;
-    let simulation = simulate(&plan)?;
-    finish(plan, simulation, programs, recv)
+    finish_source(Source::Imported(plan, programs), recv)
 }
 
 /// A verified plan and its simulation, with programs (projected where none are given), checked.
@@ -78,10 +96,55 @@ pub fn finish(
     programs: Option<ProgramSet>,
     recv: RecvPolicy,
 ) -> Result<Compiled, Error> {
-    let programs = match programs {
-        Some(p) => CheckedPrograms::check(plan.problem(), p)?,
-        None => CheckedPrograms::of_plan(&plan, Some(&simulation), projection(recv))?,
+    match programs {
+        None => finish_source(Source::Built(plan, simulation), recv),
+        Some(programs) => {
+            let checked = CheckedPrograms::check(plan.problem(), programs)?;
+            compiled(plan, checked, simulation)
+        }
+    }
+}
+
+/// [`finish_beside`] with nothing beside the check.
+pub fn finish_source(source: Source, recv: RecvPolicy) -> Result<Compiled, Error> {
+    finish_beside(source, recv, |_, _, _| ()).map(|(compiled, ())| compiled)
+}
+
+/// The compile entry's last steps for `source`: an imported plan verified and simulated; the
+/// plan projected along its simulated timeline with receives placed by `recv` (unless programs
+/// came with it); the programs checked on a thread of their own while `beside` runs with the
+/// plan, the programs and the simulation (the CLI renders its files there, and puts none in
+/// place unless this returns Ok); the figures finite.
+pub fn finish_beside<T>(
+    source: Source,
+    recv: RecvPolicy,
+    beside: impl FnOnce(&Plan, &ProgramSet, &Simulation) -> T,
+) -> Result<(Compiled, T), Error> {
+    let (plan, programs, simulation) = match source {
+        Source::Built(plan, simulation) => (plan, None, simulation),
+        Source::Imported(plan, programs) => {
+            verify(&plan)?;
+            // A verified plan runs to its end: its timeline is the one the projection replays.
+            let simulation = simulate(&plan)?;
+            (plan, programs, simulation)
+        }
     };
+    let programs = match programs {
+        Some(programs) => programs,
+        None => project_simulated(&plan, &simulation, projection(recv))?,
+    };
+    let (checked, given) = CheckedPrograms::check_beside(plan.problem(), programs, |programs| {
+        beside(&plan, programs, &simulation)
+    });
+    Ok((compiled(plan, checked?, simulation)?, given))
+}
+
+/// The compiled plan, once its figures are finite.
+fn compiled(
+    plan: Plan,
+    programs: CheckedPrograms,
+    simulation: Simulation,
+) -> Result<Compiled, Error> {
     finite(&simulation)?;
     Ok(Compiled {
         plan,

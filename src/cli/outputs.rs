@@ -1,5 +1,6 @@
-//! What `plan` and `check` share: checking a plan end to end (verify, simulate, project, check the
-//! communication) and writing the report and the files a plan can be written to.
+//! What `plan` and `check` share: the compile entry's last steps ([`crate::compile::finish_beside`]:
+//! verify, simulate, project, check the communication) and writing the report and the files a
+//! plan can be written to.
 //!
 //! A large plan keeps a second core busy: the communication check runs beside the rendering and
 //! staging of the files ([`crate::cli::staged`]: written under temporary names, put in place only
@@ -7,16 +8,13 @@
 //! while the text report is formatted.
 
 use crate::cli::staged::Staged;
-use crate::compile::{compile_imported, finish, finite, projection, Compiled};
+pub use crate::compile::Source;
+use crate::compile::{finish_beside, finish_source, Compiled};
 use crate::error::Error;
 use crate::report::PlanReport;
 use clap::{Args, ValueEnum};
 use pipeweave_core::formats::{csv, svg, trace};
-use pipeweave_core::spmd::project::project_simulated;
-use pipeweave_core::{
-    check_programs, simulate, verify, CheckReport, CommError, CutCosts, Plan, ProgramSet,
-    RecvPolicy, Sharing, Simulation,
-};
+use pipeweave_core::{CutCosts, Plan, ProgramSet, RecvPolicy, Sharing, Simulation};
 use std::io::Write;
 
 /// Output format on stdout.
@@ -66,43 +64,6 @@ pub struct OutputArgs {
     pub recv: RecvArg,
 }
 
-/// A plan that passed every check, with its programs and simulation.
-pub struct Checked {
-    /// The plan.
-    pub plan: Plan,
-    /// Its programs (projected, or imported from a lowered file).
-    pub programs: ProgramSet,
-    /// What the communication check counted.
-    pub counts: CheckReport,
-    /// Its simulation.
-    pub simulation: Simulation,
-}
-
-/// Where a plan to check comes from, which says what is left to check of it.
-pub enum Source {
-    /// Built by the pass driver with its simulation ([`crate::build_and_simulate`]); the driver
-    /// verified it after its last pass, memory bound included: verifying it again would find what
-    /// the driver found.
-    Built(Plan, Simulation),
-    /// Read from a file, with the programs of a lowered file: verified here first.
-    Imported(Plan, Option<ProgramSet>),
-}
-
-impl Source {
-    fn plan(&self) -> &Plan {
-        match self {
-            Source::Built(plan, _) | Source::Imported(plan, _) => plan,
-        }
-    }
-}
-
-/// A verified plan, simulated, with the programs that are still to be checked.
-struct Projected {
-    plan: Plan,
-    programs: ProgramSet,
-    simulation: Simulation,
-}
-
 impl RecvArg {
     /// The projection's receive policy.
     pub fn policy(self) -> RecvPolicy {
@@ -113,52 +74,11 @@ impl RecvArg {
     }
 }
 
-/// Verifies and simulates an imported plan and projects the plan along its simulated timeline
-/// (unless programs came with it).
-fn project_source(source: Source, recv: RecvArg) -> Result<Projected, Error> {
-    let (plan, programs, simulation) = match source {
-        Source::Built(plan, simulation) => (plan, None, simulation),
-        Source::Imported(plan, programs) => {
-            verify(&plan)?;
-            // A verified plan runs to its end: the simulation cannot fail here, and its timeline
-            // is the one the projection would replay.
-            let simulation = simulate(&plan)?;
-            (plan, programs, simulation)
-        }
-    };
-    let programs = match programs {
-        Some(p) => p,
-        None => project_simulated(&plan, &simulation, projection(recv.policy()))?,
-    };
-    Ok(Projected {
-        plan,
-        programs,
-        simulation,
-    })
-}
-
-impl Projected {
-    /// The plan with its checked programs: what the check counted, once the figures are finite.
-    fn checked(self, counts: Result<CheckReport, CommError>) -> Result<Checked, Error> {
-        let counts = counts?;
-        finite(&self.simulation)?;
-        Ok(Checked {
-            plan: self.plan,
-            programs: self.programs,
-            counts,
-            simulation: self.simulation,
-        })
-    }
-}
-
 /// Verifies and simulates an imported plan, projects the plan along its simulated timeline
 /// (unless programs came with it) and checks the programs, once, by the compile entry
 /// ([`crate::compile`]): the backends run them as they are.
 pub fn check_plan(source: Source, recv: RecvArg) -> Result<Compiled, Error> {
-    match source {
-        Source::Built(plan, simulation) => finish(plan, simulation, None, recv.policy()),
-        Source::Imported(plan, programs) => compile_imported(plan, programs, recv.policy()),
-    }
+    finish_source(source, recv.policy())
 }
 
 /// What a report says beyond the plan and its simulation.
@@ -190,23 +110,10 @@ pub fn check_and_emit(
         .csv
         .as_ref()
         .and_then(|_| csv::residency_left_out(source.plan()));
-    let projected = project_source(source, args.recv)?;
-    let (counts, files) = std::thread::scope(|scope| {
-        let check = scope.spawn(|| check_programs(projected.plan.problem(), &projected.programs));
-        let files = Files::render(
-            title,
-            &projected.plan,
-            &projected.programs,
-            &projected.simulation,
-            args,
-            context,
-        );
-        let counts = check
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        (counts, files)
-    });
-    let checked = projected.checked(counts)?;
+    let (checked, files) =
+        finish_beside(source, args.recv.policy(), |plan, programs, simulation| {
+            Files::render(title, plan, programs, simulation, args, context)
+        })?;
     files.write(&checked, args, stdout)?;
     if let Some(note) = left_out {
         eprintln!("note: {note}");
@@ -284,13 +191,13 @@ impl Files {
     /// Writes the JSON report, puts the staged files in place and writes the report on stdout.
     fn write(
         self,
-        checked: &Checked,
+        checked: &Compiled,
         args: &OutputArgs,
         stdout: &mut dyn Write,
     ) -> Result<(), Error> {
         let report = self
             .report
-            .with_programs(&checked.programs, &checked.counts);
+            .with_programs(checked.programs.programs(), checked.programs.report());
         let json = (args.json.is_some() || args.format == Format::Json)
             .then(|| serde_json::to_string_pretty(&report).expect("a report always serialises"));
         let staged = [self.svg, self.trace, self.csv, self.programs];

@@ -46,6 +46,30 @@ impl CheckedPrograms {
         })
     }
 
+    /// [`CheckedPrograms::check`] on a thread of its own while `beside` runs on this one with
+    /// the programs being checked (a caller renders files from them meanwhile and publishes
+    /// nothing until the check passed): the check's result and what `beside` gave.
+    pub fn check_beside<T>(
+        problem: &Problem,
+        programs: ProgramSet,
+        beside: impl FnOnce(&ProgramSet) -> T,
+    ) -> (Result<CheckedPrograms, CommError>, T) {
+        let (report, given) = std::thread::scope(|scope| {
+            let check = scope.spawn(|| check_programs(problem, &programs));
+            let given = beside(&programs);
+            let report = check
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (report, given)
+        });
+        let checked = report.map(|report| CheckedPrograms {
+            problem: problem.clone(),
+            programs,
+            report,
+        });
+        (checked, given)
+    }
+
     /// `plan` projected with `options` (along `simulation`'s timeline where it is the plan's
     /// simulation, else replayed) and its programs checked.
     pub fn of_plan(
@@ -145,5 +169,20 @@ mod tests {
         let one = checked.rank(RankId::new(1)).unwrap();
         assert_eq!(one.rank(), RankId::new(1));
         assert!(checked.rank(RankId::new(2)).is_none());
+    }
+
+    #[test]
+    fn a_check_beside_other_work_gives_the_same_proof_and_the_work_sees_the_programs() {
+        let plan = crate::testing::plan(2, &["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"]);
+        let set = project(&plan, ProjectionOptions::default()).unwrap();
+        let (checked, ranks) =
+            CheckedPrograms::check_beside(plan.problem(), set.clone(), |p| p.programs.len());
+        assert_eq!(ranks, 2);
+        let alone = CheckedPrograms::check(plan.problem(), set.clone()).unwrap();
+        assert_eq!(checked.unwrap().report(), alone.report());
+        let mut broken = set;
+        broken.programs[1].instrs.remove(0);
+        let (refused, ()) = CheckedPrograms::check_beside(plan.problem(), broken, |_| ());
+        assert!(refused.is_err());
     }
 }
