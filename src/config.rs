@@ -1,12 +1,11 @@
-//! From sizes and per-rank costs to a verified plan: the glue between a user's description and the
-//! pass driver.
+//! From sizes and per-rank costs to the unscheduled plan the passes start from: the glue between a
+//! user's description and the pass driver ([`crate::compile`] runs the passes).
 
 use crate::error::Error;
 use pipeweave_core::{
     simulate_shared, CostModel, CutCosts, LayerLayout, MemoryModel, Plan, ProblemSpec, Profile,
     ReplayError, Sharing, Simulation, StageCosts, StageMemory,
 };
-use pipeweave_transforms::{compile_expression, Registry};
 use std::num::NonZeroU32;
 
 /// What `pipeweave plan` needs besides the expression: sizes, costs and memory of a rank's share.
@@ -252,45 +251,4 @@ impl PipelineConfig {
         let memory = MemoryModel::per_stage(self.memory.clone());
         Ok(Plan::unscheduled(problem, costs, memory)?.with_memory_limit(self.memory_limit)?)
     }
-}
-
-/// Compiles `expression`, runs its passes on the plain layout of `config` and returns the verified
-/// plan.
-pub fn build_plan(expression: &str, config: &PipelineConfig) -> Result<Plan, Error> {
-    build_plan_observed(expression, config, &mut |_, _| {})
-}
-
-/// [`build_plan`], calling `observer` with every intermediate (verified) plan.
-pub fn build_plan_observed(
-    expression: &str,
-    config: &PipelineConfig,
-    observer: &mut dyn FnMut(&str, &Plan),
-) -> Result<Plan, Error> {
-    let passes = compile_expression(expression)?;
-    Ok(passes.run_observed(config.unscheduled_plan()?, observer)?)
-}
-
-/// [`build_plan`] and the plan's simulation: the simulation runs while the final plan is
-/// verified, and every intermediate plan is verified while the next passes run
-/// ([`pipeweave_transforms::PassList::run_beside`]); the same plan and errors as [`build_plan`]
-/// then [`simulate`], in about half the time on two cores.
-pub fn build_and_simulate(
-    expression: &str,
-    config: &PipelineConfig,
-) -> Result<(Plan, Simulation), Error> {
-    let passes = compile_expression(expression)?;
-    let (plan, simulation) =
-        passes.run_beside(config.unscheduled_plan()?, |p| config.simulate(p))?;
-    Ok((plan, simulation?))
-}
-
-/// [`build_plan`] with the passes of `registry` (the built-ins and a user's own, see
-/// [`Registry::register`]).
-pub fn build_plan_with(
-    registry: &Registry,
-    expression: &str,
-    config: &PipelineConfig,
-) -> Result<Plan, Error> {
-    let passes = registry.compile_expression(expression)?;
-    Ok(passes.run(config.unscheduled_plan()?)?)
 }

@@ -29,7 +29,8 @@
 //! keeps every schedule a smaller one had. Ties go to the smaller peak, then to the candidate
 //! listed first (fixed schedules before the ladder, lower rungs first, the residency stage last).
 
-use crate::config::{build_plan, PipelineConfig};
+use crate::compile::build_plan;
+use crate::config::PipelineConfig;
 use crate::frontier_limit::{frontier_limit, FrontierLimit};
 pub use crate::frontier_point::FrontierPoint;
 pub use crate::frontier_svg::frontier_svg;

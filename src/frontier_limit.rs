@@ -12,7 +12,8 @@
 //! - **any**: the least relaxation's bound: no schedule at all, recomputing or offloading ones
 //!   included, is faster at any limit.
 
-use crate::config::{build_plan, PipelineConfig};
+use crate::compile::build_plan;
+use crate::config::PipelineConfig;
 use crate::report::tidy;
 use crate::search_space::LIMIT_BASES;
 use pipeweave_core::{lower_bound, TOLERANCE};

@@ -36,10 +36,10 @@ pub mod text_table;
 pub mod tune;
 pub mod variable_length;
 
-pub use compile::{compile, Compiled};
-pub use config::{
-    build_and_simulate, build_plan, build_plan_observed, build_plan_with, PipelineConfig,
+pub use compile::{
+    build_and_simulate, build_plan, build_plan_observed, build_plan_with, compile, Compiled,
 };
+pub use config::PipelineConfig;
 pub use error::Error;
 pub use memory_limit::MemoryLimit;
 pub use pipeweave_backends as backends;
@@ -65,7 +65,8 @@ pub use request::{ConfigRequest, ProfileSource};
 /// [`Work`], [`TransformError`]) and the use side ([`Registry`] with its [`Arity`] and
 /// [`Arguments`], [`PipelineConfig`], [`build_plan_with`], [`simulate`]).
 pub mod prelude {
-    pub use crate::config::{build_plan_with, PipelineConfig};
+    pub use crate::compile::build_plan_with;
+    pub use crate::config::PipelineConfig;
     pub use pipeweave_core::{simulate, Backwards, Facts, LayoutKind, Pacing, Plan, Task, Work};
     pub use pipeweave_transforms::{
         Arguments, Arity, Changes, Contract, Pass, Registry, Requires, TransformError,

@@ -2,7 +2,8 @@
 //! with our passes: 1F1B, ZB-H1, ZB-H2 and `auto` at the paper's ZB-1p and ZB-2p memory limits,
 //! side by side with the paper's figures.
 
-use crate::config::{build_plan, PipelineConfig};
+use crate::compile::build_plan;
+use crate::config::PipelineConfig;
 use crate::error::Error;
 use pipeweave_core::{simulate, StageCostsSpec, StageMemorySpec};
 use serde::Deserialize;

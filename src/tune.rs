@@ -7,7 +7,8 @@
 //! expression given back to `plan` gives the same figures. Candidates are evaluated on every
 //! core. With a profile, the search runs over candidate cuts too ([`tune_cuts`]).
 
-use crate::config::{build_plan_with, PipelineConfig};
+use crate::compile::build_plan_with;
+use crate::config::PipelineConfig;
 use crate::error::Error;
 use crate::report::{gap, placement_bound, tidy};
 use pipeweave_core::{cut_violation, even_cut, CutCosts, PinnedEnds, Plan, Profile};

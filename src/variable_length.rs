@@ -2,7 +2,8 @@
 //! into the slots the simulator prices fastest, and the schedule built with those costs
 //! ([`plan_for_lengths`]; `train_gpt --variable-length` runs it before every step).
 
-use crate::config::{build_plan, PipelineConfig};
+use crate::compile::build_plan;
+use crate::config::PipelineConfig;
 use crate::error::Error;
 use pipeweave_core::{simulate, Plan, Profile};
 use pipeweave_transforms::schedules::microbatch_order::microbatch_order;

@@ -11,7 +11,7 @@
 use crate::cli::options::number;
 use crate::cli::outputs::{check_plan, RecvArg, Source};
 use crate::cli::plan_command::ScheduleArgs;
-use crate::config::build_and_simulate;
+use crate::compile::build_and_simulate;
 use crate::error::Error;
 use clap::Args;
 use pipeweave_backends::numeric::{total_gradients, AffineModel, AffineStage, Gradients};

@@ -6,7 +6,8 @@
 //! from an expression, a cost profile and a memory limit, is [`Costing`], its [`Planner`] here.
 
 use crate::cli::parse_memory_limit;
-use crate::config::{build_plan, PipelineConfig};
+use crate::compile::build_plan;
+use crate::config::PipelineConfig;
 use crate::error::Error;
 use crate::variable_length::{plan_for_lengths, LengthCost};
 use pipeweave_core::{Plan, Profile};
