@@ -71,7 +71,8 @@ use crate::schedules::exact::{improve, polish, Budget};
 use crate::schedules::greedy::{self, FillWaits, InFlight, Variant};
 use crate::schedules::ladder::fastest_within;
 use crate::schedules::lagged::{lagged_orders, split_in_place, Hand};
-use crate::schedules::refine::refine;
+use crate::schedules::memo::RungMemo;
+use crate::schedules::refine::{refine, refine_probed};
 use crate::schedules::score::{refine_budget, Scored};
 use crate::schedules::zbv::{zbv_orders, Cooldown};
 use crate::schedules::zbv_auto::zbv_auto_orders;
@@ -233,12 +234,24 @@ fn variants(plan: &Plan, dual: bool) -> Vec<Variant> {
 }
 
 /// The best of the list scheduler's variants by its own timing (see [`Score`], then the earlier
-/// variant). Variants that cannot beat the best so far stop early.
-fn best_greedy(plan: &Plan, limit: f64, dual: bool, bound: f64) -> Option<Vec<Vec<Task>>> {
+/// variant). Variants that cannot beat the best so far stop early. With a `memo`, a variant's run
+/// at a limit and bound where an earlier rung's run makes the same comparisons is that run.
+fn best_greedy(
+    plan: &Plan,
+    limit: f64,
+    dual: bool,
+    bound: f64,
+    memo: Option<&RungMemo>,
+) -> Option<Vec<Vec<Task>>> {
     let mut best: Option<greedy::Schedule> = None;
     for variant in variants(plan, dual) {
         let bound = best.as_ref().map_or(bound, |b| b.score.max_span.min(bound));
-        let Some(found) = greedy::schedule_within(plan, limit, variant, bound) else {
+        let run = || greedy::schedule_probed(plan, limit, variant, bound);
+        let found = match memo {
+            Some(memo) => memo.greedy(variant, limit, bound, run).schedule,
+            None => run().schedule,
+        };
+        let Some(found) = found else {
             continue;
         };
         if best.as_ref().is_none_or(|b| found.score.beats(b.score)) {
@@ -248,14 +261,10 @@ fn best_greedy(plan: &Plan, limit: f64, dual: bool, bound: f64) -> Option<Vec<Ve
     best.map(|b| b.orders)
 }
 
-/// The handcrafted candidates of `auto`: the input order and DeepSeek's (dual plans), or the
-/// input with its backwards split in place, `h1`, `h2` and, on the V placement, ZB-V and sail-sg's ZB-V search within `limit` (other plans).
-fn handcrafted(
-    plan: &Plan,
-    dual: Option<DualShape>,
-    limit: f64,
-    cache: &SearchCache,
-) -> Vec<Vec<Vec<Task>>> {
+/// The handcrafted candidates of `auto` that do not depend on the limit: the input order and
+/// DeepSeek's (dual plans), or the input with its backwards split in place, `h1`, `h2` and, on the
+/// V placement, ZB-V, V-Half and V-Min (other plans).
+fn handcrafted(plan: &Plan, dual: Option<DualShape>, cache: &SearchCache) -> Vec<Vec<Vec<Task>>> {
     let mut candidates: Vec<Vec<Vec<Task>>> = vec![plan.orders().to_vec()];
     match dual {
         Some(shape) => candidates.push(shape.orders(plan, true)),
@@ -274,11 +283,42 @@ fn handcrafted(
                 for kind in [Controllable::Half, Controllable::Min] {
                     candidates.extend(cache.controllable(kind, p, m));
                 }
-                candidates.extend(zbv_auto_orders(plan, limit));
             }
         }
     }
     candidates
+}
+
+/// The handcrafted candidates of `auto` within `limit`, simulated (None where one does not fit
+/// or does not run): those of [`handcrafted`] and, on the V placement (not dual), sail-sg's ZB-V
+/// search within `limit`. With a `memo`, the first are simulated once for every rung.
+fn handcrafted_within(
+    plan: &Plan,
+    dual: Option<DualShape>,
+    limit: f64,
+    cache: &SearchCache,
+    memo: Option<&RungMemo>,
+) -> Vec<Option<Scored>> {
+    let mut scored = match memo {
+        Some(memo) => memo.handcrafted(limit, || {
+            handcrafted(plan, dual, cache)
+                .into_iter()
+                .map(|orders| Scored::evaluate(plan, orders, None, None))
+                .collect()
+        }),
+        None => handcrafted(plan, dual, cache)
+            .into_iter()
+            .map(|orders| Scored::evaluate(plan, orders, Some(limit), None))
+            .collect(),
+    };
+    if dual.is_none() && plan.facts().layout.is_v_shaped(plan.problem().ranks()) {
+        scored.extend(
+            zbv_auto_orders(plan, limit)
+                .into_iter()
+                .map(|orders| Scored::evaluate(plan, orders, Some(limit), None)),
+        );
+    }
+    scored
 }
 
 /// What the `auto` search found at one limit: its result, and every candidate it simulated
@@ -288,11 +328,23 @@ struct Searched {
     fitted: Vec<Scored>,
 }
 
-/// The `auto` search on `plan`, a dual plan of shape `dual` or (None) any other.
-fn auto_search(plan: &Plan, dual: Option<DualShape>, limit: f64, cache: &SearchCache) -> Searched {
-    let mut fitted: Vec<Scored> = handcrafted(plan, dual, limit, cache)
+/// The `auto` search on `plan`, a dual plan of shape `dual` or (None) any other. With a `memo`
+/// (one per plan, shared by the rungs of its ladder), work another rung already did with the same
+/// outcome is taken from it: the result is the same as without.
+fn auto_search(
+    plan: &Plan,
+    dual: Option<DualShape>,
+    limit: f64,
+    cache: &SearchCache,
+    memo: Option<&RungMemo>,
+) -> Searched {
+    let evaluate = |orders: Vec<Vec<Task>>| match memo {
+        Some(memo) => memo.evaluate(plan, orders, limit),
+        None => Scored::evaluate(plan, orders, Some(limit), None),
+    };
+    let mut fitted: Vec<Scored> = handcrafted_within(plan, dual, limit, cache, memo)
         .into_iter()
-        .filter_map(|orders| Scored::evaluate(plan, orders, Some(limit), None))
+        .flatten()
         .collect();
     let mut best: Option<&Scored> = None;
     for scored in &fitted {
@@ -303,8 +355,8 @@ fn auto_search(plan: &Plan, dual: Option<DualShape>, limit: f64, cache: &SearchC
     let mut best = best.cloned();
     // The list scheduler only has to beat the handcrafted candidates.
     let bound = best.as_ref().map_or(f64::INFINITY, |b| b.score.max_span);
-    if let Some(orders) = best_greedy(plan, limit, dual.is_some(), bound) {
-        if let Some(scored) = Scored::evaluate(plan, orders, Some(limit), None) {
+    if let Some(orders) = best_greedy(plan, limit, dual.is_some(), bound, memo) {
+        if let Some(scored) = evaluate(orders) {
             if best.as_ref().is_none_or(|b| scored.score.beats(b.score)) {
                 best = Some(scored);
             }
@@ -312,12 +364,14 @@ fn auto_search(plan: &Plan, dual: Option<DualShape>, limit: f64, cache: &SearchC
     }
     let budget = refine_budget(plan);
     let result = best
-        .map(|b| refine(plan, b.orders, limit, budget))
+        .map(|b| match memo {
+            Some(memo) => memo.refined(b.orders, limit, |orders| {
+                refine_probed(plan, orders, limit, budget)
+            }),
+            None => refine(plan, b.orders, limit, budget),
+        })
         .map(|orders| polish(plan, dual.is_some(), limit, orders));
-    if let Some(scored) = result
-        .clone()
-        .and_then(|orders| Scored::evaluate(plan, orders, Some(limit), None))
-    {
+    if let Some(scored) = result.clone().and_then(evaluate) {
         fitted.push(scored);
     }
     Searched { result, fitted }
@@ -327,7 +381,7 @@ fn auto_search(plan: &Plan, dual: Option<DualShape>, limit: f64, cache: &SearchC
 /// chunks with (its list scheduler sees their dependencies; candidates that break them fail
 /// their replay and drop out). None where no candidate fits.
 pub(crate) fn auto_within(plan: &Plan, limit: f64) -> Option<Vec<Vec<Task>>> {
-    auto_search(plan, None, limit, &SearchCache::new()).result
+    auto_search(plan, None, limit, &SearchCache::new(), None).result
 }
 
 /// The `auto` search's result.
@@ -337,15 +391,17 @@ fn auto_orders(
     limit: f64,
     cache: &SearchCache,
 ) -> Result<Vec<Vec<Task>>, TransformError> {
-    auto_search(plan, dual, limit, cache).result.ok_or_else(|| {
-        TransformError::unmet(
-            "auto finds a schedule within the memory limit",
-            format!(
-                "no candidate fits in {limit} activations per rank (the input needs {})",
-                max_peak(plan)
-            ),
-        )
-    })
+    auto_search(plan, dual, limit, cache, None)
+        .result
+        .ok_or_else(|| {
+            TransformError::unmet(
+                "auto finds a schedule within the memory limit",
+                format!(
+                    "no candidate fits in {limit} activations per rank (the input needs {})",
+                    max_peak(plan)
+                ),
+            )
+        })
 }
 
 /// What [`ZeroBubble::prepare`] decided for the plan.
@@ -516,8 +572,10 @@ impl ZeroBubble {
                 ladder,
             } => {
                 let orders = if ladder {
+                    // Every rung searches this plan: they share one memo.
+                    let memo = RungMemo::new();
                     fastest_within(&plan, limit, &self.cache, |p, r| {
-                        auto_search(p, dual, r, &self.cache).fitted
+                        auto_search(p, dual, r, &self.cache, Some(&memo)).fitted
                     })
                     .map_or_else(|| auto_orders(&plan, dual, limit, &self.cache), Ok)?
                 } else {

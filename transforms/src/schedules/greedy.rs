@@ -21,8 +21,10 @@ use crate::schedules::kernel::{
     self, activation, largest_activation, Agenda, ChoiceRule, Decision, Placed, Time, Timeline,
     Wakes,
 };
+use crate::schedules::memo::Threshold;
 use crate::schedules::score::Score;
 use pipeweave_core::{Op, OpKind, Plan, StageId, Task, Work, TOLERANCE};
+use std::cell::Cell;
 use std::collections::VecDeque;
 
 /// When pending Ws run in a wait.
@@ -149,16 +151,40 @@ pub fn schedule(plan: &Plan, limit: f64, variant: Variant) -> Option<Schedule> {
 /// span is at least its current end plus the durations of its ops still to run, which prunes a
 /// losing variant as soon as its idle time exceeds the best one's.
 pub fn schedule_within(plan: &Plan, limit: f64, variant: Variant, bound: f64) -> Option<Schedule> {
+    schedule_probed(plan, limit, variant, bound).schedule
+}
+
+/// A run of [`schedule_within`] with the outcomes of every comparison it made against its memory
+/// limit and its bound: at any other limit and bound that both thresholds admit, the run is the
+/// same, decision for decision ([`crate::schedules::memo`]).
+#[derive(Clone, Debug)]
+pub struct Probed {
+    /// What the run gave.
+    pub schedule: Option<Schedule>,
+    /// Its comparisons against the memory limit (activations held plus a forward's).
+    pub limit: Threshold,
+    /// Its comparisons against the bound (a rank's least possible span).
+    pub bound: Threshold,
+}
+
+/// [`schedule_within`], with the thresholds of its limit and bound.
+pub fn schedule_probed(plan: &Plan, limit: f64, variant: Variant, bound: f64) -> Probed {
     let mut rule = Greedy::new(plan, limit, variant, bound);
-    let timeline = kernel::run(Timeline::new(plan), &mut rule)?;
-    if rule.ranks.iter().any(|k| k.remaining > 0) {
-        return None;
+    let schedule = kernel::run(Timeline::new(plan), &mut rule).and_then(|timeline| {
+        if rule.ranks.iter().any(|k| k.remaining > 0) {
+            return None;
+        }
+        let (max_span, makespan) = timeline.spans();
+        Some(Schedule {
+            orders: timeline.into_orders(),
+            score: Score { max_span, makespan },
+        })
+    });
+    Probed {
+        schedule,
+        limit: rule.limit_checks.get(),
+        bound: rule.bound_checks,
     }
-    let (max_span, makespan) = timeline.spans();
-    Some(Schedule {
-        orders: timeline.into_orders(),
-        score: Score { max_span, makespan },
-    })
 }
 
 /// What one decision found ready on a rank.
@@ -216,6 +242,9 @@ struct Greedy<'a> {
     decided: (f64, f64),
     /// Holds an earlier sequence chunk's I until the later chunk's I has ended.
     chunk_gate: ChunkGate,
+    /// The comparisons made against `limit` and `bound`.
+    limit_checks: Cell<Threshold>,
+    bound_checks: Threshold,
 }
 
 impl<'a> Greedy<'a> {
@@ -242,6 +271,8 @@ impl<'a> Greedy<'a> {
             ranks,
             decided: (0.0, 0.0),
             chunk_gate: ChunkGate::new(plan),
+            limit_checks: Cell::new(Threshold::new()),
+            bound_checks: Threshold::new(),
         }
     }
 
@@ -340,7 +371,7 @@ impl<'a> Greedy<'a> {
                 }
             };
             let extra = activation(self.plan, stage, w.microbatch) + self.reserved(r, k);
-            let within = timeline.fits(r, extra, self.limit);
+            let within = self.fits(timeline, r, extra);
             let fits = within && rank.in_flight < rank.in_flight_cap;
             if at > t + TOLERANCE {
                 if fits {
@@ -357,6 +388,16 @@ impl<'a> Greedy<'a> {
             }
         }
         (forward, blocked_by_memory)
+    }
+
+    /// Whether rank `r` can take `extra` more activations within the limit
+    /// ([`Timeline::fits`]), recorded.
+    fn fits(&self, timeline: &Timeline<'_>, r: usize, extra: f64) -> bool {
+        let x = timeline.held(r) + extra;
+        let mut checks = self.limit_checks.get();
+        let ok = checks.check(x, self.limit);
+        self.limit_checks.set(checks);
+        ok
     }
 
     /// With `reserve`, the memory kept for one forward of each deeper local stage that still has
@@ -393,7 +434,7 @@ impl<'a> Greedy<'a> {
                         - TOLERANCE
         });
         let overlap_fits = c.forward.is_some_and(|(_, f)| {
-            timeline.fits(r, activation(self.plan, f.stage, f.microbatch), self.limit)
+            self.fits(timeline, r, activation(self.plan, f.stage, f.microbatch))
         });
         match (c.input, c.forward) {
             (Some(backward), Some((k, forward))) if self.variant.overlap && overlap_fits => {
@@ -429,7 +470,7 @@ impl<'a> Greedy<'a> {
         } else {
             end + (self.ranks[r].remaining_work - work)
         };
-        least_end - first_start <= self.bound + TOLERANCE
+        self.bound_checks.check(least_end - first_start, self.bound)
     }
 }
 

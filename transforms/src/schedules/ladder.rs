@@ -12,7 +12,10 @@
 //! the limit; between two rungs it is the lower rung's unless the search at the limit itself is
 //! faster.
 //!
-//! The searches of the rungs run on every core and are remembered in the caller's
+//! The searches of the rungs run on every core, each core climbing its own run of neighbouring
+//! rungs (a search that remembers what it compared against its limit, as `auto`'s does through
+//! a [`crate::schedules::memo::RungMemo`], reuses the rung below where the comparisons agree),
+//! and are remembered in the caller's
 //! [`SearchCache`] (by the plan and the limit), so a caller that asks for many limits of one plan
 //! through one cache, as the frontier does, pays for each rung once.
 
@@ -128,14 +131,20 @@ pub fn fastest_within(
         let results = Mutex::new(Vec::new());
         std::thread::scope(|scope| {
             for _ in 0..workers {
+                // Each worker climbs its own run of neighbouring rungs, the lower first: where
+                // the search remembers work by the comparisons it made against its limit, a rung
+                // often makes the same ones as the rung below and reuses its work.
                 scope.spawn(|| loop {
-                    let k = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    let Some(&r) = all.get(k) else {
+                    let w = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if w >= workers {
                         break;
-                    };
-                    let found = remembered(plan, key, r, cache, &search);
-                    if let Ok(mut out) = results.lock() {
-                        out.push((k, found));
+                    }
+                    let (from, to) = (w * all.len() / workers, (w + 1) * all.len() / workers);
+                    for (k, &r) in all.iter().enumerate().take(to).skip(from) {
+                        let found = remembered(plan, key, r, cache, &search);
+                        if let Ok(mut out) = results.lock() {
+                            out.push((k, found));
+                        }
                     }
                 });
             }

@@ -19,6 +19,7 @@ pub mod group_block;
 pub mod kernel;
 pub mod ladder;
 pub mod lagged;
+pub mod memo;
 pub mod microbatch_order;
 pub mod refine;
 pub mod relief;

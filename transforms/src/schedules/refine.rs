@@ -9,17 +9,26 @@
 //! move helps or the evaluation budget is spent. Every accepted order is a complete, acyclic
 //! schedule, because candidates that fail to simulate are discarded.
 
+use crate::schedules::memo::Threshold;
 use crate::schedules::score::Score;
 use pipeweave_core::ir::deps::predecessors;
 use pipeweave_core::{peak_per_rank, simulate, Plan, Simulation, Task, TOLERANCE};
 
-/// A candidate within `limit` with its simulation, or None.
-fn evaluate(plan: &Plan, orders: Vec<Vec<Task>>, limit: f64) -> Option<(Plan, Simulation)> {
+/// A candidate within `limit` with its simulation, or None; the comparison of its peak with the
+/// limit is recorded in `checks`.
+fn evaluate(
+    plan: &Plan,
+    orders: Vec<Vec<Task>>,
+    limit: f64,
+    checks: &mut Threshold,
+) -> Option<(Plan, Simulation)> {
     let candidate = plan.clone().with_orders(orders).ok()?;
-    if peak_per_rank(&candidate)
+    // Some rank above the limit, as `peak > limit + TOLERANCE` (a NaN peak is above nothing).
+    let peak = peak_per_rank(&candidate)
         .iter()
-        .any(|p| p.peak > limit + TOLERANCE)
-    {
+        .map(|p| p.peak)
+        .fold(f64::NEG_INFINITY, f64::max);
+    if !checks.check(peak, limit) {
         return None;
     }
     let sim = simulate(&candidate).ok()?;
@@ -110,8 +119,20 @@ fn critical_moves(plan: &Plan, sim: &Simulation, limit_moves: usize) -> Vec<(usi
 /// Improves `orders` (a schedule of `plan`'s problem) by critical-path swaps, spending at most
 /// `budget` simulations.
 pub fn refine(plan: &Plan, orders: Vec<Vec<Task>>, limit: f64, budget: usize) -> Vec<Vec<Task>> {
-    let Some((mut current, mut sim)) = evaluate(plan, orders.clone(), limit) else {
-        return orders;
+    refine_probed(plan, orders, limit, budget).0
+}
+
+/// [`refine`], with the outcomes of every comparison it made against `limit`: at any other limit
+/// the threshold admits, the search is the same, swap for swap ([`crate::schedules::memo`]).
+pub fn refine_probed(
+    plan: &Plan,
+    orders: Vec<Vec<Task>>,
+    limit: f64,
+    budget: usize,
+) -> (Vec<Vec<Task>>, Threshold) {
+    let mut checks = Threshold::new();
+    let Some((mut current, mut sim)) = evaluate(plan, orders.clone(), limit, &mut checks) else {
+        return (orders, checks);
     };
     let mut spent = 0;
     while spent < budget {
@@ -123,7 +144,7 @@ pub fn refine(plan: &Plan, orders: Vec<Vec<Task>>, limit: f64, budget: usize) ->
             spent += 1;
             let mut trial = current.orders().to_vec();
             trial[r].swap(i - 1, i);
-            if let Some((candidate, trial_sim)) = evaluate(plan, trial, limit) {
+            if let Some((candidate, trial_sim)) = evaluate(plan, trial, limit, &mut checks) {
                 let reference = best.as_ref().map_or(Score::of(&sim), |b| Score::of(&b.1));
                 if Score::of(&trial_sim).beats(reference) {
                     best = Some((candidate, trial_sim));
@@ -138,5 +159,5 @@ pub fn refine(plan: &Plan, orders: Vec<Vec<Task>>, limit: f64, budget: usize) ->
             None => break,
         }
     }
-    current.orders().to_vec()
+    (current.orders().to_vec(), checks)
 }
