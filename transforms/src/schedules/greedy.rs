@@ -21,8 +21,8 @@ use crate::schedules::kernel::{
     self, activation, largest_activation, Agenda, ChoiceRule, Decision, Placed, Time, Timeline,
     Wakes,
 };
-use crate::schedules::memo::Threshold;
 use crate::schedules::score::Score;
+use crate::schedules::threshold::Threshold;
 use pipeweave_core::{Op, OpKind, Plan, StageId, Task, Work, TOLERANCE};
 use std::cell::Cell;
 use std::collections::VecDeque;

@@ -17,59 +17,12 @@
 
 use crate::schedules::greedy::{Probed, Variant};
 use crate::schedules::score::Scored;
+pub use crate::schedules::threshold::Threshold;
 use pipeweave_core::{Plan, Task, TOLERANCE};
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
-
-/// The outcomes of a run's comparisons `x <= v + TOLERANCE` against one value `v` (a memory
-/// limit, a bound): the largest `x` that passed and the smallest that failed.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Threshold {
-    passed: f64,
-    failed: Option<f64>,
-}
-
-impl Default for Threshold {
-    fn default() -> Threshold {
-        Threshold::new()
-    }
-}
-
-impl Threshold {
-    /// No comparison made yet: admits every value.
-    pub const fn new() -> Threshold {
-        Threshold {
-            passed: f64::NEG_INFINITY,
-            failed: None,
-        }
-    }
-
-    /// Whether `x <= v + TOLERANCE`, recorded.
-    #[inline]
-    pub fn check(&mut self, x: f64, v: f64) -> bool {
-        let ok = x <= v + TOLERANCE;
-        self.record(x, ok);
-        ok
-    }
-
-    /// Records that `x` passed (`ok`) or failed the comparison. A NaN never passes, against any
-    /// value, so a NaN failure constrains nothing.
-    #[inline]
-    pub fn record(&mut self, x: f64, ok: bool) {
-        if ok {
-            self.passed = self.passed.max(x);
-        } else if !x.is_nan() {
-            self.failed = Some(self.failed.map_or(x, |f| f.min(x)));
-        }
-    }
-
-    /// Whether every recorded comparison has the same outcome against `v`.
-    pub fn admits(&self, v: f64) -> bool {
-        self.passed <= v + TOLERANCE && self.failed.is_none_or(|f| f > v + TOLERANCE)
-    }
-}
 
 /// A hash of orders, as data.
 fn hash_orders(orders: &[Vec<Task>]) -> u64 {
@@ -198,22 +151,4 @@ impl RungMemo {
 fn within(scored: Option<Scored>, limit: f64) -> Option<Scored> {
     let above = |peak: f64| peak.partial_cmp(&(limit + TOLERANCE)) == Some(Ordering::Greater);
     scored.filter(|s| !above(s.peak))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_threshold_admits_the_values_that_give_every_comparison_its_outcome() {
-        let mut t = Threshold::new();
-        assert!(t.admits(0.0) && t.admits(1e9));
-        assert!(t.check(2.0, 3.0));
-        assert!(!t.check(5.0, 3.0));
-        assert!(t.admits(2.0) && t.admits(4.5) && t.admits(5.0 - 2.0 * TOLERANCE));
-        assert!(!t.admits(1.0) && !t.admits(5.0));
-        // A NaN fails against everything: it constrains nothing.
-        assert!(!t.check(f64::NAN, 3.0));
-        assert!(t.admits(4.0));
-    }
 }

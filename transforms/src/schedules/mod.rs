@@ -6,7 +6,9 @@
 //!
 //! The list schedulers share one [`kernel`] (a timeline of per-rank clocks, memory and latency,
 //! one event heap, one event loop with a choice rule per policy); what the searches remember
-//! between calls is a [`cache::SearchCache`] its owner passes in.
+//! between calls is a [`cache::SearchCache`] its owner passes in, and what the rungs of one
+//! ladder share a [`memo::RungMemo`] (runs reused where every comparison against the limit,
+//! recorded as a [`threshold::Threshold`], comes out the same).
 
 pub mod cache;
 pub mod chunk_gate;
@@ -24,5 +26,6 @@ pub mod microbatch_order;
 pub mod refine;
 pub mod relief;
 pub mod score;
+pub mod threshold;
 pub mod zbv;
 pub mod zbv_auto;

@@ -9,8 +9,8 @@
 //! move helps or the evaluation budget is spent. Every accepted order is a complete, acyclic
 //! schedule, because candidates that fail to simulate are discarded.
 
-use crate::schedules::memo::Threshold;
 use crate::schedules::score::Score;
+use crate::schedules::threshold::Threshold;
 use pipeweave_core::ir::deps::predecessors;
 use pipeweave_core::{peak_per_rank, simulate, Plan, Simulation, Task, TOLERANCE};
 
