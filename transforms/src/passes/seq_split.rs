@@ -45,7 +45,7 @@
 use crate::error::TransformError;
 use crate::order::warmup_merge;
 use crate::pass::{Changes, Contract, Pass, Requires};
-use crate::passes::zero_bubble::auto_within;
+use crate::schedules::auto::auto_within;
 use pipeweave_core::{
     max_peak, peak_per_rank, simulate, Backwards, CostModel, Facts, LayoutKind, MemoryModel,
     Pacing, Plan, Problem, ProblemSpec, RouteSpec, SequenceCut, SplitBy, StageMemory,

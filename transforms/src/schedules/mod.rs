@@ -10,6 +10,7 @@
 //! ladder share a [`memo::RungMemo`] (runs reused where every comparison against the limit,
 //! recorded as a [`threshold::Threshold`], comes out the same).
 
+pub mod auto;
 pub mod cache;
 pub mod chunk_gate;
 pub mod controllable;
