@@ -1,4 +1,10 @@
-//! [`GptConfig`]: the hyper-parameters of a GPT-2-architecture model, validated on construction.
+//! [`GptConfig`]: the hyper-parameters of a GPT-2-architecture model, validated on construction;
+//! [`MoeConfig`] and [`ExpertShard`] (in `config/moe.rs`): a mixture of experts' shape and the
+//! experts of one expert-parallel rank.
+
+mod moe;
+
+pub use moe::{ExpertShard, MoeConfig};
 
 use crate::error::{KernelError, Result};
 

@@ -67,6 +67,39 @@ pub enum KernelError {
         /// Why it is rejected.
         reason: &'static str,
     },
+    /// A mixture of experts would send each token to more experts than it has.
+    #[error("top-k {top_k} is above the {experts} experts")]
+    TopKAboveExperts {
+        /// The experts per token asked for.
+        top_k: usize,
+        /// The number of experts.
+        experts: usize,
+    },
+    /// The expert-parallel ranks cannot hold equal shares of the experts.
+    #[error("{ranks} expert-parallel ranks do not divide the {experts} experts")]
+    ExpertRanksDoNotDivide {
+        /// The number of expert-parallel ranks.
+        ranks: usize,
+        /// The number of experts.
+        experts: usize,
+    },
+    /// An expert-parallel rank outside the ranks.
+    #[error("expert-parallel rank {rank} is not below the {ranks} ranks")]
+    ExpertRankOutOfRange {
+        /// The rank given.
+        rank: usize,
+        /// The number of expert-parallel ranks.
+        ranks: usize,
+    },
+    /// Rows handed to a phase of a mixture of experts do not match its routing or its experts
+    /// (an expert missing, repeated, or not held).
+    #[error("Moe::{phase}: {problem}")]
+    ExpertRowsMismatch {
+        /// The phase that checked the rows (`combine`, `experts`, ...).
+        phase: &'static str,
+        /// What does not match.
+        problem: String,
+    },
     /// A list of parameters has the wrong length.
     #[error("{layer}: got {actual} parameter tensors, expected {expected}")]
     ParameterCount {

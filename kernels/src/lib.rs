@@ -9,10 +9,13 @@
 //! - [`layers`]: the [`Layer`] protocol (forward / backward_input / backward_weight with
 //!   explicit, move-only saved states) and the GPT-2 layers, one per file; the model's layer
 //!   kinds registered in order ([`LayerKind`], [`model_layers`]: each kind's placement, input,
-//!   count, construction and names, declared in its own file);
+//!   count, construction and names, declared in its own file); and a mixture of experts
+//!   ([`Moe`], [`MoeBlock`]; not yet a model layer) whose phases (route, dispatch, experts,
+//!   combine) a trainer can run on expert-parallel ranks ([`ExpertShard`]);
 //! - [`stage`]: [`StageModel`], one pipeline stage of a GPT (a run of the model's layers:
 //!   embedding, blocks, head), with optional recomputation and Hugging Face parameter names;
-//! - [`config`] and [`init`]: the model shape and GPT-2 initialisation from a seed;
+//! - [`config`] and [`init`]: the model shape (and a mixture of experts', [`MoeConfig`]) and
+//!   GPT-2 initialisation from a seed;
 //! - [`flops`]: FLOP estimates of the F, I and W passes per layer and stage;
 //! - [`error`]: [`KernelError`], the crate's one error type.
 //!
@@ -64,12 +67,13 @@ mod oracle;
 #[cfg(test)]
 mod testing;
 
-pub use config::GptConfig;
+pub use config::{ExpertShard, GptConfig, MoeConfig};
 pub use error::{KernelError, Result};
 pub use flops::PassFlops;
 pub use layers::{
     count_non_padding, model_layers, Attention, Block, CrossEntropy, Embedding, Gelu, Head, Layer,
-    LayerId, LayerInput, LayerKind, LayerNorm, Linear, LossOutput, Mlp, NamedParameters, Placement,
+    LayerId, LayerInput, LayerKind, LayerNorm, Linear, LossOutput, Mlp, Moe, MoeBlock,
+    NamedParameters, Placement,
 };
 pub use primitives::{
     adamw_update, squared_norm, AdamWStep, CpuPrimitives, Primitives, TensorSum, TimedPrimitives,

@@ -69,6 +69,8 @@ pub mod layer_norm;
 pub mod linear;
 pub mod mlp;
 pub(crate) mod model;
+pub mod moe;
+pub mod moe_block;
 pub(crate) mod protocol;
 pub(crate) mod registry;
 
@@ -82,6 +84,11 @@ pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub use mlp::Mlp;
 pub use model::{LayerInput, Placement};
+pub use moe::{
+    CombineSaved, ExpertBank, ExpertRows, ExpertsPending, ExpertsSaved, Moe, MoePendingWeightGrad,
+    MoeSaved, RouterPending, RouterSaved, Routing, RoutingGrad,
+};
+pub use moe_block::{MoeBlock, MoeBlockPendingWeightGrad, MoeBlockSaved};
 pub(crate) use protocol::{held_bytes, held_tensors, ParameterSlots, SavedTensorsMut};
 pub use protocol::{Layer, NamedParameters};
 pub use registry::{model_layers, LayerId, LayerKind};

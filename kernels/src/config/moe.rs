@@ -1,0 +1,271 @@
+//! [`MoeConfig`], the shape of a mixture-of-experts feed-forward sub-layer, and [`ExpertShard`],
+//! which experts one expert-parallel rank holds: both validated on construction, so that a
+//! [`crate::layers::Moe`] and its phases never meet an impossible setting.
+
+use std::ops::Range;
+
+use crate::error::{KernelError, Result};
+
+/// The shape of a mixture of experts: `experts` expert MLPs of hidden width `hidden`, each token
+/// routed to `top_k` of them, and the load-balancing loss scaled by `aux_coefficient`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeConfig {
+    experts: usize,
+    top_k: usize,
+    hidden: usize,
+    aux_coefficient: f64,
+}
+
+impl MoeConfig {
+    /// A mixture of `experts` experts (at least one) of hidden width `hidden` (positive), each
+    /// token going to `top_k` of them (`1..=experts`), with the load-balancing loss scaled by
+    /// `aux_coefficient` (finite, non-negative; 0 turns the loss off).
+    pub fn new(experts: usize, top_k: usize, hidden: usize, aux_coefficient: f64) -> Result<Self> {
+        at_least_one_expert(experts)?;
+        if top_k == 0 {
+            return Err(KernelError::InvalidArgument {
+                field: "top_k",
+                value: top_k.to_string(),
+                reason: "each token must go to at least one expert",
+            });
+        }
+        if top_k > experts {
+            return Err(KernelError::TopKAboveExperts { top_k, experts });
+        }
+        if hidden == 0 {
+            return Err(KernelError::InvalidArgument {
+                field: "hidden",
+                value: hidden.to_string(),
+                reason: "must be positive",
+            });
+        }
+        if !(aux_coefficient.is_finite() && aux_coefficient >= 0.0) {
+            return Err(KernelError::InvalidArgument {
+                field: "aux_coefficient",
+                value: aux_coefficient.to_string(),
+                reason: "must be finite and non-negative",
+            });
+        }
+        Ok(MoeConfig {
+            experts,
+            top_k,
+            hidden,
+            aux_coefficient,
+        })
+    }
+
+    /// The number of experts `E`.
+    pub fn experts(&self) -> usize {
+        self.experts
+    }
+
+    /// How many experts each token goes to, `k`.
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+
+    /// The hidden width of every expert MLP.
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// The scale of the load-balancing loss.
+    pub fn aux_coefficient(&self) -> f64 {
+        self.aux_coefficient
+    }
+}
+
+/// The experts one expert-parallel rank holds when `experts` experts are split evenly over
+/// `ranks` ranks: rank `r` holds experts `r·E/X .. (r+1)·E/X`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExpertShard {
+    rank: usize,
+    ranks: usize,
+    experts: usize,
+}
+
+impl ExpertShard {
+    /// Rank `rank` of `ranks` expert-parallel ranks over `experts` experts; `ranks` must divide
+    /// `experts` (at least one expert).
+    pub fn new(rank: usize, ranks: usize, experts: usize) -> Result<Self> {
+        at_least_one_expert(experts)?;
+        if ranks == 0 {
+            return Err(KernelError::InvalidArgument {
+                field: "expert_ranks",
+                value: ranks.to_string(),
+                reason: "must be positive",
+            });
+        }
+        if experts % ranks != 0 {
+            return Err(KernelError::ExpertRanksDoNotDivide { ranks, experts });
+        }
+        if rank >= ranks {
+            return Err(KernelError::ExpertRankOutOfRange { rank, ranks });
+        }
+        Ok(ExpertShard {
+            rank,
+            ranks,
+            experts,
+        })
+    }
+
+    /// The one shard of a single rank holding all of `config`'s experts.
+    pub fn whole(config: &MoeConfig) -> Self {
+        ExpertShard {
+            rank: 0,
+            ranks: 1,
+            experts: config.experts(),
+        }
+    }
+
+    /// Every shard of `ranks` ranks over `experts` experts, by rank.
+    pub fn all(ranks: usize, experts: usize) -> Result<Vec<Self>> {
+        (0..ranks.max(1))
+            .map(|rank| ExpertShard::new(rank, ranks, experts))
+            .collect()
+    }
+
+    /// This shard's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of expert-parallel ranks.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// The number of experts over all ranks.
+    pub fn experts(&self) -> usize {
+        self.experts
+    }
+
+    /// How many experts each rank holds, `E / X`.
+    pub fn per_rank(&self) -> usize {
+        self.experts / self.ranks
+    }
+
+    /// The experts this rank holds.
+    pub fn held(&self) -> Range<usize> {
+        let per_rank = self.per_rank();
+        self.rank * per_rank..(self.rank + 1) * per_rank
+    }
+
+    /// Whether this rank holds `expert`.
+    pub fn holds(&self, expert: usize) -> bool {
+        self.held().contains(&expert)
+    }
+
+    /// The rank holding `expert` (an index below [`ExpertShard::experts`]).
+    pub fn owner(&self, expert: usize) -> usize {
+        expert / self.per_rank()
+    }
+}
+
+/// Fails unless there is at least one expert.
+fn at_least_one_expert(experts: usize) -> Result<()> {
+    if experts > 0 {
+        return Ok(());
+    }
+    Err(KernelError::InvalidArgument {
+        field: "experts",
+        value: experts.to_string(),
+        reason: "a mixture of experts needs at least one expert",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-line message of a rejected configuration.
+    fn config_error(experts: usize, top_k: usize, hidden: usize, aux: f64) -> String {
+        MoeConfig::new(experts, top_k, hidden, aux)
+            .expect_err("the configuration is invalid")
+            .to_string()
+    }
+
+    #[test]
+    fn rejects_each_invalid_config_with_one_line() {
+        let cases = [
+            (
+                config_error(0, 1, 8, 0.01),
+                "invalid experts = 0: a mixture of experts needs at least one expert",
+            ),
+            (
+                config_error(4, 0, 8, 0.01),
+                "invalid top_k = 0: each token must go to at least one expert",
+            ),
+            (
+                config_error(2, 3, 8, 0.01),
+                "top-k 3 is above the 2 experts",
+            ),
+            (
+                config_error(4, 2, 0, 0.01),
+                "invalid hidden = 0: must be positive",
+            ),
+            (
+                config_error(4, 2, 8, -1.0),
+                "invalid aux_coefficient = -1: must be finite and non-negative",
+            ),
+            (
+                config_error(4, 2, 8, f64::NAN),
+                "invalid aux_coefficient = NaN: must be finite and non-negative",
+            ),
+        ];
+        for (actual, expected) in cases {
+            assert_eq!(actual, expected);
+            assert!(!actual.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn accepts_top_k_up_to_the_experts() {
+        let config = MoeConfig::new(4, 4, 16, 0.0).unwrap();
+        assert_eq!(
+            (config.experts(), config.top_k(), config.hidden()),
+            (4, 4, 16)
+        );
+        assert_eq!(config.aux_coefficient(), 0.0);
+    }
+
+    #[test]
+    fn shards_split_the_experts_evenly_by_rank() {
+        let shards = ExpertShard::all(3, 6).unwrap();
+        let held: Vec<_> = shards.iter().map(|s| s.held()).collect();
+        assert_eq!(held, [0..2, 2..4, 4..6]);
+        assert!(shards[1].holds(3) && !shards[1].holds(4));
+        assert_eq!(
+            (0..6).map(|e| shards[0].owner(e)).collect::<Vec<_>>(),
+            [0, 0, 1, 1, 2, 2]
+        );
+        let whole = ExpertShard::whole(&MoeConfig::new(5, 2, 8, 0.0).unwrap());
+        assert_eq!((whole.held(), whole.ranks()), (0..5, 1));
+    }
+
+    #[test]
+    fn rejects_shards_that_do_not_split_the_experts() {
+        let message = |rank, ranks, experts| {
+            ExpertShard::new(rank, ranks, experts)
+                .expect_err("the shard is invalid")
+                .to_string()
+        };
+        assert_eq!(
+            message(0, 3, 4),
+            "3 expert-parallel ranks do not divide the 4 experts"
+        );
+        assert_eq!(
+            message(2, 2, 4),
+            "expert-parallel rank 2 is not below the 2 ranks"
+        );
+        assert_eq!(
+            message(0, 0, 4),
+            "invalid expert_ranks = 0: must be positive"
+        );
+        assert_eq!(
+            message(0, 1, 0),
+            "invalid experts = 0: a mixture of experts needs at least one expert"
+        );
+        assert!(ExpertShard::all(3, 4).is_err());
+    }
+}
