@@ -16,7 +16,7 @@ pub struct FrontierPoint {
     /// Its peak activations (units of a rank's share).
     pub peak_activations: f64,
     /// The family it belongs to, as the report names it ([`crate::search_space::Family::label`]):
-    /// the expression itself for fixed schedules, `auto on INNER` for the ladder, `recompute`,
+    /// the expression itself for fixed schedules, `auto's ladder on INNER` for the ladder, `recompute`,
     /// `offload` or `chunk offload`.
     pub family: String,
 }

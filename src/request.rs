@@ -12,10 +12,12 @@ use crate::frontier::{frontier, Frontier};
 use crate::memory_limit::MemoryLimit;
 use crate::profile_costing::{read_profile, ProfileOptions};
 use crate::reference::read_reference;
-use crate::search_space::candidate_expressions;
-use crate::tune::{candidate_cuts, tune, tune_cuts, TuneReport};
+use crate::report::tidy;
+use crate::search_space::{candidate_expressions, unlimited_challengers};
+use crate::tune::{candidate_cuts, tune_challenged, tune_cuts, TuneReport};
 use pipeweave_core::formats::csv::import_csv;
 use pipeweave_core::{CutCosts, Plan, Profile, ProgramSet, StageCosts, StageMemory};
+use pipeweave_transforms::Registry;
 
 /// Where a profile comes from: a file (`--profile FILE.json`) or one already loaded (Python's
 /// `pipeweave.Profile`).
@@ -150,7 +152,10 @@ impl ConfigRequest {
     }
 
     /// With a limit, the frontier's search (`auto` at every rung of its ladder up to the limit,
-    /// then recompute and offload); without, every candidate expression.
+    /// then recompute and offload); without, every candidate expression and, where their
+    /// placement could beat the best of those, `auto` with every microbatch held and the bases
+    /// and blocks the limited search also tries ([`unlimited_challengers`]): never slower than
+    /// the search at any limit.
     fn search(
         &self,
         config: &PipelineConfig,
@@ -159,11 +164,18 @@ impl ConfigRequest {
     ) -> TuneReport {
         match limit {
             Some(_) => frontier(config, progress).ranked(),
-            None => tune(
-                config,
-                &candidate_expressions(self.ranks, self.microbatches, None, config.sequence()),
-                progress,
-            ),
+            None => {
+                // No rank holds more than every microbatch's activations: `auto` there searches
+                // every limit's rungs.
+                let ceiling = f64::from(self.microbatches) * config.memory().total();
+                tune_challenged(
+                    &Registry::builtin(),
+                    config,
+                    &candidate_expressions(self.ranks, self.microbatches, None, config.sequence()),
+                    &unlimited_challengers(self.ranks, self.microbatches, tidy(ceiling)),
+                    progress,
+                )
+            }
         }
     }
 

@@ -57,7 +57,7 @@ impl Family {
     }
 
     /// What the report calls the family of `expression`: the expression itself for a fixed
-    /// schedule, `auto on INNER` for the ladder, the pass for the residency families.
+    /// schedule, `auto's ladder on INNER` for the ladder, the pass for the residency families.
     pub fn label(self, expression: &str) -> String {
         match self {
             Family::Fixed => expression.to_string(),
@@ -70,7 +70,7 @@ impl fmt::Display for Family {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Family::Fixed => f.write_str("fixed schedules"),
-            Family::Ladder(inner) => write!(f, "auto on {inner}"),
+            Family::Ladder(inner) => write!(f, "auto's ladder on {inner}"),
             Family::Recompute => f.write_str("recompute"),
             Family::Offload => f.write_str("offload"),
             Family::ChunkOffload => f.write_str("chunk offload"),
@@ -165,6 +165,92 @@ pub fn seq_split_expressions(memory_limit: Option<f64>, tokens: Option<u32>) -> 
             out.push(format!(
                 "seq_split(zero_bubble(f1b(gpipe)), chunks=4, split=cost, memory={limit})"
             ));
+        }
+    }
+    out
+}
+
+/// Schedules a search adds beside its list only where they could beat the best of it: the
+/// expressions of one placement, evaluated unless the placement's lower bound
+/// ([`pipeweave_core::lower_bound`], which holds at every memory limit) shows that none of them
+/// can be faster than the best found ([`crate::tune::tune_challenged`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Challengers {
+    /// The placement they share, as an expression cheap to build (no schedule search).
+    pub placement: String,
+    /// The schedules of that placement.
+    pub expressions: Vec<String>,
+}
+
+/// The inner plans on which a search with a memory limit runs `zero_bubble`'s `auto` at that
+/// limit (its ladder, its default policy, or both): the search without a limit runs them with
+/// every microbatch held ([`unlimited_challengers`]).
+pub const LIMITED_AUTO_INNERS: [&str; 6] = [
+    "f1b(gpipe)",
+    "vpp(f1b(gpipe), chunks=2)",
+    "vpp(f1b(gpipe), chunks=3)",
+    "vpp(f1b(gpipe), chunks=2, layout=v)",
+    "vpp(f1b(gpipe), chunks=4)",
+    "vpp(f1b(gpipe), chunks=8)",
+];
+
+/// The plans `dual` rewrites in the search: under a declared limit its counter-flow search holds
+/// up to that limit, so the search without one gives it every microbatch (`dual(.., memory=N)`).
+pub const DUAL_INNERS: [&str; 2] = ["f1b(gpipe)", "vpp(f1b(gpipe), chunks=2)"];
+
+/// What the search without a memory limit adds to [`candidate_expressions`] so that it is never
+/// slower than the search at any limit (`tune --memory-limit`, the frontier's): `auto` on each of
+/// [`LIMITED_AUTO_INNERS`] at `ceiling` (every microbatch held: no limit searches more rungs),
+/// `dual` on each of [`DUAL_INNERS`] with `ceiling` its budget (alone, with DeepSeek's split
+/// backwards and with `auto`), the residency stage's bases of [`LIMIT_BASES`] the list lacks, and
+/// PipeOffload's blocks without offload ([`chunk_offload_expressions`]; offloading whole chunks
+/// only adds transfers to a block's order). Each group is a placement's: see [`Challengers`].
+pub fn unlimited_challengers(ranks: u32, microbatches: u32, ceiling: f64) -> Vec<Challengers> {
+    let listed = candidate_expressions(ranks, microbatches, None, None);
+    let mut out: Vec<Challengers> = LIMITED_AUTO_INNERS
+        .iter()
+        .map(|inner| Challengers {
+            placement: (*inner).to_string(),
+            expressions: vec![ladder_expression(inner, ceiling)],
+        })
+        .collect();
+    for inner in DUAL_INNERS {
+        let dual = format!("dual({inner}, memory={ceiling})");
+        out.push(Challengers {
+            placement: format!("dual({inner})"),
+            expressions: vec![
+                dual.clone(),
+                format!("zero_bubble({dual})"),
+                ladder_expression(&dual, ceiling),
+            ],
+        });
+    }
+    for base in LIMIT_BASES {
+        let group = match out.iter_mut().find(|g| g.placement == base) {
+            Some(group) => group,
+            None => {
+                out.push(Challengers {
+                    placement: base.to_string(),
+                    expressions: Vec::new(),
+                });
+                out.last_mut().expect("a group was just pushed")
+            }
+        };
+        if !listed.iter().any(|e| e == base) {
+            group.expressions.push(base.to_string());
+        }
+    }
+    for chunks in CHUNK_OFFLOAD_CHUNKS {
+        let placement = interleaved(chunks);
+        let blocks = chunk_offload_groups(ranks, microbatches)
+            .into_iter()
+            .map(|group| chunk_offload_block(chunks, group));
+        match out.iter_mut().find(|g| g.placement == placement) {
+            Some(known) => known.expressions.extend(blocks),
+            None => out.push(Challengers {
+                placement,
+                expressions: blocks.collect(),
+            }),
         }
     }
     out
@@ -266,9 +352,7 @@ pub fn chunk_offload_expressions(ranks: u32, microbatches: u32) -> Vec<(String, 
     let mut out = Vec::new();
     for c in CHUNK_OFFLOAD_CHUNKS {
         for g in chunk_offload_groups(ranks, microbatches) {
-            let base = format!(
-                "zero_bubble(vpp(f1b(gpipe), chunks={c}, group={g}, order=block), policy=in_place)"
-            );
+            let base = chunk_offload_block(c, g);
             out.push((base.clone(), Family::Fixed));
             for k in 1..=c {
                 out.push((format!("offload({base}, chunks={k})"), Family::ChunkOffload));
@@ -276,6 +360,21 @@ pub fn chunk_offload_expressions(ranks: u32, microbatches: u32) -> Vec<(String, 
         }
     }
     out
+}
+
+/// PipeOffload's building block of `chunks` chunks in groups of `group` microbatches, its
+/// backwards split in place.
+fn chunk_offload_block(chunks: u32, group: u32) -> String {
+    format!("zero_bubble(vpp(f1b(gpipe), chunks={chunks}, group={group}, order=block), policy=in_place)")
+}
+
+/// The interleaved placement of `chunks` chunks per rank (1F1B's for one).
+fn interleaved(chunks: u32) -> String {
+    if chunks <= 1 {
+        "f1b(gpipe)".to_string()
+    } else {
+        format!("vpp(f1b(gpipe), chunks={chunks})")
+    }
 }
 
 /// The groups of PipeOffload's building block the residency stage tries: those their README
@@ -308,7 +407,7 @@ mod tests {
         assert_eq!(Family::Fixed.label("f1b(gpipe)"), "f1b(gpipe)");
         assert_eq!(
             Family::Ladder(LADDER_FAMILIES[0]).label("x"),
-            "auto on f1b(gpipe)"
+            "auto's ladder on f1b(gpipe)"
         );
         assert_eq!(Family::Recompute.label("x"), "recompute");
         assert_eq!(Family::ChunkOffload.label("x"), "chunk offload");

@@ -11,7 +11,10 @@ use crate::compile::build_plan_with;
 use crate::config::PipelineConfig;
 use crate::error::Error;
 use crate::report::{gap, placement_bound, tidy};
-use pipeweave_core::{cut_violation, even_cut, CutCosts, PinnedEnds, Plan, Profile};
+use crate::search_space::Challengers;
+use pipeweave_core::{
+    cut_violation, even_cut, lower_bound, CutCosts, PinnedEnds, Plan, Profile, TOLERANCE,
+};
 use pipeweave_transforms::Registry;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -176,6 +179,51 @@ pub fn tune_with(
     )
 }
 
+/// [`tune_with`] on `expressions`, then on each group of `challengers` whose placement could
+/// beat the best found: a group is built only where its placement's lower bound
+/// ([`pipeweave_core::lower_bound`], a bound at every memory limit) is below the best makespan,
+/// so none of the groups left out could have been faster. All are ranked together, the list's
+/// expressions before the challengers on ties; `evaluated` counts what was built.
+pub fn tune_challenged(
+    registry: &Registry,
+    config: &PipelineConfig,
+    expressions: &[String],
+    challengers: &[Challengers],
+    progress: &(dyn Fn(usize) + Sync),
+) -> TuneReport {
+    let listed = tune_with(registry, config, expressions, progress);
+    let best = listed
+        .candidates
+        .first()
+        .map_or(f64::INFINITY, |c| c.makespan);
+    let could_win = |group: &Challengers| {
+        build_plan_with(registry, &group.placement, config)
+            .map_or(true, |plan| lower_bound(&plan) < best - TOLERANCE / 2.0)
+    };
+    let extra: Vec<String> = challengers
+        .iter()
+        .filter(|group| could_win(group))
+        .flat_map(|group| group.expressions.iter().cloned())
+        .filter(|e| !expressions.contains(e))
+        .collect();
+    if extra.is_empty() {
+        return listed;
+    }
+    let done = listed.evaluated;
+    let found = tune_with(registry, config, &extra, &|k| progress(done + k));
+    let mut candidates = listed.candidates;
+    candidates.extend(found.candidates);
+    // A stable sort: among equals, the list's candidates (already in its order) stay first.
+    candidates.sort_by(|a, b| {
+        a.makespan
+            .total_cmp(&b.makespan)
+            .then(a.peak_activations.total_cmp(&b.peak_activations))
+    });
+    let mut rejected = listed.rejected;
+    rejected.extend(found.rejected);
+    TuneReport::new(candidates, done + found.evaluated, rejected)
+}
+
 /// Builds and simulates one expression.
 fn evaluate(
     registry: &Registry,
@@ -335,7 +383,6 @@ pub fn candidate_cuts(
 mod tests {
     use super::*;
     use crate::search_space::candidate_expressions;
-    use pipeweave_core::TOLERANCE;
 
     #[test]
     fn the_best_is_at_least_as_fast_as_every_fixed_schedule() {

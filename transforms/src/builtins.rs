@@ -1,5 +1,5 @@
 //! The built-in passes' names and arguments in the expression language: `gpipe`, `f1b`,
-//! `vpp(chunks, group, layout)`, `dual`, `zero_bubble(policy, memory)`, `recompute(memory, weight_grads)`,
+//! `vpp(chunks, group, layout)`, `dual(memory)`, `zero_bubble(policy, memory)`, `recompute(memory, weight_grads)`,
 //! `offload(memory)`, `seq_split(chunks, split, memory)`. [`Registry::builtin`] holds them; users add their own passes to such a
 //! registry. What a pass's constructor refuses becomes an error about the argument, at its column
 //! where it has one, reading `constraint violated: details`.
@@ -50,11 +50,7 @@ pub fn register_builtins(registry: &mut Registry) {
             Box::new(no_arguments(|| Box::new(F1b))),
         ),
         (Vpp::NAME, Arity::Rewrite, Box::new(vpp)),
-        (
-            Dual::NAME,
-            Arity::Rewrite,
-            Box::new(no_arguments(|| Box::new(Dual))),
-        ),
+        (Dual::NAME, Arity::Rewrite, Box::new(dual)),
         (
             ZeroBubble::NAME,
             Arity::Rewrite,
@@ -107,6 +103,14 @@ fn vpp(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
     built(group, ChunkPlacement::Standard, VppOrder::Auto).map_err(blame("group"))?;
     built(group, placement, VppOrder::Auto).map_err(blame("layout"))?;
     let pass = built(group, placement, order).map_err(blame("order"))?;
+    Ok(Box::new(pass))
+}
+
+/// `dual(schedule, memory=N)`.
+fn dual(args: &Arguments) -> Result<Box<dyn Pass>, TransformError> {
+    args.allow_only(&["memory"])?;
+    let memory = args.number("memory")?;
+    let pass = Dual::new(memory).map_err(|e| refused(args, "memory", memory_column(args), e))?;
     Ok(Box::new(pass))
 }
 

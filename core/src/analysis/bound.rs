@@ -55,6 +55,26 @@ pub fn lower_bound(plan: &Plan) -> f64 {
         .fold(chain, f64::max)
 }
 
+/// A lower bound on the longest per-rank span (first compute's start to last compute's end) of
+/// every schedule of `plan`'s problem: the largest sum, over a rank's ops, of their least
+/// durations ([`CheapestForms`]). A rank runs its computes one at a time, so its span covers
+/// them all; recomputes and transfers only add to it.
+pub fn least_span(plan: &Plan) -> f64 {
+    let pricing = CheapestForms::of(plan);
+    let problem = plan.problem();
+    let mut work = vec![0.0_f64; problem.ranks() as usize];
+    for w in all_works(problem) {
+        let (f, i, wg) = pricing.durations(w);
+        if let Some(total) = problem
+            .rank_of(w.stage)
+            .and_then(|r| work.get_mut(r.index()))
+        {
+            *total += f + i + wg;
+        }
+    }
+    work.into_iter().fold(0.0, f64::max)
+}
+
 /// What each op costs at least in any task form a schedule may run it in: a fused B as the
 /// lesser of `I + W` and `B`, and, where an F&B task with a given price may run a forward and a
 /// backward of the same rank for one price (on every layout and route: DualPipe's two routes,
@@ -344,5 +364,15 @@ mod tests {
         let plan = unscheduled(4, 8, costs(1.0, 1.0, 1.0));
         let bound = lower_bound(&plan);
         assert_eq!(bound, 27.0);
+    }
+
+    #[test]
+    fn the_least_span_is_the_busiest_rank_s_work() {
+        let plan = unscheduled(4, 8, costs(1.0, 2.0, 0.5));
+        assert_eq!(least_span(&plan), 8.0 * 3.5);
+        // Every schedule's span covers it: 1F1B's does, with room to spare on the first rank.
+        let f1b = crate::testing::unit_plan(4, 8);
+        let spans = crate::simulate(&f1b).unwrap().max_span();
+        assert!(least_span(&f1b) <= spans);
     }
 }

@@ -1,4 +1,4 @@
-//! `dual`: bidirectional pipelines (DeepSeek DualPipe and DualPipeV).
+//! `dual(memory=N)`: bidirectional pipelines (DeepSeek DualPipe and DualPipeV).
 //!
 //! Source: DeepSeek's `dualpipe.py` / `dualpipev.py` (`step()`), phases as in
 //! [`crate::schedules::dualpipe`]; below DeepSeek's sizes, counter-flow 1F1B
@@ -26,7 +26,8 @@
 //!   flow in opposite directions, so each fills the other's bubbles. Several variants (warm-up
 //!   depth, strict or relaxed alternation, tie preference, DeepSeek's F&B pairing) are simulated
 //!   and improved by critical-path swaps; the best whose makespan is at most the input 1F1B plan's
-//!   and whose peak fits the memory budget wins. The budget is the plan's declared limit, else
+//!   and whose peak fits the memory budget wins. The budget is `memory=N` (declared on the plan
+//!   as its limit, so a `zero_bubble` after it searches within it too), else the plan's declared limit, else
 //!   DeepSeek's peak `P + 1` (units of a rank's share), so `dual` holds no more below DeepSeek's
 //!   sizes than at them (the simulator reports each rank's actual peak; with unit costs it is
 //!   `min(M, P + 1)`). `zero_bubble` on such a plan runs the same search with split backwards
@@ -70,13 +71,29 @@ use pipeweave_core::{
     ProblemSpec, StageCosts, StageMemory, Task,
 };
 
-/// The bidirectional pass, `dual`.
+/// The bidirectional pass, `dual(memory=N)`.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Dual;
+pub struct Dual {
+    /// The counter-flow search's memory budget (activations per rank), declared on the plan as
+    /// its limit; None: the plan's declared limit, else DeepSeek's peak `P + 1`.
+    memory: Option<f64>,
+}
 
 impl Dual {
     /// The pass's name: in expressions, the registry and errors.
     pub const NAME: &'static str = "dual";
+
+    /// The pass with the counter-flow budget `memory` (None: the plan's declared limit, else
+    /// `P + 1`); refuses a budget that is not a positive number.
+    pub fn new(memory: Option<f64>) -> Result<Dual, TransformError> {
+        match memory {
+            Some(m) if !(m.is_finite() && m > 0.0) => Err(TransformError::unmet(
+                "memory > 0",
+                format!("memory={m} is not a positive number of activations"),
+            )),
+            _ => Ok(Dual { memory }),
+        }
+    }
 }
 
 /// Which bidirectional pipeline a plan becomes, from its layout.
@@ -186,8 +203,19 @@ impl Pass for Dual {
         let requires = Requires::paced(&[Pacing::OneForwardOneBackward])
             .on_layouts(&[LayoutKind::Linear, LayoutKind::Interleaved])
             .with_whole_backwards();
-        Contract::new(requires, Changes::PLACEMENT.and(Changes::LAYOUT))
-            .establishing(LayoutKind::Dual)
+        let changes = Changes::PLACEMENT.and(Changes::LAYOUT);
+        let changes = match self.memory {
+            Some(_) => changes.and(Changes::MEMORY_LIMIT),
+            None => changes,
+        };
+        Contract::new(requires, changes).establishing(LayoutKind::Dual)
+    }
+
+    fn describe(&self) -> String {
+        match self.memory {
+            Some(m) => format!("{}(memory={m})", Self::NAME),
+            None => Self::NAME.to_string(),
+        }
     }
 
     /// The plan stays as it is where one microbatch cannot fill two routes, or where no
@@ -203,6 +231,17 @@ impl Pass for Dual {
             DualKind::DualPipeV
         } else {
             DualKind::DualPipe
+        };
+        let plan = match self.memory {
+            // The budget becomes the plan's declared limit (the lower of it and one declared
+            // already), which the searches after it (`zero_bubble` on the dual plan) read and
+            // the driver verifies.
+            Some(m) => {
+                let limit = plan.memory_limit().map_or(m, |l| l.min(m));
+                plan.with_memory_limit(Some(limit))
+                    .map_err(|e| TransformError::core(Self::NAME, e))?
+            }
+            None => plan,
         };
         let dual = bidirectional(&plan, kind, reshape(&plan, shape)?)?;
         let orders = if shape.v || shape.deepseek_applies() {

@@ -12,6 +12,10 @@
 //! the limit; between two rungs it is the lower rung's unless the search at the limit itself is
 //! faster.
 //!
+//! The top rung is searched first: where its result reaches the plan's lower bound and its
+//! longest span the busiest rank's least work, nothing below can be faster and the climb stops
+//! there (the result is the same as climbing every rung).
+//!
 //! The searches of the rungs run on every core, each core climbing its own run of neighbouring
 //! rungs (a search that remembers what it compared against its limit, as `auto`'s does through
 //! a [`crate::schedules::memo::RungMemo`], reuses the rung below where the comparisons agree),
@@ -21,7 +25,7 @@
 
 use crate::schedules::cache::SearchCache;
 use crate::schedules::score::Scored;
-use pipeweave_core::{Plan, Task, TOLERANCE};
+use pipeweave_core::{least_span, lower_bound, Plan, Task, TOLERANCE};
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
@@ -83,6 +87,16 @@ fn faster(a: &Scored, b: &Scored) -> bool {
             && a.score.max_span < b.score.max_span - TOLERANCE)
 }
 
+/// Whether no candidate of any rung can be [`faster`] than `found`: its makespan is the plan's
+/// lower bound ([`lower_bound`], which holds at every limit) and its longest span the least any
+/// schedule's can be ([`least_span`]). A rung below the one that found it then finds nothing
+/// faster, and a tie keeps the higher rung, so the ladder's result is `found` without climbing.
+fn unbeatable(plan: &Plan, found: &Scored) -> bool {
+    let slack = TOLERANCE / 2.0;
+    found.score.max_span <= least_span(plan) + slack
+        && found.score.makespan <= lower_bound(plan) + slack
+}
+
 /// The fastest of what `search` gives at `limit`, remembered in `cache`.
 fn remembered(
     plan: &Plan,
@@ -118,6 +132,14 @@ pub fn fastest_within(
     // that all find what that finds, so a limit of 1e12 climbs no further.
     let ceiling = 2.0 * step * f64::from(plan.problem().microbatches());
     let all = rungs(step, limit.min(ceiling));
+    // The top rung first: where it is unbeatable, no rung below can win (ties keep it).
+    if let Some(&top) = all.last() {
+        if let Some(found) = remembered(plan, key, top, cache, &search) {
+            if unbeatable(plan, &found) {
+                return Some(found.orders);
+            }
+        }
+    }
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(all.len());
