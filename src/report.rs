@@ -4,8 +4,8 @@
 use crate::text_table::{Align, TextTable};
 use pipeweave_core::TOLERANCE;
 use pipeweave_core::{
-    lower_bound, render_grid, CheckReport, CutCosts, Plan, ProgramSet, Semantics, Sharing,
-    Simulation, Task,
+    lower_bound, render_grid, sequential_pairs_makespan, CheckReport, CutCosts, Plan, ProgramSet,
+    Semantics, Sharing, Simulation, Task,
 };
 use pipeweave_transforms::schedules::exact::memory_bound;
 use serde::{Serialize, Serializer};
@@ -85,6 +85,21 @@ pub struct PlanReport {
     /// The recompute forwards of the whole plan (where it recomputes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recomputed_ops: Option<usize>,
+    /// With all-to-alls (`--costs a2a=T`): the step's all-to-all time that runs under computes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub a2a_hidden: Option<f64>,
+    /// With all-to-alls: the step's all-to-all time the computes wait for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub a2a_exposed: Option<f64>,
+    /// With all-to-alls: the share of the step's all-to-all time that is hidden.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub a2a_hidden_fraction: Option<f64>,
+    /// With all-to-alls: the share of forwards and backwards run in overlapped F&B pairs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub a2a_paired_fraction: Option<f64>,
+    /// With all-to-alls: the makespan with each pair's halves run one after the other.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub a2a_sequential_makespan: Option<f64>,
     /// The declared per-rank memory limit, if any.
     pub memory_limit: Option<f64>,
     /// With `--profile`: blocks per rank's share.
@@ -235,6 +250,11 @@ impl PlanReport {
             offloads_per_rank: None,
             recomputes_per_rank: None,
             recomputed_ops: None,
+            a2a_hidden: None,
+            a2a_exposed: None,
+            a2a_hidden_fraction: None,
+            a2a_paired_fraction: None,
+            a2a_sequential_makespan: None,
             memory_limit: plan.memory_limit(),
             layers_per_stage: None,
             bytes_per_unit: None,
@@ -247,6 +267,20 @@ impl PlanReport {
             parameter_actions: Vec::new(),
         }
         .with_residency(plan, simulation)
+        .with_all_to_alls(plan, simulation)
+    }
+
+    /// The figures of a mixture of experts' all-to-alls, where the costs have any.
+    fn with_all_to_alls(mut self, plan: &Plan, simulation: &Simulation) -> PlanReport {
+        let Some(a2a) = simulation.a2a() else {
+            return self;
+        };
+        self.a2a_hidden = Some(tidy(a2a.hidden));
+        self.a2a_exposed = Some(tidy(a2a.exposed));
+        self.a2a_hidden_fraction = Some(tidy(a2a.hidden_fraction()));
+        self.a2a_paired_fraction = Some(tidy(a2a.paired_ops));
+        self.a2a_sequential_makespan = sequential_pairs_makespan(plan).ok().map(tidy);
+        self
     }
 
     /// The figures of a plan's recomputes and transfers, where it has any.
@@ -460,6 +494,26 @@ impl PlanReport {
         );
         if let Some(limit) = self.memory_limit {
             let _ = writeln!(out, "memory limit {limit}");
+        }
+        if let (Some(hidden), Some(exposed), Some(share), Some(paired)) = (
+            self.a2a_hidden,
+            self.a2a_exposed,
+            self.a2a_hidden_fraction,
+            self.a2a_paired_fraction,
+        ) {
+            let sequential = self
+                .a2a_sequential_makespan
+                .filter(|_| paired > 0.0)
+                .map_or(String::new(), |m| {
+                    format!("; pairs run one half after the other: makespan {m:.3}")
+                });
+            let _ = writeln!(
+                out,
+                "all-to-all   {hidden:.3} hidden ({:.1}%), {exposed:.3} exposed; {:.1}% of forwards \
+                 and backwards in F&B pairs{sequential}",
+                100.0 * share,
+                100.0 * paired
+            );
         }
         if let Some(per_link) = self.ranks_per_link {
             let busy = self

@@ -73,11 +73,23 @@ impl ConfigRequest {
 
     /// The profile, read where it is a file.
     pub fn profile(&self) -> Result<Option<Profile>, Error> {
-        match &self.profile {
-            ProfileSource::None => Ok(None),
-            ProfileSource::Loaded(p) => Ok(Some(Profile::clone(p))),
-            ProfileSource::File(path) => read_profile(path).map(Some),
+        let profile = match &self.profile {
+            ProfileSource::None => return Ok(None),
+            ProfileSource::Loaded(p) => Profile::clone(p),
+            ProfileSource::File(path) => read_profile(path)?,
+        };
+        // A profile's layers are measured, all-to-alls included where they have any: an
+        // all-to-all cost on top names experts its model does not have.
+        if self.costs.a2a() > 0.0 {
+            return Err(Error::Option {
+                option: "--costs",
+                message: format!(
+                    "a2a = {} is an all-to-all cost, but the profiled model has no experts",
+                    pipeweave_core::show_number(self.costs.a2a())
+                ),
+            });
         }
+        Ok(Some(profile))
     }
 
     /// The configuration before any profile or limit: sizes, typed costs and memory.

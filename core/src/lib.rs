@@ -27,6 +27,7 @@ pub mod spmd;
 pub mod testing;
 pub mod tolerance;
 
+pub use analysis::all_to_all::{a2a_figures, sequential_pairs_makespan, A2aFigures};
 pub use analysis::bound::{least_span, lower_bound};
 pub use analysis::link::{link_order, offload_producers};
 pub use analysis::peak::{held_during, held_per_task, max_peak, moved_by, peak_per_rank, RankPeak};

@@ -78,10 +78,11 @@ fn get(pairs: &[(String, f64)], key: &str) -> Option<f64> {
 }
 
 /// The keys of one share's costs (`--costs` adds `comm`, `--stage-costs` takes these).
-const COST_KEYS: [&str; 7] = ["F", "I", "W", "B", "FB", "R", "offload"];
+const COST_KEYS: [&str; 9] = ["F", "I", "W", "B", "FB", "R", "offload", "a2a", "experts"];
 
-/// Parses `F=1,I=1,W=1,B=2,FB=3,R=1,offload=1,comm=0` (every key optional; defaults F=I=W=1,
-/// B=I+W, FB=F+B, R=F, offload=F, comm=0).
+/// Parses `F=1,I=1,W=1,B=2,FB=3,R=1,offload=1,a2a=0,experts=0.5,comm=0` (every key optional;
+/// defaults F=I=W=1, B=I+W, FB=F+B, R=F, offload=F, no all-to-all, half of each compute in the
+/// experts, comm=0).
 pub fn parse_costs(text: &str) -> Result<(StageCosts, f64), Error> {
     let mut keys = COST_KEYS.to_vec();
     keys.push("comm");
@@ -110,6 +111,8 @@ fn stage_costs(p: &[(String, f64)]) -> Result<StageCosts, Error> {
         .overlapped_opt(get(p, "FB"))
         .recompute_opt(get(p, "R"))
         .offload_opt(get(p, "offload"))
+        .a2a(get(p, "a2a").unwrap_or(0.0))
+        .expert_share(get(p, "experts").unwrap_or(0.5))
         .build();
     Ok(spec.validate()?)
 }

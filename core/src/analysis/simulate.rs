@@ -10,8 +10,11 @@
 //!   every op the rank runs; for uniform costs `m (T_F + T_B + T_W)`);
 //! - peak activation memory per rank (units of one microbatch of a rank's share), on the device
 //!   and in host memory (offloaded activations);
-//! - the timeline of every task.
+//! - the timeline of every task;
+//! - with a mixture of experts' all-to-alls, how much of their time runs under computes
+//!   ([`crate::analysis::all_to_all`]).
 
+use crate::analysis::all_to_all::{a2a_figures, A2aFigures};
 use crate::analysis::peak::peak_per_rank;
 use crate::analysis::replay::{latest_end, replay, ReplayError, TimedTask};
 use crate::ir::op::Task;
@@ -43,6 +46,7 @@ pub struct Simulation {
     bubble_rate: f64,
     ranks: Vec<RankFigures>,
     timeline: Vec<Vec<TimedTask>>,
+    a2a: Option<A2aFigures>,
 }
 
 impl Simulation {
@@ -65,6 +69,10 @@ impl Simulation {
     /// Per rank, every task with its start and end.
     pub fn timeline(&self) -> &[Vec<TimedTask>] {
         &self.timeline
+    }
+    /// The step's all-to-all time, hidden and exposed (a mixture of experts'; None without).
+    pub fn a2a(&self) -> Option<A2aFigures> {
+        self.a2a
     }
 }
 
@@ -138,11 +146,13 @@ impl Simulation {
         } else {
             0.0
         };
+        let a2a = a2a_figures(plan, &timeline);
         Simulation {
             makespan,
             bubble_rate,
             ranks,
             timeline,
+            a2a,
         }
     }
 }

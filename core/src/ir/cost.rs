@@ -6,7 +6,10 @@
 //! rebuilds dropped activations; defaults to F) and `offload` (moving one microbatch's
 //! activations of the stage between device and host, one way, over the rank's host link;
 //! defaults to F). `comm` is added to every dependency edge whose two ops run on different
-//! ranks. Every figure is finite and non-negative.
+//! ranks. `a2a` is the time of the expert-parallel all-to-alls of one forward of a mixture of
+//! experts (as many again in a backward), run on a communication resource beside the computes;
+//! where they fall around each task is [`crate::ir::all_to_all`]'s. Every figure is finite and
+//! non-negative.
 //!
 //! A model may also carry the [`LayerLayout`] its stages were cut from (a profile's layers), so
 //! that a pass reshaping the problem prices each new position by its own layers. Costs are plain
@@ -15,6 +18,7 @@
 
 use crate::error::CoreError;
 use crate::formats::number::show_number;
+use crate::ir::all_to_all::A2aPhases;
 use crate::ir::ids::{MicrobatchId, StageId};
 use crate::ir::layers::LayerLayout;
 use crate::ir::op::{Op, OpKind, Task, Work};
@@ -46,6 +50,14 @@ pub struct StageCostsSpec {
     /// One transfer of a microbatch's activations between device and host; default `forward`.
     #[builder(default, setter(strip_option(fallback = offload_opt)))]
     offload: Option<f64>,
+    /// The expert-parallel all-to-alls of one forward (dispatch and combine of every MoE layer
+    /// together; a backward has as many again); 0 for a model without experts.
+    #[builder(default = 0.0)]
+    a2a: f64,
+    /// The share of each compute spent in the experts (between the dispatch and the combine);
+    /// the rest is attention and routing. Default one half.
+    #[builder(default = 0.5)]
+    expert_share: f64,
 }
 
 /// Validated durations of one stage's ops (compared and hashed by their bits).
@@ -60,6 +72,8 @@ pub struct StageCosts {
     overlapped_given: bool,
     recompute: f64,
     offload: f64,
+    a2a: f64,
+    expert_share: f64,
 }
 
 /// The longest duration a cost figure may have: far beyond any step, and small enough that the
@@ -115,6 +129,17 @@ impl StageCostsSpec {
         let overlapped_given = self.overlapped.is_some();
         let recompute = check_duration(stage, "R", self.recompute.unwrap_or(forward))?;
         let offload = check_duration(stage, "offload", self.offload.unwrap_or(forward))?;
+        let a2a = check_duration(stage, "a2a", self.a2a)?;
+        if !(0.0..=1.0).contains(&self.expert_share) {
+            return Err(invalid(
+                stage,
+                format!(
+                    "experts = {} must be a share of the compute between 0 and 1",
+                    show_number(self.expert_share)
+                ),
+            ));
+        }
+        let expert_share = self.expert_share.abs();
         Ok(StageCosts {
             forward,
             input_grad,
@@ -124,6 +149,8 @@ impl StageCostsSpec {
             overlapped_given,
             recompute,
             offload,
+            a2a,
+            expert_share,
         })
     }
 }
@@ -162,6 +189,14 @@ impl StageCosts {
     pub fn offload(&self) -> f64 {
         self.offload
     }
+    /// The expert-parallel all-to-alls of one forward (a backward has as many again).
+    pub fn a2a(&self) -> f64 {
+        self.a2a
+    }
+    /// The share of each compute spent in the experts.
+    pub fn expert_share(&self) -> f64 {
+        self.expert_share
+    }
     /// Duration of one atomic op of `kind` (the unfused figures: F, I or W).
     pub fn of(&self, kind: OpKind) -> f64 {
         match kind {
@@ -182,10 +217,12 @@ impl StageCosts {
             overlapped_given: self.overlapped_given,
             recompute: self.recompute / k,
             offload: self.offload / k,
+            a2a: self.a2a / k,
+            expert_share: self.expert_share,
         }
     }
 
-    fn key(&self) -> ([u64; 7], bool) {
+    fn key(&self) -> ([u64; 9], bool) {
         let figures = [
             self.forward,
             self.input_grad,
@@ -194,6 +231,8 @@ impl StageCosts {
             self.overlapped,
             self.recompute,
             self.offload,
+            self.a2a,
+            self.expert_share,
         ];
         (figures.map(f64::to_bits), self.overlapped_given)
     }
@@ -354,6 +393,22 @@ impl CostModel {
     /// overlapped F&B costs its two parts, the forward stage's `F` plus the backward stage's `B`,
     /// unless both stages give `FB`, which then prices it (the longer of the two).
     pub fn task_duration(&self, task: &Task) -> f64 {
+        let compute = self.compute_duration(task);
+        if self.has_a2a() {
+            compute + self.a2a_phases(task).inside_exposed
+        } else {
+            compute
+        }
+    }
+
+    /// Whether any stage has all-to-alls.
+    pub fn has_a2a(&self) -> bool {
+        self.stages.iter().any(|s| s.a2a > 0.0)
+    }
+
+    /// Duration of a task's computes alone (without its all-to-alls): [`CostModel::task_duration`]
+    /// where no stage has all-to-alls.
+    pub fn compute_duration(&self, task: &Task) -> f64 {
         let cost = |w: Work| self.stage_or_default(w.stage);
         let scale = |w: Work| self.microbatch_scale(w.microbatch);
         match *task {
@@ -373,6 +428,33 @@ impl CostModel {
             // The forward again, then the input-gradient backward again.
             Task::RecomputeWeightGrad(w) => (cost(w).recompute() + cost(w).input_grad()) * scale(w),
             Task::Offload(w) | Task::Reload(w) => cost(w).offload() * scale(w),
+        }
+    }
+
+    /// Where `task`'s all-to-alls fall around its compute (see [`crate::ir::all_to_all`]).
+    pub fn a2a_phases(&self, task: &Task) -> A2aPhases {
+        let cost = |w: Work| self.stage_or_default(w.stage);
+        let a2a = |w: Work| cost(w).a2a() * self.microbatch_scale(w.microbatch);
+        match *task {
+            Task::Forward(w) => A2aPhases::forward(a2a(w)),
+            Task::InputGrad(w) | Task::Backward(w) => A2aPhases::backward(a2a(w)),
+            Task::Recompute(w) => A2aPhases::inside(a2a(w)),
+            Task::RecomputeWeightGrad(w) => A2aPhases::inside(2.0 * a2a(w)),
+            Task::Overlapped { forward, backward } => {
+                let f = cost(forward).forward() * self.microbatch_scale(forward.microbatch);
+                let b = cost(backward).full_backward() * self.microbatch_scale(backward.microbatch);
+                // A given F&B price fuses the computes: each half's share of it.
+                let fused = self.compute_duration(task);
+                let k = if f + b > 0.0 { fused / (f + b) } else { 1.0 };
+                A2aPhases::overlapped(
+                    f * k,
+                    a2a(forward),
+                    b * k,
+                    a2a(backward),
+                    cost(forward).expert_share(),
+                )
+            }
+            Task::WeightGrad(_) | Task::Offload(_) | Task::Reload(_) => A2aPhases::NONE,
         }
     }
 

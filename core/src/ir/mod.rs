@@ -25,6 +25,7 @@ macro_rules! eq_and_hash_by_key {
     };
 }
 
+pub mod all_to_all;
 pub mod blocks;
 pub mod cost;
 pub mod deps;

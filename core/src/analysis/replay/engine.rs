@@ -6,6 +6,7 @@ use super::deadlock::wait_cycle;
 use super::host_links::HostLinks;
 use super::resume::agreeing_prefix;
 use super::{Blocked, Replay, ReplayError, TimedTask};
+use crate::ir::all_to_all::A2aPhases;
 use crate::ir::deps::Links;
 use crate::ir::ids::RankId;
 use crate::ir::op::{Op, OpKind, Task, Work};
@@ -49,7 +50,11 @@ pub(super) fn replay_bounded(
     let mut ready: VecDeque<usize> = (0..ranks).collect();
     let mut completed = 0usize;
     let mut host = HostLinks::new(plan, ranks, slots.pairs());
-    if let Some((earlier, cut)) = resume.filter(|_| record) {
+    // All-to-alls before and after a task's compute (a mixture of experts): a replay resumed
+    // from an earlier one would not know the tails of the tasks it keeps, so it starts afresh.
+    let costs = plan.costs();
+    let a2a = costs.has_a2a();
+    if let Some((earlier, cut)) = resume.filter(|_| record && !a2a) {
         if let Some(prefix) = agreeing_prefix(plan, &host.producers, earlier, cut) {
             if prefix
                 .iter()
@@ -106,6 +111,8 @@ pub(super) fn replay_bounded(
                 if task.allocates() {
                     start = start.max(host.fence[r]);
                 }
+                // When the task's inputs are ready (its head all-to-all then runs before it).
+                let mut inputs = f64::NEG_INFINITY;
                 let mut own = [0usize; 3];
                 let mut count = 0;
                 let ready_or_not = task.try_for_each_op(|op| {
@@ -119,7 +126,7 @@ pub(super) fn replay_bounded(
                         }
                         let owner = links.owner(dep.stage).map(RankId::index);
                         let latency = if owner == Some(r) { 0.0 } else { comm };
-                        start = start.max(done + latency);
+                        inputs = inputs.max(done + latency);
                         ControlFlow::Continue(())
                     });
                     let Some((slot, flow)) = located else {
@@ -147,10 +154,20 @@ pub(super) fn replay_bounded(
                         break;
                     }
                 }
+                let phases = if a2a {
+                    costs.a2a_phases(&task)
+                } else {
+                    A2aPhases::NONE
+                };
+                if inputs.is_finite() {
+                    start = start.max(inputs + phases.head);
+                }
                 let end = start + duration(&task);
                 if end > bound {
                     return Ok(None);
                 }
+                // What needs the task's outputs waits for its tail all-to-all too.
+                let outputs_ready = end + phases.tail;
                 let mut k = 0;
                 let twice = task.try_for_each_op(|op| {
                     let slot = own[k];
@@ -158,7 +175,7 @@ pub(super) fn replay_bounded(
                     if !finish[slot].is_nan() {
                         return ControlFlow::Break(op);
                     }
-                    finish[slot] = end;
+                    finish[slot] = outputs_ready;
                     if waiter_head[slot] == NONE {
                         return ControlFlow::Continue(());
                     }

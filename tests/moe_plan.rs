@@ -1,0 +1,143 @@
+//! A mixture of experts' all-to-alls in the plan (issue 46, item 1): with `--costs ...,a2a=T`,
+//! DualPipe's and DualPipeV's overlapped F&B pairs hide every all-to-all of a pair under the
+//! other half's compute and beat the same plan with each pair's halves run one after the other;
+//! 1F1B and ZB-V hide only what issuing them asynchronously hides; recompute and offload compose
+//! (a recomputed forward redoes its all-to-alls); bad input is one line.
+
+mod common;
+
+use common::cli::cli;
+use common::costed;
+use pipeweave::core_ir::{sequential_pairs_makespan, StageCostsSpec, Task, TOLERANCE};
+use pipeweave::{build_plan, simulate, PipelineConfig};
+
+/// P = 8, M = 32, unit F, I, W, all-to-alls of half a forward.
+fn config() -> PipelineConfig {
+    costed(8, 32, StageCostsSpec::builder().a2a(0.5).build(), 0.0)
+}
+
+const DUAL: [&str; 2] = [
+    "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
+    "zero_bubble(dual(f1b(gpipe)))",
+];
+
+#[test]
+fn dual_pairs_hide_every_all_to_all_of_a_pair_and_beat_their_halves_in_turn() {
+    let c = config();
+    for expression in DUAL {
+        let plan = build_plan(expression, &c).unwrap();
+        let costs = plan.costs();
+        let mut pairs = 0;
+        for task in plan.orders().iter().flatten() {
+            if let Task::Overlapped { .. } = task {
+                pairs += 1;
+                let phases = costs.a2a_phases(task);
+                assert!(phases.inside > 0.0, "{expression}: {task:?}");
+                assert!(
+                    phases.inside_exposed.abs() < TOLERANCE,
+                    "{expression}: {task:?} waits {} for its all-to-alls",
+                    phases.inside_exposed
+                );
+            }
+        }
+        assert!(pairs > 0, "{expression} has no F&B pairs");
+        let sim = simulate(&plan).unwrap();
+        let figures = sim.a2a().expect("all-to-all figures");
+        assert!(figures.paired_ops > 0.6, "{expression}: {figures:?}");
+        assert!(figures.hidden_fraction() > 0.7, "{expression}: {figures:?}");
+        let sequential = sequential_pairs_makespan(&plan).unwrap();
+        assert!(
+            sim.makespan() < 0.9 * sequential,
+            "{expression}: {} against {sequential} with the halves in turn",
+            sim.makespan()
+        );
+    }
+}
+
+#[test]
+fn one_route_schedules_hide_only_what_asynchronous_issue_hides() {
+    let c = config();
+    let dual = simulate(&build_plan(DUAL[0], &c).unwrap())
+        .unwrap()
+        .a2a()
+        .unwrap();
+    for expression in [
+        "f1b(gpipe)",
+        "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
+    ] {
+        let plan = build_plan(expression, &c).unwrap();
+        let sim = simulate(&plan).unwrap();
+        let figures = sim.a2a().unwrap();
+        assert_eq!(figures.paired_ops, 0.0, "{expression}");
+        // Only the forwards' combines and the backwards' heads can run beside other tasks.
+        assert!(
+            figures.hidden <= figures.total / 2.0 + TOLERANCE,
+            "{figures:?}"
+        );
+        assert!(figures.hidden_fraction() < dual.hidden_fraction());
+        // The all-to-alls cost them time: the same plan without them is faster.
+        let plain = build_plan(
+            expression,
+            &costed(8, 32, StageCostsSpec::builder().build(), 0.0),
+        )
+        .unwrap();
+        assert!(simulate(&plain).unwrap().makespan() < sim.makespan());
+    }
+}
+
+#[test]
+fn recompute_and_offload_compose_and_a_recompute_redoes_its_all_to_alls() {
+    let c = config();
+    for inner in DUAL {
+        let base = simulate(&build_plan(inner, &c).unwrap()).unwrap();
+        for pass in ["recompute", "offload"] {
+            let expression = format!("{pass}({inner}, memory=6)");
+            let plan = build_plan(&expression, &c).unwrap();
+            let sim = simulate(&plan).unwrap();
+            let figures = sim.a2a().unwrap();
+            assert!(
+                sim.makespan() >= base.makespan() - TOLERANCE,
+                "{expression}"
+            );
+            if pass == "recompute" {
+                assert!(
+                    figures.total > base.a2a().unwrap().total,
+                    "{expression}: a recompute redoes its dispatch and combine"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_report_names_the_all_to_all_figures_and_bad_input_is_one_line() {
+    let report = cli("plan")
+        .arg(DUAL[1])
+        .line("-p 8 -m 32 --costs F=1,I=1,W=1,a2a=0.5 --format json")
+        .json();
+    for field in [
+        "a2a_hidden",
+        "a2a_exposed",
+        "a2a_hidden_fraction",
+        "a2a_paired_fraction",
+        "a2a_sequential_makespan",
+    ] {
+        assert!(report[field].is_number(), "{field} missing: {report}");
+    }
+    let text = cli("plan")
+        .arg(DUAL[1])
+        .line("-p 8 -m 32 --costs a2a=0.5")
+        .ok();
+    assert!(text.contains("all-to-all   "), "{text}");
+    let plain = cli("plan").arg(DUAL[1]).line("--format json").json();
+    assert!(plain.get("a2a_hidden").is_none());
+    cli("plan f1b(gpipe) --costs a2a=-1").refused("a2a = -1 must be a duration");
+    cli("plan f1b(gpipe) --costs experts=2").refused("experts = 2 must be a share");
+    let profile = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/profile_w192.json"
+    );
+    cli("plan f1b(gpipe) -p 2 --costs a2a=0.5 --profile")
+        .arg(profile)
+        .refused("a2a = 0.5 is an all-to-all cost, but the profiled model has no experts");
+}
