@@ -370,9 +370,15 @@ mod tests {
     fn the_least_span_is_the_busiest_rank_s_work() {
         let plan = unscheduled(4, 8, costs(1.0, 2.0, 0.5));
         assert_eq!(least_span(&plan), 8.0 * 3.5);
-        // Every schedule's span covers it: 1F1B's does, with room to spare on the first rank.
-        let f1b = crate::testing::unit_plan(4, 8);
-        let spans = crate::simulate(&f1b).unwrap().max_span();
-        assert!(least_span(&f1b) <= spans);
+        // Every schedule's span covers it: GPipe's does.
+        let gpipe = crate::testing::plan_on(
+            crate::testing::problem(2, 3),
+            costs(1.0, 2.0, 0.5),
+            crate::ir::memory::StageMemory::default(),
+            &["0F0 0F1 0F2 0B2 0B1 0B0", "1F0 1F1 1F2 1B2 1B1 1B0"],
+        );
+        let span = crate::simulate(&gpipe).unwrap().max_span();
+        assert_eq!(least_span(&gpipe), 3.0 * 3.5);
+        assert!(least_span(&gpipe) <= span);
     }
 }
