@@ -125,6 +125,7 @@ fn ours(size: Size, ranks: u32, expression: &str) {
         injections: Vec::new(),
         layers_per_stage: None,
         variable_length: false,
+        expert_ranks: 1,
     };
     let corpus = Corpus::default_sources().expect("the checkout's sources");
     let mut trainer = Trainer::new(&plan, &corpus, settings).expect("trainer");

@@ -1,4 +1,5 @@
-//! [`GptConfig`]: the hyper-parameters of a GPT-2-architecture model, validated on construction;
+//! [`GptConfig`]: the hyper-parameters of a GPT-2-architecture model, validated on construction,
+//! its blocks' feed-forward halves MLPs or, with [`GptConfig::with_moe`], mixtures of experts;
 //! [`MoeConfig`] and [`ExpertShard`] (in `config/moe.rs`): a mixture of experts' shape and the
 //! experts of one expert-parallel rank.
 
@@ -8,7 +9,9 @@ pub use moe::{ExpertShard, MoeConfig};
 
 use crate::error::{KernelError, Result};
 
-/// The shape of a GPT-2-architecture model.
+/// The shape of a GPT-2-architecture model: GPT-2's blocks ([`crate::Block`]), or with a
+/// mixture of experts ([`GptConfig::moe`]) blocks whose MLP is that mixture
+/// ([`crate::MoeBlock`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GptConfig {
     vocab_size: usize,
@@ -16,6 +19,7 @@ pub struct GptConfig {
     d_model: usize,
     n_head: usize,
     max_seq_len: usize,
+    moe: Option<MoeConfig>,
 }
 
 impl GptConfig {
@@ -42,7 +46,22 @@ impl GptConfig {
             d_model,
             n_head,
             max_seq_len,
+            moe: None,
         })
+    }
+
+    /// The same model with every block's MLP replaced by a mixture of experts of shape `moe`
+    /// ([`crate::MoeBlock`] in place of [`crate::Block`]).
+    pub fn with_moe(self, moe: MoeConfig) -> Self {
+        GptConfig {
+            moe: Some(moe),
+            ..self
+        }
+    }
+
+    /// The shape of the blocks' mixture of experts; `None` for GPT-2's MLPs.
+    pub fn moe(&self) -> Option<&MoeConfig> {
+        self.moe.as_ref()
     }
 
     /// The same model with another vocabulary size.

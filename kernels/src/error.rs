@@ -100,6 +100,15 @@ pub enum KernelError {
         /// What does not match.
         problem: String,
     },
+    /// An expert-parallel rank could not exchange its experts' rows with its group (a rank of
+    /// the group failed, is gone, or did not answer in time).
+    #[error("expert exchange ({phase}): {reason}")]
+    ExpertExchange {
+        /// The mixture's phase (`combine`, `dispatch_backward`).
+        phase: &'static str,
+        /// What went wrong, naming the ranks.
+        reason: String,
+    },
     /// A list of parameters has the wrong length.
     #[error("{layer}: got {actual} parameter tensors, expected {expected}")]
     ParameterCount {
@@ -155,6 +164,12 @@ impl KernelError {
             self.innermost(),
             KernelError::TokenOutOfRange { .. } | KernelError::SequenceTooLong { .. }
         )
+    }
+
+    /// Whether an expert-parallel rank's exchange with its group failed (a transport's failure,
+    /// not a check of the kernels').
+    pub fn is_exchange_failure(&self) -> bool {
+        matches!(self.innermost(), KernelError::ExpertExchange { .. })
     }
 
     /// Whether the tensor backend failed (rather than a check of the kernels').

@@ -10,8 +10,10 @@
 //!   explicit, move-only saved states) and the GPT-2 layers, one per file; the model's layer
 //!   kinds registered in order ([`LayerKind`], [`model_layers`]: each kind's placement, input,
 //!   count, construction and names, declared in its own file); and a mixture of experts
-//!   ([`Moe`], [`MoeBlock`]; not yet a model layer) whose phases (route, dispatch, experts,
-//!   combine) a trainer can run on expert-parallel ranks ([`ExpertShard`]);
+//!   ([`Moe`], [`MoeBlock`]: the model's blocks where [`GptConfig::moe`] says) whose phases
+//!   (route, dispatch, experts, combine) a trainer can run on expert-parallel ranks
+//!   ([`ExpertShard`], [`ExpertPlacement`]: each rank its experts, their rows exchanged through
+//!   an [`ExpertExchange`]);
 //! - [`stage`]: [`StageModel`], one pipeline stage of a GPT (a run of the model's layers:
 //!   embedding, blocks, head), with optional recomputation and Hugging Face parameter names;
 //! - [`config`] and [`init`]: the model shape (and a mixture of experts', [`MoeConfig`]) and
@@ -71,9 +73,9 @@ pub use config::{ExpertShard, GptConfig, MoeConfig};
 pub use error::{KernelError, Result};
 pub use flops::PassFlops;
 pub use layers::{
-    count_non_padding, model_layers, Attention, Block, CrossEntropy, Embedding, Gelu, Head, Layer,
-    LayerId, LayerInput, LayerKind, LayerNorm, Linear, LossOutput, Mlp, Moe, MoeBlock,
-    NamedParameters, Placement,
+    count_non_padding, model_layers, Attention, Block, CrossEntropy, Embedding, ExchangePhase,
+    ExpertExchange, ExpertPlacement, ExpertRows, Gelu, Head, Layer, LayerId, LayerInput, LayerKind,
+    LayerNorm, Linear, LossOutput, Mlp, Moe, MoeBlock, NamedParameters, Placement,
 };
 pub use primitives::{
     adamw_update, squared_norm, AdamWStep, CpuPrimitives, Primitives, TensorSum, TimedPrimitives,

@@ -135,5 +135,13 @@ fn cost_profile(options: &TrainOptions) -> Result<Option<(Profile, GptProfileMod
             m.blocks, m.d_model, m.heads, m.seq_len, run.0, run.1, run.2, run.3
         )));
     }
+    let experts = options.experts.unwrap_or(0);
+    let top_k = options.top_k.unwrap_or(experts.min(2));
+    if (m.experts, m.top_k) != (experts, top_k) {
+        return Err(bad(&format!(
+            "a profile of another model ({} experts, top-k {}; this run: {experts}, {top_k})",
+            m.experts, m.top_k
+        )));
+    }
     Ok(Some((profile, m)))
 }

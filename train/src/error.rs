@@ -362,12 +362,13 @@ impl TrainError {
 }
 
 /// Whose fault a kernel error on tensors the trainer built is: the input's when it is about the
-/// data (a token outside the vocabulary), the run's when the tensor backend failed, a bug
-/// otherwise (the kernels check every other tensor the trainer hands them).
+/// data (a token outside the vocabulary), the run's when the tensor backend failed or an
+/// expert-parallel rank's exchange with its group did (a peer failed or is gone), a bug otherwise
+/// (the kernels check every other tensor the trainer hands them).
 pub(crate) fn kernel_fault(error: &pipeweave_kernels::KernelError) -> FailureKind {
     if error.is_about_data() {
         FailureKind::BadInput
-    } else if error.is_backend_failure() {
+    } else if error.is_backend_failure() || error.is_exchange_failure() {
         FailureKind::Failed
     } else {
         FailureKind::Bug

@@ -4,6 +4,8 @@
 //!   replicas sharing one set of weights);
 //! - [`batch`]: a step's tokens and the global loss normaliser;
 //! - [`stage`]: [`GptStage`], one rank's share as a `StageCompute` honouring every marker;
+//! - [`experts`]: mixtures of experts in training: the load-balancing loss per microbatch and
+//!   expert parallelism (each pipeline rank `X` expert ranks exchanging their experts' rows);
 //! - [`gradients`]: the [`GradSync`] trait and its in-process, optionally deterministic fold;
 //!   [`reduce`]: the same sums between processes (an ordered reduction over point-to-point
 //!   messages);
@@ -39,6 +41,7 @@ pub mod cut;
 pub mod data;
 pub mod documents;
 pub mod error;
+pub mod experts;
 pub mod gradients;
 mod host_link;
 #[cfg(feature = "mpi")]

@@ -422,6 +422,13 @@ impl Cluster for MpiCluster {
         batch: &StepBatch,
         injection: Option<(RankId, Injection)>,
     ) -> Result<ClusterStep, TrainError> {
+        if model.expert_ranks() > 1 {
+            return Err(TrainError::invalid(
+                "expert ranks",
+                model.expert_ranks(),
+                "the MPI backend runs one expert rank per pipeline rank (--backend threads for more)",
+            ));
+        }
         let reduction = Arc::new(SharedReduction(Mutex::new(Reduction::new(
             &self.owners,
             self.world_rank,

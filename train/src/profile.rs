@@ -48,6 +48,10 @@ pub struct GptProfileModel {
     pub seq_len: usize,
     /// Sequences per microbatch.
     pub microbatch_size: usize,
+    /// Experts of each block's mixture (0: GPT-2's MLPs).
+    pub experts: usize,
+    /// Experts per token (0 without a mixture).
+    pub top_k: usize,
 }
 
 impl GptProfileModel {
@@ -76,6 +80,8 @@ impl GptProfileModel {
             vocab: size("vocab")?,
             seq_len: model.seq_len?,
             microbatch_size: model.microbatch_size?,
+            experts: size("experts").unwrap_or(0),
+            top_k: size("top_k").unwrap_or(0),
         };
         (profile.free_layers() == gpt.blocks).then_some(gpt)
     }
@@ -96,6 +102,11 @@ impl GptProfileModel {
             ("vocab", self.vocab),
         ] {
             model.extra.insert(key.to_string(), value.into());
+        }
+        if self.experts > 0 {
+            for (key, value) in [("experts", self.experts), ("top_k", self.top_k)] {
+                model.extra.insert(key.to_string(), value.into());
+            }
         }
         model
     }
@@ -346,6 +357,8 @@ pub fn measure_profile_on(
             vocab: config.vocab_size(),
             seq_len: request.seq_len,
             microbatch_size: request.microbatch_size,
+            experts: config.moe().map_or(0, |moe| moe.experts()),
+            top_k: config.moe().map_or(0, |moe| moe.top_k()),
         }
         .describe(request.dtype),
         threads_per_rank: request.threads_per_rank,

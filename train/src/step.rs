@@ -5,17 +5,22 @@
 //! training loop. [`GptModel`] is the model half for a GPT on the kernels: it holds one
 //! [`StageModel`] per position of its [`ModelCut`], makes a [`GptStage`] per rank, and folds the
 //! step's losses and gradients (the losses in microbatch order, the gradients through
-//! [`LocalGradients`]).
+//! [`LocalGradients`]). With expert parallelism ([`GptModel::with_expert_parallel`]) every rank
+//! of every replica is `X` expert ranks, each a thread running the same program on its own
+//! pipeline's channels, their mixtures' rows exchanged within each rank's group
+//! ([`crate::experts`]).
 
 use crate::batch::StepBatch;
 use crate::cut::ModelCut;
 use crate::error::TrainError;
+use crate::experts::{ExpertGroups, ExpertParallel, ExpertRank, Watched};
 use crate::gradients::{GradSync, LocalGradients};
 use crate::stage::{GptStage, Injection, MeasuredOp};
 use candle_core::{DType, Tensor};
 use pipeweave_backends::{run_threads, StageCompute, ThreadOptions};
 use pipeweave_core::{CheckedPrograms, Plan, Problem, ProjectionOptions, RankId, RecvPolicy};
-use pipeweave_kernels::{GptConfig, StageModel};
+use pipeweave_kernels::{ExpertPlacement, GptConfig, StageModel};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -103,6 +108,8 @@ pub struct GptModel {
     cut: ModelCut,
     models: Vec<StageModel>,
     deterministic: bool,
+    /// Where each rank's experts run: `None` for one expert rank per pipeline rank.
+    experts: Option<ExpertParallel>,
 }
 
 impl GptModel {
@@ -146,7 +153,29 @@ impl GptModel {
             cut,
             models,
             deterministic,
+            experts: None,
         })
+    }
+
+    /// The same model with each pipeline rank's experts spread over `ranks` expert ranks
+    /// ([`crate::experts`]); `ranks` must divide the experts of the model's mixture. One rank
+    /// keeps every expert on its pipeline rank.
+    pub fn with_expert_parallel(mut self, ranks: u32) -> Result<GptModel, TrainError> {
+        self.experts = match ranks {
+            1 => None,
+            _ => {
+                let config = self.models.first().map(|m| *m.config()).ok_or_else(|| {
+                    TrainError::invariant("a model of no positions has no experts")
+                })?;
+                Some(ExpertParallel::new(&config, &self.models, ranks)?)
+            }
+        };
+        Ok(self)
+    }
+
+    /// Expert ranks per pipeline rank (1 without expert parallelism).
+    pub fn expert_ranks(&self) -> u32 {
+        self.experts.as_ref().map_or(1, ExpertParallel::ranks)
     }
 
     /// The cut.
@@ -201,7 +230,8 @@ impl GptModel {
     /// programs on its own microbatches (replica `d` on microbatches `d M .. (d + 1) M` of
     /// `batch`), all folding their gradients into one sum (in global microbatch order when
     /// deterministic: `--dp 2 --microbatches 4` gives the bits of `--dp 1 --microbatches 8`).
-    /// `injection` names a world rank `d P + r`.
+    /// With `X` expert ranks, each replica is `X` pipelines (`d·X + x`) on the same
+    /// microbatches. `injection` names a world rank `(d·X + x)·P + r`.
     pub fn step_replicas(
         &self,
         runner: &StepRunner,
@@ -222,28 +252,41 @@ impl GptModel {
                 ),
             });
         }
-        let sync = Arc::new(LocalGradients::new(
-            self.cut.positions(),
-            self.deterministic,
-        ));
+        let x_ranks = self.expert_ranks();
+        let syncs: Vec<Arc<LocalGradients>> = (0..x_ranks)
+            .map(|_| {
+                Arc::new(LocalGradients::new(
+                    self.cut.positions(),
+                    self.deterministic,
+                ))
+            })
+            .collect();
+        let mut groups = ExpertGroups::new(replicas, p, x_ranks, runner.options().receive_timeout);
         let batch = Arc::new(batch.clone());
         let epoch = Instant::now();
+        let pipelines = (0..replicas * x_ranks)
+            .map(|q| {
+                let (d, x) = (q / x_ranks, ExpertRank::new(q % x_ranks));
+                let how = StageRun {
+                    epoch,
+                    forward_only: false,
+                    injection: injection
+                        .filter(|(w, _)| w.get() / p == q)
+                        .map(|(w, what)| (RankId::new(w.get() % p), what)),
+                    offset: d * m,
+                };
+                let sync: Arc<dyn GradSync> = syncs[x.get() as usize].clone();
+                Ok((how, sync, self.placements(&mut groups, d, x, p)?))
+            })
+            .collect::<Result<Vec<_>, TrainError>>()?;
+        let failed = groups.failure_flag();
         let outcomes: Vec<Result<Vec<GptStage>, TrainError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..replicas)
-                .map(|d| {
-                    let shared: Arc<dyn GradSync> = sync.clone();
-                    let batch = Arc::clone(&batch);
-                    let injection = injection
-                        .filter(|(w, _)| w.get() / p == d)
-                        .map(|(w, what)| (RankId::new(w.get() % p), what));
+            let handles: Vec<_> = pipelines
+                .into_iter()
+                .map(|(how, sync, placements)| {
+                    let (batch, failed) = (Arc::clone(&batch), Arc::clone(&failed));
                     scope.spawn(move || {
-                        let how = StageRun {
-                            epoch,
-                            forward_only: false,
-                            injection,
-                            offset: d * m,
-                        };
-                        self.run_stages(runner, &batch, shared, how)
+                        self.run_stages(runner, &batch, sync, how, placements, failed)
                     })
                 })
                 .collect();
@@ -258,27 +301,26 @@ impl GptModel {
                 })
                 .collect()
         });
-        let mut stages = Vec::new();
-        for outcome in outcomes {
-            stages.extend(outcome?);
-        }
-        let loss = fold_losses(&stages, batch.microbatches() * chunks)? / batch.normalizer();
+        let pipelines = first_cause(outcomes)?;
+        // Every expert rank of a replica computes the same losses: expert rank 0's are read.
+        let losses: Vec<&GptStage> = (pipelines.iter().enumerate())
+            .filter(|(q, _)| *q as u32 % x_ranks == 0)
+            .flat_map(|(_, stages)| stages)
+            .collect();
+        let loss = fold_losses(losses, batch.microbatches() * chunks)? / batch.normalizer();
+        let stages: Vec<GptStage> = pipelines.into_iter().flatten().collect();
         let measured = stages.iter().map(|s| s.measured().to_vec()).collect();
         let peak_activation_bytes = stages.iter().map(GptStage::peak_activation_bytes).collect();
         let peak_host_bytes = stages.iter().map(GptStage::peak_host_bytes).collect();
         drop(stages);
-        let sync = Arc::try_unwrap(sync)
-            .map_err(|_| TrainError::invariant("a rank still holds the gradients"))?;
-        let gradients = sync
-            .into_sums()?
+        let per_rank = syncs
             .into_iter()
-            .enumerate()
-            .map(|(k, (sum, _))| {
-                sum.ok_or_else(|| {
-                    TrainError::invariant(format!("position {k} received no gradient"))
-                })
-            })
+            .map(position_sums)
             .collect::<Result<Vec<_>, _>>()?;
+        let gradients = match &self.experts {
+            Some(experts) => experts.merge(&per_rank)?,
+            None => per_rank.into_iter().next().unwrap_or_default(),
+        };
         Ok(StepOutcome {
             loss,
             gradients,
@@ -287,6 +329,77 @@ impl GptModel {
             peak_host_bytes,
         })
     }
+
+    /// The placements of expert rank `x` of every pipeline rank of replica `d` (`None` without
+    /// expert parallelism), their exchanges from `groups`.
+    fn placements(
+        &self,
+        groups: &mut ExpertGroups,
+        d: u32,
+        x: ExpertRank,
+        p: u32,
+    ) -> Result<Option<Vec<ExpertPlacement>>, TrainError> {
+        let Some(experts) = &self.experts else {
+            return Ok(None);
+        };
+        (0..p)
+            .map(|r| {
+                let exchange = groups.take(d, RankId::new(r), x).ok_or_else(|| {
+                    TrainError::invariant(format!("no exchange for expert rank {}", x.get()))
+                })?;
+                experts.placement(x, Arc::new(exchange))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+}
+
+/// Every pipeline's stages, or the first error that is not a rank giving up on an exchange
+/// because another failed (else the first error).
+fn first_cause(
+    outcomes: Vec<Result<Vec<GptStage>, TrainError>>,
+) -> Result<Vec<Vec<GptStage>>, TrainError> {
+    let mut pipelines = Vec::with_capacity(outcomes.len());
+    let mut errors = Vec::new();
+    for outcome in outcomes {
+        match outcome {
+            Ok(stages) => pipelines.push(stages),
+            Err(e) => errors.push(e),
+        }
+    }
+    let root = errors
+        .iter()
+        .position(|e| !gave_up_on_exchange(e))
+        .unwrap_or(0);
+    match errors.into_iter().nth(root) {
+        Some(error) => Err(error),
+        None => Ok(pipelines),
+    }
+}
+
+/// Whether `error` is an expert rank's exchange failing (a peer failed, is gone or stalled).
+fn gave_up_on_exchange(error: &TrainError) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        if let Some(kernel) = e.downcast_ref::<pipeweave_kernels::KernelError>() {
+            return kernel.is_exchange_failure();
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// Every position's summed gradients of one fold.
+fn position_sums(sync: Arc<LocalGradients>) -> Result<Vec<Vec<Tensor>>, TrainError> {
+    let sync = Arc::try_unwrap(sync)
+        .map_err(|_| TrainError::invariant("a rank still holds the gradients"))?;
+    sync.into_sums()?
+        .into_iter()
+        .enumerate()
+        .map(|(k, (sum, _))| {
+            sum.ok_or_else(|| TrainError::invariant(format!("position {k} received no gradient")))
+        })
+        .collect()
 }
 
 impl GptModel {
@@ -305,50 +418,48 @@ impl GptModel {
             injection: None,
             offset: 0,
         };
-        let stages = self.run_stages(runner, &batch, sync, how)?;
+        let failed = Arc::new(AtomicBool::new(false));
+        let stages = self.run_stages(runner, &batch, sync, how, None, failed)?;
         let chunks = runner.problem().seq_chunks() as usize;
-        let loss = fold_losses(&stages, batch.microbatches() * chunks)?;
+        let loss = fold_losses(stages.iter().collect(), batch.microbatches() * chunks)?;
         Ok((loss, batch.tokens()))
     }
 }
 
 impl GptModel {
-    /// Makes every rank's [`GptStage`] and runs the step; returns them in rank order.
+    /// Makes every rank's [`GptStage`] (on its expert rank's `placements`, by rank, where the
+    /// model has expert parallelism) and runs the step, each rank raising `failed` when it
+    /// fails; returns them in rank order.
     fn run_stages(
         &self,
         runner: &StepRunner,
         batch: &Arc<StepBatch>,
         sync: Arc<dyn GradSync>,
         how: StageRun,
+        placements: Option<Vec<ExpertPlacement>>,
+        failed: Arc<AtomicBool>,
     ) -> Result<Vec<GptStage>, TrainError> {
-        let StageRun {
-            epoch,
-            forward_only,
-            injection,
-            offset,
-        } = how;
         let problem = runner.problem();
         let made = (0..problem.ranks())
             .map(|r| {
-                let how = StageRun {
-                    epoch,
-                    forward_only,
-                    injection,
-                    offset,
-                };
                 let program = &runner.checked.programs().programs[r as usize];
-                self.rank_stage(problem, RankId::new(r), batch, &sync, how)
-                    .map(|stage| Some(stage.with_residency(program)))
+                let placement = placements.as_ref().and_then(|all| all.get(r as usize));
+                let stage = self
+                    .rank_stage(problem, RankId::new(r), batch, &sync, how)?
+                    .with_residency(program)
+                    .with_experts(placement)?;
+                Ok(Some(Watched::new(stage, Arc::clone(&failed))))
             })
             .collect::<Result<Vec<_>, TrainError>>()?;
         drop(sync);
         let made = Mutex::new(made);
-        runner.run(|rank| {
+        let stages = runner.run(|rank| {
             made.lock()
                 .ok()
                 .and_then(|mut m| m.get_mut(rank.index()).and_then(Option::take))
                 .expect("run_threads makes each rank's compute exactly once")
-        })
+        })?;
+        Ok(stages.into_iter().map(Watched::into_inner).collect())
     }
 }
 
@@ -393,7 +504,7 @@ impl GptModel {
 
 /// The summed loss of every microbatch (of every sequence chunk of each, keyed `m·k + c`),
 /// added in that order.
-fn fold_losses(stages: &[GptStage], microbatches: usize) -> Result<f64, TrainError> {
+fn fold_losses(stages: Vec<&GptStage>, microbatches: usize) -> Result<f64, TrainError> {
     let mut per_microbatch = vec![None; microbatches];
     for stage in stages {
         for (&m, &loss) in stage.losses() {

@@ -16,6 +16,7 @@ use crate::cluster::{Cluster, ThreadsCluster};
 use crate::cut::ModelCut;
 use crate::data::{eval_microbatches, BatchShape, Corpus, DataPosition, GlobalBatch, Loader};
 use crate::error::TrainError;
+use crate::experts::per_microbatch_aux;
 use crate::optim::{clip_scale, global_norm, step_positions, AdamW, AdamWConfig, OptimizerState};
 use crate::profile::{calibrate, measure_profile, ProfileRequest};
 use crate::schedule::LrSchedule;
@@ -66,13 +67,17 @@ pub struct TrainSettings {
     pub layers_per_stage: Option<Vec<usize>>,
     /// Variable-length microbatches cut at document boundaries ([`Loader::variable`]).
     pub variable_length: bool,
+    /// Expert ranks per pipeline rank (`--expert-parallel`; 1: every expert on its pipeline
+    /// rank): each holds and runs its share of every mixture's experts ([`crate::experts`]).
+    pub expert_ranks: u32,
 }
 
 impl TrainSettings {
     /// Settings for `config` trained in batches of `shape`, with the defaults of a short run
     /// (override fields with struct update syntax): a constant learning rate of 1e-3, clipping at
     /// global norm 1, seed 1, gradients summed as they arrive, no recompute, f32, 64 held-out
-    /// sequences, one replica, a 60 s receive timeout, the even cut, fixed-length microbatches.
+    /// sequences, one replica, a 60 s receive timeout, the even cut, fixed-length microbatches,
+    /// every expert on its pipeline rank.
     pub fn new(config: GptConfig, shape: BatchShape) -> TrainSettings {
         TrainSettings {
             config,
@@ -90,6 +95,7 @@ impl TrainSettings {
             injections: Vec::new(),
             layers_per_stage: None,
             variable_length: false,
+            expert_ranks: 1,
         }
     }
 }
@@ -181,14 +187,21 @@ impl Trainer {
             plan.problem(),
             settings.layers_per_stage.as_deref(),
         )?;
-        let model = GptModel::on_cut(
+        // Each microbatch's (each sequence chunk's) backward adds its load-balancing loss.
+        let chunks = plan.problem().seq_chunks() as usize;
+        let config = per_microbatch_aux(
             &settings.config,
+            settings.shape.global_microbatches * chunks,
+        )?;
+        let model = GptModel::on_cut(
+            &config,
             cut,
             settings.seed,
             settings.dtype,
             settings.recompute,
             settings.deterministic,
-        )?;
+        )?
+        .with_expert_parallel(settings.expert_ranks)?;
         let optimizers = model
             .models()
             .iter()

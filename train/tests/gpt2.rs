@@ -41,6 +41,7 @@ fn our_eval_loss_equals_transformers_gpt2_on_the_same_checkpoint() {
         injections: Vec::new(),
         layers_per_stage: None,
         variable_length: false,
+        expert_ranks: 1,
     };
     let corpus = Corpus::from_text("eval.txt", String::from_utf8(text.clone()).unwrap());
     let mut trainer = Trainer::new(&plan, &corpus, settings).unwrap();

@@ -45,6 +45,7 @@ fn settings(deterministic: bool, recompute: bool, steps: u64) -> TrainSettings {
         injections: Vec::new(),
         layers_per_stage: None,
         variable_length: false,
+        expert_ranks: 1,
     }
 }
 

@@ -73,7 +73,18 @@ impl MoeConfig {
     pub fn aux_coefficient(&self) -> f64 {
         self.aux_coefficient
     }
+
+    /// The same mixture with the load-balancing loss scaled by `aux_coefficient` (finite,
+    /// non-negative): e.g. a trainer's coefficient divided by its microbatches, for a loss that
+    /// is a mean over them.
+    pub fn with_aux_coefficient(self, aux_coefficient: f64) -> Result<Self> {
+        MoeConfig::new(self.experts, self.top_k, self.hidden, aux_coefficient)
+    }
 }
+
+// The coefficient is finite (checked on construction), so equality is reflexive: a model's
+// configuration with a mixture compares as a whole (`GptConfig: Eq`).
+impl Eq for MoeConfig {}
 
 /// The experts one expert-parallel rank holds when `experts` experts are split evenly over
 /// `ranks` ranks: rank `r` holds experts `r·E/X .. (r+1)·E/X`.

@@ -1,5 +1,7 @@
 //! [`Block`]: GPT-2's pre-norm transformer block, `h = x + attn(ln_1(x))`, then
-//! `y = h + mlp(ln_2(h))`.
+//! `y = h + mlp(ln_2(h))`. The pre-norm residual halves ([`residual`], [`residual_backward`])
+//! and the sub-layers' agreement check are shared with [`super::MoeBlock`], the same block with a
+//! mixture of experts for its MLP (a model's blocks are one or the other: [`GptConfig::moe`]).
 //!
 //! Parameters, in order (Hugging Face's `GPT2Block` order): `ln_1.weight`, `ln_1.bias`,
 //! `attn.c_attn.weight`, `attn.c_attn.bias`, `attn.c_proj.weight`, `attn.c_proj.bias`,
@@ -64,7 +66,7 @@ impl Block {
             ("ln_2.weight", ln_2.features(), ln_2.dtype()),
             ("mlp.c_fc.weight", mlp.width(), mlp.dtype()),
         ] {
-            check_agrees(name, (features, layer_dtype), (width, dtype))?;
+            check_agrees(LAYER, name, (features, layer_dtype), (width, dtype))?;
         }
         Ok(Block {
             ln_1,
@@ -80,15 +82,17 @@ impl Block {
     }
 }
 
-/// Fails unless a sub-layer's `(width, dtype)` (named by its first parameter) is the attention's.
-fn check_agrees(
+/// Fails unless a sub-layer's `(width, dtype)` (named by its first parameter) is the attention's,
+/// in a block `layer`.
+pub(super) fn check_agrees(
+    layer: &'static str,
     name: &'static str,
     (features, actual): (usize, DType),
     (width, expected): (usize, DType),
 ) -> Result<()> {
     if features != width {
         return Err(crate::KernelError::Shape {
-            layer: LAYER,
+            layer,
             tensor: name,
             actual: vec![features],
             expected: format!("width {width} (the attention's)"),
@@ -96,7 +100,7 @@ fn check_agrees(
     }
     if actual != expected {
         return Err(crate::KernelError::DType {
-            layer: LAYER,
+            layer,
             tensor: name,
             actual,
             expected: format!("{expected:?} (the attention's)"),
@@ -107,7 +111,7 @@ fn check_agrees(
 
 /// `x + sub(norm(x))`, one pre-norm residual half of the block (`sub` run on a sequence chunk
 /// where `chunk` says): the output and the states of `norm` and `sub`.
-fn residual<S: Layer<InputGrad = Tensor>>(
+pub(super) fn residual<S: Layer<InputGrad = Tensor>>(
     ops: &dyn Primitives,
     norm: &LayerNorm,
     sub: &S,
@@ -124,7 +128,7 @@ fn residual<S: Layer<InputGrad = Tensor>>(
 
 /// The input backward of [`residual`], `dx = dy + norm'(sub'(dy))`: the input gradient and the
 /// pending states of `norm` and `sub`.
-fn residual_backward<S: Layer<InputGrad = Tensor>>(
+pub(super) fn residual_backward<S: Layer<InputGrad = Tensor>>(
     ops: &dyn Primitives,
     norm: &LayerNorm,
     sub: &S,
@@ -195,12 +199,16 @@ impl Block {
     }
 }
 
-/// The model's free layers, `n_layer` of them, spread over the stages.
+/// The model's free layers, `n_layer` of them, spread over the stages (none where the model's
+/// blocks have a mixture of experts: [`super::MoeBlock`]s instead).
 impl ModelLayer for Block {
     const KIND: KindDescription = KindDescription::placed("block", Placement::Any);
 
     fn count(config: &GptConfig) -> usize {
-        config.n_layer()
+        match config.moe() {
+            Some(_) => 0,
+            None => config.n_layer(),
+        }
     }
 
     /// Layer norms weight 1 and bias 0, linear biases 0, linear weights drawn `N(0, 0.02²)`,

@@ -1,6 +1,6 @@
 //! The GPT-2 layers, one per file, the [`Layer`] protocol they share, and the model's layer
-//! kinds in order ([`LayerKind`], [`model_layers`]): each model layer (the embedding, a block,
-//! the head) says in its own file, beside its [`Layer`] impl, where a cut places it, what it
+//! kinds in order ([`LayerKind`], [`model_layers`]): each model layer (the embedding, a block or
+//! a block with a mixture of experts, the head) says in its own file, beside its [`Layer`] impl, where a cut places it, what it
 //! takes, how many the model has, how it is initialised and what its parameters are called
 //! (`model.rs`'s `ModelLayer`), and is registered by one line of `register_layers!` in
 //! `registry.rs`. Adding a model layer is its file, its `mod` line here and its registration
@@ -85,8 +85,9 @@ pub use linear::Linear;
 pub use mlp::Mlp;
 pub use model::{LayerInput, Placement};
 pub use moe::{
-    CombineSaved, ExpertBank, ExpertRows, ExpertsPending, ExpertsSaved, Moe, MoePendingWeightGrad,
-    MoeSaved, RouterPending, RouterSaved, Routing, RoutingGrad,
+    CombineSaved, ExchangePhase, ExpertBank, ExpertExchange, ExpertPlacement, ExpertRows,
+    ExpertsPending, ExpertsSaved, Moe, MoePendingWeightGrad, MoeSaved, RouterPending, RouterSaved,
+    Routing, RoutingGrad,
 };
 pub use moe_block::{MoeBlock, MoeBlockPendingWeightGrad, MoeBlockSaved};
 pub(crate) use protocol::{held_bytes, held_tensors, ParameterSlots, SavedTensorsMut};

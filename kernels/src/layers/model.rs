@@ -6,7 +6,8 @@
 //! beside its [`Layer`] impl: a [`KindDescription`] (its name, where a cut may place it, what it
 //! takes), how many the model has, how it is built from the seed (through the
 //! [`ParameterFactory`]), where its errors are located and what its parameters are called in the
-//! model (Hugging Face's GPT-2 names). One line of [`register_layers!`] in `layers/registry.rs`
+//! model (Hugging Face's GPT-2 names), and how an expert-parallel rank runs it
+//! ([`ModelLayer::with_experts`]). One line of [`register_layers!`] in `layers/registry.rs`
 //! registers it; the registration's order is the model's order ([`model_layers`]), and the macro
 //! writes the one enum of layers (`AnyLayer`) and of their states that a stage holds,
 //! each method one `match` dispatching to the kind's own.
@@ -17,6 +18,7 @@
 
 use candle_core::Tensor;
 
+use super::moe::ExpertPlacement;
 use super::protocol::Layer;
 use crate::config::GptConfig;
 use crate::error::Result;
@@ -113,6 +115,12 @@ pub(crate) trait ModelLayer: Layer + Sized {
     /// matrix products count).
     fn flops(_config: &GptConfig, _batch: usize, _seq_len: usize) -> PassFlops {
         PassFlops::default()
+    }
+
+    /// The layer as the expert-parallel rank of `placement` runs it: a layer with a mixture of
+    /// experts holds and runs that rank's experts only; any other is unchanged (the default).
+    fn with_experts(self, _placement: &ExpertPlacement) -> Result<Self> {
+        Ok(self)
     }
 }
 
@@ -303,6 +311,19 @@ macro_rules! register_layers {
                         pending.kind(),
                     )),
                 }
+            }
+
+            /// The layer as the expert-parallel rank of `placement` runs it
+            /// (`ModelLayer::with_experts`).
+            pub(crate) fn with_experts(
+                self,
+                placement: &$crate::layers::moe::ExpertPlacement,
+            ) -> $crate::error::Result<AnyLayer> {
+                Ok(match self {
+                    $(AnyLayer::$kind(layer) => AnyLayer::$kind(
+                        $crate::layers::model::ModelLayer::with_experts(layer, placement)?,
+                    ),)+
+                })
             }
 
             /// Pushes the parameters of the layer, its kind's `index`-th, with their GPT-2 names.

@@ -1,10 +1,13 @@
 //! [`MoeBlock`]: a pre-norm transformer block with a mixture of experts in place of the MLP,
 //! `h = x + attn(ln_1(x))`, then `y = h + moe(ln_2(h))` ([`Moe`]). Its backward differentiates
-//! the loss plus the mixture's load-balancing loss ([`MoeBlockSaved::aux_loss`]).
+//! the loss plus the mixture's load-balancing loss ([`MoeBlockSaved::aux_loss`]). It shares
+//! [`super::Block`]'s pre-norm residual halves.
 //!
-//! Not a registered model layer (yet): the trainer's registration adds it, with its
-//! configuration, initialisation and names in the model. It runs the mixture's phases on one
-//! rank; a trainer with expert parallelism runs [`Moe`]'s phases itself.
+//! A model layer in place of the [`super::Block`]s where the model's configuration has a mixture
+//! ([`GptConfig::moe`]): `n_layer` of them, under the blocks' names (`transformer.h.{i}`),
+//! initialised from the seed as a block is (the experts as its MLP). On an expert-parallel rank
+//! ([`MoeBlock::on_shard`], what `ModelLayer::with_experts` does for a stage) it holds and runs
+//! its shard's experts only, exchanging their rows with the other ranks of its group.
 //!
 //! Parameters, in order: `ln_1.weight`, `ln_1.bias`, `attn.c_attn.weight`, `attn.c_attn.bias`,
 //! `attn.c_proj.weight`, `attn.c_proj.bias`, `ln_2.weight`, `ln_2.bias`, then the mixture's
@@ -14,13 +17,18 @@ use candle_core::Tensor;
 
 use super::attention::Attention;
 use super::attention::{AttentionPendingWeightGrad, AttentionSaved};
+use super::block::{check_agrees, residual, residual_backward};
 use super::layer_norm::LayerNorm;
 use super::layer_norm::{LayerNormPendingWeightGrad, LayerNormSaved};
-use super::moe::Moe;
+use super::model::{KindDescription, ModelLayer, Placement};
+use super::moe::{ExpertPlacement, Moe};
 use super::moe::{MoePendingWeightGrad, MoeSaved};
 use super::protocol::{chunked_passes, composite, composite_weights, held_tensors, Layer};
 use crate::check;
+use crate::config::GptConfig;
 use crate::error::{KernelError, Result};
+use crate::flops::passes::{block_flops, PassFlops};
+use crate::init::{ParameterFactory, INIT_STD};
 use crate::primitives::Primitives;
 use crate::sequence::Chunk;
 
@@ -76,22 +84,7 @@ impl MoeBlock {
             ("ln_2.weight", ln_2.features(), ln_2.dtype()),
             ("moe.router.weight", moe.width(), moe.dtype()),
         ] {
-            if features != width {
-                return Err(KernelError::Shape {
-                    layer: LAYER,
-                    tensor: name,
-                    actual: vec![features],
-                    expected: format!("width {width} (the attention's)"),
-                });
-            }
-            if layer_dtype != dtype {
-                return Err(KernelError::DType {
-                    layer: LAYER,
-                    tensor: name,
-                    actual: layer_dtype,
-                    expected: format!("{dtype:?} (the attention's)"),
-                });
-            }
+            check_agrees(LAYER, name, (features, layer_dtype), (width, dtype))?;
         }
         Ok(MoeBlock {
             ln_1,
@@ -110,40 +103,14 @@ impl MoeBlock {
     pub fn moe(&self) -> &Moe {
         &self.moe
     }
-}
 
-/// `x + sub(norm(x))`, one pre-norm residual half (`sub` run on a sequence chunk where `chunk`
-/// says): the output and the states of `norm` and `sub`. (As `Block`'s.)
-fn residual<S: Layer<InputGrad = Tensor>>(
-    ops: &dyn Primitives,
-    norm: &LayerNorm,
-    sub: &S,
-    x: &Tensor,
-    chunk: Chunk<'_>,
-) -> Result<(Tensor, LayerNormSaved, S::Saved)> {
-    let (normed, norm_saved) = norm.forward(ops, x)?;
-    let (branch, sub_saved) = match chunk {
-        Some((at, memory)) => sub.forward_chunk(ops, &normed, at, memory)?,
-        None => sub.forward(ops, &normed)?,
-    };
-    Ok((ops.add(x, &branch)?, norm_saved, sub_saved))
-}
-
-/// The input backward of [`residual`], `dx = dy + norm'(sub'(dy))`.
-fn residual_backward<S: Layer<InputGrad = Tensor>>(
-    ops: &dyn Primitives,
-    norm: &LayerNorm,
-    sub: &S,
-    (norm_saved, sub_saved): (LayerNormSaved, S::Saved),
-    grad: &Tensor,
-    chunk: Chunk<'_>,
-) -> Result<(Tensor, LayerNormPendingWeightGrad, S::PendingWeightGrad)> {
-    let (grad_normed, sub_pending) = match chunk {
-        Some((at, memory)) => sub.backward_input_chunk(ops, sub_saved, grad, at, memory)?,
-        None => sub.backward_input(ops, sub_saved, grad)?,
-    };
-    let (grad_from_branch, norm_pending) = norm.backward_input(ops, norm_saved, &grad_normed)?;
-    Ok((ops.add(grad, &grad_from_branch)?, norm_pending, sub_pending))
+    /// The block as the expert-parallel rank of `placement` runs it ([`Moe::on_shard`]).
+    pub fn on_shard(&self, placement: &ExpertPlacement) -> Result<Self> {
+        Ok(MoeBlock {
+            moe: self.moe.on_shard(placement)?,
+            ..self.clone()
+        })
+    }
 }
 
 impl Layer for MoeBlock {
@@ -199,6 +166,77 @@ impl MoeBlock {
             moe,
         };
         Ok((grad_input, pending))
+    }
+}
+
+/// The model's free layers where its blocks have a mixture of experts ([`GptConfig::moe`]):
+/// `n_layer` of them (none otherwise), under the blocks' names.
+impl ModelLayer for MoeBlock {
+    const KIND: KindDescription = KindDescription::placed("moe_block", Placement::Any);
+
+    fn count(config: &GptConfig) -> usize {
+        match config.moe() {
+            Some(_) => config.n_layer(),
+            None => 0,
+        }
+    }
+
+    /// As a [`super::Block`]: layer norms weight 1 and bias 0, linear biases 0, weights drawn
+    /// `N(0, 0.02²)`, `attn.c_proj.weight` and each expert's `c_proj.weight`
+    /// `N(0, (0.02 / √(2·n_layer))²)`; the router `N(0, 0.02²)`.
+    fn build(factory: &ParameterFactory<'_>, config: &GptConfig, index: usize) -> Result<Self> {
+        let Some(moe) = config.moe() else {
+            return Err(KernelError::InvalidArgument {
+                field: "moe",
+                value: "none".into(),
+                reason: "a mixture-of-experts block needs the model's mixture",
+            });
+        };
+        let d = config.d_model();
+        let prefix = Self::location(index);
+        let residual_std = INIT_STD / (2.0 * config.n_layer() as f64).sqrt();
+        let c_attn = factory.linear(&format!("{prefix}.attn.c_attn"), d, 3 * d, INIT_STD)?;
+        let c_proj = factory.linear(&format!("{prefix}.attn.c_proj"), d, d, residual_std)?;
+        MoeBlock::new(
+            factory.layer_norm(d)?,
+            Attention::new(c_attn, c_proj, config.n_head())?,
+            factory.layer_norm(d)?,
+            factory.moe(&format!("{prefix}.moe"), d, moe, residual_std)?,
+        )
+    }
+
+    /// `transformer.h.{index}`, as a block's.
+    fn location(index: usize) -> String {
+        format!("transformer.h.{index}")
+    }
+
+    /// A block's, its MLP's products replaced by the router's and each token's `k` experts'.
+    fn flops(config: &GptConfig, batch: usize, seq_len: usize) -> PassFlops {
+        let dense = block_flops(config, batch, seq_len);
+        let Some(moe) = config.moe() else {
+            return dense;
+        };
+        // `2·Π factors`, saturating: a product's FLOPs.
+        let product =
+            |factors: &[usize]| (factors.iter()).fold(2u64, |acc, &n| acc.saturating_mul(n as u64));
+        let (rows, d) = (batch * seq_len, config.d_model());
+        let mlp = product(&[rows, d, 2 * config.mlp_hidden()]);
+        let experts = product(&[rows * moe.top_k(), d, 2 * moe.hidden()]);
+        let router = product(&[rows, d, moe.experts()]);
+        let swap = |pass: u64| {
+            (pass.saturating_sub(mlp))
+                .saturating_add(experts)
+                .saturating_add(router)
+        };
+        PassFlops {
+            forward: swap(dense.forward),
+            backward_input: swap(dense.backward_input),
+            backward_weight: swap(dense.backward_weight),
+        }
+    }
+
+    fn with_experts(self, placement: &ExpertPlacement) -> Result<Self> {
+        self.on_shard(placement)
     }
 }
 
@@ -331,6 +369,41 @@ mod tests {
             ]
         );
         assert_eq!(names[17], "moe.experts.1.c_proj.bias");
+    }
+
+    #[test]
+    fn a_models_moe_blocks_are_drawn_from_the_seed_under_the_blocks_names() {
+        use crate::stage::{StageLayout, StageModel};
+        let moe = MoeConfig::new(4, 2, 32, 0.01).unwrap();
+        let config = GptConfig::new(2, 8, 2, 16).unwrap().with_moe(moe);
+        let whole = StageLayout::whole_model(&config);
+        let model = StageModel::new(config, whole.clone(), 3, DType::F32).unwrap();
+        let params = model.parameters();
+        let names: Vec<&str> = params.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names.len(), 2 + 2 * (8 + 2 + 4 * 4) + 3);
+        assert!(names.contains(&"transformer.h.1.moe.experts.3.c_proj.bias"));
+        assert!(!names.iter().any(|name| name.contains(".mlp.")));
+        let shapes = StageModel::parameter_shapes(&config, &whole).unwrap();
+        let dims: Vec<(String, Vec<usize>)> = (params.iter())
+            .map(|(name, t)| (name.clone(), t.dims().to_vec()))
+            .collect();
+        assert_eq!(shapes, dims);
+        // The same seed draws the same weights, and an expert's differ from another's.
+        let again = StageModel::new(config, whole, 3, DType::F32).unwrap();
+        for ((_, a), (_, b)) in params.iter().zip(again.parameters()) {
+            assert_bit_identical("weights", a, &b);
+        }
+        let weight = |name: &str| {
+            let found = params.iter().find(|(n, _)| n == name).unwrap();
+            crate::testing::values(&found.1)
+        };
+        let (first, second) = (
+            weight("transformer.h.0.moe.experts.0.c_fc.weight"),
+            weight("transformer.h.0.moe.experts.1.c_fc.weight"),
+        );
+        assert_ne!(first, second);
+        let std = (first.iter().map(|v| v * v).sum::<f64>() / first.len() as f64).sqrt();
+        assert!((std - 0.02).abs() < 0.005, "{std}");
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The registration of the model's layer kinds, in model order ([`LayerKind`], written by
-//! `model.rs`'s `register_layers!`), and what it gives: each layer of a model ([`LayerId`]),
+//! `model.rs`'s `register_layers!`: the embedding, GPT-2's blocks or the blocks with a mixture
+//! of experts (a model has `n_layer` of one or the other, as its configuration says), the
+//! head), and what it gives: each layer of a model ([`LayerId`]),
 //! the model's layers in order ([`model_layers`]) and the enums a stage holds (`AnyLayer`,
 //! `AnySaved`, `AnyPending`).
 
@@ -7,6 +9,7 @@ use super::block::Block;
 use super::embedding::Embedding;
 use super::head::Head;
 use super::model::{register_layers, LayerInput, Placement};
+use super::moe_block::MoeBlock;
 use crate::config::GptConfig;
 use crate::error::KernelError;
 
@@ -15,11 +18,12 @@ use crate::error::KernelError;
 register_layers! {
     Embedding(Embedding),
     Block(Block),
+    MoeBlock(MoeBlock),
     Head(Head),
 }
 
 impl LayerKind {
-    /// The kind's name (`embedding`, `block`, `head`).
+    /// The kind's name (`embedding`, `block`, `moe_block`, `head`).
     pub fn name(self) -> &'static str {
         self.description().name()
     }
@@ -124,6 +128,18 @@ mod tests {
         assert_eq!(layers[0].input(), LayerInput::TokenIds);
         assert!(layers[1..].iter().all(|l| l.input() == LayerInput::Hidden));
         assert_eq!(layers[3].location(), "transformer.h.2");
+    }
+
+    #[test]
+    fn a_gpt_with_a_mixture_has_moe_blocks_in_place_of_blocks() {
+        let moe = crate::MoeConfig::new(4, 2, 32, 0.01).unwrap();
+        let config = GptConfig::new(2, 8, 2, 8).unwrap().with_moe(moe);
+        let layers = model_layers(&config);
+        let labels: Vec<String> = layers.iter().map(|l| l.label()).collect();
+        assert_eq!(labels, ["embedding", "moe_block.0", "moe_block.1", "head"]);
+        assert_eq!(layers[2].placement(), Placement::Any);
+        assert_eq!(layers[2].location(), "transformer.h.1");
+        assert_eq!(LayerKind::Block.count(&config), 0);
     }
 
     #[test]

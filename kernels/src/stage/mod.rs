@@ -195,6 +195,19 @@ impl StageModel {
         self
     }
 
+    /// The same stage as the expert-parallel rank of `placement` runs it: its mixtures of
+    /// experts hold and run that rank's experts only, exchanging their rows with its group
+    /// ([`crate::ExpertPlacement`]); its parameters and weight gradients are then the other
+    /// layers' and those experts'. A stage without a mixture is unchanged.
+    pub fn with_experts(self, placement: &crate::ExpertPlacement) -> Result<Self> {
+        let layers = self
+            .layers
+            .into_iter()
+            .map(|layer| layer.with_experts(placement))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(StageModel { layers, ..self })
+    }
+
     /// Turns recomputation on or off for later forwards.
     pub fn set_recompute(&mut self, recompute: bool) {
         self.recompute = recompute;

@@ -20,6 +20,11 @@
 //! no special tokens: `bos_token_id` and `eos_token_id` are set to 0 (the NUL byte, absent from
 //! text), so generation never stops early on a real byte.
 //!
+//! A model whose blocks have a mixture of experts (`--experts`) is saved the same way, each
+//! block's `mlp.*` replaced by `moe.router.*` and `moe.experts.{e}.*`, its shape in the record and
+//! in `config.json`: the files read back here (any expert parallelism), but `GPT2LMHeadModel`
+//! does not load them.
+//!
 //! This file holds what a checkpoint is and checks; `files.rs` the safetensors files themselves
 //! (tensors to and from their bytes, written atomically).
 
@@ -27,7 +32,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Tensor};
-use pipeweave_kernels::{GptConfig, StageLayout, StageModel};
+use pipeweave_kernels::{GptConfig, MoeConfig, StageLayout, StageModel};
 use serde::{Deserialize, Serialize};
 
 use crate::data::DataPosition;
@@ -69,7 +74,8 @@ pub struct Checkpoint {
     pub meta: CheckpointMeta,
 }
 
-/// The model fields of the record, under GPT-2's names.
+/// The model fields of the record, under GPT-2's names (and the blocks' mixture of experts,
+/// absent for GPT-2's MLPs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct ModelRecord {
     vocab_size: usize,
@@ -77,6 +83,17 @@ struct ModelRecord {
     n_embd: usize,
     n_layer: usize,
     n_head: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    moe: Option<MoeRecord>,
+}
+
+/// The blocks' mixture of experts in the record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct MoeRecord {
+    experts: usize,
+    top_k: usize,
+    hidden: usize,
+    aux_coefficient: f64,
 }
 
 /// [`CheckpointMeta`] as JSON in the safetensors metadata.
@@ -98,23 +115,40 @@ impl ModelRecord {
             n_embd: config.d_model(),
             n_layer: config.n_layer(),
             n_head: config.n_head(),
+            moe: config.moe().map(|moe| MoeRecord {
+                experts: moe.experts(),
+                top_k: moe.top_k(),
+                hidden: moe.hidden(),
+                aux_coefficient: moe.aux_coefficient(),
+            }),
         }
     }
 
-    /// `(GPT-2 field name, value)` in the order they are compared.
-    fn fields(&self) -> [(&'static str, usize); 5] {
+    /// `(field name, value)` in the order they are compared: GPT-2's, then the mixture's
+    /// shape (0 for GPT-2's MLPs; its loss's coefficient may change between runs).
+    fn fields(&self) -> [(&'static str, usize); 8] {
+        let moe = self.moe.as_ref();
         [
             ("n_layer", self.n_layer),
             ("n_embd", self.n_embd),
             ("n_head", self.n_head),
             ("n_positions", self.n_positions),
             ("vocab_size", self.vocab_size),
+            ("n_experts", moe.map_or(0, |m| m.experts)),
+            ("n_experts_per_token", moe.map_or(0, |m| m.top_k)),
+            ("expert_n_inner", moe.map_or(0, |m| m.hidden)),
         ]
     }
 
     fn config(&self) -> std::result::Result<GptConfig, String> {
-        GptConfig::new(self.n_layer, self.n_embd, self.n_head, self.n_positions)
+        let config = GptConfig::new(self.n_layer, self.n_embd, self.n_head, self.n_positions)
             .and_then(|c| c.with_vocab_size(self.vocab_size))
+            .map_err(|e| e.to_string())?;
+        let Some(moe) = &self.moe else {
+            return Ok(config);
+        };
+        MoeConfig::new(moe.experts, moe.top_k, moe.hidden, moe.aux_coefficient)
+            .map(|moe| config.with_moe(moe))
             .map_err(|e| e.to_string())
     }
 }
@@ -197,8 +231,23 @@ pub fn expected_parameters(config: &GptConfig) -> Result<Vec<(String, Vec<usize>
         .map_err(TrainError::kernel("listing the model's parameters"))
 }
 
-/// GPT-2's `config.json` for `config` with weights of `dtype`.
+/// GPT-2's `config.json` for `config` with weights of `dtype`; a model with a mixture of experts
+/// adds its shape (`n_experts`, `n_experts_per_token`, `expert_n_inner`,
+/// `router_aux_loss_coef`), which GPT-2's loader ignores (its weights, under `moe.`, are not
+/// GPT-2's).
 pub fn gpt2_config_json(config: &GptConfig, dtype: DType) -> serde_json::Value {
+    let mut json = gpt2_json(config, dtype);
+    if let (Some(moe), Some(fields)) = (config.moe(), json.as_object_mut()) {
+        fields.insert("n_experts".into(), moe.experts().into());
+        fields.insert("n_experts_per_token".into(), moe.top_k().into());
+        fields.insert("expert_n_inner".into(), moe.hidden().into());
+        fields.insert("router_aux_loss_coef".into(), moe.aux_coefficient().into());
+    }
+    json
+}
+
+/// GPT-2's own fields of `config.json`.
+fn gpt2_json(config: &GptConfig, dtype: DType) -> serde_json::Value {
     let torch_dtype = match dtype {
         DType::F64 => "float64",
         _ => "float32",

@@ -91,7 +91,6 @@ pub fn run<P: Planner>(
     options: &TrainOptions,
     planner: impl FnOnce(usize) -> Result<P, Failure>,
 ) -> Result<(), Failure> {
-    let mpi = start_mpi(options)?;
     if options.dp == 0 {
         return Err(Failure::bad(
             "--dp 0: there must be at least one data-parallel replica",
@@ -110,6 +109,12 @@ pub fn run<P: Planner>(
         options.seq_len,
     )
     .map_err(|e| Failure::bad(e.to_string()))?;
+    let mixture = options.mixture(config.mlp_hidden())?;
+    let (config, expert_ranks) = match mixture {
+        Some((moe, ranks)) => (config.with_moe(moe), ranks),
+        None => (config, 1),
+    };
+    let mpi = start_mpi(options)?;
     let planner = planner(threads)?;
     let plan = planner.plan()?;
     let corpus = match &options.data {
@@ -142,6 +147,7 @@ pub fn run<P: Planner>(
         layers_per_stage: options.layers_per_stage.clone(),
         variable_length: options.variable_length,
         fingerprint: options.fingerprint(),
+        expert_ranks,
     };
     let mut trainer = make_trainer(&mpi, &plan, &corpus, settings)?;
     let run = Run {

@@ -4,8 +4,12 @@
 use super::{Backend, Failure};
 use crate::stage::Injection;
 use clap::Args;
+use pipeweave_kernels::MoeConfig;
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// The load-balancing loss's coefficient without `--aux-coefficient` (Switch Transformer's).
+pub const DEFAULT_AUX_COEFFICIENT: f64 = 0.01;
 
 /// The options of a training run (`pipeweave train`, `examples/train_gpt.rs`; TRAIN.md).
 #[derive(Clone, Debug, Args)]
@@ -31,6 +35,21 @@ pub struct TrainOptions {
     /// Attention heads.
     #[arg(long, default_value_t = 4)]
     pub heads: usize,
+    /// Experts per block: the blocks' MLPs become routed mixtures of E experts (each an MLP of
+    /// the model's MLP width), each token to its --top-k.
+    #[arg(long, value_name = "E")]
+    pub experts: Option<usize>,
+    /// Experts each token goes to (with --experts; default 2, or E where E < 2).
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+    /// Expert ranks per pipeline rank (with --experts; must divide E; world D x P x X): each
+    /// holds and runs E/X experts of every block, the ranks of a stage exchanging expert rows.
+    #[arg(long, value_name = "X")]
+    pub expert_parallel: Option<u32>,
+    /// The scale of the mixture's load-balancing loss (with --experts), added to the training
+    /// loss as its mean over microbatches summed over blocks (the logged loss stays the LM loss).
+    #[arg(long, value_name = "C")]
+    pub aux_coefficient: Option<f64>,
     /// Tokens (bytes) per sequence.
     #[arg(long, default_value_t = 64)]
     pub seq_len: usize,
@@ -128,12 +147,73 @@ pub struct TrainOptions {
 }
 
 impl TrainOptions {
-    /// `--threads-per-rank`, or the machine's cores shared by every rank of every replica.
+    /// `--threads-per-rank`, or the machine's cores shared by every rank of every replica (and
+    /// every expert rank).
     pub fn threads(&self) -> usize {
         self.threads_per_rank.unwrap_or_else(|| {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            (cores / (self.ranks * self.dp).max(1) as usize).max(1)
+            (cores / self.world().max(1) as usize).max(1)
         })
+    }
+
+    /// The ranks of the run: ranks x dp x expert ranks.
+    pub fn world(&self) -> u32 {
+        self.ranks * self.dp * self.expert_parallel.unwrap_or(1).max(1)
+    }
+
+    /// The mixture of experts of `--experts`, `--top-k` and `--aux-coefficient` for a model of
+    /// MLP width `hidden`, and `--expert-parallel` (expert ranks per pipeline rank, 1 without):
+    /// `None` without `--experts`; bad input where they do not fit together.
+    pub fn mixture(&self, hidden: usize) -> Result<Option<(MoeConfig, u32)>, Failure> {
+        let Some(experts) = self.experts else {
+            let given = [
+                ("--top-k", self.top_k.is_some()),
+                ("--expert-parallel", self.expert_parallel.is_some()),
+                ("--aux-coefficient", self.aux_coefficient.is_some()),
+            ];
+            return match given.iter().find(|(_, given)| *given) {
+                Some((option, _)) => Err(Failure::bad(format!(
+                    "{option} needs --experts E (a mixture of experts)"
+                ))),
+                None => Ok(None),
+            };
+        };
+        if experts == 0 {
+            return Err(Failure::bad(
+                "--experts 0: a mixture needs at least one expert",
+            ));
+        }
+        let top_k = self.top_k.unwrap_or(experts.min(2));
+        if top_k == 0 {
+            return Err(Failure::bad(
+                "--top-k 0: each token must go to at least one expert",
+            ));
+        }
+        if top_k > experts {
+            return Err(Failure::bad(format!(
+                "--top-k {top_k} is above --experts {experts}: a token goes to distinct experts"
+            )));
+        }
+        let ranks = self.expert_parallel.unwrap_or(1);
+        if ranks == 0 {
+            return Err(Failure::bad(
+                "--expert-parallel 0: there must be at least one expert rank",
+            ));
+        }
+        if experts % ranks as usize != 0 {
+            return Err(Failure::bad(format!(
+                "--expert-parallel {ranks} does not divide --experts {experts}: each expert rank holds E/X experts"
+            )));
+        }
+        if ranks > 1 && self.backend == Backend::Mpi {
+            return Err(Failure::bad(format!(
+                "--expert-parallel {ranks} runs on --backend threads only (not yet on MPI)"
+            )));
+        }
+        let coefficient = self.aux_coefficient.unwrap_or(DEFAULT_AUX_COEFFICIENT);
+        let config = MoeConfig::new(experts, top_k, hidden, coefficient)
+            .map_err(|e| Failure::bad(format!("--aux-coefficient {coefficient}: {e}")))?;
+        Ok(Some((config, ranks)))
     }
 
     /// `--timeout` as a duration.
@@ -149,7 +229,7 @@ impl TrainOptions {
 
     /// `--fail R@S` and `--stall R@S`.
     pub fn injections(&self) -> Result<Vec<(u32, u64, Injection)>, Failure> {
-        let world = self.ranks * self.dp;
+        let world = self.world();
         let parse = |option: &str, text: &str| -> Result<(u32, u64), Failure> {
             let parsed = text
                 .split_once('@')
@@ -157,7 +237,7 @@ impl TrainOptions {
             match parsed {
                 Some((rank, step)) if rank < world && step >= 1 => Ok((rank, step)),
                 _ => Err(Failure::bad(format!(
-                    "{option} {text}: expected RANK@STEP with RANK below {world} (ranks x dp) and STEP from 1"
+                    "{option} {text}: expected RANK@STEP with RANK below {world} (ranks x dp x expert ranks) and STEP from 1"
                 ))),
             }
         };

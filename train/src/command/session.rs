@@ -75,11 +75,15 @@ pub(super) fn train(run: &Run<'_>, trainer: &mut Trainer) -> Result<(), Failure>
     let mean_tail = tail.iter().sum::<f64>() / tail.len().max(1) as f64;
     let summary = match (first, eval_curve.last()) {
         (Some(first), Some((_, eval))) => format!(
-            "{} steps of {} on {} ranks{} ({} bytes of {}): loss {:.4} -> {:.4} (mean of the last {}), held-out {:.4}",
+            "{} steps of {} on {} ranks{}{} ({} bytes of {}): loss {:.4} -> {:.4} (mean of the last {}), held-out {:.4}",
             end,
             options.schedule,
             options.ranks,
             if options.dp > 1 { format!(" x {} replicas", options.dp) } else { String::new() },
+            match options.expert_parallel {
+                Some(x) if x > 1 => format!(" x {x} expert ranks"),
+                _ => String::new(),
+            },
             corpus.bytes().len(),
             corpus.origin().display(),
             first.loss,

@@ -1,12 +1,13 @@
 //! The stages a rank holds: each one's position in the model cut and its layers (a
-//! [`StageModel`], its tensors shared with the model's), and which of them hand their output to
+//! [`StageModel`], its tensors shared with the model's; on an expert rank, its mixtures' experts
+//! those of the rank's shard), and which of them hand their output to
 //! another rank (or to the loss), whose output stays live until freed.
 
 use crate::cut::ModelCut;
 use crate::error::TrainError;
 use pipeweave_backends::StageError;
 use pipeweave_core::{Problem, RankId, StageId};
-use pipeweave_kernels::StageModel;
+use pipeweave_kernels::{ExpertPlacement, StageModel};
 use std::collections::{BTreeMap, HashSet};
 
 /// A stage of this rank: its position along the route and its layers.
@@ -50,6 +51,21 @@ impl HeldStages {
             stages,
             outputs_leave: outputs_leaving(rank, problem),
         })
+    }
+
+    /// Runs every stage's mixtures of experts as the expert rank of `placement` does: its
+    /// experts only, their rows exchanged with its group.
+    pub(crate) fn place_experts(&mut self, placement: &ExpertPlacement) -> Result<(), TrainError> {
+        for (stage, held) in &mut self.stages {
+            held.model =
+                held.model
+                    .clone()
+                    .with_experts(placement)
+                    .map_err(TrainError::kernel_config(format!(
+                        "the experts of stage {stage}"
+                    )))?;
+        }
+        Ok(())
     }
 
     /// The rank.

@@ -77,7 +77,9 @@ use pipeweave_backends::{Capabilities, StageCompute, StageError};
 use pipeweave_core::{
     FailureKind, Instr, OpKind, Problem, RankId, RankProgram, StageId, Task, Work,
 };
-use pipeweave_kernels::{SequenceState, StageModel, StagePendingWeightGrad, StageSaved};
+use pipeweave_kernels::{
+    ExpertPlacement, SequenceState, StageModel, StagePendingWeightGrad, StageSaved,
+};
 use recompute::WeightRecomputes;
 use record::Recorder;
 use std::collections::{BTreeMap, HashSet};
@@ -139,6 +141,18 @@ impl GptStage {
     pub fn with_offset(mut self, offset: u32) -> GptStage {
         self.feed.set_offset(offset);
         self
+    }
+
+    /// Runs this rank's mixtures of experts as the expert rank of `placement` does (its
+    /// experts only, their rows exchanged with its group; `None`: every expert here).
+    pub fn with_experts(
+        mut self,
+        placement: Option<&ExpertPlacement>,
+    ) -> Result<GptStage, TrainError> {
+        if let Some(placement) = placement {
+            self.stages.place_experts(placement)?;
+        }
+        Ok(self)
     }
 
     /// Injects `injection` into this rank's first forward.

@@ -43,23 +43,32 @@
 //! dispatch needs its counts on the host anyway, and the choice is then the same on every
 //! machine for the same logits.
 //!
+//! # Expert parallelism
+//!
+//! [`Moe::on_shard`] (`placement.rs`) is the layer as one of `X` expert-parallel ranks runs it:
+//! its [`Layer`] passes run every phase on the rank's tokens, its own experts only, with the
+//! [`ExpertExchange`] of an [`ExpertPlacement`] between the experts and the combine (and between
+//! the experts' backward and the dispatch's), giving the bits of the whole layer.
+//!
 //! Parameters, in order: `router.weight` (`[d, E]`), `router.bias` (`[E]`), then for each
-//! expert `e` in `0..E`: `experts.{e}.c_fc.weight`, `experts.{e}.c_fc.bias`,
-//! `experts.{e}.c_proj.weight`, `experts.{e}.c_proj.bias`.
+//! expert `e` in `0..E` (of the shard, on an expert-parallel rank): `experts.{e}.c_fc.weight`,
+//! `experts.{e}.c_fc.bias`, `experts.{e}.c_proj.weight`, `experts.{e}.c_proj.bias`.
 
 mod exchange;
 mod experts;
+mod placement;
 mod routing;
 
 #[cfg(test)]
 pub(crate) mod oracle;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use candle_core::{DType, Tensor};
 
 pub use exchange::CombineSaved;
 pub use experts::{ExpertBank, ExpertRows, ExpertsPending, ExpertsSaved};
+pub use placement::{ExchangePhase, ExpertExchange, ExpertPlacement};
 pub use routing::{RouterPending, RouterSaved, Routing, RoutingGrad};
 
 use super::linear::Linear;
@@ -68,17 +77,22 @@ use super::protocol::{held_tensors, joined, Layer, NamedParameters, ParameterSlo
 use crate::check;
 use crate::config::{ExpertShard, MoeConfig};
 use crate::error::{KernelError, Result};
+use crate::init::{ParameterFactory, INIT_STD};
 use crate::primitives::Primitives;
 
 const LAYER: &str = "Moe";
 
 /// A mixture-of-experts feed-forward sub-layer: a router and `E` expert MLPs, each token sent to
-/// its top-k experts (see the module doc).
+/// its top-k experts (see the module doc); on an expert-parallel rank, the router and its
+/// shard's experts.
 #[derive(Debug, Clone)]
 pub struct Moe {
     config: MoeConfig,
     router: Linear,
+    /// Every expert, or the placement's.
     bank: ExpertBank,
+    /// Where the experts run: `None` on one rank holding them all.
+    placement: Option<ExpertPlacement>,
 }
 
 /// What [`Moe::forward`] keeps: the routing and each phase's state.
@@ -148,6 +162,7 @@ impl Moe {
             config,
             router,
             bank,
+            placement: None,
         })
     }
 
@@ -171,7 +186,7 @@ impl Moe {
         &self.router
     }
 
-    /// All `E` experts.
+    /// The experts this layer holds: all `E`, or on an expert-parallel rank its shard's.
     pub fn bank(&self) -> &ExpertBank {
         &self.bank
     }
@@ -231,12 +246,12 @@ impl Layer for Moe {
     type PendingWeightGrad = MoePendingWeightGrad;
     type InputGrad = Tensor;
 
-    /// The four phases on one rank holding every expert.
+    /// The four phases: every expert on one rank, or this rank's with the exchange.
     fn forward(&self, ops: &dyn Primitives, input: &Tensor) -> Result<(Tensor, MoeSaved)> {
         let (routing, router) = self.route(ops, input)?;
-        let whole = ExpertShard::whole(&self.config);
-        let rows = self.dispatch(ops, input, &routing, whole)?;
-        let (outputs, experts) = self.experts(ops, &rows)?;
+        let rows = self.dispatch(ops, input, &routing, self.shard())?;
+        let (own, experts) = self.bank.forward(ops, &rows)?;
+        let outputs = self.gather(ExchangePhase::Combine, own)?;
         let (output, combine) = self.combine(ops, &routing, &outputs)?;
         let saved = MoeSaved {
             routing,
@@ -247,7 +262,8 @@ impl Layer for Moe {
         Ok((output, saved))
     }
 
-    /// The backward phases on one rank; the gradient is of `L + aux` (see the module doc).
+    /// The backward phases (this rank's experts with the exchange, on an expert-parallel
+    /// rank); the gradient is of `L + aux` (see the module doc).
     fn backward_input(
         &self,
         ops: &dyn Primitives,
@@ -257,9 +273,13 @@ impl Layer for Moe {
         let routing = &saved.routing;
         let (grad_outputs, grad_weights) =
             self.combine_backward(ops, routing, saved.combine, grad_output)?;
-        let (grad_rows, experts) = self
-            .bank
-            .backward_input(ops, saved.experts, &grad_outputs)?;
+        let shard = self.shard();
+        let own: Vec<ExpertRows> = grad_outputs
+            .into_iter()
+            .filter(|part| shard.holds(part.expert()))
+            .collect();
+        let (grad_rows, experts) = self.bank.backward_input(ops, saved.experts, &own)?;
+        let grad_rows = self.gather(ExchangePhase::DispatchBackward, grad_rows)?;
         let from_experts = self.dispatch_backward(ops, routing, &grad_rows)?;
         let (from_router, router) =
             self.route_backward(ops, routing, saved.router, &grad_weights)?;
@@ -275,6 +295,31 @@ impl Layer for Moe {
         let mut grads = self.router_backward_weight(ops, pending.router)?;
         grads.extend(self.bank.backward_weight(ops, pending.experts)?);
         Ok(grads)
+    }
+}
+
+impl ParameterFactory<'_> {
+    /// The mixture `config` of width `d` under `prefix`, GPT-2-initialised: the router's and the
+    /// experts' `c_fc` weights `N(0, 0.02²)`, the experts' `c_proj` weights
+    /// `N(0, residual_std²)` (a block's MLP's), biases 0.
+    pub(crate) fn moe(
+        &self,
+        prefix: &str,
+        d: usize,
+        config: &MoeConfig,
+        residual_std: f64,
+    ) -> Result<Moe> {
+        let router = self.linear(&format!("{prefix}.router"), d, config.experts(), INIT_STD)?;
+        let hidden = config.hidden();
+        let experts = (0..config.experts())
+            .map(|e| {
+                let expert = format!("{prefix}.experts.{e}");
+                let c_fc = self.linear(&format!("{expert}.c_fc"), d, hidden, INIT_STD)?;
+                let c_proj = self.linear(&format!("{expert}.c_proj"), hidden, d, residual_std)?;
+                Mlp::new(c_fc, c_proj)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Moe::new(*config, router, experts)
     }
 }
 

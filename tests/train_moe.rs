@@ -1,0 +1,176 @@
+//! `pipeweave train --experts E --top-k K --expert-parallel X` (TRAIN.md): a GPT whose blocks'
+//! MLPs are routed mixtures of experts trains through every schedule, with `--deterministic`
+//! bit-identical across schedules, pipeline ranks, data-parallel replicas and expert ranks
+//! (`X > 1` gives the bits of `X = 1`); it really routes (its losses are not the dense model's)
+//! and learns; its checkpoints resume at another `X`; bad sizes are refused in one line.
+
+mod common;
+
+use common::cli::{cli, scratch_dir, Cli};
+use std::path::Path;
+
+/// A tiny deterministic run on a fixed text: a two-block model.
+const TINY: &[&str] = &[
+    "--data",
+    concat!(env!("CARGO_MANIFEST_DIR"), "/ARCHITECTURE.md"),
+    "--layers",
+    "2",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--seq-len",
+    "32",
+    "--microbatch-size",
+    "2",
+    "--deterministic",
+    "--threads-per-rank",
+    "1",
+];
+
+/// The schedules of the issue: 1F1B, ZB-V, DualPipe and DualPipeV.
+const SCHEDULES: &[&str] = &[
+    "f1b(gpipe)",
+    "zero_bubble(vpp(f1b(gpipe), chunks=2, layout=v))",
+    "zero_bubble(dual(f1b(gpipe)))",
+    "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
+];
+
+/// The logged losses of `pipeweave train` on [`TINY`] with the options of `line` (the run must
+/// exit 0).
+fn losses(name: &str, line: &str) -> Vec<f64> {
+    let dir = scratch_dir(&format!("train-moe-{name}"));
+    let log = dir.join("log.jsonl");
+    train().line(line).arg("--log").arg(&log).ok();
+    let losses = logged(&log);
+    let _ = std::fs::remove_dir_all(&dir);
+    losses
+}
+
+/// `pipeweave train` on [`TINY`].
+fn train() -> Cli {
+    cli("train").args(TINY)
+}
+
+/// The losses of a `--log` file.
+fn logged(log: &Path) -> Vec<f64> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Three steps of 4 experts, top-2, `x` expert ranks, on `p` ranks through `schedule` with `m`
+/// microbatches.
+fn moe(schedule: &str, p: u32, x: u32, m: u32) -> String {
+    format!(
+        "--schedule {schedule} --ranks {p} --microbatches {m} --experts 4 --top-k 2 \
+         --expert-parallel {x} --steps 3"
+    )
+}
+
+#[test]
+fn moe_losses_are_bit_identical_across_schedules_ranks_and_expert_ranks() {
+    let reference = losses("reference", &moe(SCHEDULES[0], 1, 1, 4));
+    assert_eq!(reference.len(), 3);
+    assert!(reference.iter().all(|l| l.is_finite()), "{reference:?}");
+    let mut cases: Vec<String> = Vec::new();
+    for schedule in SCHEDULES {
+        for x in [1, 2] {
+            cases.push(moe(schedule, 2, x, 4));
+        }
+    }
+    for schedule in [SCHEDULES[0], SCHEDULES[3]] {
+        cases.push(moe(schedule, 4, 2, 4));
+    }
+    // Recomputation as the plan says, and of every stage; data parallelism beside the experts.
+    let recompute = "recompute(zero_bubble(dual(vpp(f1b(gpipe), chunks=2))), memory=3)";
+    cases.push(moe(recompute, 2, 2, 4));
+    cases.push(moe(recompute, 2, 4, 4));
+    cases.push(moe(SCHEDULES[1], 2, 2, 4) + " --recompute");
+    cases.push(moe(SCHEDULES[0], 2, 2, 2) + " --dp 2");
+    for (i, case) in cases.iter().enumerate() {
+        let ours = losses(&format!("case-{i}"), case);
+        assert_eq!(ours, reference, "{case} against one rank's MoE run");
+    }
+}
+
+#[test]
+fn an_moe_run_routes_learns_and_adds_its_balancing_loss() {
+    let steps = "--steps 6 --lr 1e-2 --microbatches 4";
+    let dense = losses("dense", steps);
+    let moe = format!("{steps} --experts 4 --top-k 2 --expert-parallel 2");
+    let routed = losses("moe", &moe);
+    assert_ne!(routed, dense, "an MoE model is not the dense one");
+    assert!(routed.iter().all(|l| l.is_finite()), "{routed:?}");
+    assert!(
+        routed[5] < routed[0] - 0.1,
+        "the loss decreases: {routed:?}"
+    );
+    // The logged loss is the LM loss: the first step's does not see the balancing loss, the
+    // next ones train with its gradient.
+    let unbalanced = losses("unbalanced", &format!("{moe} --aux-coefficient 0"));
+    assert_eq!(unbalanced[0], routed[0]);
+    let later = (&unbalanced[1..], &routed[1..]);
+    assert_ne!(later.0, later.1, "the balancing loss's gradient flows");
+}
+
+#[test]
+fn a_checkpoint_of_an_expert_parallel_run_resumes_on_one_expert_rank() {
+    let dir = scratch_dir("train-moe-resume");
+    let checkpoint = dir.join("moe.safetensors");
+    let parallel = moe(SCHEDULES[0], 2, 2, 4);
+    let whole = losses("uninterrupted", &parallel);
+    let first = dir.join("first.jsonl");
+    train()
+        .line(&parallel)
+        .line("--stop-after 2 --save")
+        .arg(&checkpoint)
+        .arg("--log")
+        .arg(&first)
+        .ok();
+    let config = std::fs::read_to_string(dir.join("moe.safetensors.config.json")).unwrap();
+    assert!(config.contains("\"n_experts\": 4"), "{config}");
+    let rest = dir.join("rest.jsonl");
+    train()
+        .line(&moe(SCHEDULES[0], 2, 1, 4))
+        .arg("--resume")
+        .arg(&checkpoint)
+        .arg("--log")
+        .arg(&rest)
+        .ok();
+    let resumed: Vec<f64> = logged(&first).into_iter().chain(logged(&rest)).collect();
+    // A dense run cannot resume it.
+    let dense = train().line("--steps 3 --resume").arg(&checkpoint).output();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(resumed, whole);
+    let refusal = String::from_utf8(dense.stderr).unwrap();
+    assert_eq!(dense.status.code(), Some(2), "{refusal}");
+    assert!(refusal.contains("n_experts"), "{refusal}");
+}
+
+#[test]
+fn bad_mixture_options_are_one_line_and_exit_2() {
+    let refused = |line: &str, expected: &str| train().line(line).refused(expected);
+    refused("--experts 2 --top-k 3", "--top-k 3 is above --experts 2");
+    refused(
+        "--experts 4 --expert-parallel 3",
+        "--expert-parallel 3 does not divide --experts 4",
+    );
+    refused("--top-k 2", "--top-k needs --experts");
+    refused("--expert-parallel 2", "--expert-parallel needs --experts");
+    refused("--aux-coefficient 0.1", "--aux-coefficient needs --experts");
+    refused("--experts 0", "--experts 0");
+    refused("--experts 4 --top-k 0", "--top-k 0");
+    refused("--experts 4 --expert-parallel 0", "--expert-parallel 0");
+    refused("--experts 4 --aux-coefficient=-1", "--aux-coefficient -1");
+    refused(
+        "--experts 4 --expert-parallel 2 --backend mpi",
+        "--expert-parallel 2 runs on --backend threads only",
+    );
+}

@@ -1,0 +1,310 @@
+//! The threads backend's expert exchange: a step's groups of expert-parallel ranks
+//! ([`ExpertGroups`]), each rank's endpoint ([`ChannelExchange`], the kernels'
+//! [`ExpertExchange`] over channels) and the flag a failing rank raises so that its group does
+//! not wait for it.
+//!
+//! A group is the `X` expert ranks of one pipeline rank of one data-parallel replica; they run
+//! the same program, so they call the exchange for the same layers in the same order. Each call
+//! sends this rank's rows to every other rank of the group (a channel per ordered pair; a send
+//! never waits) and receives theirs, one message per peer, checked against the call's number and
+//! phase. A receive gives up when the peer is gone (its stage was dropped), when any rank of the
+//! step raised the failure flag ([`super::Watched`]), or after the run's receive timeout.
+
+use pipeweave_core::RankId;
+use pipeweave_kernels::{ExchangePhase, ExpertExchange, ExpertRows, KernelError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::ExpertRank;
+
+/// How often a waiting receive looks at the step's failure flag.
+const POLL: Duration = Duration::from_millis(10);
+
+/// One call's rows from one rank of the group.
+#[derive(Debug)]
+struct Message {
+    /// The sender's call number (1 first).
+    call: u64,
+    phase: ExchangePhase,
+    rows: Vec<ExpertRows>,
+}
+
+/// Where an endpoint sits: its replica, its pipeline rank and its expert rank.
+#[derive(Debug, Clone, Copy)]
+struct Member {
+    replica: u32,
+    rank: RankId,
+    expert: ExpertRank,
+}
+
+impl std::fmt::Display for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "expert rank {} of rank {} (replica {})",
+            self.expert.get(),
+            self.rank,
+            self.replica
+        )
+    }
+}
+
+/// What an endpoint receives from: one channel per peer, and its calls so far.
+#[derive(Debug)]
+struct Inbox {
+    calls: u64,
+    from: Vec<(ExpertRank, Receiver<Message>)>,
+}
+
+/// One expert rank's endpoint of its group's exchange.
+#[derive(Debug)]
+pub(crate) struct ChannelExchange {
+    at: Member,
+    to: Vec<(ExpertRank, Sender<Message>)>,
+    inbox: Mutex<Inbox>,
+    timeout: Duration,
+    failed: Arc<AtomicBool>,
+}
+
+/// A step's expert-parallel groups: for every replica and pipeline rank, `X` endpoints wired to
+/// one another, handed out once each.
+pub(crate) struct ExpertGroups {
+    /// Indexed `(replica · P + rank) · X + expert`.
+    endpoints: Vec<Option<ChannelExchange>>,
+    ranks: u32,
+    experts: u32,
+    failed: Arc<AtomicBool>,
+}
+
+impl ExpertGroups {
+    /// The groups of `replicas` pipelines of `ranks` ranks, each rank `experts` expert ranks;
+    /// a receive waits at most `timeout`.
+    pub(crate) fn new(replicas: u32, ranks: u32, experts: u32, timeout: Duration) -> Self {
+        let failed = Arc::new(AtomicBool::new(false));
+        let mut endpoints = Vec::new();
+        for replica in 0..replicas {
+            for rank in 0..ranks {
+                let members = (0..experts).map(|x| Member {
+                    replica,
+                    rank: RankId::new(rank),
+                    expert: ExpertRank::new(x),
+                });
+                endpoints.extend(
+                    group(members.collect(), timeout, &failed)
+                        .into_iter()
+                        .map(Some),
+                );
+            }
+        }
+        ExpertGroups {
+            endpoints,
+            ranks,
+            experts,
+            failed,
+        }
+    }
+
+    /// The endpoint of expert rank `expert` of `rank` of `replica`, once.
+    pub(crate) fn take(
+        &mut self,
+        replica: u32,
+        rank: RankId,
+        expert: ExpertRank,
+    ) -> Option<ChannelExchange> {
+        let index = (replica * self.ranks + rank.get()) * self.experts + expert.get();
+        self.endpoints.get_mut(index as usize)?.take()
+    }
+
+    /// The flag a failing rank of the step raises.
+    pub(crate) fn failure_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.failed)
+    }
+}
+
+/// The endpoints of one group, by expert rank: a channel for every ordered pair.
+fn group(
+    members: Vec<Member>,
+    timeout: Duration,
+    failed: &Arc<AtomicBool>,
+) -> Vec<ChannelExchange> {
+    let mut to: Vec<Vec<(ExpertRank, Sender<Message>)>> =
+        members.iter().map(|_| Vec::new()).collect();
+    let mut from: Vec<Vec<(ExpertRank, Receiver<Message>)>> =
+        members.iter().map(|_| Vec::new()).collect();
+    for (s, sender) in members.iter().enumerate() {
+        for (r, receiver) in members.iter().enumerate().filter(|&(r, _)| r != s) {
+            let (tx, rx) = channel();
+            to[s].push((receiver.expert, tx));
+            from[r].push((sender.expert, rx));
+        }
+    }
+    members
+        .into_iter()
+        .zip(to.into_iter().zip(from))
+        .map(|(at, (to, from))| ChannelExchange {
+            at,
+            to,
+            inbox: Mutex::new(Inbox { calls: 0, from }),
+            timeout,
+            failed: Arc::clone(failed),
+        })
+        .collect()
+}
+
+impl ChannelExchange {
+    /// The error of `phase` at this endpoint, saying `what`.
+    fn error(&self, phase: ExchangePhase, what: String) -> KernelError {
+        KernelError::ExpertExchange {
+            phase: phase.name(),
+            reason: format!("{}: {what}", self.at),
+        }
+    }
+
+    /// The next message from `peer`: an error when it is gone, when the step failed elsewhere,
+    /// or after the timeout.
+    fn receive(
+        &self,
+        phase: ExchangePhase,
+        peer: ExpertRank,
+        from: &Receiver<Message>,
+    ) -> Result<Message, KernelError> {
+        let start = Instant::now();
+        loop {
+            match from.recv_timeout(POLL) {
+                Ok(message) => return Ok(message),
+                Err(RecvTimeoutError::Disconnected) => {
+                    let what = format!("expert rank {} of its group is gone", peer.get());
+                    return Err(self.error(phase, what));
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if self.failed.load(Ordering::Acquire) {
+                let what = format!(
+                    "stopped waiting for expert rank {}: another rank of the step failed",
+                    peer.get()
+                );
+                return Err(self.error(phase, what));
+            }
+            if start.elapsed() >= self.timeout {
+                let what = format!(
+                    "waited more than {} s for expert rank {}'s rows",
+                    self.timeout.as_secs_f64(),
+                    peer.get()
+                );
+                return Err(self.error(phase, what));
+            }
+        }
+    }
+}
+
+impl ExpertExchange for ChannelExchange {
+    fn exchange(
+        &self,
+        phase: ExchangePhase,
+        rows: Vec<ExpertRows>,
+    ) -> Result<Vec<ExpertRows>, KernelError> {
+        let mut inbox = self
+            .inbox
+            .lock()
+            .map_err(|_| self.error(phase, "its inbox was poisoned".into()))?;
+        inbox.calls += 1;
+        let call = inbox.calls;
+        for (peer, to) in &self.to {
+            let message = Message {
+                call,
+                phase,
+                rows: rows.clone(),
+            };
+            if to.send(message).is_err() {
+                let what = format!("expert rank {} of its group is gone", peer.get());
+                return Err(self.error(phase, what));
+            }
+        }
+        let mut all = rows;
+        for (peer, from) in &inbox.from {
+            let message = self.receive(phase, *peer, from)?;
+            if (message.call, message.phase) != (call, phase) {
+                let what = format!(
+                    "expert rank {} sent its rows of call {} ({}) for call {call} ({phase}): \
+                     the group's ranks ran different programs",
+                    peer.get(),
+                    message.call,
+                    message.phase
+                );
+                return Err(self.error(phase, what));
+            }
+            all.extend(message.rows);
+        }
+        Ok(all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device, Tensor};
+
+    fn rows(expert: usize) -> Vec<ExpertRows> {
+        let t = Tensor::full(expert as f32, (1, 2), &Device::Cpu).unwrap();
+        vec![ExpertRows::new(expert, t.to_dtype(DType::F32).unwrap())]
+    }
+
+    #[test]
+    fn each_rank_gets_every_ranks_rows() {
+        let mut groups = ExpertGroups::new(1, 2, 3, Duration::from_secs(5));
+        let endpoints: Vec<ChannelExchange> = (0..3)
+            .map(|x| groups.take(0, RankId::new(1), ExpertRank::new(x)).unwrap())
+            .collect();
+        assert!(groups.take(0, RankId::new(1), ExpertRank::new(0)).is_none());
+        let got: Vec<Vec<usize>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = endpoints
+                .iter()
+                .enumerate()
+                .map(|(x, e)| {
+                    scope.spawn(move || {
+                        let all = e.exchange(ExchangePhase::Combine, rows(x)).unwrap();
+                        let mut experts: Vec<usize> = all.iter().map(|r| r.expert()).collect();
+                        experts.sort_unstable();
+                        experts
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(got, vec![vec![0, 1, 2]; 3]);
+    }
+
+    #[test]
+    fn a_rank_stops_waiting_when_a_peer_is_gone_or_the_step_failed() {
+        let mut groups = ExpertGroups::new(1, 1, 2, Duration::from_secs(30));
+        let ours = groups.take(0, RankId::new(0), ExpertRank::new(0)).unwrap();
+        let theirs = groups.take(0, RankId::new(0), ExpertRank::new(1)).unwrap();
+        groups.failure_flag().store(true, Ordering::Release);
+        let err = ours.exchange(ExchangePhase::Combine, rows(0)).unwrap_err();
+        assert!(
+            err.to_string().contains("another rank of the step failed"),
+            "{err}"
+        );
+        drop(theirs);
+        let err = ours
+            .exchange(ExchangePhase::DispatchBackward, rows(0))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "expert exchange (dispatch_backward): expert rank 0 of rank 0 (replica 0): \
+             expert rank 1 of its group is gone"
+        );
+    }
+
+    #[test]
+    fn a_rank_waits_no_longer_than_the_timeout() {
+        let mut groups = ExpertGroups::new(1, 1, 2, Duration::from_millis(50));
+        let ours = groups.take(0, RankId::new(0), ExpertRank::new(0)).unwrap();
+        let _theirs = groups.take(0, RankId::new(0), ExpertRank::new(1)).unwrap();
+        let err = ours.exchange(ExchangePhase::Combine, rows(0)).unwrap_err();
+        assert!(err.to_string().contains("waited more than 0.05 s"), "{err}");
+        assert!(err.is_exchange_failure());
+    }
+}

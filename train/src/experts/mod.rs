@@ -1,0 +1,202 @@
+//! Mixtures of experts in training: the load-balancing loss's share per microbatch
+//! ([`per_microbatch_aux`]) and expert parallelism ([`ExpertParallel`]).
+//!
+//! **Expert parallelism** (`--expert-parallel X`): every pipeline rank of every data-parallel
+//! replica is `X` expert ranks (world `D x P x X`, world rank `(d·X + x)·P + p`). The `X` ranks of
+//! a pipeline rank run the same program on the same microbatches: each runs the attention, the
+//! layer norms, the router, the embedding and the head on every token (replicated, the same
+//! bits), holds and runs only its `E/X` experts (kernels' [`ExpertPlacement`]: expert rank `x`
+//! holds experts `x·E/X .. (x+1)·E/X`), and exchanges rows with the others of its group
+//! ([`exchange`]): in each forward of a mixture every rank sends its experts' outputs to every
+//! other (the combine's all-to-all), in each input backward its experts' input gradients (the
+//! dispatch backward's). The dispatch itself needs no message: every rank has every token's row.
+//! Each expert sees the same rows in the same order as on one rank, and the combine adds them in
+//! one order, so `X > 1` gives the bits of `X = 1`.
+//!
+//! Why replicate the tokens rather than split each microbatch's sequences over the `X` ranks:
+//! with a split, the attention's and the router's weight gradients would be sums of `X` partial
+//! products (a product over fewer rows may round differently, and its sum is made in another
+//! order) and the load-balancing loss would be each slice's, so no split could give the bits of
+//! one rank.
+//!
+//! Weight gradients: the gradients of the replicated parameters are the same on every expert
+//! rank (the same computation); an expert's come from the rank holding it. The threads backend
+//! keeps one fold per expert rank and takes each parameter's sum from its owner
+//! ([`ExpertParallel::merge`]): expert rank 0 for the replicated ones, the holder for an
+//! expert's.
+
+mod exchange;
+mod watched;
+
+pub(crate) use exchange::ExpertGroups;
+pub(crate) use watched::Watched;
+
+use crate::error::TrainError;
+use candle_core::Tensor;
+use pipeweave_kernels::{
+    ExchangePhase, ExpertExchange, ExpertPlacement, ExpertRows, ExpertShard, GptConfig,
+    KernelError, StageModel,
+};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One of the `X` expert ranks of a pipeline rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ExpertRank(u32);
+
+impl ExpertRank {
+    /// Expert rank `x`.
+    pub fn new(x: u32) -> Self {
+        ExpertRank(x)
+    }
+
+    /// Its index.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+/// `config` with its mixture's load-balancing coefficient divided by `microbatches` (the global
+/// batch's microbatches, times the sequence chunks of each where a plan splits sequences): each
+/// microbatch's backward adds its own loss, so the step's is the mean over microbatches, times
+/// the coefficient, summed over the layers. A model without a mixture is unchanged.
+pub fn per_microbatch_aux(
+    config: &GptConfig,
+    microbatches: usize,
+) -> Result<GptConfig, TrainError> {
+    let Some(moe) = config.moe() else {
+        return Ok(*config);
+    };
+    let scaled = moe
+        .with_aux_coefficient(moe.aux_coefficient() / microbatches.max(1) as f64)
+        .map_err(TrainError::kernel_config("the load-balancing coefficient"))?;
+    Ok(config.with_moe(scaled))
+}
+
+/// A model's expert parallelism: each expert rank's shard, and which rank's gradient each
+/// parameter of each position takes.
+#[derive(Debug, Clone)]
+pub struct ExpertParallel {
+    shards: Vec<ExpertShard>,
+    /// Per position, per parameter (in the whole model's order): the expert rank whose
+    /// gradients give it and its index among that rank's.
+    owners: Vec<Vec<(usize, usize)>>,
+}
+
+impl ExpertParallel {
+    /// `ranks` expert ranks over the experts of `config`, whose positions' models are `models`
+    /// (as one rank holding every expert has them). `ranks` must divide the experts.
+    pub fn new(config: &GptConfig, models: &[StageModel], ranks: u32) -> Result<Self, TrainError> {
+        let experts = config.moe().map_or(0, |moe| moe.experts());
+        if config.moe().is_none() {
+            return Err(TrainError::invalid(
+                "expert ranks",
+                ranks,
+                "expert parallelism needs a mixture of experts (--experts)",
+            ));
+        }
+        let shards = ExpertShard::all(ranks as usize, experts)
+            .map_err(TrainError::kernel_config("the expert ranks"))?;
+        let owners = models
+            .iter()
+            .enumerate()
+            .map(|(k, model)| owners_of(k, model, &shards))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ExpertParallel { shards, owners })
+    }
+
+    /// The number of expert ranks `X`.
+    pub fn ranks(&self) -> u32 {
+        self.shards.len() as u32
+    }
+
+    /// Expert rank `x`'s placement, exchanging through `exchange`.
+    pub(crate) fn placement(
+        &self,
+        x: ExpertRank,
+        exchange: Arc<dyn ExpertExchange>,
+    ) -> Result<ExpertPlacement, TrainError> {
+        let shard = self.shards.get(x.get() as usize).ok_or_else(|| {
+            TrainError::invariant(format!("no expert rank {} of {}", x.get(), self.ranks()))
+        })?;
+        Ok(ExpertPlacement::new(*shard, exchange))
+    }
+
+    /// Every position's gradients, in the whole model's parameter order, from each expert
+    /// rank's (`per_rank[x][k]`: rank `x`'s sums at position `k`, in its own order).
+    pub(crate) fn merge(
+        &self,
+        per_rank: &[Vec<Vec<Tensor>>],
+    ) -> Result<Vec<Vec<Tensor>>, TrainError> {
+        self.owners
+            .iter()
+            .enumerate()
+            .map(|(k, owners)| {
+                owners
+                    .iter()
+                    .map(|&(x, i)| {
+                        let grad = per_rank
+                            .get(x)
+                            .and_then(|r| r.get(k))
+                            .and_then(|g| g.get(i));
+                        grad.cloned().ok_or_else(|| {
+                            TrainError::invariant(format!(
+                                "expert rank {x} has no gradient {i} at position {k}"
+                            ))
+                        })
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// Which expert rank's gradient gives each parameter of position `k`'s `model`: the first rank
+/// whose share of the model has it (rank 0 for the replicated parameters).
+fn owners_of(
+    k: usize,
+    model: &StageModel,
+    shards: &[ExpertShard],
+) -> Result<Vec<(usize, usize)>, TrainError> {
+    let mut held: Vec<HashMap<String, usize>> = Vec::with_capacity(shards.len());
+    for &shard in shards {
+        let placement = ExpertPlacement::new(shard, Arc::new(Unconnected));
+        let share = model
+            .clone()
+            .with_experts(&placement)
+            .map_err(TrainError::kernel_config(format!(
+                "the expert ranks of position {k}"
+            )))?;
+        let names = share.parameter_names().into_iter();
+        held.push(names.enumerate().map(|(i, name)| (name, i)).collect());
+    }
+    model
+        .parameter_names()
+        .into_iter()
+        .map(|name| {
+            held.iter()
+                .enumerate()
+                .find_map(|(x, names)| names.get(&name).map(|&i| (x, i)))
+                .ok_or_else(|| {
+                    TrainError::invariant(format!("no expert rank holds the parameter {name}"))
+                })
+        })
+        .collect()
+}
+
+/// The exchange of a placement that only lists a rank's parameters: it never runs a layer.
+#[derive(Debug)]
+struct Unconnected;
+
+impl ExpertExchange for Unconnected {
+    fn exchange(
+        &self,
+        phase: ExchangePhase,
+        _rows: Vec<ExpertRows>,
+    ) -> Result<Vec<ExpertRows>, KernelError> {
+        Err(KernelError::ExpertExchange {
+            phase: phase.name(),
+            reason: "a placement made to list parameters has no group".into(),
+        })
+    }
+}
