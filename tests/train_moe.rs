@@ -2,9 +2,15 @@
 //! MLPs are routed mixtures of experts trains through every schedule, with `--deterministic`
 //! bit-identical across schedules, pipeline ranks, data-parallel replicas and expert ranks
 //! (`X > 1` gives the bits of `X = 1`); it really routes (its losses are not the dense model's)
-//! and learns; its checkpoints resume at another `X`; bad sizes are refused in one line.
+//! and learns; its checkpoints resume at another `X`; bad sizes are refused in one line. Under
+//! MPI (cargo feature `mpi`, with `train_gpt` built with it as .ci/mpi does), a mixture on one
+//! expert rank per process logs the threads' losses bit for bit.
 
 mod common;
+#[cfg(feature = "mpi")]
+#[allow(dead_code)]
+#[path = "common/mpi_jobs.rs"]
+mod mpi_jobs;
 
 use common::cli::{cli, scratch_dir, Cli};
 use std::path::Path;
@@ -173,4 +179,35 @@ fn bad_mixture_options_are_one_line_and_exit_2() {
         "--experts 4 --expert-parallel 2 --backend mpi",
         "--expert-parallel 2 runs on --backend threads only",
     );
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn under_mpi_a_mixture_logs_the_threads_losses_bit_for_bit() {
+    let dir = scratch_dir("train-moe-mpi");
+    let line = moe(SCHEDULES[2], 2, 1, 4);
+    let args: Vec<String> = TINY
+        .iter()
+        .map(|a| a.to_string())
+        .chain(common::cli::words(&line))
+        .collect();
+    let run = |mut command: std::process::Command, name: &str| {
+        let log = dir.join(format!("{name}.jsonl"));
+        let out = command.args(&args).arg("--log").arg(&log).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            common::cli::stderr(&out)
+        );
+        logged(&log)
+    };
+    let threads = run(common::train_gpt(), "threads");
+    let mut mpirun = mpi_jobs::mpirun_command(2);
+    mpirun
+        .arg(common::train_gpt().get_program())
+        .args(["--backend", "mpi"]);
+    let mpi = run(mpirun, "mpi");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(threads.len(), 3);
+    assert_eq!(mpi, threads);
 }
