@@ -23,7 +23,8 @@
 //! rank (the same computation); an expert's come from the rank holding it. The threads backend
 //! keeps one fold per expert rank and takes each parameter's sum from its owner
 //! ([`ExpertParallel::merge`]): expert rank 0 for the replicated ones, the holder for an
-//! expert's.
+//! expert's. Evaluation (forward only) runs every expert on its pipeline rank: the same outputs.
+//! The MPI backend runs one expert rank per process's pipeline rank (`X = 1`).
 
 mod exchange;
 mod watched;
