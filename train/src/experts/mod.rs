@@ -201,3 +201,55 @@ impl ExpertExchange for Unconnected {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::DType;
+    use pipeweave_kernels::{MoeConfig, StageLayout};
+
+    fn config() -> GptConfig {
+        let moe = MoeConfig::new(4, 2, 16, 0.01).unwrap();
+        GptConfig::new(1, 8, 2, 8).unwrap().with_moe(moe)
+    }
+
+    #[test]
+    fn each_parameter_takes_its_gradient_from_its_owner() {
+        let config = config();
+        let layout = StageLayout::whole_model(&config);
+        let model = StageModel::new(config, layout, 1, DType::F32).unwrap();
+        let names = model.parameter_names();
+        let parallel = ExpertParallel::new(&config, std::slice::from_ref(&model), 2).unwrap();
+        let owner = |name: &str| {
+            let i = names.iter().position(|n| n == name).unwrap();
+            parallel.owners[0][i]
+        };
+        // Rank 1's share: the 8 replicated block parameters and the router after the embedding's
+        // two, then experts 2 and 3.
+        assert_eq!(owner("transformer.wte.weight"), (0, 0));
+        assert_eq!(owner("transformer.h.0.moe.router.bias"), (0, 11));
+        assert_eq!(owner("transformer.h.0.moe.experts.1.c_proj.bias"), (0, 19));
+        assert_eq!(owner("transformer.h.0.moe.experts.2.c_fc.weight"), (1, 12));
+        assert_eq!(owner("lm_head.weight"), (0, 22));
+        let tensor = |v: f32| Tensor::new(&[v], &candle_core::Device::Cpu).unwrap();
+        let per_rank: Vec<Vec<Vec<Tensor>>> = (0..2)
+            .map(|x| vec![(0..23).map(|i| tensor((100 * x + i) as f32)).collect()])
+            .collect();
+        let merged = parallel.merge(&per_rank).unwrap();
+        let value = |name: &str| {
+            let i = names.iter().position(|n| n == name).unwrap();
+            merged[0][i].to_vec1::<f32>().unwrap()[0]
+        };
+        assert_eq!(value("transformer.h.0.moe.experts.3.c_proj.bias"), 119.0);
+        assert_eq!(value("transformer.h.0.attn.c_attn.weight"), 4.0);
+        assert!(ExpertParallel::new(&config, &[model], 3).is_err());
+    }
+
+    #[test]
+    fn the_balancing_loss_is_shared_by_the_microbatches() {
+        let scaled = per_microbatch_aux(&config(), 8).unwrap();
+        assert_eq!(scaled.moe().unwrap().aux_coefficient(), 0.01 / 8.0);
+        let dense = GptConfig::new(1, 8, 2, 8).unwrap();
+        assert_eq!(per_microbatch_aux(&dense, 8).unwrap(), dense);
+    }
+}
