@@ -1,5 +1,5 @@
 //! [`Block`]: GPT-2's pre-norm transformer block, `h = x + attn(ln_1(x))`, then
-//! `y = h + mlp(ln_2(h))`. The pre-norm residual halves ([`residual`], [`residual_backward`])
+//! `y = h + mlp(ln_2(h))`. The pre-norm residual halves (`residual`, `residual_backward`)
 //! and the sub-layers' agreement check are shared with [`super::MoeBlock`], the same block with a
 //! mixture of experts for its MLP (a model's blocks are one or the other: [`GptConfig::moe`]).
 //!

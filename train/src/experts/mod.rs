@@ -7,7 +7,7 @@
 //! layer norms, the router, the embedding and the head on every token (replicated, the same
 //! bits), holds and runs only its `E/X` experts (kernels' [`ExpertPlacement`]: expert rank `x`
 //! holds experts `x·E/X .. (x+1)·E/X`), and exchanges rows with the others of its group
-//! ([`exchange`]): in each forward of a mixture every rank sends its experts' outputs to every
+//! (`exchange.rs`): in each forward of a mixture every rank sends its experts' outputs to every
 //! other (the combine's all-to-all), in each input backward its experts' input gradients (the
 //! dispatch backward's). The dispatch itself needs no message: every rank has every token's row.
 //! Each expert sees the same rows in the same order as on one rank, and the combine adds them in
@@ -22,7 +22,7 @@
 //! Weight gradients: the gradients of the replicated parameters are the same on every expert
 //! rank (the same computation); an expert's come from the rank holding it. The threads backend
 //! keeps one fold per expert rank and takes each parameter's sum from its owner
-//! ([`ExpertParallel::merge`]): expert rank 0 for the replicated ones, the holder for an
+//! (`ExpertParallel::merge`): expert rank 0 for the replicated ones, the holder for an
 //! expert's. Evaluation (forward only) runs every expert on its pipeline rank: the same outputs.
 //! The MPI backend runs one expert rank per process's pipeline rank (`X = 1`).
 
