@@ -3,58 +3,26 @@
 
 mod common;
 
-use common::cli::{cli, scratch_dir, stderr};
+use common::cli::{cli, scratch_dir, stderr, words};
+use common::train::{logged_losses, TINY_MODEL};
 use common::train_gpt;
-use std::path::Path;
 
-/// A tiny deterministic run: two ranks of a two-block model, three steps, on a fixed text (the
-/// default corpus is the checkout the binary was built from).
-const TINY: &[&str] = &[
-    "--data",
-    concat!(env!("CARGO_MANIFEST_DIR"), "/ARCHITECTURE.md"),
-    "--schedule",
-    "zero_bubble(f1b(gpipe))",
-    "--ranks",
-    "2",
-    "--microbatches",
-    "4",
-    "--layers",
-    "2",
-    "--d-model",
-    "32",
-    "--heads",
-    "2",
-    "--seq-len",
-    "32",
-    "--microbatch-size",
-    "2",
-    "--steps",
-    "3",
-    "--deterministic",
-    "--threads-per-rank",
-    "1",
-];
-
-/// The losses of a `--log` file.
-fn logged_losses(log: &Path) -> Vec<f64> {
-    std::fs::read_to_string(log)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
-                .as_f64()
-                .unwrap()
-        })
-        .collect()
-}
+/// A tiny deterministic run of [`TINY_MODEL`]: two ranks, three steps.
+const RUN: &str = "--schedule zero_bubble(f1b(gpipe)) --ranks 2 --microbatches 4 --steps 3";
 
 #[test]
 fn pipeweave_train_logs_the_losses_of_train_gpt() {
     let dir = scratch_dir("train-command");
     let (ours, example) = (dir.join("cli.jsonl"), dir.join("example.jsonl"));
-    cli("train").args(TINY).arg("--log").arg(&ours).ok();
+    cli("train")
+        .args(TINY_MODEL)
+        .line(RUN)
+        .arg("--log")
+        .arg(&ours)
+        .ok();
     let out = train_gpt()
-        .args(TINY)
+        .args(TINY_MODEL)
+        .args(words(RUN))
         .arg("--log")
         .arg(&example)
         .output()

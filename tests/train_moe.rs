@@ -13,26 +13,7 @@ mod common;
 mod mpi_jobs;
 
 use common::cli::{cli, scratch_dir, Cli};
-use std::path::Path;
-
-/// A tiny deterministic run on a fixed text: a two-block model.
-const TINY: &[&str] = &[
-    "--data",
-    concat!(env!("CARGO_MANIFEST_DIR"), "/ARCHITECTURE.md"),
-    "--layers",
-    "2",
-    "--d-model",
-    "32",
-    "--heads",
-    "2",
-    "--seq-len",
-    "32",
-    "--microbatch-size",
-    "2",
-    "--deterministic",
-    "--threads-per-rank",
-    "1",
-];
+use common::train::{logged_losses, TINY_MODEL};
 
 /// The schedules of the issue: 1F1B, ZB-V, DualPipe and DualPipeV.
 const SCHEDULES: &[&str] = &[
@@ -42,33 +23,20 @@ const SCHEDULES: &[&str] = &[
     "zero_bubble(dual(vpp(f1b(gpipe), chunks=2)))",
 ];
 
-/// The logged losses of `pipeweave train` on [`TINY`] with the options of `line` (the run must
+/// The logged losses of `pipeweave train` on [`TINY_MODEL`] with the options of `line` (the run must
 /// exit 0).
 fn losses(name: &str, line: &str) -> Vec<f64> {
     let dir = scratch_dir(&format!("train-moe-{name}"));
     let log = dir.join("log.jsonl");
     train().line(line).arg("--log").arg(&log).ok();
-    let losses = logged(&log);
+    let losses = logged_losses(&log);
     let _ = std::fs::remove_dir_all(&dir);
     losses
 }
 
-/// `pipeweave train` on [`TINY`].
+/// `pipeweave train` on [`TINY_MODEL`].
 fn train() -> Cli {
-    cli("train").args(TINY)
-}
-
-/// The losses of a `--log` file.
-fn logged(log: &Path) -> Vec<f64> {
-    std::fs::read_to_string(log)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
-                .as_f64()
-                .unwrap()
-        })
-        .collect()
+    cli("train").args(TINY_MODEL)
 }
 
 /// Three steps of 4 experts, top-2, `x` expert ranks, on `p` ranks through `schedule` with `m`
@@ -150,7 +118,10 @@ fn a_checkpoint_of_an_expert_parallel_run_resumes_on_one_expert_rank() {
         .arg("--log")
         .arg(&rest)
         .ok();
-    let resumed: Vec<f64> = logged(&first).into_iter().chain(logged(&rest)).collect();
+    let resumed: Vec<f64> = logged_losses(&first)
+        .into_iter()
+        .chain(logged_losses(&rest))
+        .collect();
     // A dense run cannot resume it.
     let dense = train().line("--steps 3 --resume").arg(&checkpoint).output();
     let _ = std::fs::remove_dir_all(&dir);
@@ -186,7 +157,7 @@ fn bad_mixture_options_are_one_line_and_exit_2() {
 fn under_mpi_a_mixture_logs_the_threads_losses_bit_for_bit() {
     let dir = scratch_dir("train-moe-mpi");
     let line = moe(SCHEDULES[2], 2, 1, 4);
-    let args: Vec<String> = TINY
+    let args: Vec<String> = TINY_MODEL
         .iter()
         .map(|a| a.to_string())
         .chain(common::cli::words(&line))
@@ -199,7 +170,7 @@ fn under_mpi_a_mixture_logs_the_threads_losses_bit_for_bit() {
             "{name}: {}",
             common::cli::stderr(&out)
         );
-        logged(&log)
+        logged_losses(&log)
     };
     let threads = run(common::train_gpt(), "threads");
     let mut mpirun = mpi_jobs::mpirun_command(2);

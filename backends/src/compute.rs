@@ -129,9 +129,7 @@ pub trait StageCompute {
         work: Work,
         grad_output: Self::Tensor,
     ) -> Result<Option<Self::Tensor>, StageError> {
-        let grad_input = self.backward_input(work, grad_output)?;
-        self.backward_weight(work)?;
-        Ok(grad_input)
+        backward_in_halves(self, work, grad_output)
     }
 
     /// One forward and one full backward run as one overlapped op. The default runs them one
@@ -144,8 +142,7 @@ pub trait StageCompute {
         grad_output: Self::Tensor,
     ) -> Result<(Self::Tensor, Option<Self::Tensor>), StageError> {
         let output = self.forward(forward, input)?;
-        let grad_input = self.backward_input(backward, grad_output)?;
-        self.backward_weight(backward)?;
+        let grad_input = backward_in_halves(self, backward, grad_output)?;
         Ok((output, grad_input))
     }
 
@@ -212,6 +209,19 @@ pub trait StageCompute {
     fn flush(&mut self) -> Result<(), StageError> {
         Ok(())
     }
+}
+
+/// A whole backward of `work` run as its two halves, the input gradient's then the weight
+/// gradient's: what [`StageCompute::backward`] does by default (and a compute that only times the
+/// two as one op).
+pub(crate) fn backward_in_halves<C: StageCompute + ?Sized>(
+    compute: &mut C,
+    work: Work,
+    grad_output: C::Tensor,
+) -> Result<Option<C::Tensor>, StageError> {
+    let grad_input = compute.backward_input(work, grad_output)?;
+    compute.backward_weight(work)?;
+    Ok(grad_input)
 }
 
 /// The error of a residency method a compute declared but did not implement.

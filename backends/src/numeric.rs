@@ -17,7 +17,7 @@
 //! the stage input and the output gradient, and an `RW` (spending its time) restores what the W
 //! needs.
 
-use crate::compute::{Capabilities, StageCompute};
+use crate::compute::{backward_in_halves, Capabilities, StageCompute};
 use crate::stage_error::StageError;
 use crate::timing::sleep_until;
 use pipeweave_core::{Problem, StageId, Task, Work};
@@ -385,9 +385,7 @@ impl StageCompute for AffineStage {
 
     fn backward(&mut self, work: Work, grad_output: f64) -> Result<Option<f64>, StageError> {
         self.fused(Task::Backward(work), |stage| {
-            let grad_input = stage.backward_input(work, grad_output)?;
-            stage.backward_weight(work)?;
-            Ok(grad_input)
+            backward_in_halves(stage, work, grad_output)
         })
     }
 

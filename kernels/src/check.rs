@@ -25,6 +25,25 @@ pub(crate) fn named<'a>(layer: &'static str, name: &'static str, tensor: &'a Ten
     }
 }
 
+/// Fails unless `actual`, the dtype of `layer`'s tensor `name`, is `expected`, the dtype it must
+/// follow (`whose`: e.g. `the router's`): for a tensor checked against another layer's.
+pub(crate) fn dtype_follows(
+    layer: &'static str,
+    name: &'static str,
+    actual: DType,
+    (expected, whose): (DType, &str),
+) -> Result<()> {
+    if actual == expected {
+        return Ok(());
+    }
+    Err(KernelError::DType {
+        layer,
+        tensor: name,
+        actual,
+        expected: format!("{expected:?} ({whose})"),
+    })
+}
+
 impl Named<'_> {
     /// Fails unless the tensor has exactly the shape `expected`.
     pub(crate) fn shape_is(self, expected: &[usize]) -> Result<()> {

@@ -7,7 +7,7 @@ mod moe;
 
 pub use moe::{ExpertShard, MoeConfig};
 
-use crate::error::{KernelError, Result};
+use crate::error::{require, Result};
 
 /// The shape of a GPT-2-architecture model: GPT-2's blocks ([`crate::Block`]), or with a
 /// mixture of experts ([`GptConfig::moe`]) blocks whose MLP is that mixture
@@ -33,13 +33,12 @@ impl GptConfig {
         positive("d_model", d_model)?;
         positive("n_head", n_head)?;
         positive("max_seq_len", max_seq_len)?;
-        if d_model % n_head != 0 {
-            return Err(KernelError::InvalidArgument {
-                field: "n_head",
-                value: n_head.to_string(),
-                reason: "must divide d_model",
-            });
-        }
+        require(
+            d_model % n_head == 0,
+            "n_head",
+            n_head,
+            "must divide d_model",
+        )?;
         Ok(GptConfig {
             vocab_size: Self::BYTE_VOCAB_SIZE,
             n_layer,
@@ -67,13 +66,8 @@ impl GptConfig {
     /// The same model with another vocabulary size.
     pub fn with_vocab_size(self, vocab_size: usize) -> Result<Self> {
         positive("vocab_size", vocab_size)?;
-        if u32::try_from(vocab_size).is_err() {
-            return Err(KernelError::InvalidArgument {
-                field: "vocab_size",
-                value: vocab_size.to_string(),
-                reason: "token ids are u32",
-            });
-        }
+        let fits = u32::try_from(vocab_size).is_ok();
+        require(fits, "vocab_size", vocab_size, "token ids are u32")?;
         Ok(GptConfig { vocab_size, ..self })
     }
 
@@ -113,13 +107,7 @@ impl GptConfig {
     }
 }
 
+/// Fails unless `value` is positive.
 fn positive(field: &'static str, value: usize) -> Result<()> {
-    if value > 0 {
-        return Ok(());
-    }
-    Err(KernelError::InvalidArgument {
-        field,
-        value: value.to_string(),
-        reason: "must be positive",
-    })
+    require(value > 0, field, value, "must be positive")
 }

@@ -182,3 +182,21 @@ impl KernelError {
         move |source| KernelError::Backend { op, source }
     }
 }
+
+/// Fails with [`KernelError::InvalidArgument`] (`field = value`, rejected for `reason`) unless
+/// `valid`: a configuration's check of one value.
+pub(crate) fn require(
+    valid: bool,
+    field: &'static str,
+    value: impl std::fmt::Display,
+    reason: &'static str,
+) -> Result<()> {
+    if valid {
+        return Ok(());
+    }
+    Err(KernelError::InvalidArgument {
+        field,
+        value: value.to_string(),
+        reason,
+    })
+}

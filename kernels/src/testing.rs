@@ -104,8 +104,19 @@ pub(crate) fn run_split<L: Layer>(
     input: &Tensor,
     grad_output: impl Fn(&Tensor) -> Tensor,
 ) -> SplitRun<L::InputGrad> {
+    run_split_inspecting(layer, input, grad_output, |_| {})
+}
+
+/// [`run_split`], showing `inspect` the forward's state before the backward consumes it.
+pub(crate) fn run_split_inspecting<L: Layer>(
+    layer: &L,
+    input: &Tensor,
+    grad_output: impl Fn(&Tensor) -> Tensor,
+    inspect: impl FnOnce(&L::Saved),
+) -> SplitRun<L::InputGrad> {
     let ops = ops();
     let (output, saved) = layer.forward(&ops, input).expect("forward");
+    inspect(&saved);
     let grad = grad_output(&output);
     let (grad_input, pending) = layer
         .backward_input(&ops, saved, &grad)
@@ -166,7 +177,7 @@ pub(crate) fn root_cause(error: &KernelError) -> &KernelError {
 }
 
 /// The seed of the random output gradient of [`check_layer_against_oracle`].
-const GRAD_SEED: u64 = 0x5EED;
+pub(crate) const GRAD_SEED: u64 = 0x5EED;
 
 /// Checks a layer's output, input gradient and weight gradients against candle's autograd on
 /// `oracle(input, params)`, with a random output gradient; returns the largest relative error.
@@ -198,6 +209,29 @@ pub(crate) fn check_layer_against_oracle_seeded<L: Layer>(
 where
     L::InputGrad: InputGradient,
 {
+    let oracle = |x: &Tensor, p: &[Tensor]| Ok((oracle(x, p)?, None));
+    check_against_oracle(name, layer, input, params, grad_seed, oracle, None)
+}
+
+/// The auxiliary loss a layer adds to the loss it differentiates (a mixture's load balancing):
+/// its value, from the forward's state.
+pub(crate) type AuxOf<'a, S> = &'a dyn Fn(&S) -> f64;
+
+/// [`check_layer_against_oracle_seeded`] of a layer whose backward differentiates `L + aux`
+/// where `aux_of` is given: `oracle(input, params) = (output, aux)`, `aux` a rank-0 tensor
+/// (`None` without `aux_of`), and the aux loss is checked too.
+pub(crate) fn check_against_oracle<L: Layer>(
+    name: &str,
+    layer: &L,
+    input: &Tensor,
+    params: &[Tensor],
+    grad_seed: u64,
+    oracle: impl Fn(&Tensor, &[Tensor]) -> candle_core::Result<(Tensor, Option<Tensor>)>,
+    aux_of: Option<AuxOf<'_, L::Saved>>,
+) -> f64
+where
+    L::InputGrad: InputGradient,
+{
     let input_var = input
         .dtype()
         .is_float()
@@ -205,13 +239,28 @@ where
     let oracle_input = input_var.as_ref().map_or(input, |var| var.as_tensor());
     let param_vars = crate::oracle::vars(params);
     let param_tensors: Vec<Tensor> = param_vars.iter().map(|v| v.as_tensor().clone()).collect();
-    let expected = oracle(oracle_input, &param_tensors).expect("oracle forward");
+    let (expected, aux) = oracle(oracle_input, &param_tensors).expect("oracle forward");
     let grad_output = random(grad_seed, expected.dims(), 1.0, expected.dtype());
     let grads = (&expected * &grad_output)
         .and_then(|t| t.sum_all())
+        .and_then(|loss| match &aux {
+            Some(aux) => loss + aux,
+            None => Ok(loss),
+        })
         .and_then(|loss| loss.backward())
         .expect("oracle backward");
-    let run = run_split(layer, input, |_| grad_output.clone());
+    let mut actual_aux = None;
+    let run = run_split_inspecting(
+        layer,
+        input,
+        |_| grad_output.clone(),
+        |saved| {
+            actual_aux = aux_of.map(|aux_of| aux_of(saved));
+        },
+    );
+    if let Some(actual) = actual_aux {
+        assert_aux_close(name, actual, aux.as_ref().expect("the oracle's aux loss"));
+    }
     let mut worst = assert_close(&format!("{name} output"), &run.output, &expected);
     match (run.grad_input.into_gradient(), &input_var) {
         (Some(actual), Some(var)) => {
@@ -226,6 +275,21 @@ where
     let param_worst =
         assert_parameter_gradients(name, &names, &run.grad_weights, &grads, &param_vars);
     worst.max(param_worst)
+}
+
+/// Asserts a layer's aux loss agrees with the oracle's (a rank-0 tensor) to its dtype's
+/// tolerance.
+fn assert_aux_close(name: &str, actual: f64, expected: &Tensor) {
+    let expected_value = expected
+        .to_dtype(DType::F64)
+        .and_then(|t| t.to_scalar::<f64>())
+        .expect("a rank-0 float tensor");
+    let error = (actual - expected_value).abs() / expected_value.abs().max(f64::MIN_POSITIVE);
+    println!("relative error {name} aux loss: {error:.3e}");
+    assert!(
+        error <= tolerance(expected.dtype()),
+        "{name} aux loss: {actual} vs the oracle's {expected_value}"
+    );
 }
 
 /// Checks a layer with heads (width 8, 2 heads), built by `build(params, n_head)` from

@@ -1,9 +1,10 @@
 //! Shared helpers of the integration tests: reading `../shared/reference` files and other JSON
-//! fixtures, building configs from costs, the persisted proptest config, and (in [`cli`]) running
-//! the `pipeweave` binary.
+//! fixtures, building configs from costs, the persisted proptest config, (in [`cli`]) running
+//! the `pipeweave` binary, and (in [`train`]) a tiny training run's options and logged losses.
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod train;
 
 use pipeweave::core_ir::TOLERANCE;
 use pipeweave::{PipelineConfig, Plan, Simulation, StageCostsSpec, Task};

@@ -228,7 +228,7 @@ fn named(pinned: &[LayerId]) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use pipeweave_core::testing::problem as plain;
     use pipeweave_core::ProblemSpec;
@@ -237,6 +237,16 @@ mod tests {
     /// The plain problem of `ranks` ranks (stage `r` on rank `r`), two microbatches.
     fn problem(ranks: u32) -> Problem {
         plain(ranks, 2)
+    }
+
+    /// The V layout on 2 ranks, 4 microbatches: rank 0 holds stages 0 and 3, rank 1 stages 1
+    /// and 2.
+    pub(crate) fn v_on_two_ranks() -> Problem {
+        let v = ProblemSpec::builder().ranks(2).microbatches(4);
+        v.stage_to_rank(vec![0, 1, 1, 0])
+            .build()
+            .validate()
+            .unwrap()
     }
 
     /// The free layers (blocks) of every position of `cut`, as global block indices.
@@ -281,13 +291,7 @@ mod tests {
     fn one_count_per_rank_spreads_over_its_positions() {
         // The V layout on 2 ranks: rank 0 holds positions 0 and 3, rank 1 positions 1 and 2.
         let config = GptConfig::new(5, 16, 2, 8).unwrap();
-        let v = ProblemSpec::builder().ranks(2).microbatches(4);
-        let problem = v
-            .stage_to_rank(vec![0, 1, 1, 0])
-            .build()
-            .validate()
-            .unwrap();
-        let cut = ModelCut::with_layers(&config, &problem, Some(&[3, 2])).unwrap();
+        let cut = ModelCut::with_layers(&config, &v_on_two_ranks(), Some(&[3, 2])).unwrap();
         assert_eq!(cut.layers_per_position(), [2, 1, 1, 1]);
     }
 

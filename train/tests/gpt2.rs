@@ -5,10 +5,9 @@
 
 mod common;
 
-use candle_core::DType;
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::BatchShape;
-use pipeweave_train::{Corpus, LrSchedule, TrainSettings, Trainer};
+use pipeweave_train::{Corpus, TrainSettings, Trainer};
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
@@ -25,23 +24,11 @@ fn our_eval_loss_equals_transformers_gpt2_on_the_same_checkpoint() {
     let text = std::fs::read(fixture("eval.txt")).unwrap();
     let (ranks, microbatches) = (2, 4);
     let plan = common::plan("f1b(gpipe)", ranks, microbatches);
+    let config = GptConfig::new(2, 32, 2, 32).unwrap();
+    let shape = BatchShape::new(32, 2, microbatches as usize).unwrap();
     let settings = TrainSettings {
-        config: GptConfig::new(2, 32, 2, 32).unwrap(),
-        shape: BatchShape::new(32, 2, microbatches as usize).unwrap(),
-        lr: LrSchedule::constant(1e-3).unwrap(),
-        max_grad_norm: 1.0,
-        seed: 1,
-        deterministic: false,
-        recompute: false,
-        dtype: DType::F32,
         eval_sequences: 1,
-        fingerprint: String::new(),
-        receive_timeout: std::time::Duration::from_secs(60),
-        replicas: 1,
-        injections: Vec::new(),
-        layers_per_stage: None,
-        variable_length: false,
-        expert_ranks: 1,
+        ..TrainSettings::new(config, shape)
     };
     let corpus = Corpus::from_text("eval.txt", String::from_utf8(text.clone()).unwrap());
     let mut trainer = Trainer::new(&plan, &corpus, settings).unwrap();

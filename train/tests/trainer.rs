@@ -4,7 +4,6 @@
 
 mod common;
 
-use candle_core::DType;
 use pipeweave_core::Plan;
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::BatchShape;
@@ -29,23 +28,16 @@ fn corpus() -> Corpus {
 }
 
 fn settings(deterministic: bool, recompute: bool, steps: u64) -> TrainSettings {
+    let config = GptConfig::new(4, 16, 2, 16).unwrap();
+    let shape = BatchShape::new(16, 2, MICROBATCHES as usize).unwrap();
     TrainSettings {
-        config: GptConfig::new(4, 16, 2, 16).unwrap(),
-        shape: BatchShape::new(16, 2, MICROBATCHES as usize).unwrap(),
         lr: LrSchedule::new(1e-2, 1e-3, 1, steps).unwrap(),
-        max_grad_norm: 1.0,
         seed: 5,
         deterministic,
         recompute,
-        dtype: DType::F32,
         eval_sequences: 8,
         fingerprint: "test".to_string(),
-        receive_timeout: std::time::Duration::from_secs(60),
-        replicas: 1,
-        injections: Vec::new(),
-        layers_per_stage: None,
-        variable_length: false,
-        expert_ranks: 1,
+        ..TrainSettings::new(config, shape)
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use crate::error::{KernelError, Result};
+use crate::error::{require, KernelError, Result};
 
 /// The shape of a mixture of experts: `experts` expert MLPs of hidden width `hidden`, each token
 /// routed to `top_k` of them, and the load-balancing loss scaled by `aux_coefficient`.
@@ -22,30 +22,23 @@ impl MoeConfig {
     /// `aux_coefficient` (finite, non-negative; 0 turns the loss off).
     pub fn new(experts: usize, top_k: usize, hidden: usize, aux_coefficient: f64) -> Result<Self> {
         at_least_one_expert(experts)?;
-        if top_k == 0 {
-            return Err(KernelError::InvalidArgument {
-                field: "top_k",
-                value: top_k.to_string(),
-                reason: "each token must go to at least one expert",
-            });
-        }
+        require(
+            top_k > 0,
+            "top_k",
+            top_k,
+            "each token must go to at least one expert",
+        )?;
         if top_k > experts {
             return Err(KernelError::TopKAboveExperts { top_k, experts });
         }
-        if hidden == 0 {
-            return Err(KernelError::InvalidArgument {
-                field: "hidden",
-                value: hidden.to_string(),
-                reason: "must be positive",
-            });
-        }
-        if !(aux_coefficient.is_finite() && aux_coefficient >= 0.0) {
-            return Err(KernelError::InvalidArgument {
-                field: "aux_coefficient",
-                value: aux_coefficient.to_string(),
-                reason: "must be finite and non-negative",
-            });
-        }
+        require(hidden > 0, "hidden", hidden, "must be positive")?;
+        let aux_valid = aux_coefficient.is_finite() && aux_coefficient >= 0.0;
+        require(
+            aux_valid,
+            "aux_coefficient",
+            aux_coefficient,
+            "must be finite and non-negative",
+        )?;
         Ok(MoeConfig {
             experts,
             top_k,
@@ -100,13 +93,7 @@ impl ExpertShard {
     /// `experts` (at least one expert).
     pub fn new(rank: usize, ranks: usize, experts: usize) -> Result<Self> {
         at_least_one_expert(experts)?;
-        if ranks == 0 {
-            return Err(KernelError::InvalidArgument {
-                field: "expert_ranks",
-                value: ranks.to_string(),
-                reason: "must be positive",
-            });
-        }
+        require(ranks > 0, "expert_ranks", ranks, "must be positive")?;
         if experts % ranks != 0 {
             return Err(KernelError::ExpertRanksDoNotDivide { ranks, experts });
         }
@@ -175,59 +162,72 @@ impl ExpertShard {
 
 /// Fails unless there is at least one expert.
 fn at_least_one_expert(experts: usize) -> Result<()> {
-    if experts > 0 {
-        return Ok(());
-    }
-    Err(KernelError::InvalidArgument {
-        field: "experts",
-        value: experts.to_string(),
-        reason: "a mixture of experts needs at least one expert",
-    })
+    require(
+        experts > 0,
+        "experts",
+        experts,
+        "a mixture of experts needs at least one expert",
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The one-line message of a rejected configuration.
-    fn config_error(experts: usize, top_k: usize, hidden: usize, aux: f64) -> String {
-        MoeConfig::new(experts, top_k, hidden, aux)
-            .expect_err("the configuration is invalid")
-            .to_string()
+    /// The message of a rejected configuration or shard.
+    fn refusal<T: std::fmt::Debug>(result: Result<T>) -> String {
+        result.expect_err("the setting is invalid").to_string()
     }
 
     #[test]
-    fn rejects_each_invalid_config_with_one_line() {
+    fn rejects_each_invalid_config_or_shard_with_one_line() {
         let cases = [
             (
-                config_error(0, 1, 8, 0.01),
+                refusal(MoeConfig::new(0, 1, 8, 0.01)),
                 "invalid experts = 0: a mixture of experts needs at least one expert",
             ),
             (
-                config_error(4, 0, 8, 0.01),
+                refusal(MoeConfig::new(4, 0, 8, 0.01)),
                 "invalid top_k = 0: each token must go to at least one expert",
             ),
             (
-                config_error(2, 3, 8, 0.01),
+                refusal(MoeConfig::new(2, 3, 8, 0.01)),
                 "top-k 3 is above the 2 experts",
             ),
             (
-                config_error(4, 2, 0, 0.01),
+                refusal(MoeConfig::new(4, 2, 0, 0.01)),
                 "invalid hidden = 0: must be positive",
             ),
             (
-                config_error(4, 2, 8, -1.0),
+                refusal(MoeConfig::new(4, 2, 8, -1.0)),
                 "invalid aux_coefficient = -1: must be finite and non-negative",
             ),
             (
-                config_error(4, 2, 8, f64::NAN),
+                refusal(MoeConfig::new(4, 2, 8, f64::NAN)),
                 "invalid aux_coefficient = NaN: must be finite and non-negative",
+            ),
+            (
+                refusal(ExpertShard::new(0, 3, 4)),
+                "3 expert-parallel ranks do not divide the 4 experts",
+            ),
+            (
+                refusal(ExpertShard::new(2, 2, 4)),
+                "expert-parallel rank 2 is not below the 2 ranks",
+            ),
+            (
+                refusal(ExpertShard::new(0, 0, 4)),
+                "invalid expert_ranks = 0: must be positive",
+            ),
+            (
+                refusal(ExpertShard::new(0, 1, 0)),
+                "invalid experts = 0: a mixture of experts needs at least one expert",
             ),
         ];
         for (actual, expected) in cases {
             assert_eq!(actual, expected);
             assert!(!actual.contains('\n'));
         }
+        assert!(ExpertShard::all(3, 4).is_err());
     }
 
     #[test]
@@ -252,31 +252,5 @@ mod tests {
         );
         let whole = ExpertShard::whole(&MoeConfig::new(5, 2, 8, 0.0).unwrap());
         assert_eq!((whole.held(), whole.ranks()), (0..5, 1));
-    }
-
-    #[test]
-    fn rejects_shards_that_do_not_split_the_experts() {
-        let message = |rank, ranks, experts| {
-            ExpertShard::new(rank, ranks, experts)
-                .expect_err("the shard is invalid")
-                .to_string()
-        };
-        assert_eq!(
-            message(0, 3, 4),
-            "3 expert-parallel ranks do not divide the 4 experts"
-        );
-        assert_eq!(
-            message(2, 2, 4),
-            "expert-parallel rank 2 is not below the 2 ranks"
-        );
-        assert_eq!(
-            message(0, 0, 4),
-            "invalid expert_ranks = 0: must be positive"
-        );
-        assert_eq!(
-            message(0, 1, 0),
-            "invalid experts = 0: a mixture of experts needs at least one expert"
-        );
-        assert!(ExpertShard::all(3, 4).is_err());
     }
 }

@@ -1,12 +1,17 @@
-//! [`Block`]: GPT-2's pre-norm transformer block, `h = x + attn(ln_1(x))`, then
-//! `y = h + mlp(ln_2(h))`. The pre-norm residual halves (`residual`, `residual_backward`)
-//! and the sub-layers' agreement check are shared with [`super::MoeBlock`], the same block with a
-//! mixture of experts for its MLP (a model's blocks are one or the other: [`GptConfig::moe`]).
+//! [`PreNormBlock`]: GPT-2's pre-norm transformer block, `h = x + attn(ln_1(x))`, then
+//! `y = h + ff(ln_2(h))`, generic over its feed-forward sub-layer `ff` ([`FeedForward`]):
+//! [`Block`], GPT-2's block, with an [`Mlp`]; [`super::MoeBlock`], with a mixture of experts
+//! (a model's blocks are one or the other: [`GptConfig::moe`]). The passes, the parameters and
+//! the construction are written once here; each block's file says what is its own (its model
+//! layer, and for the mixture its load-balancing loss and expert shards).
 //!
-//! Parameters, in order (Hugging Face's `GPT2Block` order): `ln_1.weight`, `ln_1.bias`,
-//! `attn.c_attn.weight`, `attn.c_attn.bias`, `attn.c_proj.weight`, `attn.c_proj.bias`,
-//! `ln_2.weight`, `ln_2.bias`, `mlp.c_fc.weight`, `mlp.c_fc.bias`, `mlp.c_proj.weight`,
-//! `mlp.c_proj.bias`.
+//! [`Block`]'s parameters, in order (Hugging Face's `GPT2Block` order): `ln_1.weight`,
+//! `ln_1.bias`, `attn.c_attn.weight`, `attn.c_attn.bias`, `attn.c_proj.weight`,
+//! `attn.c_proj.bias`, `ln_2.weight`, `ln_2.bias`, `mlp.c_fc.weight`, `mlp.c_fc.bias`,
+//! `mlp.c_proj.weight`, `mlp.c_proj.bias`: any block's are those of `ln_1`, `attn` and `ln_2`,
+//! then its feed-forward's under its name ([`FeedForward::NAME`]).
+
+use std::fmt::Debug;
 
 use candle_core::{DType, Tensor};
 
@@ -14,10 +19,12 @@ use super::attention::Attention;
 use super::attention::{AttentionPendingWeightGrad, AttentionSaved};
 use super::layer_norm::LayerNorm;
 use super::layer_norm::{LayerNormPendingWeightGrad, LayerNormSaved};
+use super::linear::Linear;
 use super::mlp::Mlp;
 use super::mlp::{MlpPendingWeightGrad, MlpSaved};
 use super::model::{KindDescription, ModelLayer, Placement};
-use super::protocol::{chunked_passes, composite, composite_weights, held_tensors, Layer};
+use super::protocol::{chunked_passes, concat_grads, held_tensors, joined, Layer};
+use super::protocol::{NamedParameters, ParameterSlots};
 use crate::check;
 use crate::config::GptConfig;
 use crate::error::Result;
@@ -26,53 +33,77 @@ use crate::init::{ParameterFactory, INIT_STD};
 use crate::primitives::Primitives;
 use crate::sequence::Chunk;
 
-const LAYER: &str = "Block";
+/// The feed-forward half of a [`PreNormBlock`]: GPT-2's [`Mlp`], or a mixture of experts.
+pub trait FeedForward: Layer<InputGrad = Tensor> + Clone + Debug {
+    /// The block's name in errors (`Block`).
+    const BLOCK: &'static str;
+    /// The sub-layer's name in the block, the prefix of its parameters (`mlp`).
+    const NAME: &'static str;
 
-/// A pre-norm transformer block.
+    /// The linear that reads the block's normed hidden state (an MLP's `c_fc`, a mixture's
+    /// router), with its weight's name in the block (`mlp.c_fc.weight`), which names the
+    /// sub-layer in errors: its width and dtype are the sub-layer's, which must be the block's.
+    fn input(&self) -> (&'static str, &Linear);
+}
+
+/// A pre-norm transformer block whose feed-forward half is an `F`.
 #[derive(Debug, Clone)]
-pub struct Block {
+pub struct PreNormBlock<F> {
     ln_1: LayerNorm,
     attn: Attention,
     ln_2: LayerNorm,
-    mlp: Mlp,
+    feed_forward: F,
 }
 
-/// What [`Block::forward`] keeps.
+/// What [`PreNormBlock::forward`] keeps, its feed-forward's state an `S`.
 #[derive(Debug)]
-pub struct BlockSaved {
+pub struct PreNormSaved<S> {
     ln_1: LayerNormSaved,
     attn: AttentionSaved,
     ln_2: LayerNormSaved,
-    mlp: MlpSaved,
-    output_dims: Vec<usize>,
+    feed_forward: S,
 }
 
-/// What [`Block::backward_weight`] needs.
+/// What [`PreNormBlock::backward_weight`] needs, its feed-forward's pending state a `P`.
 #[derive(Debug)]
-pub struct BlockPendingWeightGrad {
+pub struct PreNormPending<P> {
     ln_1: LayerNormPendingWeightGrad,
     attn: AttentionPendingWeightGrad,
     ln_2: LayerNormPendingWeightGrad,
-    mlp: MlpPendingWeightGrad,
+    feed_forward: P,
 }
 
-impl Block {
+/// GPT-2's pre-norm transformer block.
+pub type Block = PreNormBlock<Mlp>;
+/// What a [`Block`]'s forward keeps.
+pub type BlockSaved = PreNormSaved<MlpSaved>;
+/// What a [`Block`]'s weight backward needs.
+pub type BlockPendingWeightGrad = PreNormPending<MlpPendingWeightGrad>;
+
+impl<S> PreNormSaved<S> {
+    /// The feed-forward's state.
+    pub fn feed_forward(&self) -> &S {
+        &self.feed_forward
+    }
+}
+
+impl<F: FeedForward> PreNormBlock<F> {
     /// A block from its four sub-layers, which must agree on the width and dtype.
-    pub fn new(ln_1: LayerNorm, attn: Attention, ln_2: LayerNorm, mlp: Mlp) -> Result<Self> {
-        let width = attn.width();
-        let dtype = attn.dtype();
+    pub fn new(ln_1: LayerNorm, attn: Attention, ln_2: LayerNorm, feed_forward: F) -> Result<Self> {
+        let (width, dtype) = (attn.width(), attn.dtype());
+        let (input_name, input) = feed_forward.input();
         for (name, features, layer_dtype) in [
             ("ln_1.weight", ln_1.features(), ln_1.dtype()),
             ("ln_2.weight", ln_2.features(), ln_2.dtype()),
-            ("mlp.c_fc.weight", mlp.width(), mlp.dtype()),
+            (input_name, input.in_features(), input.dtype()),
         ] {
-            check_agrees(LAYER, name, (features, layer_dtype), (width, dtype))?;
+            check_agrees(F::BLOCK, name, (features, layer_dtype), (width, dtype))?;
         }
-        Ok(Block {
+        Ok(PreNormBlock {
             ln_1,
             attn,
             ln_2,
-            mlp,
+            feed_forward,
         })
     }
 
@@ -80,11 +111,104 @@ impl Block {
     pub fn width(&self) -> usize {
         self.attn.width()
     }
+
+    /// The element type of the parameters (and of the activations), which the sub-layers share.
+    pub fn dtype(&self) -> DType {
+        self.ln_1.dtype()
+    }
+
+    /// The feed-forward sub-layer.
+    pub fn feed_forward(&self) -> &F {
+        &self.feed_forward
+    }
+
+    /// The same block with `feed_forward` in place of its own (of the same width and dtype).
+    pub(super) fn with_feed_forward(&self, feed_forward: F) -> Self {
+        PreNormBlock {
+            feed_forward,
+            ..self.clone()
+        }
+    }
+
+    /// Block `index` of the model of `config`, GPT-2-initialised: layer norms weight 1 and bias
+    /// 0, linear biases 0, linear weights drawn `N(0, 0.02²)`, `attn.c_proj.weight`
+    /// `N(0, (0.02 / √(2·n_layer))²)`; its feed-forward made by `feed_forward` from its
+    /// parameters' prefix (`transformer.h.{index}.mlp`) and that residual standard deviation.
+    pub(super) fn build_with(
+        factory: &ParameterFactory<'_>,
+        config: &GptConfig,
+        index: usize,
+        feed_forward: impl FnOnce(&str, f64) -> Result<F>,
+    ) -> Result<Self> {
+        let d = config.d_model();
+        let prefix = location(index);
+        let residual_std = INIT_STD / (2.0 * config.n_layer() as f64).sqrt();
+        let c_attn = factory.linear(&format!("{prefix}.attn.c_attn"), d, 3 * d, INIT_STD)?;
+        let c_proj = factory.linear(&format!("{prefix}.attn.c_proj"), d, d, residual_std)?;
+        PreNormBlock::new(
+            factory.layer_norm(d)?,
+            Attention::new(c_attn, c_proj, config.n_head())?,
+            factory.layer_norm(d)?,
+            feed_forward(&format!("{prefix}.{}", F::NAME), residual_std)?,
+        )
+    }
+
+    /// The forward, its attention on a sequence chunk where `chunk` says (the feed-forward
+    /// takes the chunk's tokens as any input).
+    fn run(
+        &self,
+        ops: &dyn Primitives,
+        input: &Tensor,
+        chunk: Chunk<'_>,
+    ) -> Result<(Tensor, PreNormSaved<F::Saved>)> {
+        check::named(F::BLOCK, "input", input).rank_is(3, "[B, T, d]")?;
+        let (hidden, ln_1, attn) = residual(ops, &self.ln_1, &self.attn, input, chunk)?;
+        let (output, ln_2, feed_forward) =
+            residual(ops, &self.ln_2, &self.feed_forward, &hidden, None)?;
+        let saved = PreNormSaved {
+            ln_1,
+            attn,
+            ln_2,
+            feed_forward,
+        };
+        Ok((output, saved))
+    }
+
+    /// The input backward, its attention's of a sequence chunk where `chunk` says.
+    fn run_backward(
+        &self,
+        ops: &dyn Primitives,
+        saved: PreNormSaved<F::Saved>,
+        grad_output: &Tensor,
+        chunk: Chunk<'_>,
+    ) -> Result<(Tensor, PreNormPending<F::PendingWeightGrad>)> {
+        // The output has the shape of the hidden state `ln_2` normalised.
+        check::grad_matches(F::BLOCK, grad_output, saved.ln_2.dims(), self.dtype())?;
+        let ff_half = (saved.ln_2, saved.feed_forward);
+        let (grad_hidden, ln_2, feed_forward) = residual_backward(
+            ops,
+            &self.ln_2,
+            &self.feed_forward,
+            ff_half,
+            grad_output,
+            None,
+        )?;
+        let attn_half = (saved.ln_1, saved.attn);
+        let (grad_input, ln_1, attn) =
+            residual_backward(ops, &self.ln_1, &self.attn, attn_half, &grad_hidden, chunk)?;
+        let pending = PreNormPending {
+            ln_1,
+            attn,
+            ln_2,
+            feed_forward,
+        };
+        Ok((grad_input, pending))
+    }
 }
 
 /// Fails unless a sub-layer's `(width, dtype)` (named by its first parameter) is the attention's,
 /// in a block `layer`.
-pub(super) fn check_agrees(
+fn check_agrees(
     layer: &'static str,
     name: &'static str,
     (features, actual): (usize, DType),
@@ -98,20 +222,12 @@ pub(super) fn check_agrees(
             expected: format!("width {width} (the attention's)"),
         });
     }
-    if actual != expected {
-        return Err(crate::KernelError::DType {
-            layer,
-            tensor: name,
-            actual,
-            expected: format!("{expected:?} (the attention's)"),
-        });
-    }
-    Ok(())
+    check::dtype_follows(layer, name, actual, (expected, "the attention's"))
 }
 
 /// `x + sub(norm(x))`, one pre-norm residual half of the block (`sub` run on a sequence chunk
 /// where `chunk` says): the output and the states of `norm` and `sub`.
-pub(super) fn residual<S: Layer<InputGrad = Tensor>>(
+fn residual<S: Layer<InputGrad = Tensor>>(
     ops: &dyn Primitives,
     norm: &LayerNorm,
     sub: &S,
@@ -128,7 +244,7 @@ pub(super) fn residual<S: Layer<InputGrad = Tensor>>(
 
 /// The input backward of [`residual`], `dx = dy + norm'(sub'(dy))`: the input gradient and the
 /// pending states of `norm` and `sub`.
-pub(super) fn residual_backward<S: Layer<InputGrad = Tensor>>(
+fn residual_backward<S: Layer<InputGrad = Tensor>>(
     ops: &dyn Primitives,
     norm: &LayerNorm,
     sub: &S,
@@ -144,58 +260,64 @@ pub(super) fn residual_backward<S: Layer<InputGrad = Tensor>>(
     Ok((ops.add(grad, &grad_from_branch)?, norm_pending, sub_pending))
 }
 
-impl Layer for Block {
-    type Saved = BlockSaved;
-    type PendingWeightGrad = BlockPendingWeightGrad;
+/// `transformer.h.{index}`, where block `index` (its global index) of either kind is located.
+pub(super) fn location(index: usize) -> String {
+    format!("transformer.h.{index}")
+}
+
+impl<F: FeedForward> Layer for PreNormBlock<F> {
+    type Saved = PreNormSaved<F::Saved>;
+    type PendingWeightGrad = PreNormPending<F::PendingWeightGrad>;
     type InputGrad = Tensor;
 
-    composite_weights!();
+    /// The sub-layers' weight gradients, one after another.
+    fn backward_weight(
+        &self,
+        ops: &dyn Primitives,
+        pending: Self::PendingWeightGrad,
+    ) -> Result<Vec<Tensor>> {
+        Ok(concat_grads([
+            self.ln_1.backward_weight(ops, pending.ln_1)?,
+            self.attn.backward_weight(ops, pending.attn)?,
+            self.ln_2.backward_weight(ops, pending.ln_2)?,
+            self.feed_forward
+                .backward_weight(ops, pending.feed_forward)?,
+        ]))
+    }
+
     chunked_passes!();
 }
 
-impl Block {
-    /// The forward, its attention on a sequence chunk where `chunk` says.
-    fn run(
-        &self,
-        ops: &dyn Primitives,
-        input: &Tensor,
-        chunk: Chunk<'_>,
-    ) -> Result<(Tensor, BlockSaved)> {
-        check::named(LAYER, "input", input).rank_is(3, "[B, T, d]")?;
-        let (hidden, ln_1, attn) = residual(ops, &self.ln_1, &self.attn, input, chunk)?;
-        let (output, ln_2, mlp) = residual(ops, &self.ln_2, &self.mlp, &hidden, None)?;
-        let saved = BlockSaved {
-            ln_1,
-            attn,
-            ln_2,
-            mlp,
-            output_dims: input.dims().to_vec(),
-        };
-        Ok((output, saved))
+/// The sub-layers' parameters, each under its name in the block.
+impl<F: FeedForward> NamedParameters for PreNormBlock<F> {
+    fn push_parameters(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        self.ln_1.push_parameters(&joined(prefix, "ln_1"), out);
+        self.attn.push_parameters(&joined(prefix, "attn"), out);
+        self.ln_2.push_parameters(&joined(prefix, "ln_2"), out);
+        self.feed_forward
+            .push_parameters(&joined(prefix, F::NAME), out);
     }
+}
 
-    /// The input backward, its attention's of a sequence chunk where `chunk` says.
-    fn run_backward(
-        &self,
-        ops: &dyn Primitives,
-        saved: BlockSaved,
-        grad_output: &Tensor,
-        chunk: Chunk<'_>,
-    ) -> Result<(Tensor, BlockPendingWeightGrad)> {
-        check::grad_matches(LAYER, grad_output, &saved.output_dims, self.dtype())?;
-        let mlp_half = (saved.ln_2, saved.mlp);
-        let (grad_hidden, ln_2, mlp) =
-            residual_backward(ops, &self.ln_2, &self.mlp, mlp_half, grad_output, None)?;
-        let attn_half = (saved.ln_1, saved.attn);
-        let (grad_input, ln_1, attn) =
-            residual_backward(ops, &self.ln_1, &self.attn, attn_half, &grad_hidden, chunk)?;
-        let pending = BlockPendingWeightGrad {
-            ln_1,
-            attn,
-            ln_2,
-            mlp,
-        };
-        Ok((grad_input, pending))
+impl<F: ParameterSlots> ParameterSlots for PreNormBlock<F> {
+    fn push_slots<'a>(&'a mut self, out: &mut Vec<&'a mut Tensor>) {
+        self.ln_1.push_slots(out);
+        self.attn.push_slots(out);
+        self.ln_2.push_slots(out);
+        self.feed_forward.push_slots(out);
+    }
+}
+
+held_tensors!(mut PreNormSaved<S> { ln_1, attn, ln_2, feed_forward });
+held_tensors!(mut PreNormPending<P> { ln_1, attn, ln_2, feed_forward });
+
+/// GPT-2's feed-forward half.
+impl FeedForward for Mlp {
+    const BLOCK: &'static str = "Block";
+    const NAME: &'static str = "mlp";
+
+    fn input(&self) -> (&'static str, &Linear) {
+        ("mlp.c_fc.weight", self.c_fc())
     }
 }
 
@@ -211,28 +333,18 @@ impl ModelLayer for Block {
         }
     }
 
-    /// Layer norms weight 1 and bias 0, linear biases 0, linear weights drawn `N(0, 0.02²)`,
-    /// the two `c_proj.weight`s `N(0, (0.02 / √(2·n_layer))²)`.
+    /// [`PreNormBlock::build_with`] an MLP of `c_fc.weight` `N(0, 0.02²)` and `c_proj.weight`
+    /// `N(0, (0.02 / √(2·n_layer))²)`, biases 0.
     fn build(factory: &ParameterFactory<'_>, config: &GptConfig, index: usize) -> Result<Self> {
-        let d = config.d_model();
-        let prefix = Self::location(index);
-        let residual_std = INIT_STD / (2.0 * config.n_layer() as f64).sqrt();
-        let c_attn = factory.linear(&format!("{prefix}.attn.c_attn"), d, 3 * d, INIT_STD)?;
-        let c_proj = factory.linear(&format!("{prefix}.attn.c_proj"), d, d, residual_std)?;
-        let hidden = config.mlp_hidden();
-        let c_fc = factory.linear(&format!("{prefix}.mlp.c_fc"), d, hidden, INIT_STD)?;
-        let mlp_proj = factory.linear(&format!("{prefix}.mlp.c_proj"), hidden, d, residual_std)?;
-        Block::new(
-            factory.layer_norm(d)?,
-            Attention::new(c_attn, c_proj, config.n_head())?,
-            factory.layer_norm(d)?,
-            Mlp::new(c_fc, mlp_proj)?,
-        )
+        let (d, hidden) = (config.d_model(), config.mlp_hidden());
+        Block::build_with(factory, config, index, |prefix, residual_std| {
+            factory.mlp(prefix, d, hidden, residual_std)
+        })
     }
 
     /// `transformer.h.{index}`, `index` the block's global index.
     fn location(index: usize) -> String {
-        format!("transformer.h.{index}")
+        location(index)
     }
 
     fn flops(config: &GptConfig, batch: usize, seq_len: usize) -> PassFlops {
@@ -240,38 +352,16 @@ impl ModelLayer for Block {
     }
 }
 
-composite!(Block: BlockPendingWeightGrad { ln_1, attn, ln_2, mlp });
-held_tensors!(mut BlockSaved { ln_1, attn, ln_2, mlp });
-held_tensors!(mut BlockPendingWeightGrad {
-    ln_1,
-    attn,
-    ln_2,
-    mlp
-});
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
-    use crate::layers::{Linear, NamedParameters};
     use crate::oracle;
     use crate::testing::{check_multi_head_layer, random};
 
-    /// Random block parameters (in Hugging Face order) of width `d`.
-    pub(crate) fn params(d: usize, dtype: DType) -> Vec<Tensor> {
-        let shapes: [&[usize]; 12] = [
-            &[d],
-            &[d],
-            &[d, 3 * d],
-            &[3 * d],
-            &[d, d],
-            &[d],
-            &[d],
-            &[d],
-            &[d, 4 * d],
-            &[4 * d],
-            &[4 * d, d],
-            &[d],
-        ];
+    /// Random parameters of a block's `ln_1`, `attn` and `ln_2` (in Hugging Face order) of width
+    /// `d`: the first 8 of any block's.
+    pub(crate) fn attention_params(d: usize, dtype: DType) -> Vec<Tensor> {
+        let shapes: [&[usize]; 8] = [&[d], &[d], &[d, 3 * d], &[3 * d], &[d, d], &[d], &[d], &[d]];
         let mut p: Vec<Tensor> = shapes
             .iter()
             .enumerate()
@@ -283,15 +373,35 @@ mod tests {
         p
     }
 
-    fn build(p: &[Tensor], n_head: usize) -> Block {
+    /// The block of `feed_forward` whose other sub-layers are those of `p`
+    /// ([`attention_params`]) with `n_head` heads.
+    pub(crate) fn pre_norm<F: FeedForward>(
+        p: &[Tensor],
+        n_head: usize,
+        feed_forward: F,
+    ) -> Result<PreNormBlock<F>> {
         let linear = |i: usize| Linear::new(p[i].clone(), p[i + 1].clone()).unwrap();
-        Block::new(
+        PreNormBlock::new(
             LayerNorm::new(p[0].clone(), p[1].clone()).unwrap(),
             Attention::new(linear(2), linear(4), n_head).unwrap(),
             LayerNorm::new(p[6].clone(), p[7].clone()).unwrap(),
-            Mlp::new(linear(8), linear(10)).unwrap(),
+            feed_forward,
         )
-        .unwrap()
+    }
+
+    /// Random block parameters (in Hugging Face order) of width `d`.
+    fn params(d: usize, dtype: DType) -> Vec<Tensor> {
+        let mut p = attention_params(d, dtype);
+        let mlp: [&[usize]; 4] = [&[d, 4 * d], &[4 * d], &[4 * d, d], &[d]];
+        for (i, shape) in mlp.iter().enumerate() {
+            p.push(random(18 + i as u64, shape, 0.4, dtype));
+        }
+        p
+    }
+
+    fn build(p: &[Tensor], n_head: usize) -> Block {
+        let linear = |i: usize| Linear::new(p[i].clone(), p[i + 1].clone()).unwrap();
+        pre_norm(p, n_head, Mlp::new(linear(8), linear(10)).unwrap()).unwrap()
     }
 
     #[test]

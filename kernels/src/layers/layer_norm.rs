@@ -35,6 +35,13 @@ pub struct LayerNormPendingWeightGrad {
     grad_output: Tensor,
 }
 
+impl LayerNormSaved {
+    /// The dims of the input the forward normalised (and of its output).
+    pub(crate) fn dims(&self) -> &[usize] {
+        self.normalized.dims()
+    }
+}
+
 impl LayerNorm {
     /// GPT-2's `layer_norm_epsilon`.
     pub const EPS: f64 = 1e-5;

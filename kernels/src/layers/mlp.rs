@@ -12,6 +12,7 @@ use super::linear::{LinearPendingWeightGrad, LinearSaved};
 use super::protocol::{composite, composite_weights, held_tensors, Layer};
 use crate::check;
 use crate::error::Result;
+use crate::init::{ParameterFactory, INIT_STD};
 use crate::primitives::Primitives;
 
 const LAYER: &str = "Mlp";
@@ -56,6 +57,11 @@ impl Mlp {
     pub fn hidden(&self) -> usize {
         self.c_fc.out_features()
     }
+
+    /// The first linear, `c_fc: d -> h`.
+    pub fn c_fc(&self) -> &Linear {
+        &self.c_fc
+    }
 }
 
 impl Layer for Mlp {
@@ -84,6 +90,23 @@ impl Layer for Mlp {
     }
 
     composite_weights!();
+}
+
+/// The factory's GPT-2 initialisation of an [`Mlp`].
+impl ParameterFactory<'_> {
+    /// An MLP `d -> hidden -> d` named `prefix`: `c_fc.weight` `N(0, 0.02²)`, `c_proj.weight`
+    /// `N(0, residual_std²)` (a block's residual projection), biases 0.
+    pub(crate) fn mlp(
+        &self,
+        prefix: &str,
+        d: usize,
+        hidden: usize,
+        residual_std: f64,
+    ) -> Result<Mlp> {
+        let c_fc = self.linear(&format!("{prefix}.c_fc"), d, hidden, INIT_STD)?;
+        let c_proj = self.linear(&format!("{prefix}.c_proj"), hidden, d, residual_std)?;
+        Mlp::new(c_fc, c_proj)
+    }
 }
 
 composite!(Mlp: MlpPendingWeightGrad { c_fc, c_proj });

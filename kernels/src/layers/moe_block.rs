@@ -1,7 +1,8 @@
 //! [`MoeBlock`]: a pre-norm transformer block with a mixture of experts in place of the MLP,
 //! `h = x + attn(ln_1(x))`, then `y = h + moe(ln_2(h))` ([`Moe`]). Its backward differentiates
-//! the loss plus the mixture's load-balancing loss ([`MoeBlockSaved::aux_loss`]). It shares
-//! [`super::Block`]'s pre-norm residual halves.
+//! the loss plus the mixture's load-balancing loss ([`MoeBlockSaved::aux_loss`]). It is the
+//! [`PreNormBlock`] of a [`Moe`], as [`super::Block`] is of an MLP: the passes, parameters and
+//! construction are theirs; this file says what is the mixture's own.
 //!
 //! A model layer in place of the [`super::Block`]s where the model's configuration has a mixture
 //! ([`GptConfig::moe`]): `n_layer` of them, under the blocks' names (`transformer.h.{i}`),
@@ -13,159 +14,54 @@
 //! `attn.c_proj.weight`, `attn.c_proj.bias`, `ln_2.weight`, `ln_2.bias`, then the mixture's
 //! under `moe.` (`moe.router.weight`, `moe.router.bias`, `moe.experts.{e}.c_fc.weight`, ...).
 
-use candle_core::Tensor;
-
-use super::attention::Attention;
-use super::attention::{AttentionPendingWeightGrad, AttentionSaved};
-use super::block::{check_agrees, residual, residual_backward};
-use super::layer_norm::LayerNorm;
-use super::layer_norm::{LayerNormPendingWeightGrad, LayerNormSaved};
+use super::block::{location, FeedForward, PreNormBlock, PreNormPending, PreNormSaved};
+use super::linear::Linear;
 use super::model::{KindDescription, ModelLayer, Placement};
 use super::moe::{ExpertPlacement, Moe};
 use super::moe::{MoePendingWeightGrad, MoeSaved};
-use super::protocol::{chunked_passes, composite, composite_weights, held_tensors, Layer};
-use crate::check;
 use crate::config::GptConfig;
 use crate::error::{KernelError, Result};
 use crate::flops::passes::{block_flops, PassFlops};
-use crate::init::{ParameterFactory, INIT_STD};
-use crate::primitives::Primitives;
-use crate::sequence::Chunk;
-
-const LAYER: &str = "MoeBlock";
+use crate::init::ParameterFactory;
 
 /// A pre-norm transformer block whose feed-forward half is a mixture of experts.
-#[derive(Debug, Clone)]
-pub struct MoeBlock {
-    ln_1: LayerNorm,
-    attn: Attention,
-    ln_2: LayerNorm,
-    moe: Moe,
-}
+pub type MoeBlock = PreNormBlock<Moe>;
+/// What a [`MoeBlock`]'s forward keeps.
+pub type MoeBlockSaved = PreNormSaved<MoeSaved>;
+/// What a [`MoeBlock`]'s weight backward needs.
+pub type MoeBlockPendingWeightGrad = PreNormPending<MoePendingWeightGrad>;
 
-/// What [`MoeBlock::forward`] keeps.
-#[derive(Debug)]
-pub struct MoeBlockSaved {
-    ln_1: LayerNormSaved,
-    attn: AttentionSaved,
-    ln_2: LayerNormSaved,
-    moe: MoeSaved,
-    output_dims: Vec<usize>,
-}
+impl FeedForward for Moe {
+    const BLOCK: &'static str = "MoeBlock";
+    const NAME: &'static str = "moe";
 
-/// What [`MoeBlock::backward_weight`] needs.
-#[derive(Debug)]
-pub struct MoeBlockPendingWeightGrad {
-    ln_1: LayerNormPendingWeightGrad,
-    attn: AttentionPendingWeightGrad,
-    ln_2: LayerNormPendingWeightGrad,
-    moe: MoePendingWeightGrad,
+    fn input(&self) -> (&'static str, &Linear) {
+        ("moe.router.weight", self.router())
+    }
 }
 
 impl MoeBlockSaved {
     /// The mixture's state (its routing).
     pub fn moe(&self) -> &MoeSaved {
-        &self.moe
+        self.feed_forward()
     }
 
     /// The mixture's load-balancing loss for the forward's tokens, scaled by its coefficient:
     /// what the backward adds to the loss.
     pub fn aux_loss(&self) -> f64 {
-        self.moe.aux_loss()
+        self.moe().aux_loss()
     }
 }
 
 impl MoeBlock {
-    /// A block from its four sub-layers, which must agree on the width and dtype.
-    pub fn new(ln_1: LayerNorm, attn: Attention, ln_2: LayerNorm, moe: Moe) -> Result<Self> {
-        let (width, dtype) = (attn.width(), attn.dtype());
-        for (name, features, layer_dtype) in [
-            ("ln_1.weight", ln_1.features(), ln_1.dtype()),
-            ("ln_2.weight", ln_2.features(), ln_2.dtype()),
-            ("moe.router.weight", moe.width(), moe.dtype()),
-        ] {
-            check_agrees(LAYER, name, (features, layer_dtype), (width, dtype))?;
-        }
-        Ok(MoeBlock {
-            ln_1,
-            attn,
-            ln_2,
-            moe,
-        })
-    }
-
-    /// The model width `d`.
-    pub fn width(&self) -> usize {
-        self.attn.width()
-    }
-
     /// The mixture of experts.
     pub fn moe(&self) -> &Moe {
-        &self.moe
+        self.feed_forward()
     }
 
     /// The block as the expert-parallel rank of `placement` runs it ([`Moe::on_shard`]).
     pub fn on_shard(&self, placement: &ExpertPlacement) -> Result<Self> {
-        Ok(MoeBlock {
-            moe: self.moe.on_shard(placement)?,
-            ..self.clone()
-        })
-    }
-}
-
-impl Layer for MoeBlock {
-    type Saved = MoeBlockSaved;
-    type PendingWeightGrad = MoeBlockPendingWeightGrad;
-    type InputGrad = Tensor;
-
-    composite_weights!();
-    chunked_passes!();
-}
-
-impl MoeBlock {
-    /// The forward, its attention on a sequence chunk where `chunk` says (the mixture routes
-    /// the chunk's tokens as a batch of their own).
-    fn run(
-        &self,
-        ops: &dyn Primitives,
-        input: &Tensor,
-        chunk: Chunk<'_>,
-    ) -> Result<(Tensor, MoeBlockSaved)> {
-        check::named(LAYER, "input", input).rank_is(3, "[B, T, d]")?;
-        let (hidden, ln_1, attn) = residual(ops, &self.ln_1, &self.attn, input, chunk)?;
-        let (output, ln_2, moe) = residual(ops, &self.ln_2, &self.moe, &hidden, None)?;
-        let saved = MoeBlockSaved {
-            ln_1,
-            attn,
-            ln_2,
-            moe,
-            output_dims: input.dims().to_vec(),
-        };
-        Ok((output, saved))
-    }
-
-    /// The input backward, its attention's of a sequence chunk where `chunk` says.
-    fn run_backward(
-        &self,
-        ops: &dyn Primitives,
-        saved: MoeBlockSaved,
-        grad_output: &Tensor,
-        chunk: Chunk<'_>,
-    ) -> Result<(Tensor, MoeBlockPendingWeightGrad)> {
-        check::grad_matches(LAYER, grad_output, &saved.output_dims, self.dtype())?;
-        let moe_half = (saved.ln_2, saved.moe);
-        let (grad_hidden, ln_2, moe) =
-            residual_backward(ops, &self.ln_2, &self.moe, moe_half, grad_output, None)?;
-        let attn_half = (saved.ln_1, saved.attn);
-        let (grad_input, ln_1, attn) =
-            residual_backward(ops, &self.ln_1, &self.attn, attn_half, &grad_hidden, chunk)?;
-        let pending = MoeBlockPendingWeightGrad {
-            ln_1,
-            attn,
-            ln_2,
-            moe,
-        };
-        Ok((grad_input, pending))
+        Ok(self.with_feed_forward(self.moe().on_shard(placement)?))
     }
 }
 
@@ -181,9 +77,8 @@ impl ModelLayer for MoeBlock {
         }
     }
 
-    /// As a [`super::Block`]: layer norms weight 1 and bias 0, linear biases 0, weights drawn
-    /// `N(0, 0.02²)`, `attn.c_proj.weight` and each expert's `c_proj.weight`
-    /// `N(0, (0.02 / √(2·n_layer))²)`; the router `N(0, 0.02²)`.
+    /// As a [`super::Block`] ([`PreNormBlock::build_with`]): each expert as its MLP, the router
+    /// `N(0, 0.02²)`.
     fn build(factory: &ParameterFactory<'_>, config: &GptConfig, index: usize) -> Result<Self> {
         let Some(moe) = config.moe() else {
             return Err(KernelError::InvalidArgument {
@@ -193,21 +88,14 @@ impl ModelLayer for MoeBlock {
             });
         };
         let d = config.d_model();
-        let prefix = Self::location(index);
-        let residual_std = INIT_STD / (2.0 * config.n_layer() as f64).sqrt();
-        let c_attn = factory.linear(&format!("{prefix}.attn.c_attn"), d, 3 * d, INIT_STD)?;
-        let c_proj = factory.linear(&format!("{prefix}.attn.c_proj"), d, d, residual_std)?;
-        MoeBlock::new(
-            factory.layer_norm(d)?,
-            Attention::new(c_attn, c_proj, config.n_head())?,
-            factory.layer_norm(d)?,
-            factory.moe(&format!("{prefix}.moe"), d, moe, residual_std)?,
-        )
+        MoeBlock::build_with(factory, config, index, |prefix, residual_std| {
+            factory.moe(prefix, d, moe, residual_std)
+        })
     }
 
     /// `transformer.h.{index}`, as a block's.
     fn location(index: usize) -> String {
-        format!("transformer.h.{index}")
+        location(index)
     }
 
     /// A block's, its MLP's products replaced by the router's and each token's `k` experts'.
@@ -240,37 +128,21 @@ impl ModelLayer for MoeBlock {
     }
 }
 
-composite!(MoeBlock: MoeBlockPendingWeightGrad { ln_1, attn, ln_2, moe });
-held_tensors!(mut MoeBlockSaved { ln_1, attn, ln_2, moe });
-held_tensors!(mut MoeBlockPendingWeightGrad {
-    ln_1,
-    attn,
-    ln_2,
-    moe
-});
-
 #[cfg(test)]
 mod tests {
-    use candle_core::DType;
+    use candle_core::{DType, Tensor};
 
     use super::*;
     use crate::config::MoeConfig;
+    use crate::layers::block::tests::{attention_params, pre_norm};
     use crate::layers::moe::oracle::{check_with_aux, moe as moe_oracle};
-    use crate::layers::{Linear, Mlp, NamedParameters};
+    use crate::layers::{Layer, Mlp, NamedParameters};
     use crate::oracle;
     use crate::testing::{assert_bit_identical, ops, random, DTYPES};
 
     /// Random parameters of a block of width `d` with `config`'s mixture, in the block's order.
     fn params(d: usize, config: &MoeConfig, dtype: DType) -> Vec<Tensor> {
-        let shapes: [&[usize]; 8] = [&[d], &[d], &[d, 3 * d], &[3 * d], &[d, d], &[d], &[d], &[d]];
-        let mut p: Vec<Tensor> = shapes
-            .iter()
-            .enumerate()
-            .map(|(i, shape)| random(10 + i as u64, shape, 0.4, dtype))
-            .collect();
-        for ln_weight in [0, 6] {
-            p[ln_weight] = p[ln_weight].affine(1.0, 1.0).unwrap();
-        }
+        let mut p = attention_params(d, dtype);
         let (e, h) = (config.experts(), config.hidden());
         p.push(random(30, &[d, e], 1.0, dtype));
         p.push(random(31, &[e], 0.5, dtype));
@@ -283,18 +155,17 @@ mod tests {
         p
     }
 
-    fn build(p: &[Tensor], n_head: usize, config: &MoeConfig) -> MoeBlock {
+    /// The mixture of `config` whose router and experts are those of `p` (from index 8).
+    fn mixture(p: &[Tensor], config: &MoeConfig) -> Moe {
         let linear = |i: usize| Linear::new(p[i].clone(), p[i + 1].clone()).unwrap();
         let experts = (0..config.experts())
             .map(|e| Mlp::new(linear(10 + 4 * e), linear(12 + 4 * e)).unwrap())
             .collect();
-        MoeBlock::new(
-            LayerNorm::new(p[0].clone(), p[1].clone()).unwrap(),
-            Attention::new(linear(2), linear(4), n_head).unwrap(),
-            LayerNorm::new(p[6].clone(), p[7].clone()).unwrap(),
-            Moe::new(*config, linear(8), experts).unwrap(),
-        )
-        .unwrap()
+        Moe::new(*config, linear(8), experts).unwrap()
+    }
+
+    fn build(p: &[Tensor], n_head: usize, config: &MoeConfig) -> MoeBlock {
+        pre_norm(p, n_head, mixture(p, config)).unwrap()
     }
 
     /// The block written with candle ops: `(output, aux)`.
@@ -411,17 +282,7 @@ mod tests {
         let config = MoeConfig::new(2, 1, 16, 0.05).unwrap();
         let p = params(8, &config, DType::F64);
         let narrow = params(4, &config, DType::F64);
-        let linear = |p: &[Tensor], i: usize| Linear::new(p[i].clone(), p[i + 1].clone()).unwrap();
-        let experts = (0..2)
-            .map(|e| Mlp::new(linear(&narrow, 10 + 4 * e), linear(&narrow, 12 + 4 * e)).unwrap())
-            .collect();
-        let err = MoeBlock::new(
-            LayerNorm::new(p[0].clone(), p[1].clone()).unwrap(),
-            Attention::new(linear(&p, 2), linear(&p, 4), 2).unwrap(),
-            LayerNorm::new(p[6].clone(), p[7].clone()).unwrap(),
-            Moe::new(config, linear(&narrow, 8), experts).unwrap(),
-        )
-        .unwrap_err();
+        let err = pre_norm(&p, 2, mixture(&narrow, &config)).unwrap_err();
         assert!(err.to_string().contains("moe.router.weight"), "{err}");
     }
 }

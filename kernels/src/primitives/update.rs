@@ -8,6 +8,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::fused::{self, AdamWScalars};
 use super::slices::{tensor, with_slice, Real};
+use crate::check;
 use crate::error::{KernelError, Result};
 
 /// The scalars of one AdamW step of one parameter (all finite; see [`adamw_update`]).
@@ -71,14 +72,8 @@ pub fn adamw_update(
                 expected: format!("{:?} (the parameter's shape)", param.dims()),
             });
         }
-        if t.dtype() != param.dtype() {
-            return Err(KernelError::DType {
-                layer: OP,
-                tensor: name,
-                actual: t.dtype(),
-                expected: format!("{:?} (the parameter's dtype)", param.dtype()),
-            });
-        }
+        let parameters = (param.dtype(), "the parameter's dtype");
+        check::dtype_follows(OP, name, t.dtype(), parameters)?;
     }
     let operands = Operands { param, grad, m, v };
     let fused = match (param.device(), param.dtype()) {
@@ -171,14 +166,7 @@ impl TensorSum {
             SumValues::F64(_) => DType::F64,
             SumValues::Tensor(t) => t.dtype(),
         };
-        if x.dtype() != expected {
-            return Err(KernelError::DType {
-                layer: OP,
-                tensor: "addend",
-                actual: x.dtype(),
-                expected: format!("{expected:?} (the sum's dtype)"),
-            });
-        }
+        check::dtype_follows(OP, "addend", x.dtype(), (expected, "the sum's dtype"))?;
         match &mut self.values {
             SumValues::F32(sum) => with_slice(x, |x| fused::add_into(sum, x)),
             SumValues::F64(sum) => with_slice(x, |x| fused::add_into(sum, x)),

@@ -34,53 +34,42 @@ impl<C> Watched<C> {
     }
 }
 
+/// The methods of [`StageCompute`] that may fail, each written as `inner`'s, its result watched
+/// ([`Watched::watch`]): `fn name(&mut self, arg: Type, ...) -> Output;` per method, `Output`
+/// what the method returns in its `Ok`.
+macro_rules! watched {
+    ($(fn $method:ident(&mut self $(, $arg:ident: $ty:ty)*) -> $output:ty;)+) => {$(
+        fn $method(&mut self $(, $arg: $ty)*) -> Result<$output, StageError> {
+            let result = self.inner.$method($($arg),*);
+            self.watch(result)
+        }
+    )+};
+}
+
 impl<C: StageCompute> StageCompute for Watched<C> {
     type Tensor = C::Tensor;
 
-    fn forward(&mut self, work: Work, input: Option<C::Tensor>) -> Result<C::Tensor, StageError> {
-        let result = self.inner.forward(work, input);
-        self.watch(result)
-    }
-
-    fn loss(&mut self, work: Work, output: C::Tensor) -> Result<C::Tensor, StageError> {
-        let result = self.inner.loss(work, output);
-        self.watch(result)
-    }
-
-    fn backward_input(
-        &mut self,
-        work: Work,
-        grad_output: C::Tensor,
-    ) -> Result<Option<C::Tensor>, StageError> {
-        let result = self.inner.backward_input(work, grad_output);
-        self.watch(result)
-    }
-
-    fn backward_weight(&mut self, work: Work) -> Result<(), StageError> {
-        let result = self.inner.backward_weight(work);
-        self.watch(result)
-    }
-
-    fn backward(
-        &mut self,
-        work: Work,
-        grad_output: C::Tensor,
-    ) -> Result<Option<C::Tensor>, StageError> {
-        let result = self.inner.backward(work, grad_output);
-        self.watch(result)
-    }
-
-    fn forward_backward(
-        &mut self,
-        forward: Work,
-        input: Option<C::Tensor>,
-        backward: Work,
-        grad_output: C::Tensor,
-    ) -> Result<(C::Tensor, Option<C::Tensor>), StageError> {
-        let result = self
-            .inner
-            .forward_backward(forward, input, backward, grad_output);
-        self.watch(result)
+    watched! {
+        fn forward(&mut self, work: Work, input: Option<C::Tensor>) -> C::Tensor;
+        fn loss(&mut self, work: Work, output: C::Tensor) -> C::Tensor;
+        fn backward_input(&mut self, work: Work, grad_output: C::Tensor) -> Option<C::Tensor>;
+        fn backward_weight(&mut self, work: Work) -> ();
+        fn backward(&mut self, work: Work, grad_output: C::Tensor) -> Option<C::Tensor>;
+        fn forward_backward(
+            &mut self,
+            forward: Work,
+            input: Option<C::Tensor>,
+            backward: Work,
+            grad_output: C::Tensor
+        ) -> (C::Tensor, Option<C::Tensor>);
+        fn drop_activations(&mut self, work: Work) -> ();
+        fn recompute(&mut self, work: Work) -> ();
+        fn drop_weight_grad(&mut self, work: Work) -> ();
+        fn recompute_weight_grad(&mut self, work: Work) -> ();
+        fn offload(&mut self, work: Work) -> ();
+        fn reload(&mut self, work: Work) -> ();
+        fn grad_sync(&mut self, stage: StageId) -> ();
+        fn flush(&mut self) -> ();
     }
 
     fn free_output(&mut self, work: Work) {
@@ -89,45 +78,5 @@ impl<C: StageCompute> StageCompute for Watched<C> {
 
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
-    }
-
-    fn drop_activations(&mut self, work: Work) -> Result<(), StageError> {
-        let result = self.inner.drop_activations(work);
-        self.watch(result)
-    }
-
-    fn recompute(&mut self, work: Work) -> Result<(), StageError> {
-        let result = self.inner.recompute(work);
-        self.watch(result)
-    }
-
-    fn drop_weight_grad(&mut self, work: Work) -> Result<(), StageError> {
-        let result = self.inner.drop_weight_grad(work);
-        self.watch(result)
-    }
-
-    fn recompute_weight_grad(&mut self, work: Work) -> Result<(), StageError> {
-        let result = self.inner.recompute_weight_grad(work);
-        self.watch(result)
-    }
-
-    fn offload(&mut self, work: Work) -> Result<(), StageError> {
-        let result = self.inner.offload(work);
-        self.watch(result)
-    }
-
-    fn reload(&mut self, work: Work) -> Result<(), StageError> {
-        let result = self.inner.reload(work);
-        self.watch(result)
-    }
-
-    fn grad_sync(&mut self, stage: StageId) -> Result<(), StageError> {
-        let result = self.inner.grad_sync(stage);
-        self.watch(result)
-    }
-
-    fn flush(&mut self) -> Result<(), StageError> {
-        let result = self.inner.flush();
-        self.watch(result)
     }
 }

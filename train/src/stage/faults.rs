@@ -26,6 +26,18 @@ pub(crate) fn missing_state(what: &str, work: Work, on_host: bool) -> StageError
     StageError::bug(format!("no {what} for {}{place}", display(work)))
 }
 
+/// The bug of a residency instruction `doing` (`drop`, `recompute`, `offload`) that finds
+/// `problem` with `work`'s state: `drop of stage 1 microbatch 3: no saved state`.
+pub(crate) fn residency_bug(doing: &str, work: Work, problem: &str) -> StageError {
+    StageError::bug(format!("{doing} of {}: {problem}", display(work)))
+}
+
+/// [`residency_bug`] of the state `work`'s input-gradient backward keeps for its W.
+pub(crate) fn weight_state_bug(doing: &str, work: Work, problem: &str) -> StageError {
+    let state = format!("{}'s weight-gradient state", display(work));
+    StageError::bug(format!("{doing} of {state}: {problem}"))
+}
+
 /// `work` in a message: `stage 1 microbatch 3`.
 pub(crate) fn display(work: Work) -> String {
     format!("stage {} microbatch {}", work.stage, work.microbatch)

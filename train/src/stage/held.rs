@@ -106,18 +106,12 @@ fn outputs_leaving(rank: RankId, problem: &Problem) -> HashSet<StageId> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pipeweave_core::ProblemSpec;
+    use crate::cut::tests::v_on_two_ranks;
 
     #[test]
     fn outputs_leave_where_the_route_goes_to_another_rank_or_ends() {
         // The V on 2 ranks: rank 0 holds stages 0 and 3, rank 1 stages 1 and 2.
-        let problem = ProblemSpec::builder()
-            .ranks(2)
-            .microbatches(4)
-            .stage_to_rank(vec![0, 1, 1, 0])
-            .build()
-            .validate()
-            .unwrap();
+        let problem = v_on_two_ranks();
         let leaving = |rank: u32| {
             let mut stages: Vec<u32> = outputs_leaving(RankId::new(rank), &problem)
                 .into_iter()

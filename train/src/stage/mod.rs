@@ -66,7 +66,7 @@ use crate::error::TrainError;
 use crate::gradients::GradSync;
 use crate::host_link::DeviceState;
 use candle_core::Tensor;
-use faults::{display, kernel_failure, missing_state};
+use faults::{display, kernel_failure, missing_state, residency_bug, weight_state_bug};
 use feed::StepFeed;
 use held::HeldStages;
 use kept::KeptStates;
@@ -229,12 +229,10 @@ impl GptStage {
 
     /// Starts copying `work`'s state (its saved state, else what its I keeps) to the host store.
     fn start_offload(&mut self, work: Work) -> Result<(), StageError> {
-        let (state, table) = self.kept.take_either(work).ok_or_else(|| {
-            StageError::bug(format!(
-                "offload of {}: no saved or weight-gradient state",
-                display(work)
-            ))
-        })?;
+        let (state, table) = self
+            .kept
+            .take_either(work)
+            .ok_or_else(|| residency_bug("offload", work, "no saved or weight-gradient state"))?;
         let bytes = self.ledger.held(table, work).unwrap_or(0);
         self.offloads.start(work, state, table, bytes)
     }
@@ -433,17 +431,12 @@ impl StageCompute for GptStage {
     }
 
     fn drop_activations(&mut self, work: Work) -> Result<(), StageError> {
-        let input = self.kept.take_last_input(work).ok_or_else(|| {
-            StageError::bug(format!(
-                "drop of {}: it must follow that forward directly",
-                display(work)
-            ))
-        })?;
+        let input = self
+            .kept
+            .take_last_input(work)
+            .ok_or_else(|| residency_bug("drop", work, "it must follow that forward directly"))?;
         if self.kept.take_saved(work).is_none() {
-            return Err(StageError::bug(format!(
-                "drop of {}: no saved state",
-                display(work)
-            )));
+            return Err(residency_bug("drop", work, "no saved state"));
         }
         self.ledger.release(Table::Saved, work);
         let checkpoint = self.stages.get(work.stage)?.model.checkpoint(&input);
@@ -458,12 +451,7 @@ impl StageCompute for GptStage {
             .kept
             .take_saved(work)
             .filter(StageSaved::is_checkpoint)
-            .ok_or_else(|| {
-                StageError::bug(format!(
-                    "recompute of {}: it was not dropped",
-                    display(work)
-                ))
-            })?;
+            .ok_or_else(|| residency_bug("recompute", work, "it was not dropped"))?;
         let chunk = self.feed.chunk_at(work)?;
         let (model, state) = self.model_and_state(work, chunk.is_some())?;
         let rebuilt = match (chunk, state) {
@@ -479,11 +467,9 @@ impl StageCompute for GptStage {
 
     fn drop_weight_grad(&mut self, work: Work) -> Result<(), StageError> {
         let kept = self.recomputes.checkpoint_bytes(work).ok_or_else(|| {
-            StageError::bug(format!(
-                "drop of {}'s weight-gradient state: its input and output gradient were not \
-                 kept (the program does not recompute it for its W)",
-                display(work)
-            ))
+            let not_kept = "its input and output gradient were not kept (the program does not \
+                            recompute it for its W)";
+            weight_state_bug("drop", work, not_kept)
         })?;
         if self.kept.take_pending(work).is_none() {
             return Err(missing_state("input-gradient state to drop", work, false));
@@ -504,12 +490,10 @@ impl StageCompute for GptStage {
         }
         self.free_offloaded(true)?;
         let start = Instant::now();
-        let (input, grad_output) = self.recomputes.take(work).ok_or_else(|| {
-            StageError::bug(format!(
-                "recompute of {}'s weight-gradient state: nothing was kept for it",
-                display(work)
-            ))
-        })?;
+        let (input, grad_output) = self
+            .recomputes
+            .take(work)
+            .ok_or_else(|| weight_state_bug("recompute", work, "nothing was kept for it"))?;
         let model = &self.stages.get(work.stage)?.model;
         let pending = recompute::rebuild(model, &input, &grad_output)
             .map_err(kernel_failure(work, "recompute for the weight gradient"))?;

@@ -150,14 +150,8 @@ impl Moe {
                 ),
             });
         }
-        if bank.dtype() != dtype {
-            return Err(KernelError::DType {
-                layer: LAYER,
-                tensor: "experts.0.c_fc.weight",
-                actual: bank.dtype(),
-                expected: format!("{dtype:?} (the router's)"),
-            });
-        }
+        let routers = (dtype, "the router's");
+        check::dtype_follows(LAYER, "experts.0.c_fc.weight", bank.dtype(), routers)?;
         Ok(Moe {
             config,
             router,
@@ -310,13 +304,14 @@ impl ParameterFactory<'_> {
         residual_std: f64,
     ) -> Result<Moe> {
         let router = self.linear(&format!("{prefix}.router"), d, config.experts(), INIT_STD)?;
-        let hidden = config.hidden();
         let experts = (0..config.experts())
             .map(|e| {
-                let expert = format!("{prefix}.experts.{e}");
-                let c_fc = self.linear(&format!("{expert}.c_fc"), d, hidden, INIT_STD)?;
-                let c_proj = self.linear(&format!("{expert}.c_proj"), hidden, d, residual_std)?;
-                Mlp::new(c_fc, c_proj)
+                self.mlp(
+                    &format!("{prefix}.experts.{e}"),
+                    d,
+                    config.hidden(),
+                    residual_std,
+                )
             })
             .collect::<Result<Vec<_>>>()?;
         Moe::new(*config, router, experts)

@@ -72,43 +72,7 @@ pub(crate) fn check_with_aux<L: crate::layers::Layer<InputGrad = Tensor>>(
     aux_of: impl Fn(&L::Saved) -> f64,
     oracle: impl Fn(&Tensor, &[Tensor]) -> Result<(Tensor, Tensor)>,
 ) {
-    use crate::testing::{assert_close, assert_parameter_gradients, ops, random, tolerance};
-    let input_var = crate::oracle::vars(std::slice::from_ref(input)).remove(0);
-    let param_vars = crate::oracle::vars(params);
-    let param_tensors: Vec<Tensor> = param_vars.iter().map(|v| v.as_tensor().clone()).collect();
-    let (expected, aux) = oracle(input_var.as_tensor(), &param_tensors).expect("oracle forward");
-    let grad_output = random(0x5EED, expected.dims(), 1.0, expected.dtype());
-    let grads = (&expected * &grad_output)
-        .and_then(|t| t.sum_all())
-        .and_then(|l| l + &aux)
-        .and_then(|loss| loss.backward())
-        .expect("oracle backward");
-
-    let ops = ops();
-    let (output, saved) = layer.forward(&ops, input).expect("forward");
-    let (actual_aux, expected_aux) = (aux_of(&saved), scalar(&aux));
-    let aux_error = (actual_aux - expected_aux).abs() / expected_aux.abs().max(f64::MIN_POSITIVE);
-    println!("relative error {name} aux loss: {aux_error:.3e}");
-    assert!(
-        aux_error <= tolerance(input.dtype()),
-        "{name} aux loss: {actual_aux} vs the oracle's {expected_aux}"
-    );
-    let (grad_input, pending) = layer
-        .backward_input(&ops, saved, &grad_output)
-        .expect("backward_input");
-    let grad_weights = layer
-        .backward_weight(&ops, pending)
-        .expect("backward_weight");
-    assert_close(&format!("{name} output"), &output, &expected);
-    let expected_dx = grads.get(input_var.as_tensor()).expect("input gradient");
-    assert_close(&format!("{name} d(input)"), &grad_input, expected_dx);
-    let names: Vec<String> = layer.parameters().into_iter().map(|(n, _)| n).collect();
-    assert_parameter_gradients(name, &names, &grad_weights, &grads, &param_vars);
-}
-
-/// The value of a rank-0 float tensor.
-fn scalar(t: &Tensor) -> f64 {
-    t.to_dtype(DType::F64)
-        .and_then(|t| t.to_scalar::<f64>())
-        .expect("a rank-0 float tensor")
+    use crate::testing::{check_against_oracle, GRAD_SEED};
+    let oracle = |x: &Tensor, p: &[Tensor]| oracle(x, p).map(|(y, aux)| (y, Some(aux)));
+    check_against_oracle(name, layer, input, params, GRAD_SEED, oracle, Some(&aux_of));
 }

@@ -129,9 +129,9 @@ mod tests {
 
     use super::*;
     use crate::config::MoeConfig;
-    use crate::layers::moe::tests::{build, params};
+    use crate::layers::moe::tests::{assert_same_run, build, params, run_layer, sharded_case, Run};
     use crate::layers::protocol::Layer;
-    use crate::testing::{assert_bit_identical, ops, random, DTYPES};
+    use crate::testing::{ops, random, DTYPES};
     use crate::KernelError;
 
     /// A group's exchange over channels: each rank sends its rows to every other rank and
@@ -180,15 +180,6 @@ mod tests {
         }
     }
 
-    type Run = (Tensor, Tensor, Vec<Tensor>);
-
-    fn run(layer: &Moe, input: &Tensor, grad: &Tensor) -> Result<Run> {
-        let ops = ops();
-        let (output, saved) = layer.forward(&ops, input)?;
-        let (grad_input, pending) = layer.backward_input(&ops, saved, grad)?;
-        Ok((output, grad_input, layer.backward_weight(&ops, pending)?))
-    }
-
     /// Every rank of a group of `ranks` running `layer` on its shard, each on its own thread.
     fn run_group(layer: &Moe, input: &Tensor, grad: &Tensor, ranks: usize) -> Vec<Run> {
         let shards = ExpertShard::all(ranks, layer.config().experts()).unwrap();
@@ -199,7 +190,7 @@ mod tests {
                 .map(|(shard, channels)| {
                     let placement = ExpertPlacement::new(shard, Arc::new(channels));
                     let placed = layer.on_shard(&placement).unwrap();
-                    scope.spawn(move || run(&placed, input, grad).unwrap())
+                    scope.spawn(move || run_layer(&placed, input, grad))
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -209,24 +200,20 @@ mod tests {
     #[test]
     fn every_rank_of_a_group_gives_the_whole_layers_bits() {
         for dtype in DTYPES {
-            let config = MoeConfig::new(4, 2, 32, 0.01).unwrap();
-            let layer = build(&params(16, &config, dtype, 6), &config);
-            let input = random(11, &[4, 8, 16], 1.0, dtype);
-            let grad = random(12, &[4, 8, 16], 1.0, dtype);
-            let (output, grad_input, grads) = run(&layer, &input, &grad).unwrap();
+            let (layer, input, grad) = sharded_case(dtype);
+            let (output, grad_input, grads) = run_layer(&layer, &input, &grad);
             for ranks in [1, 2, 4] {
                 for (rank, placed) in run_group(&layer, &input, &grad, ranks).iter().enumerate() {
-                    let what = format!("{dtype:?} rank {rank} of {ranks}");
-                    assert_bit_identical(&format!("{what} output"), &placed.0, &output);
-                    assert_bit_identical(&format!("{what} d(input)"), &placed.1, &grad_input);
                     // The router's two gradients, then the rank's experts' four each.
                     let per_rank = 4 / ranks;
                     let experts = 2 + 4 * rank * per_rank..2 + 4 * (rank + 1) * per_rank;
-                    let expected: Vec<&Tensor> = grads[..2].iter().chain(&grads[experts]).collect();
-                    assert_eq!(placed.2.len(), expected.len(), "{what}");
-                    for (i, (a, e)) in placed.2.iter().zip(expected).enumerate() {
-                        assert_bit_identical(&format!("{what} gradient {i}"), a, e);
-                    }
+                    let grads = grads[..2].iter().chain(&grads[experts]).cloned();
+                    let expected = (output.clone(), grad_input.clone(), grads.collect());
+                    assert_same_run(
+                        &format!("{dtype:?} rank {rank} of {ranks}"),
+                        placed,
+                        &expected,
+                    );
                 }
             }
         }

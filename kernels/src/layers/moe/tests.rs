@@ -193,10 +193,10 @@ fn dispatch_groups_rows_by_expert_then_token() {
 }
 
 /// What a run of the layer gives: output, input gradient, weight gradients.
-type Run = (Tensor, Tensor, Vec<Tensor>);
+pub(crate) type Run = (Tensor, Tensor, Vec<Tensor>);
 
 /// The layer's forward and backward through [`Layer`].
-fn run_layer(layer: &Moe, input: &Tensor, grad: &Tensor) -> Run {
+pub(crate) fn run_layer(layer: &Moe, input: &Tensor, grad: &Tensor) -> Run {
     let ops = ops();
     let (output, saved) = layer.forward(&ops, input).unwrap();
     let (grad_input, pending) = layer.backward_input(&ops, saved, grad).unwrap();
@@ -255,7 +255,7 @@ fn run_sharded(layer: &Moe, input: &Tensor, grad: &Tensor, ranks: usize) -> Run 
 }
 
 /// Asserts two runs hold the same bits.
-fn assert_same_run(what: &str, actual: &Run, expected: &Run) {
+pub(crate) fn assert_same_run(what: &str, actual: &Run, expected: &Run) {
     assert_bit_identical(&format!("{what} output"), &actual.0, &expected.0);
     assert_bit_identical(&format!("{what} d(input)"), &actual.1, &expected.1);
     assert_eq!(actual.2.len(), expected.2.len(), "{what}: gradient count");
@@ -264,13 +264,20 @@ fn assert_same_run(what: &str, actual: &Run, expected: &Run) {
     }
 }
 
+/// A mixture of 4 experts (top-2) of width 16, an input of 32 tokens and an output gradient:
+/// what the tests of its shards run.
+pub(crate) fn sharded_case(dtype: DType) -> (Moe, Tensor, Tensor) {
+    let config = MoeConfig::new(4, 2, 32, 0.01).unwrap();
+    let layer = build(&params(16, &config, dtype, 6), &config);
+    let input = random(11, &[4, 8, 16], 1.0, dtype);
+    let grad = random(12, &[4, 8, 16], 1.0, dtype);
+    (layer, input, grad)
+}
+
 #[test]
 fn phases_on_any_number_of_shards_give_the_layers_bits() {
     for dtype in DTYPES {
-        let config = MoeConfig::new(4, 2, 32, 0.01).unwrap();
-        let layer = build(&params(16, &config, dtype, 6), &config);
-        let input = random(11, &[4, 8, 16], 1.0, dtype);
-        let grad = random(12, &[4, 8, 16], 1.0, dtype);
+        let (layer, input, grad) = sharded_case(dtype);
         let whole = run_layer(&layer, &input, &grad);
         for ranks in [1, 2, 4] {
             let sharded = run_sharded(&layer, &input, &grad, ranks);
