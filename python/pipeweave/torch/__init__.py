@@ -27,6 +27,11 @@
   classes measured on the ranks; the fastest measured, the same on every rank (`Autotuned`:
   `best`, `trials` with predicted and measured steps, the calibrated `profile`, `build`).
 - `split(layers, plan)`: the model's layers cut into the plan's stages.
+- `overlap(schedule, trace=False)`: the plan's overlapped F;B pairs (DualPipeV's `OVERLAP_F_B`)
+  run with one microbatch's forward and the other's backward interleaved phase by phase, the
+  all-to-alls asynchronous, for stages of mixture-of-experts blocks described by their phases
+  (`MoePhases`; `phased_moe(layer, group)` for transformers' Mixtral and Qwen2-MoE layers, experts
+  over an expert-parallel group); `average_expert_parallel_grads(modules, group)` after the step.
 
 Supported PyTorch: 2.6 or later (the contract's floor; `pip install './python[torch]'`), tested with
 2.15 on CPU (gloo), plain and FSDP-wrapped (`fully_shard`) stages. The schedule uses the runtime's
@@ -38,6 +43,8 @@ F;B pairs (DualPipeV) need a release whose runtime has `OVERLAP_F_B`. Only 2.15 
 
 from ._autotune import Autotuned, Trial, autotune
 from ._memory import SavedActivationMeter, activation_bytes
+from ._moe import MoePhases, Routed, average_expert_parallel_grads, phased_moe
+from ._overlap import Overlap, overlap
 from ._profile import profile
 from ._schedule import DUALPIPE_V, PlanSchedule, lower_plan, schedule
 from ._split import split, stage_layer_counts
@@ -46,12 +53,18 @@ from ._weight_grad import splittable, weight_grad_bytes
 __all__ = [
     "Autotuned",
     "DUALPIPE_V",
+    "MoePhases",
+    "Overlap",
     "PlanSchedule",
+    "Routed",
     "SavedActivationMeter",
     "Trial",
     "activation_bytes",
     "autotune",
+    "average_expert_parallel_grads",
     "lower_plan",
+    "overlap",
+    "phased_moe",
     "profile",
     "schedule",
     "split",
