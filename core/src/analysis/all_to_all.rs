@@ -4,10 +4,10 @@
 //! Per task: the part of its in-span all-to-alls that runs under the other half of an overlapped
 //! pair is hidden, the rest exposed; its head (before its compute) and tail (after it) are hidden
 //! where they overlap the rank's other tasks, exposed where the rank has nothing to run beside
-//! them.
+//! them. The makespan with each pair's halves in turn is the simulator's
+//! ([`crate::analysis::simulate::sequential_pairs_makespan`]).
 
-use crate::analysis::replay::{ReplayError, TimedTask};
-use crate::analysis::simulate::simulate_with;
+use crate::analysis::replay::TimedTask;
 use crate::ir::op::Task;
 use crate::ir::plan::Plan;
 
@@ -70,19 +70,6 @@ pub fn a2a_figures(plan: &Plan, timeline: &[Vec<TimedTask>]) -> Option<A2aFigure
         0.0
     };
     Some(figures)
-}
-
-/// The makespan of `plan` with every overlapped F&B pair's halves run one after the other (each
-/// all-to-all of a pair waited for): what the pairs' interleaving saves.
-pub fn sequential_pairs_makespan(plan: &Plan) -> Result<f64, ReplayError> {
-    let costs = plan.costs();
-    let duration = |task: &Task| match task {
-        Task::Overlapped { .. } => {
-            costs.compute_duration(task) + costs.a2a_phases(task).sequential().inside_exposed
-        }
-        other => costs.task_duration(other),
-    };
-    Ok(simulate_with(plan, duration, costs.comm())?.makespan())
 }
 
 /// How much of `(from, to)` the tasks `others` cover, walked outwards from the interval until

@@ -95,6 +95,19 @@ pub fn simulate_with(
     Ok(Simulation::from_timeline(plan, outcome.timeline))
 }
 
+/// The makespan of `plan` with every overlapped F&B pair's halves run one after the other (each
+/// all-to-all of a pair waited for): what the pairs' interleaving saves.
+pub fn sequential_pairs_makespan(plan: &Plan) -> Result<f64, ReplayError> {
+    let costs = plan.costs();
+    let duration = |task: &Task| match task {
+        Task::Overlapped { .. } => {
+            costs.compute_duration(task) + costs.a2a_phases(task).sequential().inside_exposed
+        }
+        other => costs.task_duration(other),
+    };
+    Ok(simulate_with(plan, duration, costs.comm())?.makespan())
+}
+
 impl Simulation {
     /// The figures of `plan` run along `timeline` (per rank, its tasks with start and end): a
     /// simulated timeline, or one measured on a backend. The work behind the bubble rate comes
