@@ -27,13 +27,13 @@ pub mod spmd;
 pub mod testing;
 pub mod tolerance;
 
-pub use analysis::all_to_all::{a2a_figures, sequential_pairs_makespan, A2aFigures};
+pub use analysis::all_to_all::{a2a_figures, A2aFigures};
 pub use analysis::bound::{least_span, lower_bound};
 pub use analysis::link::{link_order, offload_producers};
 pub use analysis::peak::{held_during, held_per_task, max_peak, moved_by, peak_per_rank, RankPeak};
 pub use analysis::replay::{replay_within, Blocked, Replay, ReplayError, TimedTask};
 pub use analysis::sharing::{simulate_on_cores, simulate_shared, Sharing};
-pub use analysis::simulate::{simulate, simulate_with, Simulation};
+pub use analysis::simulate::{sequential_pairs_makespan, simulate, simulate_with, Simulation};
 pub use analysis::slack::slack;
 pub use analysis::verify::{verify, verify_schedule, Violation, Violations};
 pub use error::{CoreError, FailureKind};
