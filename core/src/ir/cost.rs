@@ -257,6 +257,8 @@ impl Default for StageCosts {
 #[derive(Clone, Debug)]
 pub struct CostModel {
     stages: Vec<StageCosts>,
+    /// Whether any stage has all-to-alls (read per task: kept, not searched).
+    a2a: bool,
     comm: f64,
     microbatch_scales: Vec<f64>,
     layers: Option<Arc<LayerLayout>>,
@@ -291,6 +293,11 @@ impl Hash for CostModel {
     }
 }
 
+/// Whether any of `stages` has all-to-alls.
+fn any_a2a(stages: &[StageCosts]) -> bool {
+    stages.iter().any(|s| s.a2a > 0.0)
+}
+
 impl CostModel {
     /// The same costs for each of `stages` stages.
     pub fn uniform(stages: u32, costs: StageCosts, comm: f64) -> Result<CostModel, CoreError> {
@@ -301,6 +308,7 @@ impl CostModel {
     pub fn per_stage(stages: Vec<StageCosts>, comm: f64) -> Result<CostModel, CoreError> {
         let comm = check_duration("all", "comm", comm)?;
         Ok(CostModel {
+            a2a: any_a2a(&stages),
             stages,
             comm,
             microbatch_scales: Vec::new(),
@@ -342,6 +350,7 @@ impl CostModel {
     /// changes the layout keeps what is not per stage).
     pub fn with_stages(&self, stages: Vec<StageCosts>) -> CostModel {
         CostModel {
+            a2a: any_a2a(&stages),
             stages,
             comm: self.comm,
             microbatch_scales: self.microbatch_scales.clone(),
@@ -403,7 +412,7 @@ impl CostModel {
 
     /// Whether any stage has all-to-alls.
     pub fn has_a2a(&self) -> bool {
-        self.stages.iter().any(|s| s.a2a > 0.0)
+        self.a2a
     }
 
     /// Duration of a task's computes alone (without its all-to-alls): [`CostModel::task_duration`]
