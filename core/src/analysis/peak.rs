@@ -151,7 +151,12 @@ pub fn held_per_task(plan: &Plan) -> Vec<Vec<f64>> {
 
 /// [`held_per_task`] of one rank (empty for a rank out of range).
 pub fn held_during(plan: &Plan, rank: RankId) -> Vec<f64> {
-    let order = plan.order(rank);
+    held_along(plan, plan.order(rank))
+}
+
+/// Per task of `order` (an order of one of `plan`'s ranks, maybe not the plan's own), the most
+/// device memory held while it runs: [`held_during`] of a rank whose order a pass is editing.
+pub fn held_along(plan: &Plan, order: &[Task]) -> Vec<f64> {
     let mut held = Vec::with_capacity(order.len());
     walk(plan, order, |_, during| held.push(during));
     held

@@ -56,10 +56,9 @@ use crate::pass::Requires;
 use crate::schedules::relief::{
     issued_at, reordered, Proposal, Reach, Span, Step, Window, EPSILON,
 };
-use pipeweave_core::{
-    held_during, moved_by, replay_within, OpKind, Plan, RankId, Replay, Residency, Simulation,
-    Task, Work,
-};
+use pipeweave_core::analysis::peak::held_along;
+use pipeweave_core::analysis::retime::Retimer;
+use pipeweave_core::{moved_by, OpKind, Plan, Residency, Task, TimedTask, Work};
 
 /// How many reload moves [`Hoisting::hoist_with`] makes per task of a rank's order at most.
 const MAX_HOISTS_PER_TASK: usize = 4;
@@ -78,11 +77,9 @@ fn transfers(window: &Window, reload_at: usize) -> Vec<(usize, Task)> {
     ]
 }
 
-/// When the task at `position` of `rank` starts.
-fn start_of(simulation: &Simulation, rank: usize, position: usize) -> f64 {
-    simulation.timeline()[rank]
-        .get(position)
-        .map_or(f64::INFINITY, |t| t.start)
+/// When the task at `position` of a rank's timeline starts.
+fn start_of(timeline: &[TimedTask], position: usize) -> f64 {
+    timeline.get(position).map_or(f64::INFINITY, |t| t.start)
 }
 
 impl ReliefStrategy for Offload {
@@ -98,18 +95,18 @@ impl ReliefStrategy for Offload {
     /// The pair offloaded after its forward and reloaded after the last break of its window,
     /// estimated by the stalls its transfers would cause on an idle link.
     fn propose(&self, step: &Step<'_>, window: &Window) -> Proposal {
-        let (simulation, rank, order) = (step.simulation, step.at.rank, step.order());
+        let (timeline, order) = (step.timeline, step.order);
         let transfer = step.plan.costs().task_duration(&Task::Offload(window.work));
         let reload_at = step.last_break_in(window) + 1;
-        let offloaded = simulation.timeline()[rank][window.forward].end + transfer;
+        let offloaded = timeline[window.forward].end + transfer;
         let fence_stall = (window.forward + 1..order.len())
             .find(|&p| order[p].allocates())
             .map_or(0.0, |p| {
-                let waits = offloaded - start_of(simulation, rank, p);
+                let waits = offloaded - start_of(timeline, p);
                 (waits - step.slack[p]).max(0.0)
             });
-        let issued = issued_at(&simulation.timeline()[rank], reload_at);
-        let backward = start_of(simulation, rank, window.backward);
+        let issued = issued_at(timeline, reload_at);
+        let backward = start_of(timeline, window.backward);
         let reload_stall = (issued + transfer - backward - step.slack[window.backward]).max(0.0);
         Proposal {
             estimate: fence_stall + reload_stall,
@@ -139,28 +136,33 @@ impl ReliefStrategy for Offload {
 
 /// Moves each reload (rank by rank, in order) earlier where the limit allows and a replay shows
 /// the plan no slower: to the earliest place the memory allows, else to the last place from
-/// which it is issued early enough to end before its backward starts. A candidate is replayed
-/// from the first task its move can change, and only until one of its tasks ends after the
-/// makespan to beat. Each rank's reloads are first all moved to their earliest places and
-/// checked by one replay ([`Hoisting::hoist_on`]); a move that passes no other transfer needs
-/// no replay (see [`passes_no_transfer`]).
+/// which it is issued early enough to end before its backward starts. Each rank's reloads are
+/// first all moved to their earliest places and checked by one replay ([`Hoisting::hoist_on`]);
+/// a move that passes no other transfer needs no replay (see [`passes_no_transfer`]). The
+/// replays are a [`Retimer`]'s, which re-times only what a move reaches (the same times as a
+/// full replay), and a move that loses is rolled back.
 fn hoist_reloads(plan: Plan, limit: f64) -> Plan {
-    let Ok(Some(current)) = replay_within(&plan, f64::INFINITY, None) else {
+    let Ok(timer) = Retimer::new(&plan) else {
         return plan;
     };
     let mut hoisting = Hoisting {
-        makespan: current.makespan(),
-        plan,
-        current,
-        stale_from: None,
+        makespan: timer.makespan(),
+        plan: &plan,
+        timer,
+        stale: false,
     };
-    for rank in 0..hoisting.plan.orders().len() {
+    for rank in 0..plan.orders().len() {
         hoisting.hoist_on(rank, limit);
     }
-    for rank in 0..hoisting.plan.orders().len() {
+    for rank in 0..plan.orders().len() {
         hoisting.sink_on(rank, limit);
     }
-    hoisting.plan
+    let orders = hoisting.timer.orders();
+    if orders == plan.orders() {
+        return plan;
+    }
+    // Moving transfers within their windows keeps the plan a plan (and its facts).
+    reordered(&plan, orders.to_vec()).unwrap_or(plan)
 }
 
 /// Whether moving the transfer at `position` of `order` to `target` (its index once removed)
@@ -187,74 +189,65 @@ struct Reload {
     backward: Option<usize>,
 }
 
-/// The state of [`hoist_reloads`]: the plan as moved so far, its replay and the makespan to
-/// beat.
-struct Hoisting {
-    plan: Plan,
-    /// The replay of `plan`, true before the sequence number `stale_from` (from where moves
-    /// taken without a replay changed it); its rows follow the plan's orders.
-    current: Replay,
-    stale_from: Option<usize>,
+/// The state of [`hoist_reloads`]: the orders as moved so far with their times, and the
+/// makespan to beat.
+struct Hoisting<'p> {
+    /// The plan the hoisting started from: its problem, costs and memory.
+    plan: &'p Plan,
+    /// Its orders as moved so far, timed.
+    timer: Retimer,
+    /// Whether moves were taken without a replay since the last one (`makespan` predates them).
+    stale: bool,
+    /// The makespan of the last replay.
     makespan: f64,
 }
 
-impl Hoisting {
-    /// Replays `plan` from where `current` went stale, giving up when it ends after `bound`:
-    /// whether `current` is up to date (trivially so when nothing went stale).
+impl Hoisting<'_> {
+    /// Replays the moves taken without a replay, giving up when the plan ends after `bound`:
+    /// whether the makespan is up to date (trivially so when nothing went stale).
     fn replay_stale(&mut self, bound: f64) -> bool {
-        let Some(cut) = self.stale_from else {
+        if !self.stale {
             return true;
-        };
-        let replayed = replay_within(&self.plan, bound, Some((&self.current, cut)));
-        let Ok(Some(replayed)) = replayed else {
+        }
+        if self.timer.settle().is_err() || self.timer.makespan() > bound {
             return false;
-        };
-        self.makespan = replayed.makespan();
-        self.current = replayed;
-        self.stale_from = None;
+        }
+        self.makespan = self.timer.makespan();
+        self.stale = false;
         true
     }
 
-    /// The plan with `rank`'s task at `position` moved to `target`, where it is a plan.
-    fn moved(&self, rank: usize, position: usize, target: usize) -> Option<Plan> {
-        let mut orders = self.plan.orders().to_vec();
-        let task = orders[rank].remove(position);
-        orders[rank].insert(target, task);
-        reordered(&self.plan, orders).ok()
+    /// Takes the move of `rank`'s task at `position` to `target` without a replay.
+    fn take_unreplayed(&mut self, rank: usize, position: usize, target: usize) {
+        self.timer.move_task(rank, position, target);
+        self.stale = true;
     }
 
-    /// Takes `candidate` (the plan with `rank`'s task at `position` moved to `target`) without
-    /// replaying it; `current` goes stale from there.
-    fn take_unreplayed(&mut self, candidate: Plan, rank: usize, position: usize, target: usize) {
-        let row = &mut self.current.timeline[rank];
-        // The first task the move changes: the moved one or the one it lands before.
-        let sequence = row[position.min(target)].sequence;
-        let timed = row.remove(position);
-        row.insert(target, timed);
-        self.stale_from = Some(self.stale_from.map_or(sequence, |s| s.min(sequence)));
-        self.plan = candidate;
+    /// What `rank` holds during each of its tasks, as moved so far.
+    fn held(&self, rank: usize) -> Vec<f64> {
+        held_along(self.plan, self.timer.order(rank))
     }
 
     /// Hoists `rank`'s reloads in order (see [`hoist_reloads`]): first every reload to the
     /// earliest place the limit allows, checked by one replay; where that leaves the plan slower,
     /// move by move instead.
     fn hoist_on(&mut self, rank: usize, limit: f64) {
-        let before = (
-            self.plan.clone(),
-            self.current.clone(),
-            self.stale_from,
-            self.makespan,
-        );
-        // Every reload to its earliest place, unreplayed, then one replay.
-        self.hoist_with(rank, limit, |h, position, reload| {
-            h.moved(rank, position, reload.earliest)
-                .map(|candidate| h.take_unreplayed(candidate, rank, position, reload.earliest))
-                .is_some()
-        });
-        if self.replay_stale(self.makespan + EPSILON) {
+        let before = (self.stale, self.makespan);
+        if self.timer.settle().is_err() {
             return;
         }
-        (self.plan, self.current, self.stale_from, self.makespan) = before;
+        self.timer.begin();
+        // Every reload to its earliest place, unreplayed, then one replay.
+        self.hoist_with(rank, limit, |h, position, reload| {
+            h.take_unreplayed(rank, position, reload.earliest);
+            true
+        });
+        if self.replay_stale(self.makespan + EPSILON) {
+            self.timer.commit();
+            return;
+        }
+        self.timer.rollback();
+        (self.stale, self.makespan) = before;
         self.hoist_with(rank, limit, |h, position, Reload { earliest, backward }| {
             h.try_move(rank, position, earliest)
                 || h.try_move_in_time(rank, position, earliest, backward)
@@ -272,10 +265,10 @@ impl Hoisting {
         mut hoist: impl FnMut(&mut Self, usize, Reload) -> bool,
     ) {
         // What the rank holds during each task, kept until a move changes its order.
-        let mut held = held_during(&self.plan, RankId::new(rank as u32));
+        let mut held = self.held(rank);
         let mut position = 0;
-        let mut moves_left = MAX_HOISTS_PER_TASK * self.plan.orders()[rank].len();
-        while position < self.plan.orders()[rank].len() {
+        let mut moves_left = MAX_HOISTS_PER_TASK * self.timer.order(rank).len();
+        while position < self.timer.order(rank).len() {
             let moved = moves_left > 0
                 && self
                     .reload_at(rank, position, &held, limit)
@@ -283,7 +276,7 @@ impl Hoisting {
                     .is_some_and(|reload| hoist(self, position, reload));
             if moved {
                 moves_left -= 1;
-                held = held_during(&self.plan, RankId::new(rank as u32));
+                held = self.held(rank);
             }
             // A moved reload sits earlier; the task now at `position` is the next to look at.
             position += usize::from(!moved);
@@ -295,19 +288,16 @@ impl Hoisting {
     /// memory; the transfer is still issued at its forward's end). No replay is needed: such a
     /// move cannot make any task later (see [`passes_no_transfer`]).
     fn sink_on(&mut self, rank: usize, limit: f64) {
-        let mut held = held_during(&self.plan, RankId::new(rank as u32));
+        let mut held = self.held(rank);
         let mut position = 0;
-        while position < self.plan.orders()[rank].len() {
-            let moved = self
-                .sink_target(rank, position, &held, limit)
-                .and_then(|target| Some((target, self.moved(rank, position, target)?)))
-                .map(|(target, candidate)| self.take_unreplayed(candidate, rank, position, target))
-                .is_some();
-            if moved {
-                held = held_during(&self.plan, RankId::new(rank as u32));
+        while position < self.timer.order(rank).len() {
+            let target = self.sink_target(rank, position, &held, limit);
+            if let Some(target) = target {
+                self.take_unreplayed(rank, position, target);
+                held = self.held(rank);
             }
             // A sunk offload sits later; the task now at `position` is the next to look at.
-            position += usize::from(!moved);
+            position += usize::from(target.is_none());
         }
     }
 
@@ -316,7 +306,7 @@ impl Hoisting {
     /// hold more than `limit` with its pair still held, at most right before its reload; None
     /// when it cannot move.
     fn sink_target(&self, rank: usize, position: usize, held: &[f64], limit: f64) -> Option<usize> {
-        let order = &self.plan.orders()[rank];
+        let order = self.timer.order(rank);
         let Task::Offload(work) = order[position] else {
             return None;
         };
@@ -336,7 +326,7 @@ impl Hoisting {
     /// which every task up to it still fits `limit` with its pair held again (`held`: what the
     /// rank holds during each task), and the position of the backward that waits for it.
     fn reload_at(&self, rank: usize, position: usize, held: &[f64], limit: f64) -> Option<Reload> {
-        let order = &self.plan.orders()[rank];
+        let order = self.timer.order(rank);
         let Task::Reload(work) = order[position] else {
             return None;
         };
@@ -364,7 +354,7 @@ impl Hoisting {
             .unwrap_or_default();
         let input = work.op(OpKind::InputGrad);
         let backed = order[..position].iter().any(|t| t.runs(input));
-        let size = moved_by(&self.plan, &memory, backed);
+        let size = moved_by(self.plan, &memory, backed);
         if backed {
             (OpKind::WeightGrad, size)
         } else {
@@ -383,11 +373,11 @@ impl Hoisting {
         backward: Option<usize>,
     ) -> bool {
         self.replay_stale(f64::INFINITY);
-        let timeline = &self.current.timeline[rank];
+        let timeline = self.timer.timeline(rank);
         let transfer = self
             .plan
             .costs()
-            .task_duration(&self.plan.orders()[rank][position]);
+            .task_duration(&self.timer.order(rank)[position]);
         let backward = backward.map_or(f64::INFINITY, |p| timeline[p].start);
         let in_time = (earliest..position)
             .rev()
@@ -397,28 +387,24 @@ impl Hoisting {
     }
 
     /// Moves `rank`'s task at `position` to `target` where the plan stays no slower: taken
-    /// without a replay where it passes no other transfer, else replayed.
+    /// without a replay where it passes no other transfer, else replayed (and rolled back where
+    /// it ends after the makespan to beat).
     fn try_move(&mut self, rank: usize, position: usize, target: usize) -> bool {
-        let Some(candidate) = self.moved(rank, position, target) else {
-            return false;
-        };
-        if passes_no_transfer(&self.plan.orders()[rank], position, target) {
-            self.take_unreplayed(candidate, rank, position, target);
+        if passes_no_transfer(self.timer.order(rank), position, target) {
+            self.take_unreplayed(rank, position, target);
             return true;
         }
         self.replay_stale(f64::INFINITY);
-        // Every task that ran before the first one the move changes keeps its times.
-        let first = position.min(target);
-        let resume = Some((&self.current, self.current.timeline[rank][first].sequence));
-        match replay_within(&candidate, self.makespan + EPSILON, resume) {
-            Ok(Some(replayed)) => {
-                self.plan = candidate;
-                self.makespan = replayed.makespan();
-                self.current = replayed;
-                true
-            }
-            _ => false,
+        self.timer.begin();
+        self.timer.move_task(rank, position, target);
+        let kept = self.timer.settle().is_ok() && self.timer.makespan() <= self.makespan + EPSILON;
+        if kept {
+            self.timer.commit();
+            self.makespan = self.timer.makespan();
+        } else {
+            self.timer.rollback();
         }
+        kept
     }
 }
 

@@ -126,7 +126,7 @@ impl ReliefStrategy for Recompute {
     /// slack.
     fn propose(&self, step: &Step<'_>, window: &Window) -> Proposal {
         let task = rebuild(window);
-        let idle = idle_before(step.simulation, step.at.rank, window.backward);
+        let idle = idle_before(step.timeline, window.backward);
         let delay = (step.plan.costs().task_duration(&task) - idle).max(0.0);
         let memory = step
             .plan
