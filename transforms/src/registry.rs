@@ -366,7 +366,9 @@ mod tests {
                 "zero_bubble(f1b(gpipe), policy=optimal, memory=0)",
                 "memory > 0",
             ),
-            ("dual(f1b(gpipe), x=1)", "takes no arguments"),
+            ("dual(f1b(gpipe), x=1)", "unknown argument"),
+            ("dual(f1b(gpipe), memory=0)", "memory > 0"),
+            ("f1b(gpipe, chunks=2)", "takes no arguments"),
             ("vpp(f1b(gpipe), chunks=0)", "1 <= chunks <= 64"),
         ] {
             let err = compile_expression(text).unwrap_err().to_string();
