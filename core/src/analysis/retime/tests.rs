@@ -227,7 +227,7 @@ fn edits_keep_the_times_and_slack_of_a_full_replay() {
         let plan = one_f_one_b(4, 6, split, figures);
         let mut retimer = Retimer::new(&plan).unwrap().with_slack();
         check(&retimer, &plan);
-        let mut dice = Dice(seed * 0x9E37_79B9_7F4A_7C15);
+        let mut dice = Dice(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         for round in 0..30 {
             let r = dice.below(4);
             for _ in 0..1 + dice.below(3) {
