@@ -42,7 +42,7 @@ fn best(request: &ConfigRequest, limit: Option<f64>) -> Option<f64> {
 }
 
 proptest! {
-    #![proptest_config(persisted(depth(6, 24), "proptest-regressions/tune_unlimited.txt"))]
+    #![proptest_config(persisted(depth(6, 12), "proptest-regressions/tune_unlimited.txt"))]
 
     #[test]
     fn without_a_limit_tune_is_never_slower_than_within_one(
