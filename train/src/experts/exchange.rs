@@ -4,11 +4,14 @@
 //! not wait for it.
 //!
 //! A group is the `X` expert ranks of one pipeline rank of one data-parallel replica; they run
-//! the same program, so they call the exchange for the same layers in the same order. Each call
-//! sends this rank's rows to every other rank of the group (a channel per ordered pair; a send
-//! never waits) and receives theirs, one message per peer, checked against the call's number and
-//! phase. A receive gives up when the peer is gone (its stage was dropped), when any rank of the
-//! step raised the failure flag ([`super::Watched`]), or after the run's receive timeout.
+//! the same program, so they call the exchange of each phase for the same layers in the same
+//! order. The two phases are two lanes (a channel per ordered pair and phase, and a call count
+//! per phase): an overlapped pair calls the forward's combine and the backward's dispatch
+//! backward from its two threads at once ([`super::slot`]). Each call sends this rank's rows to
+//! every other rank of the group (a send never waits) and receives theirs, one message per peer,
+//! checked against the call's number and phase, the rank's compute slot given up while it waits.
+//! A receive gives up when the peer is gone (its stage was dropped), when any rank of the step
+//! raised the failure flag ([`super::Watched`]), or after the run's receive timeout.
 
 use pipeweave_core::RankId;
 use pipeweave_kernels::{ExchangePhase, ExpertExchange, ExpertRows, KernelError};
@@ -17,7 +20,16 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::slot::while_waiting;
 use super::ExpertRank;
+
+/// The lane of `phase`.
+fn lane(phase: ExchangePhase) -> usize {
+    match phase {
+        ExchangePhase::Combine => 0,
+        ExchangePhase::DispatchBackward => 1,
+    }
+}
 
 /// How often a waiting receive looks at the step's failure flag.
 const POLL: Duration = Duration::from_millis(10);
@@ -51,7 +63,7 @@ impl std::fmt::Display for Member {
     }
 }
 
-/// What an endpoint receives from: one channel per peer, and its calls so far.
+/// What an endpoint receives from in one phase: one channel per peer, and its calls so far.
 #[derive(Debug)]
 struct Inbox {
     calls: u64,
@@ -62,8 +74,10 @@ struct Inbox {
 #[derive(Debug)]
 pub(crate) struct ChannelExchange {
     at: Member,
-    to: Vec<(ExpertRank, Sender<Message>)>,
-    inbox: Mutex<Inbox>,
+    /// Per peer, a sender per phase's lane.
+    to: Vec<(ExpertRank, [Sender<Message>; 2])>,
+    /// Per phase's lane.
+    inboxes: [Mutex<Inbox>; 2],
     timeout: Duration,
     failed: Arc<AtomicBool>,
 }
@@ -129,24 +143,28 @@ fn group(
     timeout: Duration,
     failed: &Arc<AtomicBool>,
 ) -> Vec<ChannelExchange> {
-    let mut to: Vec<Vec<(ExpertRank, Sender<Message>)>> =
+    type Lanes<T> = [Vec<(ExpertRank, T)>; 2];
+    let mut to: Vec<Vec<(ExpertRank, [Sender<Message>; 2])>> =
         members.iter().map(|_| Vec::new()).collect();
-    let mut from: Vec<Vec<(ExpertRank, Receiver<Message>)>> =
-        members.iter().map(|_| Vec::new()).collect();
+    let mut from: Vec<Lanes<Receiver<Message>>> = members
+        .iter()
+        .map(|_| [Vec::new(), Vec::new()])
+        .collect();
     for (s, sender) in members.iter().enumerate() {
         for (r, receiver) in members.iter().enumerate().filter(|&(r, _)| r != s) {
-            let (tx, rx) = channel();
-            to[s].push((receiver.expert, tx));
-            from[r].push((sender.expert, rx));
+            let [(tx0, rx0), (tx1, rx1)] = [channel(), channel()];
+            to[s].push((receiver.expert, [tx0, tx1]));
+            from[r][0].push((sender.expert, rx0));
+            from[r][1].push((sender.expert, rx1));
         }
     }
     members
         .into_iter()
         .zip(to.into_iter().zip(from))
-        .map(|(at, (to, from))| ChannelExchange {
+        .map(|(at, (to, [combine, backward]))| ChannelExchange {
             at,
             to,
-            inbox: Mutex::new(Inbox { calls: 0, from }),
+            inboxes: [combine, backward].map(|from| Mutex::new(Inbox { calls: 0, from })),
             timeout,
             failed: Arc::clone(failed),
         })
@@ -205,13 +223,13 @@ impl ExpertExchange for ChannelExchange {
         phase: ExchangePhase,
         rows: Vec<ExpertRows>,
     ) -> Result<Vec<ExpertRows>, KernelError> {
-        let mut inbox = self
-            .inbox
+        let mut inbox = self.inboxes[lane(phase)]
             .lock()
             .map_err(|_| self.error(phase, "its inbox was poisoned".into()))?;
         inbox.calls += 1;
         let call = inbox.calls;
-        for (peer, to) in &self.to {
+        for (peer, lanes) in &self.to {
+            let to = &lanes[lane(phase)];
             let message = Message {
                 call,
                 phase,
@@ -224,7 +242,7 @@ impl ExpertExchange for ChannelExchange {
         }
         let mut all = rows;
         for (peer, from) in &inbox.from {
-            let message = self.receive(phase, *peer, from)?;
+            let message = while_waiting(|| self.receive(phase, *peer, from))?;
             if (message.call, message.phase) != (call, phase) {
                 let what = format!(
                     "expert rank {} sent its rows of call {} ({}) for call {call} ({phase}): \
@@ -274,6 +292,33 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert_eq!(got, vec![vec![0, 1, 2]; 3]);
+    }
+
+    #[test]
+    fn the_two_phases_are_matched_apart_when_a_pair_calls_them_at_once() {
+        let mut groups = ExpertGroups::new(1, 1, 2, Duration::from_secs(5));
+        let ours = groups.take(0, RankId::new(0), ExpertRank::new(0)).unwrap();
+        let theirs = groups.take(0, RankId::new(0), ExpertRank::new(1)).unwrap();
+        let experts = |all: Vec<ExpertRows>| {
+            let mut e: Vec<usize> = all.iter().map(|r| r.expert()).collect();
+            e.sort_unstable();
+            e
+        };
+        std::thread::scope(|scope| {
+            // Ours calls the dispatch backward first, then the combine; theirs calls the two
+            // from two threads, the combine first.
+            let a = scope.spawn(|| {
+                let b = ours.exchange(ExchangePhase::DispatchBackward, rows(0));
+                let c = ours.exchange(ExchangePhase::Combine, rows(0));
+                (experts(b.unwrap()), experts(c.unwrap()))
+            });
+            let c = scope.spawn(|| theirs.exchange(ExchangePhase::Combine, rows(1)));
+            std::thread::sleep(Duration::from_millis(30));
+            let b = theirs.exchange(ExchangePhase::DispatchBackward, rows(1));
+            assert_eq!(experts(b.unwrap()), vec![0, 1]);
+            assert_eq!(experts(c.join().unwrap().unwrap()), vec![0, 1]);
+            assert_eq!(a.join().unwrap(), (vec![0, 1], vec![0, 1]));
+        });
     }
 
     #[test]

@@ -27,6 +27,7 @@
 //! The MPI backend runs one expert rank per process's pipeline rank (`X = 1`).
 
 mod exchange;
+pub(crate) mod slot;
 mod watched;
 
 pub(crate) use exchange::ExpertGroups;

@@ -50,9 +50,13 @@ impl fmt::Display for ExchangePhase {
 /// How the expert-parallel ranks of a group hand each other their experts' rows: an all-to-all
 /// in which each rank sends the rows of its experts to every other rank of the group.
 ///
-/// Every rank of a group calls it for the same layers in the same order (they run the same
-/// program), once per phase of each forward and input backward of a mixture; an implementation
-/// may rely on that order to match the calls, and should fail rather than wait forever when a
+/// Every rank of a group calls it for the same layers in the same order within each phase (they
+/// run the same program), once per phase of each forward and input backward of a mixture; an
+/// implementation may rely on that order to match the calls of a phase. The two phases' orders
+/// are independent: a rank running an overlapped forward and backward (DualPipe's pair) calls the
+/// combine and the dispatch backward from two threads at once, so an implementation matches
+/// calls by phase and number within the phase, takes calls of the two phases concurrently, and
+/// never blocks a send on the peer's receive. It should fail rather than wait forever when a
 /// rank of the group is gone ([`crate::KernelError::ExpertExchange`]).
 pub trait ExpertExchange: Send + Sync + fmt::Debug {
     /// Hands `rows` (this rank's experts' rows: one entry per expert it ran) to every other rank
