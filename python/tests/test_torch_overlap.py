@@ -1,29 +1,33 @@
 """`pipeweave.torch.overlap`: DualPipeV's overlapped F;B pairs run with the forward of one
 microbatch and the backward of the other interleaved phase by phase (DeepSeek-V3's order), for
 transformers Mixtral layers as `pwt.phased_moe` blocks over 2 expert-parallel ranks, the
-all-to-alls asynchronous.
+exchanges asynchronous.
 
-- One launch of 2 pipeline x 2 expert ranks (4 processes, gloo) runs DualPipeV and a recompute
-  plan on it, each with the runtime's sequential pairs and with `pwt.overlap`
-  (torch_overlap_harness). With overlap, gradients and losses are bit-identical to the sequential
-  pairs'; all of them equal one device's within 1e-12 relative. Not bit-identical to one device,
-  for a documented reason: an expert on an expert-parallel rank multiplies the rows of both
-  ranks' tokens in one matrix product (one device, each replica's rows in its own), and where a
-  row falls in a blocked product changes the order its sums run in (a last bit of some rows, so
-  of the losses); the replicated weights' gradients are summed over the expert ranks by an
-  all-reduce, one device sums all tokens in one product. With one expert rank (a launch of 2
-  processes) there is no such regrouping, and overlap (with and without recompute) is
-  bit-identical to one device.
+- One launch of 2 pipeline x 2 expert ranks (4 processes, gloo) runs DualPipeV, a recompute and
+  an offload plan of it, each with the runtime's sequential pairs and with `pwt.overlap`, with the
+  tokens replicated over the expert ranks (the default) and split (DualPipeV and recompute)
+  (torch_overlap_harness).
+- Replicated tokens: every loss and every parameter's gradient (each replicated one on both
+  expert ranks, each expert's on its holder) equal one device's (`torch.equal`, float64): one
+  device runs the same model on the same batch, every expert in one process.
+- Split tokens (expert rank x trains on replica x's batch): within 1e-12 relative of one device
+  running both replicas' batches in turn, not bit for bit, for a documented reason: an expert
+  multiplies the rows of both ranks' tokens in one matrix product (one device, each replica's rows
+  in its own), and where a row falls in a blocked product changes the order its sums run in; the
+  replicated weights' gradients are summed over the expert ranks by an all-reduce.
+- With overlap, gradients and losses are bit-identical to the sequential pairs', in both modes;
+  with one expert rank (a launch of 2 processes) overlap is bit-identical to one device.
 - The trace of every pair: the forward's dispatch is issued before the backward's experts compute
-  and waited on after them, and so on for DeepSeek's four slots; a recomputed pair's phases run
-  again right before their backward.
+  and waited on after them (where it sends: split tokens), and so on for DeepSeek's four slots; a
+  recomputed pair's phases run again right before their backward.
 - One process: a phased Mixtral layer is the transformers layer bit for bit (forward, input and
-  every parameter's gradient), a phased Qwen2-MoE layer within 1e-12; what `overlap` and
-  `phased_moe` refuse.
+  every parameter's gradient), a phased Qwen2-MoE layer within 1e-12; what `overlap`,
+  `phased_moe` and `average_expert_parallel_grads` refuse.
 - A short measurement of the step time, sequential pairs vs overlap (printed with -s); the full
   one: `python torch_overlap_harness.py measure`.
 """
 
+import math
 import types
 
 import pytest
@@ -40,33 +44,38 @@ RANKS, EXPERT_RANKS, MICROBATCHES = 2, 2, 4
 RECOMPUTE = f"recompute({H.DUALPIPE_V}, memory=2)"
 OFFLOAD = f"offload({H.DUALPIPE_V}, memory=2)"
 OFFLOAD_COSTS = {"F": 1, "I": 1, "W": 1, "offload": 0.25}
-CASES = [(e, o) for e in (H.DUALPIPE_V, RECOMPUTE, OFFLOAD) for o in (False, True)]
+EXPRESSIONS = {"replicated": (H.DUALPIPE_V, RECOMPUTE, OFFLOAD), "split": (H.DUALPIPE_V, RECOMPUTE)}
+CASES = [(t, e, o) for t, es in EXPRESSIONS.items() for e in es for o in (False, True)]
 TOLERANCE = 1e-12
 
 _RUN = {}
 
 
+def name(expression):
+    return expression[:expression.index("(")]
+
+
 def group(expert_ranks=EXPERT_RANKS, cases=CASES):
     """Every case of `cases` in one launch of RANKS x `expert_ranks` processes (once per
-    session): per (expression, overlap) the plan and the workers' records."""
+    session): per (tokens, expression, overlap) the plan and the workers' records."""
     if expert_ranks not in _RUN:
         todo, plans = [], {}
-        for i, (expression, on) in enumerate(cases):
+        for i, (tokens, expression, on) in enumerate(cases):
             costs = OFFLOAD_COSTS if expression == OFFLOAD else None
-            plan = pipeweave.plan(expression, ranks=RANKS, microbatches=MICROBATCHES, costs=costs)
-            plans[(expression, on)] = plan
-            todo.append({"id": i, "expression": expression, "overlap": on, "trace": on,
-                         "meter": expression == OFFLOAD, "report": dict(plan.report)})
+            plans[i] = pipeweave.plan(expression, ranks=RANKS, microbatches=MICROBATCHES, costs=costs)
+            todo.append({"id": i, "tokens": tokens, "overlap": on, "trace": on, "meter": expression == OFFLOAD,
+                         "report": dict(plans[i].report)})
         records = H.run(todo, RANKS, expert_ranks, timeout=240)
-        _RUN[expert_ranks] = {(e, o): (plans[(e, o)], [r for r in records if r["case"] == i])
-                              for i, (e, o) in enumerate(cases)}
+        _RUN[expert_ranks] = {case: (plans[i], [r for r in records if r["case"] == i])
+                              for i, case in enumerate(cases)}
     return _RUN[expert_ranks]
 
 
-def reference(expert_ranks=EXPERT_RANKS):
-    key = ("reference", expert_ranks)
+def reference(replicas):
+    """One device's gradients and per replica losses, `replicas` replicas' batches in turn."""
+    key = ("reference", replicas)
     if key not in _RUN:
-        _RUN[key] = H.reference(torch, H.Shape(), 2 * RANKS, MICROBATCHES, expert_ranks)
+        _RUN[key] = H.reference(torch, H.Shape(), 2 * RANKS, MICROBATCHES, replicas)
     return _RUN[key]
 
 
@@ -74,38 +83,76 @@ def by_worker(records):
     return {(r["rank"], r["replica"]): r for r in records}
 
 
-@pytest.mark.parametrize("expression,on", CASES, ids=[f"{'overlap' if o else 'sequential'}-{e[:e.index('(')]}"
-                                                      for e, o in CASES])
-def test_gradients_and_losses_match_one_device(expression, on):
-    plan, records = group()[(expression, on)]
+def losses_of(record):
+    return torch.tensor([float.fromhex(v) for v in record["losses"]], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("expression,on", [(e, o) for t, e, o in CASES if t == "replicated"],
+                         ids=[f"{'overlap' if o else 'sequential'}-{name(e)}" for t, e, o in CASES
+                              if t == "replicated"])
+def test_replicated_tokens_are_one_device_bit_for_bit(expression, on):
+    plan, records = group()[("replicated", expression, on)]
     assert len(records) == RANKS * EXPERT_RANKS
-    grads, losses = reference()
-    worst, same, total = H.compare(grads, records)
+    grads, losses = reference(1)
+    worst, same, total = H.compare(torch, grads, records, EXPERT_RANKS)
+    assert same == total, f"{total - same} of {total} gradients differ from one device's ({worst:.3g} relative)"
+    want = torch.tensor(losses[0], dtype=torch.float64)
+    with_losses = [r for r in records if r["losses"] is not None]
+    assert len(with_losses) == EXPERT_RANKS
+    for record in with_losses:
+        assert torch.equal(losses_of(record), want), f"worker {record['rank'], record['replica']}: losses differ"
+    if on:
+        assert all(r["pairs"] == len(pairs_of(plan, r["rank"])) > 0 for r in records)
+    print(f"\nreplicated {expression} overlap={on}: {same}/{total} gradients and every loss equal to one device's")
+
+
+@pytest.mark.parametrize("expression,on", [(e, o) for t, e, o in CASES if t == "split"],
+                         ids=[f"{'overlap' if o else 'sequential'}-{name(e)}" for t, e, o in CASES if t == "split"])
+def test_split_tokens_match_one_device_within_tolerance(expression, on):
+    _, records = group()[("split", expression, on)]
+    assert len(records) == RANKS * EXPERT_RANKS
+    grads, losses = reference(EXPERT_RANKS)
+    worst, same, total = H.compare(torch, grads, records, EXPERT_RANKS)
     assert worst <= TOLERANCE, f"{expression} overlap={on}: {worst:.3g} relative"
     for record in records:
         if record["losses"] is not None:
-            got = [float.fromhex(v) for v in record["losses"]]
-            want = losses[record["replica"]]
-            assert max(abs(a - b) / abs(b) for a, b in zip(got, want)) <= TOLERANCE
-    print(f"\n{expression} overlap={on}: {same}/{total} gradients bit-identical to one device, "
+            want = torch.tensor(losses[record["replica"]], dtype=torch.float64)
+            assert torch.allclose(losses_of(record), want, rtol=TOLERANCE, atol=0)
+    print(f"\nsplit {expression} overlap={on}: {same}/{total} gradients bit-identical to one device, "
           f"largest difference {worst:.3g} relative")
 
 
+def test_the_comparison_sees_one_bit_and_a_missing_gradient():
+    _, records = group()[("replicated", H.DUALPIPE_V, True)]
+    grads, _ = reference(1)
+    changed = [dict(r, grads=dict(r["grads"])) for r in records]
+    key = sorted(changed[0]["grads"])[0]
+    values = list(changed[0]["grads"][key])
+    values[0] = math.nextafter(float.fromhex(values[0]), math.inf).hex()
+    changed[0]["grads"][key] = values
+    _, same, total = H.compare(torch, grads, changed, EXPERT_RANKS)
+    assert same == total - 1
+    del changed[0]["grads"][key]
+    with pytest.raises(AssertionError, match="not returned by as many ranks"):
+        H.compare(torch, grads, changed, EXPERT_RANKS)
+
+
 def test_with_one_expert_rank_overlap_is_one_device_bit_for_bit():
-    runs = group(1, [(H.DUALPIPE_V, True), (RECOMPUTE, True)])
+    runs = group(1, [("replicated", H.DUALPIPE_V, True), ("replicated", RECOMPUTE, True)])
     grads, losses = reference(1)
-    for (expression, _), (plan, records) in runs.items():
+    for (_, expression, _), (plan, records) in runs.items():
         assert len(records) == RANKS
-        worst, same, total = H.compare(grads, records)
+        worst, same, total = H.compare(torch, grads, records, 1)
         assert same == total, f"{expression}: {total - same} of {total} gradients differ ({worst:.3g} relative)"
         assert [r["losses"] for r in records if r["losses"]] == [[v.hex() for v in losses[0]]]
         assert all(r["pairs"] == len(pairs_of(plan, r["rank"])) for r in records)
 
 
-@pytest.mark.parametrize("expression", [H.DUALPIPE_V, RECOMPUTE, OFFLOAD], ids=["dualpipev", "recompute", "offload"])
-def test_overlap_is_bit_identical_to_sequential_pairs(expression):
-    _, sequential = group()[(expression, False)]
-    _, overlapped = group()[(expression, True)]
+@pytest.mark.parametrize("tokens,expression", [(t, e) for t, es in EXPRESSIONS.items() for e in es],
+                         ids=[f"{t}-{name(e)}" for t, es in EXPRESSIONS.items() for e in es])
+def test_overlap_is_bit_identical_to_sequential_pairs(tokens, expression):
+    _, sequential = group()[(tokens, expression, False)]
+    _, overlapped = group()[(tokens, expression, True)]
     seq, ovl = by_worker(sequential), by_worker(overlapped)
     assert seq.keys() == ovl.keys()
     for worker, record in ovl.items():
@@ -123,44 +170,46 @@ def pairs_of(plan, rank):
     return out
 
 
-@pytest.mark.parametrize("expression", [H.DUALPIPE_V, RECOMPUTE], ids=["dualpipev", "recompute"])
-def test_phases_interleave_as_deepseek_v3(expression):
-    plan, records = group()[(expression, True)]
+# The exchanges that send a message (the others take the rank's own rows): (half, exchange).
+MESSAGES = {"split": {("F", "dispatch"), ("F", "combine"), ("B", "dispatch"), ("B", "combine")},
+            "replicated": {("F", "combine"), ("B", "dispatch")}}
+
+
+@pytest.mark.parametrize("tokens,expression", [(t, e) for t in EXPRESSIONS for e in (H.DUALPIPE_V, RECOMPUTE)],
+                         ids=[f"{t}-{name(e)}" for t in EXPRESSIONS for e in (H.DUALPIPE_V, RECOMPUTE)])
+def test_phases_interleave_as_deepseek_v3(tokens, expression):
+    plan, records = group()[(tokens, expression, True)]
+    last = H.Shape().layers_per_stage - 1
     for record in records:
         pairs = pairs_of(plan, record["rank"])
         assert pairs and record["pairs"] == len(pairs)
         events = [tuple(e) for e in record["events"]]
         for (fs, fm), (bs, bm) in pairs:
-            blocks = H.Shape().layers_per_stage
-            last = blocks - 1
+            where = {"F": (fs, fm, 0), "B": (bs, bm, last)}
 
-            def at(half, stage, mb, phase, event):
-                key = (half, stage, mb, phase, event)
+            def at(half, phase, event):
+                stage, mb, block = where[half]
+                key = (half, stage, mb, f"{phase} {block}", event)
                 assert key in events, f"no {key} in rank {record['rank']}'s trace"
                 return events.index(key)
 
-            def f(phase, event):
-                return at("F", fs, fm, phase, event)
+            def hides(half, exchange, other, phase):
+                """`half`'s `exchange` flies while `other`'s `phase` computes (if it sends)."""
+                assert at(half, exchange, "issue") < at(other, phase, "start")
+                stage, mb, block = where[half]
+                waited = (half, stage, mb, f"{exchange} {block}", "wait") in events
+                assert waited == ((half, exchange) in MESSAGES[tokens]), (half, exchange, tokens)
+                if waited:
+                    assert at(other, phase, "end") < at(half, exchange, "wait")
 
-            def b(phase, event):
-                return at("B", bs, bm, phase, event)
-
-            # Slot 1: the forward's attention while the backward's combine all-to-all flies.
-            assert b(f"combine {last}", "issue") < f("attention 0", "start")
-            assert f("attention 0", "end") < b(f"combine {last}", "wait")
-            # Slot 2: the backward's experts while the forward's dispatch flies.
-            assert f("dispatch 0", "issue") < b(f"experts {last}", "start")
-            assert b(f"experts {last}", "end") < f("dispatch 0", "wait")
-            # Slot 3: the forward's experts while the backward's dispatch flies.
-            assert b(f"dispatch {last}", "issue") < f("experts 0", "start")
-            assert f("experts 0", "end") < b(f"dispatch {last}", "wait")
-            # Slot 4: the backward's attention while the forward's combine flies.
-            assert f("combine 0", "issue") < b(f"attention {last}", "start")
-            assert b(f"attention {last}", "end") < f("combine 0", "wait")
+            hides("B", "combine", "F", "attention")  # slot 1
+            hides("F", "dispatch", "B", "experts")  # slot 2
+            hides("B", "dispatch", "F", "experts")  # slot 3
+            hides("F", "combine", "B", "attention")  # slot 4
 
 
 def test_offloaded_pairs_offload_what_their_phases_save():
-    plan, records = group()[(OFFLOAD, True)]
+    plan, records = group()[("replicated", OFFLOAD, True)]
     assert plan.offloaded
     for record in records:
         mine = set(plan.stages_on(record["rank"]))
@@ -169,7 +218,7 @@ def test_offloaded_pairs_offload_what_their_phases_save():
 
 
 def test_recomputed_pairs_recompute_phase_by_phase():
-    plan, records = group()[(RECOMPUTE, True)]
+    plan, records = group()[("replicated", RECOMPUTE, True)]
     assert plan.recomputed
     for record in records:
         mine = set(plan.stages_on(record["rank"]))
@@ -271,6 +320,31 @@ def test_phased_moe_refuses_what_it_cannot_run(monkeypatch):
     monkeypatch.setattr(moe, "_group_rank", lambda group: 0)
     with pytest.raises(Error, match="^3 experts do not divide over 2 expert-parallel ranks$"):
         pwt.phased_moe(layer, group=object())
+    with pytest.raises(Error, match="^unknown tokens mode 'shared'; MoE blocks take tokens='replicated' or "
+                                    "tokens='split'$"):
+        pwt.phased_moe(H.make_layer(torch, three, 0), tokens="shared")
+
+
+def test_replicated_blocks_refuse_expert_ranks_that_routed_differently(monkeypatch):
+    import pipeweave.torch._moe as moe
+
+    monkeypatch.setattr(moe, "_group_size", lambda group: 2)
+    monkeypatch.setattr(moe, "_group_rank", lambda group: 0)
+    mine, theirs = torch.tensor([2, 2, 2, 2]), torch.tensor([1, 2, 3, 2])
+    done = types.SimpleNamespace(wait=lambda: None)
+    monkeypatch.setattr(moe, "all_to_all", lambda x, async_op, **rows: (torch.cat([mine, theirs]), done, x))
+    moves = moe._Replicated(mine, pwt.phased_moe(H.make_layer(torch, H.Shape(), 0), group=object()))
+    with pytest.raises(Error, match=r"^expert rank 1 routed \[1, 2, 3, 2\] tokens per expert, expert rank 0 "
+                                    r"\[2, 2, 2, 2\]: tokens='replicated' needs every expert rank"):
+        moves.gather(torch.zeros(4, 16), False)
+
+
+def test_average_expert_parallel_grads_refuses_mixed_token_modes():
+    shape = H.Shape()
+    mixed = torch.nn.Sequential(pwt.phased_moe(H.make_layer(torch, shape, 0), tokens="split"),
+                                pwt.phased_moe(H.make_layer(torch, shape, 1)))
+    with pytest.raises(Error, match="mix tokens='replicated' and tokens='split'"):
+        pwt.average_expert_parallel_grads([mixed], None)
 
 
 def test_measure_step_time():

@@ -1,7 +1,9 @@
 """Workers and the single-device reference of the real-overlap tests (test_torch_overlap.py): a
 transformers Mixtral model's decoder layers (random weights, float64, 4 experts, top-2) as
 `pwt.phased_moe` blocks, trained by `pwt.schedule` of DualPipeV on P pipeline ranks x X
-expert-parallel ranks (one process each, gloo on CPU), with and without `pwt.overlap`.
+expert-parallel ranks (one process each, gloo on CPU), with and without `pwt.overlap`, the
+tokens replicated over the expert ranks (each fed replica 0's batch) or split (expert rank x fed
+replica x's).
 
     python torch_overlap_harness.py worker --rank R --world N --ranks P --port PORT --cases FILE --results FILE
     python torch_overlap_harness.py measure [--hidden 256 --seq 128 --rounds 7 --steps 2]   # step times
@@ -123,17 +125,17 @@ def reference(torch: Any, shape: Shape, stages: int, microbatches: int, replicas
 # ----------------------------------------------------------------------------- the workers
 
 
-def build(torch: Any, shape: Shape, plan: Any, pp_rank: int, pp_group: Any,
-          ep_group: Any) -> Tuple[Dict[int, Any], List[Any]]:
+def build(torch: Any, shape: Shape, plan: Any, pp_rank: int, pp_group: Any, ep_group: Any,
+          tokens: str) -> Tuple[Dict[int, Any], List[Any]]:
     """This rank's stage modules (nn.Sequential of phased Mixtral layers, this expert rank's
-    experts) and PipelineStages."""
+    experts, `tokens` shared as that says) and PipelineStages."""
     from torch.distributed.pipelining import PipelineStage
 
     import pipeweave.torch as pwt
 
     modules, stages = {}, []
     for s in plan.stages_on(pp_rank):
-        blocks = [pwt.phased_moe(make_layer(torch, shape, layer_index(shape, s, i)), ep_group)
+        blocks = [pwt.phased_moe(make_layer(torch, shape, layer_index(shape, s, i)), ep_group, tokens=tokens)
                   for i in range(shape.layers_per_stage)]
         modules[s] = torch.nn.Sequential(*blocks)
         stages.append(PipelineStage(modules[s], s, plan.stages, torch.device("cpu"), group=pp_group))
@@ -141,21 +143,23 @@ def build(torch: Any, shape: Shape, plan: Any, pp_rank: int, pp_group: Any,
 
 
 def gradient_record(modules: Dict[int, Any]) -> Dict[str, List[str]]:
-    """Per parameter `stage.name` its gradient as exact hex floats; this rank's experts one by
-    one (`...#e`, e global)."""
-    grads = {}
+    """Per parameter `stage.name` its gradient as exact hex floats (None where it has none);
+    this rank's experts one by one (`...#e`, e global)."""
+    grads: Dict[str, Any] = {}
     for s, module in modules.items():
         for i, block in enumerate(module):
             for name, p in block.named_parameters():
-                if p.grad is None:
-                    continue
                 key = f"{s}.{i}.{name}"
                 if "experts." in name:
                     for j, e in enumerate(block.local_experts):
-                        grads[f"{key}#{e}"] = [v.hex() for v in p.grad[j].flatten().tolist()]
+                        grads[f"{key}#{e}"] = _hex(p.grad[j] if p.grad is not None else None)
                 else:
-                    grads[key] = [v.hex() for v in p.grad.flatten().tolist()]
+                    grads[key] = _hex(p.grad)
     return grads
+
+
+def _hex(grad: Any) -> Any:
+    return None if grad is None else [v.hex() for v in grad.flatten().tolist()]
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -176,10 +180,10 @@ def worker(args: argparse.Namespace) -> None:
     out = open(args.results, "w")
     for case in cases:
         plan = Plan.from_report(case["report"])
-        modules, stages = build(torch, shape, plan, pp_rank, pp_group, ep_group)
+        modules, stages = build(torch, shape, plan, pp_rank, pp_group, ep_group, case["tokens"])
         schedule = pwt.schedule(plan, stages, loss_fn=loss_fn)
         overlap = pwt.overlap(schedule, trace=case.get("trace", False)) if case["overlap"] else None
-        x, y = batch(torch, shape, plan.microbatches, replica)
+        x, y = batch(torch, shape, plan.microbatches, replica if case["tokens"] == "split" else 0)
         mine = plan.stages_on(pp_rank)
         losses: List[Any] = []
         inputs = (x,) if 0 in mine else ()
@@ -222,9 +226,9 @@ def measure_worker(args: argparse.Namespace) -> None:
                                                      timeout=120)
     ep_group = mesh["dp"].get_group()
     plan = pipeweave.plan(DUALPIPE_V, ranks=args.ranks, microbatches=args.microbatches)
-    modules, stages = build(torch, shape, plan, pp_rank, pp_group, ep_group)
+    modules, stages = build(torch, shape, plan, pp_rank, pp_group, ep_group, "replicated")
     schedule = pwt.schedule(plan, stages, loss_fn=loss_fn)
-    x, y = batch(torch, shape, plan.microbatches, replica)
+    x, y = batch(torch, shape, plan.microbatches, 0)
     mine = plan.stages_on(pp_rank)
     inputs = (x,) if 0 in mine else ()
     target = y if plan.stages - 1 in mine else None
@@ -290,24 +294,28 @@ def run(cases: Sequence[Dict[str, Any]], ranks: int, experts: int, timeout: floa
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def compare(expected: Dict[str, Any], records: Sequence[Dict[str, Any]]) -> Tuple[float, int, int]:
+def compare(torch: Any, expected: Dict[str, Any], records: Sequence[Dict[str, Any]],
+            expert_ranks: int) -> Tuple[float, int, int]:
     """The largest relative difference (to each parameter's largest gradient) of the records'
-    gradients to `expected`, how many gradients are bit-identical and how many were compared;
-    raises AssertionError when one is missing."""
+    gradients to `expected`, how many of them are equal (`torch.equal`) and how many were
+    compared. Every gradient of `expected` must come from every expert rank of the pipeline rank
+    holding it (an expert's, `...#e`, from its holder alone) and none be None, else
+    AssertionError."""
     worst, same, total = 0.0, 0, 0
-    seen = set()
+    reporters: Dict[str, int] = {}
     for record in records:
         for key, values in record["grads"].items():
-            want = expected[key].flatten().tolist()
-            got = [float.fromhex(v) for v in values]
-            assert len(got) == len(want), f"{key}: {len(got)} values, expected {len(want)}"
-            scale = max(max(abs(v) for v in want), 1e-300)
-            worst = max(worst, max(abs(a - b) for a, b in zip(got, want)) / scale)
-            same += got == want
+            assert key in expected, f"{key}: not a parameter of one device's model"
+            assert values is not None, f"{key}: no gradient on worker {record['rank'], record['replica']}"
+            want = expected[key]
+            got = torch.tensor([float.fromhex(v) for v in values], dtype=want.dtype).view(want.shape)
+            scale = max(want.abs().max().item(), 1e-300)
+            worst = max(worst, (got - want).abs().max().item() / scale)
+            same += torch.equal(got, want)
             total += 1
-            seen.add(key)
-    missing = sorted(set(expected) - seen)
-    assert not missing, f"no rank returned the gradients of {missing[:3]}"
+            reporters[key] = reporters.get(key, 0) + 1
+    wrong = {key: reporters.get(key, 0) for key in expected if reporters.get(key, 0) != (1 if "#" in key else expert_ranks)}
+    assert not wrong, f"gradients not returned by as many ranks as hold them: {sorted(wrong.items())[:3]}"
     return worst, same, total
 
 

@@ -31,7 +31,8 @@
   run with one microbatch's forward and the other's backward interleaved phase by phase, the
   all-to-alls asynchronous, for stages of mixture-of-experts blocks described by their phases
   (`MoePhases`; `phased_moe(layer, group)` for transformers' Mixtral and Qwen2-MoE layers, experts
-  over an expert-parallel group); `average_expert_parallel_grads(modules, group)` after the step.
+  over an expert-parallel group, the tokens `replicated` over it (one device's bits) or `split`,
+  then `average_expert_parallel_grads(modules, group)` after the step).
 
 Supported PyTorch: 2.6 or later (the contract's floor; `pip install './python[torch]'`), tested with
 2.15 on CPU (gloo), plain and FSDP-wrapped (`fully_shard`) stages. The schedule uses the runtime's

@@ -2,12 +2,16 @@
 PyTorch's runtime with the forward of one microbatch and the backward of the other interleaved
 phase by phase, as DeepSeek-V3 does, for stages made of `MoePhases` blocks:
 
-    B: combine's backward, then the reverse combine all-to-all issued      | F: attention, dispatch issued
-    B: the experts' backward, the reverse dispatch issued                   | F: the experts, combine issued
-    B: attention's backward (and the block before's combine), ...           | F: the combine, the next block ...
+    B: combine's backward, then the combine's backward exchange issued   | F: attention, dispatch issued
+    B: the experts' backward, the dispatch's backward exchange issued    | F: the experts, combine issued
+    B: attention's backward (and the block before's combine), ...        | F: the combine, the next block ...
 
-each all-to-all asynchronous and waited on only when its result is needed, while the other half
-computes. Without it the runtime runs a pair's two sub-actions one after the other.
+each exchange asynchronous and waited on only when its result is needed, while the other half
+computes. With split tokens all four exchanges are all-to-alls; with replicated tokens (the
+default) the dispatch's forward and the combine's backward move nothing (a rank takes its own
+experts' rows), and the two that send (the F's combine, the B's dispatch backward) fly while the
+B's attention and the F's experts compute. Without `overlap` the runtime runs a pair's two
+sub-actions one after the other.
 
 How: while a step runs, every forward of a stage holding `MoePhases` blocks is recorded phase by
 phase on a `Tape` (`_tape`: each phase its own autograd graph, the backward segment by segment;
@@ -15,8 +19,8 @@ the runtime sees one autograd node per stage and microbatch and does its own boo
 `OVERLAP_F_B` is registered with the runtime (`register_custom_function`): it does what the
 runtime does for an F and a B (receives, loss, same-rank hand-offs), but calls the B from inside
 the F's forward once the F's phases are ready to run, and the B's tape runs the F's next phase
-each time it has issued an all-to-all. The plan's recomputes run phase by phase (each phase again
-from its kept inputs right before its backward, the all-to-alls not again); its offloads move
+each time it has issued an exchange. The plan's recomputes run phase by phase (each phase again
+from its kept inputs right before its backward, the exchanges not again); its offloads move
 what the phases save (`SavedActivationMeter` sees those, not the tensors handed between phases).
 A stage whose backward the plan splits (I, then W) has its I compute its weight gradients too.
 """
@@ -85,7 +89,7 @@ class _Program:
         self.blocks = sum(isinstance(m, MoePhases) for m in chain)
 
     def forward(self, tape: Tape, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Iterator[None]:
-        """A generator: the forward phase by phase, yielding after issuing each all-to-all;
+        """A generator: the forward phase by phase, yielding after issuing each exchange;
         returns the stage's outputs as tape values."""
         values: Tuple[Optional[Value], ...] = tuple(
             tape.input(a) if isinstance(a, torch.Tensor) else None for a in args
@@ -114,12 +118,11 @@ class _Program:
         send, weights, *carry = tape.compute(f"attention {n}", phases.attention, values[0])
         layout = phases.layout
         assert layout is not None and send is not None
-        group = block.group if layout.sends else None
-        pending = tape.all_to_all(f"dispatch {n}", send, layout.recv_rows, layout.send_rows, group)
+        pending = tape.exchange(f"dispatch {n}", send, layout.dispatch)
         yield
         recv = pending.wait()
         (y,) = tape.compute(f"experts {n}", phases.experts, recv)
-        pending = tape.all_to_all(f"combine {n}", y, layout.send_rows, layout.recv_rows, group)
+        pending = tape.exchange(f"combine {n}", y, layout.combine)
         yield
         back = pending.wait()
         return tape.compute(f"merge {n}", phases.merge, back, weights, *carry)
@@ -162,8 +165,8 @@ class _Driver:
 class Overlap:
     """Real overlap installed on a `PlanSchedule` (see the module's doc). `programs`: the stage
     indices of this rank run phase by phase; `events`: with `trace=True`, every phase's start
-    and end (and "recompute" before a recomputed phase's backward) and every all-to-all's issue
-    and wait of the last step, in order, as (half, stage, microbatch, phase, event) with half "F"
+    and end (and "recompute" before a recomputed phase's backward) and every exchange's issue
+    and wait (a wait only where a message was pending) of the last step, in order, as (half, stage, microbatch, phase, event) with half "F"
     or "B" (a phase is `attention n`, `dispatch n`, `experts n`, `combine n`, `merge n` for block
     n of the stage, or `module i`); `pairs`: how many overlapped pairs the last step ran
     interleaved. `close()` gives the runtime back its own sequential pairs."""

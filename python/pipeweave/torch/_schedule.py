@@ -35,6 +35,7 @@ from .._errors import Error
 from .._plan import parse_action
 from . import _weight_grad
 from ._memory import LEDGER, StorageKey, parameter_keys, storage_key, storage_nbytes
+from ._moe import shape_probe
 
 __all__ = ["schedule", "PlanSchedule", "DUALPIPE_V"]
 
@@ -568,6 +569,12 @@ class PlanSchedule(_PipelineScheduleRuntime):
                     holder.offload()
                 elif name == "RELOAD":
                     holder.reload()
+
+    def _initialize_stages(self, *args: Any, **kwargs: Any) -> Any:
+        # The runtime's shape probe runs later stages on uninitialized tensors (different on each
+        # expert rank): replicated MoE blocks send nothing while it runs.
+        with shape_probe():
+            return super()._initialize_stages(*args, **kwargs)
 
     def _step_microbatches(self, *args: Any, **kwargs: Any) -> Any:
         metering = bool(LEDGER.meters)

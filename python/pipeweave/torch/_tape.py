@@ -2,18 +2,20 @@
 
 A `Tape` records a forward as segments: each compute phase (`compute(name, fn, *values)`) runs on
 fresh leaves (its inputs detached, `requires_grad` kept) and keeps its own autograd graph; each
-all-to-all (`all_to_all(...)`) is issued asynchronously and waited on when its result is needed
+exchange between phases (`exchange(name, value, exchange)`, an `_moe.Exchange`: an all-to-all, or
+a rank taking its own rows) is issued asynchronously and waited on when its result is needed
 (`Pending.wait()`). The tape's outputs go to the runtime through one autograd node (`glue`): when
 autograd reaches it, `backward_steps` runs the segments in reverse, `torch.autograd.backward`
-segment by segment, an all-to-all's backward being the reverse all-to-all of its output's
-gradient, issued asynchronously and waited on by the segment before it. `forward` and
-`backward_steps` are generators that yield right after issuing each all-to-all: whoever drives
-them (`_overlap`) runs the other half's next phase there.
+segment by segment, an exchange's backward (the reverse all-to-all of its result's gradient, or
+the gather of every rank's rows) issued asynchronously and waited on by the segment before it.
+The program driving a tape (`_overlap`) yields right after issuing each exchange of the forward,
+and `backward_steps` after each of the backward: whoever drives them runs the other half's next
+phase there.
 
-Each tensor a segment hands on is consumed once (by one later segment or one all-to-all); its
-gradient is the consumer's leaf's `.grad` (or the reverse all-to-all's result). In a recomputed
+Each tensor a segment hands on is consumed once (by one later segment or one exchange); its
+gradient is the consumer's leaf's `.grad` (or the exchange's backward's result). In a recomputed
 tape (`recompute=True`) each compute phase runs without autograd and again, from its kept inputs
-with the random state it had, right before its backward; the all-to-alls do not run again (their
+with the random state it had, right before its backward; the exchanges do not run again (their
 results are the next phase's kept inputs).
 """
 
@@ -23,7 +25,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from ._moe import all_to_all
+from ._moe import Exchange
 
 Trace = Optional[Callable[[str, str, str], None]]  # (half, phase, event)
 
@@ -81,47 +83,38 @@ class _Segment:
 
 
 class _Comm:
-    """One all-to-all: its source value, its result (a value of the next segment), and in the
-    backward the reverse all-to-all of that result's gradient."""
+    """One exchange (None: nothing moves): its source value, its result (a value of the next
+    segment, `out`'s shape), and in the backward the exchange of that result's gradient."""
 
-    def __init__(self, tape: "Tape", name: str, source: Value, out_rows: Sequence[int], in_rows: Sequence[int],
-                 group: Any):
+    def __init__(self, tape: "Tape", name: str, source: Value, exchange: Optional[Exchange], out: torch.Tensor):
         self.tape = tape
         self.name = name
         self.source = source
-        self.out_rows, self.in_rows = list(out_rows), list(in_rows)
-        self.group = group
+        self.exchange = exchange
         self.result: Optional[Value] = None
-        src = source.tensor
-        assert src is not None
-        self.shape, self.dtype, self.device = tuple(src.shape), src.dtype, src.device
-        self.reverse: Optional[Tuple[torch.Tensor, Any]] = None
+        self.shape, self.dtype, self.device = tuple(out.shape), out.dtype, out.device
+        self.reverse: Optional[Tuple[torch.Tensor, Any, Any]] = None
 
     def issue_reverse(self) -> None:
-        """Sends the gradient of the result back (zeros where none came), asynchronously."""
+        """Moves the gradient of the result back (zeros where none came), asynchronously."""
         g = self.result.grad() if self.result is not None else None
-        rows = sum(self.out_rows)
         if g is None:
-            g = torch.zeros((rows,) + self.shape[1:], dtype=self.dtype, device=self.device)
-        if self.group is None:
-            self.reverse = (g, None)
-        else:
-            out, work, _ = all_to_all(g, self.in_rows, self.out_rows, self.group, async_op=True)
-            self.reverse = (out, work)
+            g = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        self.reverse = (g, None, None) if self.exchange is None else self.exchange.backward(g, True)
         self.tape.note("B", self.name, "issue")
 
     def source_grad(self) -> torch.Tensor:
-        assert self.reverse is not None, "a reverse all-to-all waited on before it was issued"
-        g, work = self.reverse
+        assert self.reverse is not None, "an exchange's backward waited on before it was issued"
+        g, work, _ = self.reverse
         if work is not None:
             work.wait()
-            self.reverse = (g, None)
+            self.reverse = (g, None, None)
             self.tape.note("B", self.name, "wait")
         return g
 
 
 class Pending:
-    """An all-to-all issued in the forward: `wait()` gives its result as the next segment's value."""
+    """An exchange issued in the forward: `wait()` gives its result as the next segment's value."""
 
     def __init__(self, comm: _Comm, out: torch.Tensor, work: Any, sent: torch.Tensor, wants_grad: bool):
         self.comm, self.out, self.work, self.sent, self.wants_grad = comm, out, work, sent, wants_grad
@@ -141,7 +134,7 @@ class Tape:
     the forward builds autograd graphs (a training forward); `recompute`: whether each compute
     phase runs again before its backward instead of keeping what it saves; `trace(half, phase,
     event)` is told every phase's start and end (a recomputed one's "recompute" before) and
-    every all-to-all's issue and wait."""
+    every exchange's issue and wait (a wait only where a message was pending)."""
 
     def __init__(self, *, grad: bool, recompute: bool, trace: Trace = None):
         self.grad = grad
@@ -175,20 +168,16 @@ class Tape:
         self.items.append(_Segment(name, fn, leaves, handed, rng))
         return tuple(handed)  # type: ignore[return-value]
 
-    def all_to_all(self, name: str, value: Value, out_rows: Sequence[int], in_rows: Sequence[int],
-                   group: Any) -> Pending:
-        """Issues the all-to-all of `value` (`in_rows` to each rank, `out_rows` from each)."""
-        comm = _Comm(self, name, value, out_rows, in_rows, group)
-        value.comm = comm
-        self.items.append(comm)
+    def exchange(self, name: str, value: Value, exchange: Optional[Exchange]) -> Pending:
+        """Issues `exchange`'s forward on `value` (None: `value` itself goes on)."""
         src = value.tensor
         assert src is not None
-        if group is None:
-            out, work, sent = src.detach(), None, src
-        else:
-            out, work, sent = all_to_all(src, out_rows, in_rows, group, async_op=True)
+        out, work, sent = (src.detach(), None, src) if exchange is None else exchange.forward(src, True)
+        comm = _Comm(self, name, value, exchange, out)
+        value.comm = comm
+        self.items.append(comm)
         # The producer's backward needs only where the sent tensor's gradient goes (recomputed,
-        # not even that): its storage goes once the all-to-all has read it.
+        # not even that): its storage goes once the exchange has read it.
         value.tensor = None
         if src.grad_fn is not None:
             value.edge = torch.autograd.graph.get_gradient_edge(src)
@@ -208,8 +197,8 @@ class Tape:
 
     # ------------------------------------------------------------------ backward
     def backward_steps(self, grads: Sequence[Optional[torch.Tensor]]) -> Iterator[None]:
-        """The tape's backward, segment by segment in reverse, yielding after issuing each reverse
-        all-to-all; `grads`: the outputs' gradients."""
+        """The tape's backward, segment by segment in reverse, yielding after issuing each
+        exchange's backward; `grads`: the outputs' gradients."""
         for value, g in zip(self.outputs, grads):
             value.external = g
         self.outputs = []
@@ -224,7 +213,7 @@ class Tape:
 
     def _backward(self, seg: _Segment) -> None:
         """The segment's backward: (recomputed first, before any wait), then its outputs'
-        gradients (waiting on a reverse all-to-all if one brings them), then autograd."""
+        gradients (waiting on an exchange's backward if one brings them), then autograd."""
         outs: Sequence[Any] = [v.root() if v is not None else None for v in seg.values]
         if self.recompute:
             self.note("B", seg.name, "recompute")
