@@ -126,9 +126,10 @@ def reference(torch: Any, shape: Shape, stages: int, microbatches: int, replicas
 
 
 def build(torch: Any, shape: Shape, plan: Any, pp_rank: int, pp_group: Any, ep_group: Any,
-          tokens: str) -> Tuple[Dict[int, Any], List[Any]]:
+          tokens: str, static: bool = False) -> Tuple[Dict[int, Any], List[Any]]:
     """This rank's stage modules (nn.Sequential of phased Mixtral layers, this expert rank's
-    experts, `tokens` shared as that says) and PipelineStages."""
+    experts, `tokens` shared as that says) and PipelineStages (`static`: given a microbatch's
+    input and output shapes, so that the runtime runs no shape probe)."""
     from torch.distributed.pipelining import PipelineStage
 
     import pipeweave.torch as pwt
@@ -138,7 +139,11 @@ def build(torch: Any, shape: Shape, plan: Any, pp_rank: int, pp_group: Any, ep_g
         blocks = [pwt.phased_moe(make_layer(torch, shape, layer_index(shape, s, i)), ep_group, tokens=tokens)
                   for i in range(shape.layers_per_stage)]
         modules[s] = torch.nn.Sequential(*blocks)
-        stages.append(PipelineStage(modules[s], s, plan.stages, torch.device("cpu"), group=pp_group))
+        shapes = {}
+        if static:  # a later stage's input takes a gradient back; every output gives one
+            example = torch.zeros(shape.rows, shape.seq, shape.hidden, dtype=getattr(torch, shape.dtype))
+            shapes = {"input_args": example.clone().requires_grad_(s > 0), "output_args": example.requires_grad_()}
+        stages.append(PipelineStage(modules[s], s, plan.stages, torch.device("cpu"), group=pp_group, **shapes))
     return modules, stages
 
 
@@ -265,9 +270,11 @@ def measure_worker(args: argparse.Namespace) -> None:
 
 
 def run(cases: Sequence[Dict[str, Any]], ranks: int, experts: int, timeout: float = 240.0,
-        mode: str = "worker", options: Sequence[str] = ()) -> List[Dict[str, Any]]:
-    """Runs `cases` on `ranks` x `experts` worker processes (`mode`, with `options`); returns
-    their records (raises GroupFailed with the failing worker's output)."""
+        mode: str = "worker", options: Sequence[str] = (), script: str = __file__) -> List[Dict[str, Any]]:
+    """Runs `cases` on `ranks` x `experts` worker processes of `script` (this file, or one
+    taking the same arguments: `mode`, `--rank`, `--world`, `--ranks`, `--port`, `--cases`,
+    `--results`, then `options`); returns their records (raises GroupFailed with the failing
+    worker's output)."""
     import shutil
     import tempfile
 
@@ -280,7 +287,7 @@ def run(cases: Sequence[Dict[str, Any]], ranks: int, experts: int, timeout: floa
         port = free_port()
         results = [os.path.join(workdir, f"results{r}.jsonl") for r in range(world)]
         logs = [os.path.join(workdir, f"log{r}.txt") for r in range(world)]
-        commands = [[sys.executable, os.path.abspath(__file__), mode, "--rank", str(r), "--world", str(world),
+        commands = [[sys.executable, os.path.abspath(script), mode, "--rank", str(r), "--world", str(world),
                      "--ranks", str(ranks), "--port", str(port), "--cases", case_file, "--results", results[r],
                      *options]
                     for r in range(world)]
