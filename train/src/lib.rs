@@ -70,7 +70,7 @@ pub use profile::{
 };
 pub use progress::Progress;
 pub use schedule::LrSchedule;
-pub use stage::{GptStage, Injection, MeasuredOp};
+pub use stage::{GptStage, Injection, MeasuredOp, Pairs};
 pub use step::{GptModel, StepOutcome, StepRunner};
 pub use timeline::{pipeline_overhead, step_timeline, PipelineOverhead, StepTimeline};
 pub use trainer::{StepLog, TrainSettings, Trainer, CALIBRATION_STEPS};

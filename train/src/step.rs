@@ -15,7 +15,7 @@ use crate::cut::ModelCut;
 use crate::error::TrainError;
 use crate::experts::{ExpertGroups, ExpertParallel, ExpertRank, Watched};
 use crate::gradients::{GradSync, LocalGradients};
-use crate::stage::{GptStage, Injection, MeasuredOp};
+use crate::stage::{GptStage, Injection, MeasuredOp, Pairs};
 use candle_core::{DType, Tensor};
 use pipeweave_backends::{run_threads, StageCompute, ThreadOptions};
 use pipeweave_core::{CheckedPrograms, Plan, Problem, ProjectionOptions, RankId, RecvPolicy};
@@ -110,6 +110,8 @@ pub struct GptModel {
     deterministic: bool,
     /// Where each rank's experts run: `None` for one expert rank per pipeline rank.
     experts: Option<ExpertParallel>,
+    /// How the ranks run an overlapped pair's halves (with expert parallelism).
+    pairs: Pairs,
 }
 
 impl GptModel {
@@ -154,6 +156,7 @@ impl GptModel {
             models,
             deterministic,
             experts: None,
+            pairs: Pairs::default(),
         })
     }
 
@@ -173,9 +176,25 @@ impl GptModel {
         Ok(self)
     }
 
+    /// The same model with its ranks running an overlapped pair's halves as `pairs` says.
+    pub fn with_pairs(mut self, pairs: Pairs) -> GptModel {
+        self.pairs = pairs;
+        self
+    }
+
+    /// How the ranks run an overlapped pair's halves.
+    pub fn pairs(&self) -> Pairs {
+        self.pairs
+    }
+
     /// Expert ranks per pipeline rank (1 without expert parallelism).
     pub fn expert_ranks(&self) -> u32 {
         self.experts.as_ref().map_or(1, ExpertParallel::ranks)
+    }
+
+    /// Where each rank's experts run (`None`: every expert on its pipeline rank).
+    pub(crate) fn expert_parallel(&self) -> Option<&ExpertParallel> {
+        self.experts.as_ref()
     }
 
     /// The cut.
@@ -447,7 +466,8 @@ impl GptModel {
                 let stage = self
                     .rank_stage(problem, RankId::new(r), batch, &sync, how)?
                     .with_residency(program)
-                    .with_experts(placement)?;
+                    .with_experts(placement)?
+                    .with_pairs(self.pairs);
                 Ok(Some(Watched::new(stage, Arc::clone(&failed))))
             })
             .collect::<Result<Vec<_>, TrainError>>()?;

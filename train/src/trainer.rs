@@ -20,13 +20,11 @@ use crate::experts::per_microbatch_aux;
 use crate::optim::{clip_scale, global_norm, step_positions, AdamW, AdamWConfig, OptimizerState};
 use crate::profile::{calibrate, measure_profile, ProfileRequest};
 use crate::schedule::LrSchedule;
-use crate::stage::{Injection, MeasuredOp};
+use crate::stage::{Injection, MeasuredOp, Pairs};
 use crate::step::{GptModel, StepRunner, TRAINER_RECEIVES};
-use candle_core::DType;
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use pipeweave_backends::ThreadOptions;
-use pipeweave_core::RankId;
-use pipeweave_core::{Plan, Profile};
+use pipeweave_core::{Plan, Profile, RankId};
 use pipeweave_kernels::GptConfig;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -70,6 +68,8 @@ pub struct TrainSettings {
     /// Expert ranks per pipeline rank (`--expert-parallel`; 1: every expert on its pipeline
     /// rank): each holds and runs its share of every mixture's experts ([`crate::experts`]).
     pub expert_ranks: u32,
+    /// How their overlapped pairs run (`--sequential-pairs`: in turn; [`Pairs`]).
+    pub pairs: Pairs,
 }
 
 impl TrainSettings {
@@ -77,7 +77,7 @@ impl TrainSettings {
     /// (override fields with struct update syntax): a constant learning rate of 1e-3, clipping at
     /// global norm 1, seed 1, gradients summed as they arrive, no recompute, f32, 64 held-out
     /// sequences, one replica, a 60 s receive timeout, the even cut, fixed-length microbatches,
-    /// every expert on its pipeline rank.
+    /// every expert on its pipeline rank, pairs overlapped.
     pub fn new(config: GptConfig, shape: BatchShape) -> TrainSettings {
         TrainSettings {
             config,
@@ -96,6 +96,7 @@ impl TrainSettings {
             layers_per_stage: None,
             variable_length: false,
             expert_ranks: 1,
+            pairs: Pairs::Overlapped,
         }
     }
 }
@@ -201,7 +202,8 @@ impl Trainer {
             settings.recompute,
             settings.deterministic,
         )?
-        .with_expert_parallel(settings.expert_ranks)?;
+        .with_expert_parallel(settings.expert_ranks)?
+        .with_pairs(settings.pairs);
         let optimizers = model
             .models()
             .iter()

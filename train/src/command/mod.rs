@@ -6,7 +6,7 @@
 //! the facade's (`pipeweave::cli::train_command` implements it), which sits above this crate.
 //!
 //! Every rank runs in its own thread over the checked per-rank programs of the plan, or, with
-//! `--backend mpi` (cargo feature `mpi`), in its own process under `mpirun -np RANKS·DP`; the
+//! `--backend mpi` (cargo feature `mpi`), in its own process under `mpirun -np RANKS·DP·X`; the
 //! model is cut into the plan's stages; losses equal a single-rank run (bit for bit with
 //! `--deterministic`, on either backend). Without `--data` it trains on the source files of this
 //! checkout. Under MPI, world rank 0 prints, logs and writes the files; a failing rank reports
@@ -18,7 +18,7 @@ mod session;
 pub use options::TrainOptions;
 
 use crate::data::BatchShape;
-use crate::{Corpus, LrSchedule, TrainError, TrainSettings, Trainer};
+use crate::{Corpus, LrSchedule, Pairs, TrainError, TrainSettings, Trainer};
 use pipeweave_core::{FailureKind, Plan};
 use pipeweave_kernels::GptConfig;
 
@@ -114,7 +114,7 @@ pub fn run<P: Planner>(
         Some((moe, ranks)) => (config.with_moe(moe), ranks),
         None => (config, 1),
     };
-    let mpi = start_mpi(options)?;
+    let mpi = start_mpi(options, expert_ranks)?;
     let planner = planner(threads)?;
     let plan = planner.plan()?;
     let corpus = match &options.data {
@@ -148,6 +148,10 @@ pub fn run<P: Planner>(
         variable_length: options.variable_length,
         fingerprint: options.fingerprint(),
         expert_ranks,
+        pairs: match options.sequential_pairs {
+            true => Pairs::InTurn,
+            false => Pairs::Overlapped,
+        },
     };
     let mut trainer = make_trainer(&mpi, &plan, &corpus, settings)?;
     let run = Run {
@@ -174,7 +178,7 @@ type Mpi = Option<pipeweave_backends::mpi::rsmpi::environment::Universe>;
 type Mpi = Option<()>;
 
 #[cfg(feature = "mpi")]
-fn start_mpi(options: &TrainOptions) -> Result<Mpi, Failure> {
+fn start_mpi(options: &TrainOptions, expert_ranks: u32) -> Result<Mpi, Failure> {
     if options.backend != Backend::Mpi {
         return Ok(None);
     }
@@ -183,7 +187,7 @@ fn start_mpi(options: &TrainOptions) -> Result<Mpi, Failure> {
             "--timeline needs --backend threads (one process sees only its own rank's ops)",
         ));
     }
-    pipeweave_backends::mpi::rsmpi::initialize()
+    crate::mpi::start(expert_ranks)?
         .map(Some)
         .ok_or_else(|| {
             Failure::bad("--backend mpi: MPI could not be initialised (is this run under mpirun?)")
@@ -191,7 +195,7 @@ fn start_mpi(options: &TrainOptions) -> Result<Mpi, Failure> {
 }
 
 #[cfg(not(feature = "mpi"))]
-fn start_mpi(options: &TrainOptions) -> Result<Mpi, Failure> {
+fn start_mpi(options: &TrainOptions, _expert_ranks: u32) -> Result<Mpi, Failure> {
     if options.backend == Backend::Mpi {
         return Err(Failure::bad(
             "--backend mpi needs the binary built with the cargo feature `mpi` (see README)",
@@ -213,7 +217,7 @@ fn make_trainer(
             &universe.world(),
             plan,
             &settings.config,
-            settings.replicas,
+            (settings.replicas, settings.expert_ranks),
             settings.deterministic,
             settings.receive_timeout,
         )?;

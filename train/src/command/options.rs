@@ -46,6 +46,10 @@ pub struct TrainOptions {
     /// holds and runs E/X experts of every block, the ranks of a stage exchanging expert rows.
     #[arg(long, value_name = "X")]
     pub expert_parallel: Option<u32>,
+    /// Run each overlapped F&B pair's halves one after the other (with --expert-parallel; by
+    /// default they run overlapped, each all-to-all under the other half's compute).
+    #[arg(long)]
+    pub sequential_pairs: bool,
     /// The scale of the mixture's load-balancing loss (with --experts), added to the training
     /// loss as its mean over microbatches summed over blocks (the logged loss stays the LM loss).
     #[arg(long, value_name = "C")]
@@ -170,6 +174,7 @@ impl TrainOptions {
                 ("--top-k", self.top_k.is_some()),
                 ("--expert-parallel", self.expert_parallel.is_some()),
                 ("--aux-coefficient", self.aux_coefficient.is_some()),
+                ("--sequential-pairs", self.sequential_pairs),
             ];
             return match given.iter().find(|(_, given)| *given) {
                 Some((option, _)) => Err(Failure::bad(format!(
@@ -203,11 +208,6 @@ impl TrainOptions {
         if experts % ranks as usize != 0 {
             return Err(Failure::bad(format!(
                 "--expert-parallel {ranks} does not divide --experts {experts}: each expert rank holds E/X experts"
-            )));
-        }
-        if ranks > 1 && self.backend == Backend::Mpi {
-            return Err(Failure::bad(format!(
-                "--expert-parallel {ranks} runs on --backend threads only (not yet on MPI)"
             )));
         }
         let coefficient = self.aux_coefficient.unwrap_or(DEFAULT_AUX_COEFFICIENT);

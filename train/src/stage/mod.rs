@@ -43,6 +43,8 @@
 //! - `recompute.rs`: the store of what a weight-gradient recompute needs, and the recompute;
 //! - `outcomes.rs`: the losses and weight gradients handed on;
 //! - `record.rs`: the measured timeline ([`MeasuredOp`]);
+//! - `ran.rs`: what runs around each kernel call (the inputs it takes, what it keeps);
+//! - `pair.rs`: an overlapped F&B pair's halves on two threads ([`Pairs`]);
 //! - `faults.rs`: the stage's errors.
 
 mod faults;
@@ -54,15 +56,19 @@ mod kept;
 mod ledger;
 mod offload;
 mod outcomes;
+mod pair;
+mod ran;
 mod recompute;
 mod record;
 
+pub use pair::Pairs;
 pub use record::MeasuredOp;
 
 use crate::batch::StepBatch;
 use crate::chunks::SequenceChunks;
 use crate::cut::ModelCut;
 use crate::error::TrainError;
+use crate::experts::slot::ComputeSlot;
 use crate::gradients::GradSync;
 use crate::host_link::DeviceState;
 use candle_core::Tensor;
@@ -70,7 +76,7 @@ use faults::{display, kernel_failure, missing_state, residency_bug, weight_state
 use feed::StepFeed;
 use held::HeldStages;
 use kept::KeptStates;
-use ledger::{tensor_bytes, Ledger, Table};
+use ledger::{Ledger, Table};
 use offload::Offloads;
 use outcomes::Outcomes;
 use pipeweave_backends::{Capabilities, StageCompute, StageError};
@@ -107,6 +113,8 @@ pub struct GptStage {
     offloads: Offloads,
     recomputes: WeightRecomputes,
     recorder: Recorder,
+    /// The rank's compute stream, where its pairs run overlapped ([`Pairs`]).
+    slot: Option<Arc<ComputeSlot>>,
 }
 
 impl GptStage {
@@ -132,6 +140,7 @@ impl GptStage {
             offloads: Offloads::default(),
             recomputes: WeightRecomputes::default(),
             recorder: Recorder::new(epoch),
+            slot: None,
         })
     }
 
@@ -144,13 +153,15 @@ impl GptStage {
     }
 
     /// Runs this rank's mixtures of experts as the expert rank of `placement` does (its
-    /// experts only, their rows exchanged with its group; `None`: every expert here).
+    /// experts only, their rows exchanged with its group; `None`: every expert here). Its
+    /// overlapped pairs then run their halves overlapped ([`Pairs`]).
     pub fn with_experts(
         mut self,
         placement: Option<&ExpertPlacement>,
     ) -> Result<GptStage, TrainError> {
         if let Some(placement) = placement {
             self.stages.place_experts(placement)?;
+            self.slot = Some(ComputeSlot::new());
         }
         Ok(self)
     }
@@ -289,38 +300,13 @@ impl GptStage {
             None => Err(missing_state(what, work, self.offloads.on_host(work))),
         }
     }
-
-    /// Keeps `saved` as the saved state of `work` until its backward, its bytes live.
-    fn keep_saved(&mut self, work: Work, saved: StageSaved) {
-        let kept = saved.held_bytes();
-        self.kept.keep_saved(work, saved);
-        self.ledger.hold(Table::Saved, work, kept);
-    }
-
-    /// Keeps `pending` as what `work`'s W needs until it runs, its bytes live.
-    fn keep_pending(&mut self, work: Work, pending: StagePendingWeightGrad) {
-        let kept = pending.held_bytes();
-        self.kept.keep_pending(work, pending);
-        self.ledger.hold(Table::Pending, work, kept);
-    }
 }
 
 impl StageCompute for GptStage {
     type Tensor = Tensor;
 
     fn forward(&mut self, work: Work, input: Option<Tensor>) -> Result<Tensor, StageError> {
-        match self.injection.take() {
-            Some(Injection::Fail) => return Err(StageError::failed("injected failure (--fail)")),
-            Some(Injection::Stall(pause)) => std::thread::sleep(pause),
-            None => {}
-        }
-        self.free_offloaded(true)?;
-        let start = Instant::now();
-        let chunk = self.feed.chunk_at(work)?;
-        let input = match input {
-            Some(hidden) => hidden,
-            None => self.feed.input(work, chunk)?,
-        };
+        let (start, chunk, input) = self.forward_input(work, input)?;
         let (model, state) = self.model_and_state(work, chunk.is_some())?;
         let (output, saved) = match (chunk, state) {
             (Some((at, _)), Some(state)) => model.forward_chunk(&input, at, state),
@@ -331,18 +317,9 @@ impl StageCompute for GptStage {
         if self.forward_only && chunks.split() && chunks.is_last(work) {
             chunks.finish(work, true)?;
         }
-        if !self.forward_only {
-            self.keep_saved(work, saved);
-            self.recomputes.keep_input(work, &input);
-            self.kept.set_last_input(work, input);
-        }
-        if self.stages.output_leaves(work.stage) {
-            self.ledger.hold(Table::Output, work, tensor_bytes(&output));
-        }
+        self.forward_ran(work, input, &output, saved);
         self.recorder.record(Task::Forward(work), start);
-        if self.offloads.after_forward(work) && !self.forward_only {
-            self.offload_at_producer(work)?;
-        }
+        self.offload_after_forward(work)?;
         Ok(output)
     }
 
@@ -395,9 +372,7 @@ impl StageCompute for GptStage {
         if matches!(chunk, Some((at, _)) if at.index == 0) {
             self.feed.chunks().finish(work, false)?;
         }
-        self.recomputes.keep_grad(work, grad_output);
-        self.ledger.release(Table::Saved, work);
-        self.keep_pending(work, pending);
+        self.input_grad_ran(work, grad_output, pending);
         self.recorder.record(Task::InputGrad(work), start);
         if self.offloads.after_input(work) {
             self.offload_at_producer(work)?;
@@ -408,17 +383,33 @@ impl StageCompute for GptStage {
     fn backward_weight(&mut self, work: Work) -> Result<(), StageError> {
         let pending = self.pending_state(work)?;
         let start = Instant::now();
-        let held = self.stages.get(work.stage)?;
-        let position = held.position;
-        let grads = held
+        let grads = self
+            .stages
+            .get(work.stage)?
             .model
             .backward_weight(pending)
             .map_err(kernel_failure(work, "weight-gradient backward"))?;
-        self.ledger.release(Table::Pending, work);
-        let key = self.feed.data_id(work);
-        self.outcomes.add_grads(work.stage, position, key, grads)?;
+        self.weight_grad_ran(work, grads)?;
         self.recorder.record(Task::WeightGrad(work), start);
         Ok(())
+    }
+
+    fn forward_backward(
+        &mut self,
+        forward: Work,
+        input: Option<Tensor>,
+        backward: Work,
+        grad_output: Tensor,
+    ) -> Result<(Tensor, Option<Tensor>), StageError> {
+        match self.overlap_slot(forward, backward)? {
+            Some(slot) => self.overlapped(slot, forward, input, backward, grad_output),
+            None => {
+                let output = self.forward(forward, input)?;
+                let grad_input = self.backward_input(backward, grad_output)?;
+                self.backward_weight(backward)?;
+                Ok((output, grad_input))
+            }
+        }
     }
 
     fn free_output(&mut self, work: Work) {

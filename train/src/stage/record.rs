@@ -9,7 +9,8 @@ use std::time::Instant;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MeasuredOp {
     /// The task: a single op (F, I or W; a fused B or an overlapped F&B is recorded as its
-    /// parts), a recompute, an offload or a reload.
+    /// parts: an overlapped pair's halves each from its start to its end on its own thread,
+    /// the other half's computes included), a recompute, an offload or a reload.
     pub task: Task,
     /// Where and for what.
     pub work: Work,
@@ -46,6 +47,17 @@ impl Recorder {
             work: task.work(),
             start: self.since_epoch(start),
             end: self.epoch.elapsed().as_secs_f64(),
+        });
+    }
+
+    /// Records `task`, run from `start` to `end` (a half of an overlapped pair, timed on its
+    /// own thread).
+    pub(crate) fn record_between(&mut self, task: Task, start: Instant, end: Instant) {
+        self.measured.push(MeasuredOp {
+            task,
+            work: task.work(),
+            start: self.since_epoch(start),
+            end: self.since_epoch(end),
         });
     }
 
