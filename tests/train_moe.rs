@@ -1,10 +1,13 @@
 //! `pipeweave train --experts E --top-k K --expert-parallel X` (TRAIN.md): a GPT whose blocks'
 //! MLPs are routed mixtures of experts trains through every schedule, with `--deterministic`
 //! bit-identical across schedules, pipeline ranks, data-parallel replicas and expert ranks
-//! (`X > 1` gives the bits of `X = 1`); it really routes (its losses are not the dense model's)
+//! (`X > 1` gives the bits of `X = 1`; DualPipe's pairs overlapped or in turn); it really routes (its losses are not the dense model's)
 //! and learns; its checkpoints resume at another `X`; bad sizes are refused in one line. Under
-//! MPI (cargo feature `mpi`, with `train_gpt` built with it as .ci/mpi does), a mixture on one
-//! expert rank per process logs the threads' losses bit for bit.
+//! MPI (cargo feature `mpi`, with `train_gpt` built with it as .ci/mpi does), a mixture logs the
+//! threads' losses of one rank bit for bit with one expert rank per pipeline rank and with `X = 2`
+//! (a process per expert rank: 1F1B, ZB-V, DualPipe and DualPipeV at P = 2, two of them at P = 4,
+//! a recompute plan), its checkpoint (written once, weights and moments) resumes on threads, and a
+//! world that is not `D x P x X` processes is refused in one line.
 
 mod common;
 #[cfg(feature = "mpi")]
@@ -68,6 +71,8 @@ fn moe_losses_are_bit_identical_across_schedules_ranks_and_expert_ranks() {
     cases.push(moe(recompute, 2, 4, 4));
     cases.push(moe(SCHEDULES[1], 2, 2, 4) + " --recompute");
     cases.push(moe(SCHEDULES[0], 2, 2, 2) + " --dp 2");
+    // The pairs' halves in turn rather than overlapped (the overlap's baseline).
+    cases.push(moe(SCHEDULES[3], 2, 2, 4) + " --sequential-pairs");
     for (i, case) in cases.iter().enumerate() {
         let ours = losses(&format!("case-{i}"), case);
         assert_eq!(ours, reference, "{case} against one rank's MoE run");
@@ -142,43 +147,101 @@ fn bad_mixture_options_are_one_line_and_exit_2() {
     refused("--top-k 2", "--top-k needs --experts");
     refused("--expert-parallel 2", "--expert-parallel needs --experts");
     refused("--aux-coefficient 0.1", "--aux-coefficient needs --experts");
+    refused("--sequential-pairs", "--sequential-pairs needs --experts");
     refused("--experts 0", "--experts 0");
     refused("--experts 4 --top-k 0", "--top-k 0");
     refused("--experts 4 --expert-parallel 0", "--expert-parallel 0");
     refused("--experts 4 --aux-coefficient=-1", "--aux-coefficient -1");
-    refused(
-        "--experts 4 --expert-parallel 2 --backend mpi",
-        "--expert-parallel 2 runs on --backend threads only",
-    );
+}
+
+/// `train_gpt` on [`TINY_MODEL`] with the options of `line`, on threads or, given `np`, as
+/// `mpirun -np np ... --backend mpi`: its output and its logged losses.
+#[cfg(feature = "mpi")]
+fn train_gpt_run(name: &str, line: &str, np: Option<usize>) -> (std::process::Output, Vec<f64>) {
+    let dir = scratch_dir(&format!("train-moe-mpi-{name}"));
+    let log = dir.join("log.jsonl");
+    let mut command = match np {
+        Some(np) => {
+            let mut mpirun = mpi_jobs::mpirun_command(np);
+            mpirun
+                .arg(common::train_gpt().get_program())
+                .args(["--backend", "mpi"]);
+            mpirun
+        }
+        None => common::train_gpt(),
+    };
+    let out = command
+        .args(TINY_MODEL)
+        .args(common::cli::words(line))
+        .arg("--log")
+        .arg(&log)
+        .output()
+        .unwrap();
+    let losses = match out.status.success() {
+        true => logged_losses(&log),
+        false => Vec::new(),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    (out, losses)
+}
+
+/// [`train_gpt_run`]'s losses (the run must exit 0).
+#[cfg(feature = "mpi")]
+fn train_gpt_losses(name: &str, line: &str, np: Option<usize>) -> Vec<f64> {
+    let (out, losses) = train_gpt_run(name, line, np);
+    let err = common::cli::stderr(&out);
+    assert!(out.status.success(), "{name} ({line}): {err}");
+    losses
 }
 
 #[cfg(feature = "mpi")]
 #[test]
 fn under_mpi_a_mixture_logs_the_threads_losses_bit_for_bit() {
-    let dir = scratch_dir("train-moe-mpi");
-    let line = moe(SCHEDULES[2], 2, 1, 4);
-    let args: Vec<String> = TINY_MODEL
-        .iter()
-        .map(|a| a.to_string())
-        .chain(common::cli::words(&line))
-        .collect();
-    let run = |mut command: std::process::Command, name: &str| {
-        let log = dir.join(format!("{name}.jsonl"));
-        let out = command.args(&args).arg("--log").arg(&log).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{name}: {}",
-            common::cli::stderr(&out)
+    let reference = train_gpt_losses("threads", &moe(SCHEDULES[0], 1, 1, 4), None);
+    assert_eq!(reference.len(), 3);
+    // (schedule, P, X): one expert rank per process's pipeline rank, then a process per expert
+    // rank (world P x X), the exchange's two phases called at once by DualPipe's pairs.
+    let mut cases: Vec<(&str, u32, u32)> = vec![(SCHEDULES[2], 2, 1)];
+    cases.extend(SCHEDULES.iter().map(|&schedule| (schedule, 2, 2)));
+    cases.extend([(SCHEDULES[1], 4, 2), (SCHEDULES[3], 4, 2)]);
+    let recompute = "recompute(zero_bubble(dual(vpp(f1b(gpipe), chunks=2))), memory=3)";
+    cases.push((recompute, 2, 2));
+    for (i, &(schedule, p, x)) in cases.iter().enumerate() {
+        let line = moe(schedule, p, x, 4);
+        let np = (p * x) as usize;
+        let mpi = train_gpt_losses(&format!("case-{i}"), &line, Some(np));
+        assert_eq!(
+            mpi, reference,
+            "{line} on {np} MPI processes against one rank"
         );
-        logged_losses(&log)
-    };
-    let threads = run(common::train_gpt(), "threads");
-    let mut mpirun = mpi_jobs::mpirun_command(2);
-    mpirun
-        .arg(common::train_gpt().get_program())
-        .args(["--backend", "mpi"]);
-    let mpi = run(mpirun, "mpi");
+    }
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn under_mpi_an_expert_parallel_checkpoint_resumes_on_one_expert_rank_of_threads() {
+    let dir = scratch_dir("train-moe-mpi-checkpoint");
+    let checkpoint = dir.join("moe.safetensors").display().to_string();
+    let whole = train_gpt_losses("whole", &moe(SCHEDULES[2], 2, 1, 4), None);
+    let saved = format!(
+        "{} --stop-after 2 --save {checkpoint}",
+        moe(SCHEDULES[2], 2, 2, 4)
+    );
+    let head = train_gpt_losses("saved", &saved, Some(4));
+    let resumed = format!("{} --resume {checkpoint}", moe(SCHEDULES[2], 2, 1, 4));
+    let tail = train_gpt_losses("resumed", &resumed, None);
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(threads.len(), 3);
-    assert_eq!(mpi, threads);
+    assert_eq!([head, tail].concat(), whole);
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn under_mpi_a_world_of_other_than_dp_x_ranks_x_expert_ranks_is_refused() {
+    let (out, _) = train_gpt_run("world", &moe(SCHEDULES[0], 2, 2, 4), Some(2));
+    let err = common::cli::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    // Each process prints the line; two processes' lines may interleave.
+    let line = "invalid MPI processes = 2: the run needs ranks x dp x expert ranks = 2 x 1 x 2 = \
+                4 processes (mpirun -np 4)";
+    assert!(err.contains(line), "{err}");
 }

@@ -60,7 +60,7 @@
 //! [`agree_on_programs`] (which returns this rank's [`crate::CheckedRank`]), runs it with
 //! [`crate::interpreter::run_rank`] over an
 //! [`MpiTransport`] (or its own transport around one) and exchanges its own messages through a
-//! [`Mailbox`]. [`run_mpi`] does all of it for one run of one program set.
+//! [`Mailbox`] (a [`SharedMailbox`] where several threads of a process send and wait at once). [`run_mpi`] does all of it for one run of one program set.
 //!
 //! [`Transport::exchange`]: crate::Transport::exchange
 //! [`Transport::finish`]: crate::Transport::finish
@@ -73,12 +73,14 @@ mod fingerprint;
 mod inflight;
 mod mailbox;
 pub mod report;
+mod shared;
 mod transport;
 pub mod wire;
 
 pub use ::mpi as rsmpi;
 pub use fingerprint::fingerprint;
 pub use mailbox::Mailbox;
+pub use shared::SharedMailbox;
 pub use transport::{MpiTransport, FAILURE_STATUS};
 pub use wire::{WireDType, WirePayload};
 

@@ -189,7 +189,7 @@ impl GptModel {
 
     /// Expert ranks per pipeline rank (1 without expert parallelism).
     pub fn expert_ranks(&self) -> u32 {
-        self.experts.as_ref().map_or(1, ExpertParallel::ranks)
+        self.expert_parallel().map_or(1, ExpertParallel::ranks)
     }
 
     /// Where each rank's experts run (`None`: every expert on its pipeline rank).

@@ -8,7 +8,8 @@
 //! reports the request complete. An operation that never completes (the run is being aborted)
 //! leaks its buffer rather than free memory MPI may still touch.
 //!
-//! This is the only `unsafe` code of the MPI backend; the invariant is stated where it is used.
+//! This is the MPI backend's `unsafe` code but for [`super::shared`]'s `Send` (a mailbox made at
+//! `MPI_THREAD_MULTIPLE`); the invariant is stated where it is used.
 
 use ::mpi::point_to_point::{Destination, Message as Matched};
 use ::mpi::request::{Request, StaticScope};

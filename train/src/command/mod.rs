@@ -187,11 +187,9 @@ fn start_mpi(options: &TrainOptions, expert_ranks: u32) -> Result<Mpi, Failure> 
             "--timeline needs --backend threads (one process sees only its own rank's ops)",
         ));
     }
-    crate::mpi::start(expert_ranks)?
-        .map(Some)
-        .ok_or_else(|| {
-            Failure::bad("--backend mpi: MPI could not be initialised (is this run under mpirun?)")
-        })
+    crate::mpi::start(expert_ranks)?.map(Some).ok_or_else(|| {
+        Failure::bad("--backend mpi: MPI could not be initialised (is this run under mpirun?)")
+    })
 }
 
 #[cfg(not(feature = "mpi"))]

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use super::slot::while_waiting;
 use super::ExpertRank;
 
-/// The lane of `phase`.
-fn lane(phase: ExchangePhase) -> usize {
+/// The lane of `phase` (the MPI exchange's tag too).
+pub(super) fn lane(phase: ExchangePhase) -> usize {
     match phase {
         ExchangePhase::Combine => 0,
         ExchangePhase::DispatchBackward => 1,
@@ -36,19 +36,65 @@ const POLL: Duration = Duration::from_millis(10);
 
 /// One call's rows from one rank of the group.
 #[derive(Debug)]
-struct Message {
-    /// The sender's call number (1 first).
-    call: u64,
-    phase: ExchangePhase,
-    rows: Vec<ExpertRows>,
+pub(super) struct Message {
+    /// The sender's call number within its phase (1 first).
+    pub(super) call: u64,
+    pub(super) phase: ExchangePhase,
+    pub(super) rows: Vec<ExpertRows>,
+}
+
+impl Message {
+    /// The rows of `peer`'s message, which must be of call `call` of `phase` (else what is
+    /// wrong: the group's ranks ran different programs).
+    pub(super) fn rows_of(
+        self,
+        peer: ExpertRank,
+        call: u64,
+        phase: ExchangePhase,
+    ) -> Result<Vec<ExpertRows>, String> {
+        if (self.call, self.phase) != (call, phase) {
+            return Err(format!(
+                "expert rank {} sent its rows of call {} ({}) for call {call} ({phase}): \
+                 the group's ranks ran different programs",
+                peer.get(),
+                self.call,
+                self.phase
+            ));
+        }
+        Ok(self.rows)
+    }
+}
+
+/// What a rank says when `peer` of its group is gone.
+pub(super) fn gone(peer: ExpertRank) -> String {
+    format!("expert rank {} of its group is gone", peer.get())
+}
+
+/// What a rank says when it waited more than `timeout` for `peer`'s rows.
+pub(super) fn waited(timeout: Duration, peer: ExpertRank) -> String {
+    format!(
+        "waited more than {} s for expert rank {}'s rows",
+        timeout.as_secs_f64(),
+        peer.get()
+    )
 }
 
 /// Where an endpoint sits: its replica, its pipeline rank and its expert rank.
 #[derive(Debug, Clone, Copy)]
-struct Member {
-    replica: u32,
-    rank: RankId,
-    expert: ExpertRank,
+pub(super) struct Member {
+    pub(super) replica: u32,
+    pub(super) rank: RankId,
+    pub(super) expert: ExpertRank,
+}
+
+impl Member {
+    /// The error of `phase` at this endpoint, saying `what`.
+    pub(super) fn error(&self, phase: ExchangePhase, what: String) -> KernelError {
+        KernelError::ExpertExchange {
+            phase: phase.name(),
+            reason: format!("{self}: {what}"),
+        }
+    }
 }
 
 impl std::fmt::Display for Member {
@@ -146,10 +192,8 @@ fn group(
     type Lanes<T> = [Vec<(ExpertRank, T)>; 2];
     let mut to: Vec<Vec<(ExpertRank, [Sender<Message>; 2])>> =
         members.iter().map(|_| Vec::new()).collect();
-    let mut from: Vec<Lanes<Receiver<Message>>> = members
-        .iter()
-        .map(|_| [Vec::new(), Vec::new()])
-        .collect();
+    let mut from: Vec<Lanes<Receiver<Message>>> =
+        members.iter().map(|_| [Vec::new(), Vec::new()]).collect();
     for (s, sender) in members.iter().enumerate() {
         for (r, receiver) in members.iter().enumerate().filter(|&(r, _)| r != s) {
             let [(tx0, rx0), (tx1, rx1)] = [channel(), channel()];
@@ -174,10 +218,7 @@ fn group(
 impl ChannelExchange {
     /// The error of `phase` at this endpoint, saying `what`.
     fn error(&self, phase: ExchangePhase, what: String) -> KernelError {
-        KernelError::ExpertExchange {
-            phase: phase.name(),
-            reason: format!("{}: {what}", self.at),
-        }
+        self.at.error(phase, what)
     }
 
     /// The next message from `peer`: an error when it is gone, when the step failed elsewhere,
@@ -192,10 +233,7 @@ impl ChannelExchange {
         loop {
             match from.recv_timeout(POLL) {
                 Ok(message) => return Ok(message),
-                Err(RecvTimeoutError::Disconnected) => {
-                    let what = format!("expert rank {} of its group is gone", peer.get());
-                    return Err(self.error(phase, what));
-                }
+                Err(RecvTimeoutError::Disconnected) => return Err(self.error(phase, gone(peer))),
                 Err(RecvTimeoutError::Timeout) => {}
             }
             if self.failed.load(Ordering::Acquire) {
@@ -206,12 +244,7 @@ impl ChannelExchange {
                 return Err(self.error(phase, what));
             }
             if start.elapsed() >= self.timeout {
-                let what = format!(
-                    "waited more than {} s for expert rank {}'s rows",
-                    self.timeout.as_secs_f64(),
-                    peer.get()
-                );
-                return Err(self.error(phase, what));
+                return Err(self.error(phase, waited(self.timeout, peer)));
             }
         }
     }
@@ -236,24 +269,16 @@ impl ExpertExchange for ChannelExchange {
                 rows: rows.clone(),
             };
             if to.send(message).is_err() {
-                let what = format!("expert rank {} of its group is gone", peer.get());
-                return Err(self.error(phase, what));
+                return Err(self.error(phase, gone(*peer)));
             }
         }
         let mut all = rows;
         for (peer, from) in &inbox.from {
             let message = while_waiting(|| self.receive(phase, *peer, from))?;
-            if (message.call, message.phase) != (call, phase) {
-                let what = format!(
-                    "expert rank {} sent its rows of call {} ({}) for call {call} ({phase}): \
-                     the group's ranks ran different programs",
-                    peer.get(),
-                    message.call,
-                    message.phase
-                );
-                return Err(self.error(phase, what));
-            }
-            all.extend(message.rows);
+            let rows = message
+                .rows_of(*peer, call, phase)
+                .map_err(|what| self.error(phase, what))?;
+            all.extend(rows);
         }
         Ok(all)
     }

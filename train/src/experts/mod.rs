@@ -24,9 +24,12 @@
 //! keeps one fold per expert rank and takes each parameter's sum from its owner
 //! (`ExpertParallel::merge`): expert rank 0 for the replicated ones, the holder for an
 //! expert's. Evaluation (forward only) runs every expert on its pipeline rank: the same outputs.
-//! The MPI backend runs one expert rank per process's pipeline rank (`X = 1`).
+//! The MPI backend runs each expert rank as a process of its own (`mpi_exchange.rs`: the
+//! exchange between a group's processes, and the owners' gradients gathered within the group).
 
 mod exchange;
+#[cfg(feature = "mpi")]
+pub(crate) mod mpi_exchange;
 pub(crate) mod slot;
 mod watched;
 
