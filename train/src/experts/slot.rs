@@ -45,7 +45,9 @@ impl ComputeSlot {
     /// The flag, whether or not a thread panicked while it was locked (the flag is a plain
     /// bool: it is never left half-written).
     fn flag(&self) -> MutexGuard<'_, bool> {
-        self.busy.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.busy
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn acquire(&self) {
