@@ -1,13 +1,14 @@
 //! `pipeweave train --experts E --top-k K --expert-parallel X` (TRAIN.md): a GPT whose blocks'
 //! MLPs are routed mixtures of experts trains through every schedule, with `--deterministic`
 //! bit-identical across schedules, pipeline ranks, data-parallel replicas and expert ranks
-//! (`X > 1` gives the bits of `X = 1`; DualPipe's pairs overlapped or in turn); it really routes (its losses are not the dense model's)
-//! and learns; its checkpoints resume at another `X`; bad sizes are refused in one line. Under
-//! MPI (cargo feature `mpi`, with `train_gpt` built with it as .ci/mpi does), a mixture logs the
-//! threads' losses of one rank bit for bit with one expert rank per pipeline rank and with `X = 2`
-//! (a process per expert rank: 1F1B, ZB-V, DualPipe and DualPipeV at P = 2, two of them at P = 4,
-//! a recompute plan), its checkpoint (written once, weights and moments) resumes on threads, and a
-//! world that is not `D x P x X` processes is refused in one line.
+//! (`X > 1` gives the bits of `X = 1`; DualPipe's pairs overlapped or in turn); it really routes
+//! (its losses are not the dense model's) and learns; its checkpoints resume at another `X`; bad
+//! sizes are refused in one line. Under MPI (cargo feature `mpi`, with `train_gpt` built with it
+//! as .ci/mpi does), a mixture logs the threads' losses of one rank bit for bit with one expert
+//! rank per pipeline rank and with `X = 2` (a process per expert rank: 1F1B, ZB-V, DualPipe,
+//! DualPipeV and a recompute plan, each at P = 2 and 4), its checkpoint (written once, weights
+//! and moments) resumes on threads, and a world that is not `D x P x X` processes is refused in
+//! one line.
 
 mod common;
 #[cfg(feature = "mpi")]
@@ -199,13 +200,16 @@ fn train_gpt_losses(name: &str, line: &str, np: Option<usize>) -> Vec<f64> {
 fn under_mpi_a_mixture_logs_the_threads_losses_bit_for_bit() {
     let reference = train_gpt_losses("threads", &moe(SCHEDULES[0], 1, 1, 4), None);
     assert_eq!(reference.len(), 3);
-    // (schedule, P, X): one expert rank per process's pipeline rank, then a process per expert
-    // rank (world P x X), the exchange's two phases called at once by DualPipe's pairs.
-    let mut cases: Vec<(&str, u32, u32)> = vec![(SCHEDULES[2], 2, 1)];
-    cases.extend(SCHEDULES.iter().map(|&schedule| (schedule, 2, 2)));
-    cases.extend([(SCHEDULES[1], 4, 2), (SCHEDULES[3], 4, 2)]);
+    // (schedule, P, X): the matrix, every schedule and a recompute plan at P = 2 and 4,
+    // one expert rank per process's pipeline rank and a process per expert rank (world P x X;
+    // the exchange's two phases called at once by DualPipe's overlapped pairs).
     let recompute = "recompute(zero_bubble(dual(vpp(f1b(gpipe), chunks=2))), memory=3)";
-    cases.push((recompute, 2, 2));
+    let mut cases: Vec<(&str, u32, u32)> = Vec::new();
+    for schedule in SCHEDULES.iter().copied().chain([recompute]) {
+        for (p, x) in [(2, 1), (2, 2), (4, 1), (4, 2)] {
+            cases.push((schedule, p, x));
+        }
+    }
     for (i, &(schedule, p, x)) in cases.iter().enumerate() {
         let line = moe(schedule, p, x, 4);
         let np = (p * x) as usize;
