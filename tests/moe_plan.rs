@@ -133,6 +133,8 @@ fn the_report_names_the_all_to_all_figures_and_bad_input_is_one_line() {
     assert!(plain.get("a2a_hidden").is_none());
     cli("plan f1b(gpipe) --costs a2a=-1").refused("a2a = -1 must be a duration");
     cli("plan f1b(gpipe) --costs experts=2").refused("experts = 2 must be a share");
+    cli("plan f1b(gpipe) --costs a2a=0.5,experts=0")
+        .refused("a2a = 0.5 is an all-to-all cost, but experts = 0 says the model has no experts");
     let profile = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/profile_w192.json"

@@ -20,3 +20,6 @@ def test_plans_without_all_to_alls_have_none_and_bad_shares_are_refused():
     assert plain.a2a_hidden is None and plain.a2a_sequential_makespan is None
     with pytest.raises(pipeweave.Error, match="experts = 2 must be a share"):
         pipeweave.plan("f1b(gpipe)", ranks=4, microbatches=8, costs={"experts": 2})
+    dense = {"a2a": 0.5, "experts": 0}
+    with pytest.raises(pipeweave.Error, match="experts = 0 says the model has no experts"):
+        pipeweave.plan("f1b(gpipe)", ranks=4, microbatches=8, costs=dense)

@@ -139,6 +139,15 @@ impl StageCostsSpec {
                 ),
             ));
         }
+        if a2a > 0.0 && self.expert_share == 0.0 {
+            return Err(invalid(
+                stage,
+                format!(
+                    "a2a = {} is an all-to-all cost, but experts = 0 says the model has no experts",
+                    show_number(a2a)
+                ),
+            ));
+        }
         let expert_share = self.expert_share.abs();
         Ok(StageCosts {
             forward,
