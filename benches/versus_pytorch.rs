@@ -25,7 +25,7 @@
 use pipeweave::{build_plan, PipelineConfig};
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::BatchShape;
-use pipeweave_train::{Corpus, LrSchedule, TrainSettings, Trainer};
+use pipeweave_train::{Corpus, LrSchedule, Pairs, TrainSettings, Trainer};
 use std::process::Command;
 use std::time::Duration;
 
@@ -126,6 +126,7 @@ fn ours(size: Size, ranks: u32, expression: &str) {
         layers_per_stage: None,
         variable_length: false,
         expert_ranks: 1,
+        pairs: Pairs::Overlapped,
     };
     let corpus = Corpus::default_sources().expect("the checkout's sources");
     let mut trainer = Trainer::new(&plan, &corpus, settings).expect("trainer");

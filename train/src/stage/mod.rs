@@ -306,7 +306,11 @@ impl StageCompute for GptStage {
     type Tensor = Tensor;
 
     fn forward(&mut self, work: Work, input: Option<Tensor>) -> Result<Tensor, StageError> {
-        let (start, chunk, input) = self.forward_input(work, input)?;
+        let ran::ForwardInput {
+            start,
+            chunk,
+            input,
+        } = self.forward_input(work, input)?;
         let (model, state) = self.model_and_state(work, chunk.is_some())?;
         let (output, saved) = match (chunk, state) {
             (Some((at, _)), Some(state)) => model.forward_chunk(&input, at, state),

@@ -70,7 +70,7 @@ impl GptStage {
         backward: Work,
         grad_output: Tensor,
     ) -> Result<(Tensor, Option<Tensor>), StageError> {
-        let (_, _, input) = self.forward_input(forward, input)?;
+        let input = self.forward_input(forward, input)?.input;
         let saved = self.saved_state(backward)?;
         let forward_model = &self.stages.get(forward.stage)?.model;
         let backward_model = &self.stages.get(backward.stage)?.model;

@@ -12,6 +12,13 @@ use pipeweave_core::Work;
 use pipeweave_kernels::{ChunkAt, StagePendingWeightGrad, StageSaved};
 use std::time::Instant;
 
+/// What a forward runs on: when it starts, its sequence chunk and its input.
+pub(super) struct ForwardInput {
+    pub(super) start: Instant,
+    pub(super) chunk: Option<(ChunkAt, usize)>,
+    pub(super) input: Tensor,
+}
+
 impl GptStage {
     /// What a forward of `work` runs on, once its injected fault and the device copies the
     /// offloads freed are through: its start, its sequence chunk and its input (the received
@@ -20,7 +27,7 @@ impl GptStage {
         &mut self,
         work: Work,
         input: Option<Tensor>,
-    ) -> Result<(Instant, Option<(ChunkAt, usize)>, Tensor), StageError> {
+    ) -> Result<ForwardInput, StageError> {
         match self.injection.take() {
             Some(Injection::Fail) => return Err(StageError::failed("injected failure (--fail)")),
             Some(Injection::Stall(pause)) => std::thread::sleep(pause),
@@ -33,7 +40,11 @@ impl GptStage {
             Some(hidden) => hidden,
             None => self.feed.input(work, chunk)?,
         };
-        Ok((start, chunk, input))
+        Ok(ForwardInput {
+            start,
+            chunk,
+            input,
+        })
     }
 
     /// Keeps what `work`'s forward saved (and its input) for the backward, and counts its
