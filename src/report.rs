@@ -66,6 +66,10 @@ pub struct PlanReport {
     /// Per rank, the peak of activations offloaded to host memory (where the plan offloads).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_peak_per_rank: Option<Vec<f64>>,
+    /// Per rank, the part of its device peak a mixture's experts keep (the rows they were
+    /// dispatched; where `--activation-memory experts=E` gives them any).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts_peak_per_rank: Option<Vec<f64>>,
     /// Per rank, the time its host link spends on transfers (where the plan offloads).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub link_busy_per_rank: Option<Vec<f64>>,
@@ -244,6 +248,13 @@ impl PlanReport {
                 .collect(),
             device_peak_per_rank: None,
             host_peak_per_rank: None,
+            experts_peak_per_rank: plan.memory().has_experts().then(|| {
+                simulation
+                    .ranks()
+                    .iter()
+                    .map(|r| tidy(r.experts_peak_activations))
+                    .collect()
+            }),
             link_busy_per_rank: None,
             ranks_per_link: None,
             shared_link_busy: None,
@@ -408,6 +419,10 @@ impl PlanReport {
             ("idle", Align::Right, 9),
             ("peak activations", Align::Right, 17),
         ];
+        let experts = self.experts_peak_per_rank.as_ref();
+        if experts.is_some() {
+            columns.push(("of it experts", Align::Right, 14));
+        }
         let recomputes = self.recomputes_per_rank.as_ref();
         let transfers = match (
             &self.offloads_per_rank,
@@ -435,6 +450,9 @@ impl PlanReport {
                 format!("{:.3}", self.idle_per_rank[r]),
                 format!("{:.3}", self.peak_activations_per_rank[r]),
             ];
+            if let Some(experts) = experts {
+                cells.push(format!("{:.3}", experts[r]));
+            }
             if let Some(recomputes) = recomputes {
                 cells.push(recomputes[r].to_string());
             }

@@ -138,6 +138,8 @@ fn the_report_names_the_all_to_all_figures_and_bad_input_is_one_line() {
     let plain = cli("plan").arg(DUAL[1]).line("--format json").json();
     assert!(plain.get("a2a_hidden").is_none());
     cli("plan f1b(gpipe) --costs a2a=-1").refused("a2a = -1 must be a duration");
+    cli("plan f1b(gpipe) --activation-memory weight_grad=0.5,experts=0.6")
+        .refused("experts = 0.6 must lie between 0 and weight_grad = 0.5");
     cli("plan f1b(gpipe) --costs experts=2").refused("experts = 2 must be a share");
     cli("plan f1b(gpipe) --costs a2a=0.5,experts=0")
         .refused("a2a = 0.5 is an all-to-all cost, but experts = 0 says the model has no experts");
@@ -268,4 +270,47 @@ fn dualpipe_s_programs_put_a_pair_s_four_all_to_alls_in_deepseek_s_slots() {
         .iter()
         .flat_map(|p| &p.instrs)
         .all(|i| !matches!(i, Instr::IssueAllToAll(_) | Instr::WaitAllToAll(_))));
+}
+
+#[test]
+fn the_experts_rows_are_counted_apart_in_each_rank_s_peak() {
+    let args = "-p 8 -m 32 --costs a2a=0.5 --activation-memory experts=0.3 --format json";
+    for expression in [
+        DUAL[1],
+        "recompute(zero_bubble(dual(f1b(gpipe))), memory=6)",
+    ] {
+        let report = cli("plan").arg(expression).line(args).json();
+        let peaks = &report["peak_activations_per_rank"];
+        let experts = report["experts_peak_per_rank"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{expression}: no experts' peaks in {report}"));
+        for (r, part) in experts.iter().enumerate() {
+            let (part, peak) = (part.as_f64().unwrap(), peaks[r].as_f64().unwrap());
+            // Every pair held at the peak holds its experts' rows (0.3 of each forward's 1)
+            // until its W; a recomputed pair none of them.
+            assert!(
+                part > 0.0 && part <= 0.3 * peak + TOLERANCE,
+                "{expression}: rank {r}"
+            );
+        }
+    }
+    // Without the figure the report has no such field, and the peaks are the same.
+    let plain = cli("plan")
+        .arg(DUAL[1])
+        .line("-p 8 -m 32 --costs a2a=0.5 --format json")
+        .json();
+    assert!(plain.get("experts_peak_per_rank").is_none());
+    let with = cli("plan")
+        .arg(DUAL[1])
+        .line("-p 8 -m 32 --costs a2a=0.5 --activation-memory experts=0.3 --format json")
+        .json();
+    assert_eq!(
+        plain["peak_activations_per_rank"],
+        with["peak_activations_per_rank"]
+    );
+    let text = cli("plan")
+        .arg(DUAL[1])
+        .line("-p 8 -m 32 --costs a2a=0.5 --activation-memory experts=0.3")
+        .ok();
+    assert!(text.contains("of it experts"), "{text}");
 }
