@@ -29,6 +29,7 @@ pub mod profile_costing;
 pub mod reference;
 pub mod report;
 pub mod report_fields;
+mod report_text;
 pub mod request;
 pub mod residency_search;
 pub mod search_space;

@@ -117,6 +117,7 @@ report_fields!(
         peak_activations_per_rank,
         device_peak_per_rank,
         host_peak_per_rank,
+        experts_peak_per_rank,
         link_busy_per_rank,
         ranks_per_link,
         shared_link_busy,

@@ -1,13 +1,17 @@
 //! End-to-end execution on the threaded backend: every schedule gives the single-device gradients
 //! (1e-12 relative, f64), and a failing or panicking rank stops the whole run, quickly, with an
 //! error that names it; a compute that cannot honour a program's residency instructions is
-//! refused before anything runs.
+//! refused before anything runs; a mixture of experts' all-to-all instructions pass by a compute
+//! without experts.
 
+mod common;
+
+use common::costed;
 use pipeweave::backends::numeric::{total_gradients, AffineModel, AffineStage};
 use pipeweave::backends::{
     run_threads, BackendError, Capabilities, Capability, StageCompute, StageError, ThreadOptions,
 };
-use pipeweave::core_ir::{project, CheckedPrograms, ProjectionOptions, RecvPolicy};
+use pipeweave::core_ir::{project, CheckedPrograms, Instr, ProjectionOptions, RecvPolicy};
 use pipeweave::{build_plan, PipelineConfig, Plan, StageCostsSpec, Task, Work};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -85,6 +89,24 @@ fn every_schedule_gives_the_single_device_gradients() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn all_to_all_instructions_pass_by_a_compute_without_experts() {
+    let config = costed(4, 8, StageCostsSpec::builder().a2a(0.5).build(), 0.05);
+    for expr in ["f1b(gpipe)", "zero_bubble(dual(f1b(gpipe)))"] {
+        let plan = build_plan(expr, &config).unwrap();
+        let model = AffineModel::new(plan.problem());
+        let reference = model.sequential_gradients(plan.problem());
+        let checked = programs(&plan, RecvPolicy::Early, false);
+        assert!(checked.programs().programs[0]
+            .instrs
+            .iter()
+            .any(|i| matches!(i, Instr::IssueAllToAll(_))));
+        let stages = run_affine(&checked, &model).unwrap();
+        let error = AffineModel::max_relative_error(&total_gradients(&stages), &reference);
+        assert!(error <= 1e-12, "{expr}: relative error {error}");
     }
 }
 

@@ -7,7 +7,8 @@
 //! [`Transport::exchange`] (every send and receive posted together, as the checker certifies),
 //! markers to their hooks; the program ends with [`Transport::finish`]. Every call into the
 //! stage or the transport goes through `RankRun::guarded`, so an error or a panic there becomes a
-//! [`BackendError`] naming the rank and the instruction.
+//! [`BackendError`] naming the rank and the instruction. A mixture of experts' all-to-all
+//! instructions pass by: a compute runs its experts' exchanges inside its own calls.
 //!
 //! It runs only a [`CheckedRank`]: one rank's program of a [`pipeweave_core::CheckedPrograms`],
 //! which only the checker makes, so no program reaches a backend unchecked. Before the first
@@ -264,6 +265,11 @@ where
             Instr::Drop(work) => self.compute.drop_activations(*work).map_err(Fault::Stage),
             Instr::Offload(work) => self.compute.offload(*work).map_err(Fault::Stage),
             Instr::Reload(work) => self.compute.reload(*work).map_err(Fault::Stage),
+            // A mixture of experts' all-to-alls among the expert ranks of this pipeline rank:
+            // the computes of today run their experts' exchanges inside their forward and
+            // backward calls (the trainer's expert-parallel MoE), or have no experts, so the
+            // program's statement of them needs nothing more here.
+            Instr::IssueAllToAll(_) | Instr::WaitAllToAll(_) => Ok(()),
         }
     }
 
@@ -472,20 +478,12 @@ fn fault_error(rank: RankId, instr: usize, what: String, fault: Fault) -> Backen
 mod tests {
     use super::*;
     use crate::compute::{Capabilities, Capability};
-    use pipeweave_core::testing::plan_on;
-    use pipeweave_core::{
-        CheckedPrograms, ProblemSpec, ProjectionOptions, StageCosts, StageId, StageMemory,
-    };
+    use pipeweave_core::testing::{placed, plan_on};
+    use pipeweave_core::{CheckedPrograms, ProjectionOptions, StageCosts, StageId, StageMemory};
 
     /// A one-rank, two-stage plan of `order` whose programs need no transport, checked.
     fn local_programs(order: &[&str]) -> CheckedPrograms {
-        let problem = ProblemSpec::builder()
-            .ranks(1)
-            .microbatches(1)
-            .stage_to_rank(vec![0, 0])
-            .build()
-            .validate()
-            .unwrap();
+        let problem = placed(1, vec![0, 0]);
         let plan = plan_on(
             problem,
             StageCosts::default(),

@@ -43,6 +43,7 @@ pub use formats::profile::{
     parse_bytes, LayerProfile, Profile, ProfiledModel, SendProfile, PROFILE_FORMAT,
     PROFILE_FORMAT_V1,
 };
+pub use ir::all_to_all::{AllToAll, AllToAllPhase, TaskAllToAlls};
 pub use ir::blocks::{cut_violation, even_blocks, even_cut, spread_shares, PinnedEnds};
 pub use ir::cost::{CostModel, StageCosts, StageCostsSpec};
 pub use ir::facts::{

@@ -28,6 +28,21 @@ pub fn problem(ranks: u32, microbatches: u32) -> Problem {
         .expect("fixture sizes are positive and within the problem limits")
 }
 
+/// The problem of `microbatches` microbatches whose stage `s` runs on rank `placement[s]` (as
+/// many ranks as the placement names).
+///
+/// # Panics
+/// If the placement leaves a rank without a stage or a size is out of the problem limits.
+pub fn placed(microbatches: u32, placement: Vec<u32>) -> Problem {
+    ProblemSpec::builder()
+        .ranks(placement.iter().max().map_or(0, |r| r + 1))
+        .microbatches(microbatches)
+        .stage_to_rank(placement)
+        .build()
+        .validate()
+        .expect("fixture placements name every rank and stay within the problem limits")
+}
+
 /// A stage's costs from its forward, input-gradient and weight-gradient durations; the others
 /// derived from them ([`StageCostsSpec`]'s defaults: `B = I + W`, `FB = F + B`, `R` and offload
 /// `= F`).

@@ -3,7 +3,9 @@
 //! a message or a peer, move an op between groups, change a compute task, renumber or drop a
 //! program, flip `semantics` or `forward_only`).
 
-use pipeweave::core_ir::{CommGroup, CommOp, Direction, Instr, Message, ProgramSet, Semantics};
+use pipeweave::core_ir::{
+    AllToAll, CommGroup, CommOp, Direction, Instr, Message, ProgramSet, Semantics,
+};
 use pipeweave::{MicrobatchId, RankId, StageId, Task};
 
 /// Reads the mutation bytes one at a time; 0 once they run out.
@@ -206,7 +208,9 @@ pub(super) fn mutate(set: &mut ProgramSet, bytes: &mut Bytes<'_>, stages: u32, m
                     | Instr::FreeOutput(w)
                     | Instr::Drop(w)
                     | Instr::Offload(w)
-                    | Instr::Reload(w) => {
+                    | Instr::Reload(w)
+                    | Instr::IssueAllToAll(AllToAll { work: w, .. })
+                    | Instr::WaitAllToAll(AllToAll { work: w, .. }) => {
                         w.stage = StageId::new(stage);
                         w.microbatch = MicrobatchId::new(microbatch);
                     }

@@ -40,6 +40,7 @@ class Plan:
     peak_activations_per_rank: List[float]
     device_peak_per_rank: Optional[List[float]]
     host_peak_per_rank: Optional[List[float]]
+    experts_peak_per_rank: Optional[List[float]]
     link_busy_per_rank: Optional[List[float]]
     ranks_per_link: Optional[int]
     shared_link_busy: Optional[List[float]]

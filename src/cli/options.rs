@@ -117,17 +117,19 @@ fn stage_costs(p: &[(String, f64)]) -> Result<StageCosts, Error> {
     Ok(spec.validate()?)
 }
 
-/// Parses `total=1,weight_grad=0.43,checkpoint=0.05`.
+/// Parses `total=1,weight_grad=0.43,checkpoint=0.05,experts=0.2` (every key optional; `experts`,
+/// the part a mixture's experts keep until their W, default none).
 pub fn parse_activation_memory(text: &str) -> Result<StageMemory, Error> {
     let p = pairs(
         "--activation-memory",
         text,
-        &["total", "weight_grad", "checkpoint"],
+        &["total", "weight_grad", "checkpoint", "experts"],
     )?;
     let spec = StageMemorySpec::builder()
         .total(get(&p, "total").unwrap_or(1.0))
         .weight_grad_opt(get(&p, "weight_grad"))
         .checkpoint(get(&p, "checkpoint").unwrap_or(0.0))
+        .experts(get(&p, "experts").unwrap_or(0.0))
         .build();
     Ok(spec.validate()?)
 }

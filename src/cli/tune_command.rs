@@ -30,7 +30,9 @@ pub struct TuneArgs {
     /// Durations of a rank's whole share: `F=1,I=1,W=1,B=..,FB=..,comm=0`.
     #[arg(long, default_value = DEFAULT_COSTS)]
     costs: String,
-    /// Activation memory of one microbatch on a rank's share: `total=1,weight_grad=1`.
+    /// Activation memory of one microbatch on a rank's share: `total=1,weight_grad=1`
+    /// (also `checkpoint=0`, what a recomputed forward keeps, and `experts=0`, the part a
+    /// mixture's experts keep until their W).
     #[arg(long, default_value = DEFAULT_ACTIVATION_MEMORY)]
     activation_memory: String,
     /// Per-rank activation bound (units of `total`; with --profile also bytes, e.g. `2GiB`)

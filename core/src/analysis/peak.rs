@@ -14,12 +14,17 @@
 //!   input-gradient backward, its `weight_grad` part between that and its W), `RELOAD` moves it
 //!   back.
 //!
+//! A mixture of experts' part of the activations ([`StageMemory::experts`]) is counted apart by
+//! the same rules on its own figures ([`StageMemory::experts_part`]): a rank's peak gives how much
+//! of it the experts keep ([`RankPeak::experts`]).
+//!
 //! The order is exact about time as well, by the rule the replay engine keeps
 //! ([`crate::analysis::replay`]): a task that allocates on the device (a forward, a recompute, a
 //! reload) never starts before every offload earlier in its rank's order has finished, so the
 //! memory an offload frees at its place in the order is free by the time anything after it needs it.
 
 use crate::ir::ids::RankId;
+use crate::ir::memory::StageMemory;
 use crate::ir::op::{OpKind, Task, Work};
 use crate::ir::plan::Plan;
 use std::collections::HashSet;
@@ -37,6 +42,9 @@ pub struct RankPeak {
     pub at: Option<Task>,
     /// Peak host memory the rank's offloads hold (0 without offload).
     pub host_peak: f64,
+    /// The part of `peak` the experts of a mixture keep (0 where no stage's experts keep
+    /// memory of their own).
+    pub experts: f64,
 }
 
 /// The pairs a rank's order recomputes: their forwards (`R`) and what their Ws keep (`RW`) are
@@ -61,8 +69,15 @@ fn dropped_in(order: &[Task]) -> (HashSet<Work>, HashSet<Work>) {
 /// Walks one rank's order, calling `visit(task, held)` with the most device memory held while
 /// the task runs (a forward's activations included before a drop), and returns the host
 /// memory's peak. Tasks whose stage is out of range hold nothing (the verifier reports them).
-fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
-    let figures = plan.memory();
+/// `part` gives the figures counted of each stage's (the whole, or its experts' part).
+fn walk(
+    plan: &Plan,
+    order: &[Task],
+    part: fn(&StageMemory) -> StageMemory,
+    mut visit: impl FnMut(&Task, f64),
+) -> f64 {
+    let memory = plan.memory();
+    let figures = |w: Work| memory.of(w.stage, w.microbatch).map(|m| part(&m));
     let (dropped, weight_dropped) = dropped_in(order);
     let (mut held, mut host, mut host_peak) = (0.0f64, 0.0f64, 0.0f64);
     // With transfers: the pairs whose input gradient ran (an offload after it moves the W's part).
@@ -70,7 +85,7 @@ fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
     let mut backed: HashSet<Work> = HashSet::new();
     for task in order {
         let work = task.work();
-        let Some(m) = figures.of(work.stage, work.microbatch) else {
+        let Some(m) = figures(work) else {
             visit(task, held);
             continue;
         };
@@ -99,15 +114,15 @@ fn walk(plan: &Plan, order: &[Task], mut visit: impl FnMut(&Task, f64)) -> f64 {
             }
             _ => {
                 let _ = task.try_for_each_op(|op| {
-                    let Some(m) = figures.of(op.stage, op.microbatch) else {
-                        return ControlFlow::<()>::Continue(());
-                    };
-                    held += m.delta(op.kind);
-                    during = during.max(held);
                     let work = Work {
                         stage: op.stage,
                         microbatch: op.microbatch,
                     };
+                    let Some(m) = figures(work) else {
+                        return ControlFlow::<()>::Continue(());
+                    };
+                    held += m.delta(op.kind);
+                    during = during.max(held);
                     if op.kind == OpKind::Forward && !dropped.is_empty() && dropped.contains(&work)
                     {
                         held -= m.dropped();
@@ -158,7 +173,9 @@ pub fn held_during(plan: &Plan, rank: RankId) -> Vec<f64> {
 /// device memory held while it runs: [`held_during`] of a rank whose order a pass is editing.
 pub fn held_along(plan: &Plan, order: &[Task]) -> Vec<f64> {
     let mut held = Vec::with_capacity(order.len());
-    walk(plan, order, |_, during| held.push(during));
+    walk(plan, order, StageMemory::clone, |_, during| {
+        held.push(during)
+    });
     held
 }
 
@@ -173,13 +190,27 @@ pub fn peak_per_rank(plan: &Plan) -> Vec<RankPeak> {
                 peak: 0.0,
                 at: None,
                 host_peak: 0.0,
+                experts: 0.0,
             };
-            best.host_peak = walk(plan, order, |task, during| {
+            // The task (by position) where the peak is first reached.
+            let (mut position, mut at) = (0, None);
+            best.host_peak = walk(plan, order, StageMemory::clone, |task, during| {
                 if during > best.peak + 1e-12 {
                     best.peak = during;
                     best.at = Some(*task);
+                    at = Some(position);
                 }
+                position += 1;
             });
+            if let Some(at) = at.filter(|_| plan.memory().has_experts()) {
+                let mut position = 0;
+                walk(plan, order, StageMemory::experts_part, |_, during| {
+                    if position == at {
+                        best.experts = during;
+                    }
+                    position += 1;
+                });
+            }
             best
         })
         .collect()
@@ -255,6 +286,41 @@ mod tests {
         let peaks = peak_per_rank(&one_rank(order, 1.0, 0.0));
         assert_eq!((peaks[0].peak, peaks[0].host_peak), (2.0, 1.0));
         assert_eq!(peaks[0].at.unwrap().to_string(), "0F1");
+    }
+
+    #[test]
+    fn the_experts_part_of_a_peak_is_counted_by_the_same_rules() {
+        let memory = StageMemorySpec::builder()
+            .total(1.0)
+            .weight_grad(0.5)
+            .checkpoint(0.125)
+            .experts(0.25)
+            .build()
+            .validate()
+            .unwrap();
+        let peak = |order: &str| {
+            let plan = plan_on(problem(1, 3), StageCosts::default(), memory, &[order]);
+            let p = peak_per_rank(&plan)[0];
+            (p.peak, p.experts)
+        };
+        // Two forwards held: 2, of which the experts' rows 0.5.
+        assert_eq!(peak("0F0 0F1 0I0 0W0 0I1 0W1"), (2.0, 0.5));
+        // The I frees what the W does not keep, none of the experts' rows: at 0F1 after 0I0,
+        // 0.5 + 1 held, 0.25 + 0.25 of it the experts'.
+        assert_eq!(peak("0F0 0I0 0F1 0W0 0I1 0W1"), (1.5, 0.5));
+        // A recomputed forward keeps its checkpoint, none of its experts' rows.
+        assert_eq!(peak("0F0 0F1 0F2 0B2 0R1 0B1 0R0 0B0"), (1.25, 0.25));
+        // Offloaded pairs take their experts' rows to the host.
+        let order = "0F0 0OFFLOAD0 0F1 0OFFLOAD1 0F2 0B2 0RELOAD1 0B1 0RELOAD0 0B0";
+        assert_eq!(peak(order), (1.0, 0.25));
+        // Without an experts' figure, none.
+        let plain = plan_on(
+            problem(1, 3),
+            StageCosts::default(),
+            StageMemory::default(),
+            &[order],
+        );
+        assert_eq!(peak_per_rank(&plain)[0].experts, 0.0);
     }
 
     #[test]

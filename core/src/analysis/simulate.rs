@@ -35,6 +35,9 @@ pub struct RankFigures {
     pub peak_activations: f64,
     /// Peak activation memory offloaded to the host (0 without offload).
     pub host_peak_activations: f64,
+    /// The part of `peak_activations` a mixture's experts keep (0 where the memory model
+    /// gives them none).
+    pub experts_peak_activations: f64,
     /// Time the rank's host link spends on transfers.
     pub link_busy: f64,
 }
@@ -148,6 +151,7 @@ impl Simulation {
                         .sum(),
                     peak_activations: peaks.get(r).map_or(0.0, |p| p.peak),
                     host_peak_activations: peaks.get(r).map_or(0.0, |p| p.host_peak),
+                    experts_peak_activations: peaks.get(r).map_or(0.0, |p| p.experts),
                     link_busy,
                 }
             })

@@ -24,6 +24,136 @@
 //!
 //! A recompute of a W's inputs (`RW`) redoes a forward and an input gradient: both inside.
 //! The all-to-alls of different tasks may overlap one another (the network carries them at once).
+//!
+//! [`A2aPhases`] gives their durations; [`TaskAllToAlls`] names the same all-to-alls one by one
+//! ([`AllToAll`]: a (stage, microbatch) and its [`AllToAllPhase`]) with the same placement, which
+//! the projected programs state as instructions and the checker holds them to.
+
+use crate::ir::ids::StageId;
+use crate::ir::op::{Task, Work};
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
+use std::fmt;
+
+/// Which of the four all-to-alls of one (stage, microbatch) of a mixture of experts.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+pub enum AllToAllPhase {
+    /// The forward's: each token to its experts.
+    Dispatch,
+    /// The forward's: the experts' outputs back.
+    Combine,
+    /// The backward's first: the output gradients to the experts (the combine's backward).
+    CombineBackward,
+    /// The backward's second: the experts' input gradients back (the dispatch's backward).
+    DispatchBackward,
+}
+
+impl AllToAllPhase {
+    /// The name in programs and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            AllToAllPhase::Dispatch => "dispatch",
+            AllToAllPhase::Combine => "combine",
+            AllToAllPhase::CombineBackward => "combine-backward",
+            AllToAllPhase::DispatchBackward => "dispatch-backward",
+        }
+    }
+}
+
+/// One all-to-all: the (stage, microbatch) whose experts exchange, and which exchange. It is a
+/// collective of the expert ranks of the stage's pipeline rank (each runs the same program).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+pub struct AllToAll {
+    /// The stage and microbatch.
+    pub work: Work,
+    /// Which of the four.
+    pub phase: AllToAllPhase,
+}
+
+impl AllToAll {
+    /// The all-to-all `phase` of `work`.
+    pub fn new(work: Work, phase: AllToAllPhase) -> AllToAll {
+        AllToAll { work, phase }
+    }
+}
+
+impl fmt::Display for AllToAll {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}(stage {}, mb {})",
+            self.phase.name(),
+            self.work.stage,
+            self.work.microbatch
+        )
+    }
+}
+
+/// A task's all-to-alls, one by one, where [`A2aPhases`] places them: the same head, span and
+/// tail (each figure of [`A2aPhases`] is non-zero exactly where its part here is non-empty).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TaskAllToAlls {
+    /// Issued once the task's output gradient is there, waited for before its compute: an
+    /// input-gradient or full backward's combine-backward.
+    pub head: Option<AllToAll>,
+    /// Inside the task's span, each issued and waited for before the next is issued, in the
+    /// order its parts run them (an overlapped pair: DeepSeek-V3's four slots).
+    pub span: SmallVec<[AllToAll; 4]>,
+    /// Issued when the compute ends, waited for before anything needs the task's output: a
+    /// forward's combine.
+    pub tail: Option<AllToAll>,
+}
+
+impl TaskAllToAlls {
+    /// The all-to-alls of `task`, whose stages have experts where `experts` says so (a stage
+    /// without has none: a pair on one stage with experts and one without runs only that
+    /// half's).
+    pub fn of(task: &Task, experts: impl Fn(StageId) -> bool) -> TaskAllToAlls {
+        use AllToAllPhase::{Combine, CombineBackward, Dispatch, DispatchBackward};
+        let of = |w: Work, phases: &[AllToAllPhase]| -> SmallVec<[AllToAll; 4]> {
+            if experts(w.stage) {
+                phases.iter().map(|&p| AllToAll::new(w, p)).collect()
+            } else {
+                SmallVec::new()
+            }
+        };
+        let one = |w: Work, phase| experts(w.stage).then(|| AllToAll::new(w, phase));
+        let mut all = TaskAllToAlls::default();
+        match *task {
+            Task::Forward(w) => {
+                all.span = of(w, &[Dispatch]);
+                all.tail = one(w, Combine);
+            }
+            Task::InputGrad(w) | Task::Backward(w) => {
+                all.head = one(w, CombineBackward);
+                all.span = of(w, &[DispatchBackward]);
+            }
+            Task::Recompute(w) => all.span = of(w, &[Dispatch, Combine]),
+            Task::RecomputeWeightGrad(w) => {
+                all.span = of(w, &[Dispatch, Combine, CombineBackward, DispatchBackward]);
+            }
+            Task::Overlapped { forward, backward } => {
+                // Slot 1: forward attention | backward combine; 2: backward experts | forward
+                // dispatch; 3: forward experts | backward dispatch; 4: backward attention |
+                // forward combine.
+                let slots = [
+                    one(backward, CombineBackward),
+                    one(forward, Dispatch),
+                    one(backward, DispatchBackward),
+                    one(forward, Combine),
+                ];
+                all.span = slots.into_iter().flatten().collect();
+            }
+            Task::WeightGrad(_) | Task::Offload(_) | Task::Reload(_) => {}
+        }
+        all
+    }
+
+    /// Whether the task has none.
+    pub fn is_empty(&self) -> bool {
+        self.head.is_none() && self.span.is_empty() && self.tail.is_none()
+    }
+}
 
 /// A task's all-to-alls against its computes: what precedes them (`head`), what lies inside its
 /// span and how much of that the rank waits for (`inside_exposed`), and what follows (`tail`).
@@ -131,6 +261,63 @@ mod tests {
         let b = A2aPhases::backward(1.0);
         assert_eq!((b.head, b.inside_exposed, b.tail), (0.5, 0.5, 0.0));
         assert_eq!(f.total(), 1.0);
+    }
+
+    #[test]
+    fn each_all_to_all_lies_where_its_phases_put_time() {
+        use crate::ir::cost::{CostModel, StageCostsSpec};
+        let with = StageCostsSpec::builder()
+            .a2a(1.0)
+            .build()
+            .validate()
+            .unwrap();
+        let costs = CostModel::per_stage(vec![with, Default::default()], 0.0).unwrap();
+        let experts = |s: StageId| s.index() == 0;
+        for notation in [
+            "0F1",
+            "0I1",
+            "0B1",
+            "0W1",
+            "0R1",
+            "0RW1",
+            "0OFFLOAD1",
+            "1F1",
+            "1B1",
+        ] {
+            let task: Task = notation.parse().unwrap();
+            let (phases, all) = (costs.a2a_phases(&task), TaskAllToAlls::of(&task, experts));
+            assert_eq!(phases.head > 0.0, all.head.is_some(), "{notation}");
+            assert_eq!(phases.inside > 0.0, !all.span.is_empty(), "{notation}");
+            assert_eq!(phases.tail > 0.0, all.tail.is_some(), "{notation}");
+            // Each all-to-all of a stage takes half its `a2a`.
+            let count =
+                all.span.len() + usize::from(all.head.is_some()) + usize::from(all.tail.is_some());
+            assert_eq!(phases.total(), count as f64 / 2.0, "{notation}");
+        }
+        let pair = Task::Overlapped {
+            forward: Work::new(0, 2),
+            backward: Work::new(0, 1),
+        };
+        let names: Vec<String> = TaskAllToAlls::of(&pair, experts)
+            .span
+            .iter()
+            .map(AllToAll::to_string)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "combine-backward(stage 0, mb 1)",
+                "dispatch(stage 0, mb 2)",
+                "dispatch-backward(stage 0, mb 1)",
+                "combine(stage 0, mb 2)"
+            ]
+        );
+        // Half a pair on a stage without experts: the other half's only.
+        let half = Task::Overlapped {
+            forward: Work::new(1, 2),
+            backward: Work::new(0, 1),
+        };
+        assert_eq!(TaskAllToAlls::of(&half, experts).span.len(), 2);
     }
 
     #[test]

@@ -7,7 +7,12 @@
 //! default keeps everything until W (`weight_grad = total`), which is how the reference schedules
 //! count activations. `checkpoint` is what a forward whose activations are dropped for a later
 //! recompute keeps (its stage input; default 0, the usual approximation: a stage's input is small
-//! beside the activations inside it).
+//! beside the activations inside it). `experts` is the part a mixture of experts' experts keep
+//! (default 0): the rows the dispatch all-to-all sent them (each token once per expert it is
+//! routed to) and what they compute from them, held from the forward until the W (the experts'
+//! weight gradients read them, so it is a part of `weight_grad`), none of it in the checkpoint
+//! (a recompute redoes the dispatch). It is counted apart ([`StageMemory::experts_part`], the
+//! peak analysis's experts' share of a peak); the totals already hold it.
 //!
 //! The figures are plain data: [`StageMemory`] and [`MemoryModel`] compare and hash by their bits
 //! (validation turns `-0` into `0`, so that is comparing the numbers).
@@ -29,19 +34,25 @@ pub struct StageMemorySpec {
     /// Part of `total` a recomputed forward keeps until its recompute; default none.
     #[builder(default = 0.0)]
     checkpoint: f64,
+    /// Part of `weight_grad` the experts of a mixture keep (see the module doc); default none.
+    #[builder(default = 0.0)]
+    experts: f64,
 }
 
 /// Validated activation figures of one stage (`0 <= weight_grad <= total`,
-/// `0 <= checkpoint <= total`, finite; compared and hashed by their bits).
+/// `0 <= checkpoint <= total`, `0 <= experts <= weight_grad`, finite; compared and hashed by
+/// their bits).
 #[derive(Clone, Copy, Debug)]
 pub struct StageMemory {
     total: f64,
     weight_grad: f64,
     checkpoint: f64,
+    experts: f64,
 }
 
 impl StageMemorySpec {
-    /// Checks `0 <= weight_grad <= total`, all finite.
+    /// Checks `0 <= weight_grad <= total`, `0 <= checkpoint <= total`,
+    /// `0 <= experts <= weight_grad`, all finite.
     pub fn validate(self) -> Result<StageMemory, CoreError> {
         let total = self.total;
         let weight_grad = self.weight_grad.unwrap_or(total);
@@ -59,11 +70,19 @@ impl StageMemorySpec {
                 "checkpoint = {checkpoint} must lie between 0 and total = {total}"
             )));
         }
+        let experts = self.experts;
+        if !(experts.is_finite() && (0.0..=weight_grad).contains(&experts)) {
+            return Err(invalid(format!(
+                "experts = {experts} must lie between 0 and weight_grad = {weight_grad} (the \
+                 experts' rows are held until their weight gradients)"
+            )));
+        }
         // `-0` as `0` (every figure is >= 0 here), so that comparing bits is comparing numbers.
         Ok(StageMemory {
             total: total.abs(),
             weight_grad: weight_grad.abs(),
             checkpoint: checkpoint.abs(),
+            experts: experts.abs(),
         })
     }
 }
@@ -90,6 +109,21 @@ impl StageMemory {
     pub fn checkpoint(&self) -> f64 {
         self.checkpoint
     }
+    /// Part the experts of a mixture keep (see the module doc).
+    pub fn experts(&self) -> f64 {
+        self.experts
+    }
+    /// The experts' part alone, as figures of its own: `total` and `weight_grad` are
+    /// `experts` (held from the forward to the W), no checkpoint (a recompute rebuilds it all),
+    /// so every rule of the memory model counts it as it counts the whole.
+    pub fn experts_part(&self) -> StageMemory {
+        StageMemory {
+            total: self.experts,
+            weight_grad: self.experts,
+            checkpoint: 0.0,
+            experts: self.experts,
+        }
+    }
     /// What dropping a forward's activations for a recompute frees (and the recompute holds
     /// again): `total - checkpoint`.
     pub fn dropped(&self) -> f64 {
@@ -106,6 +140,7 @@ impl StageMemory {
             total: self.total * factor,
             weight_grad: self.weight_grad * factor,
             checkpoint: self.checkpoint * factor,
+            experts: self.experts * factor,
         }
     }
     /// Every figure divided by `parts`.
@@ -115,6 +150,7 @@ impl StageMemory {
             total: self.total / k,
             weight_grad: self.weight_grad / k,
             checkpoint: self.checkpoint / k,
+            experts: self.experts / k,
         }
     }
     /// Change of held memory when `kind` runs.
@@ -126,8 +162,8 @@ impl StageMemory {
         }
     }
 
-    fn key(&self) -> [u64; 3] {
-        [self.total, self.weight_grad, self.checkpoint].map(f64::to_bits)
+    fn key(&self) -> [u64; 4] {
+        [self.total, self.weight_grad, self.checkpoint, self.experts].map(f64::to_bits)
     }
 }
 
@@ -196,6 +232,10 @@ impl MemoryModel {
     /// Figures of every stage (for one microbatch of scale 1).
     pub fn stages(&self) -> &[StageMemory] {
         &self.stages
+    }
+    /// Whether any stage's experts keep memory of their own.
+    pub fn has_experts(&self) -> bool {
+        self.stages.iter().any(|s| s.experts > 0.0)
     }
     /// The per-microbatch factors (empty: all 1).
     pub fn microbatch_scales(&self) -> &[f64] {
@@ -282,5 +322,35 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(err.to_string().contains("checkpoint = 2 must lie"), "{err}");
+    }
+
+    #[test]
+    fn the_experts_part_is_held_until_the_w_and_counted_on_its_own() {
+        let spec = |experts| {
+            StageMemorySpec::builder()
+                .total(1.0)
+                .weight_grad(0.5)
+                .checkpoint(0.125)
+                .experts(experts)
+                .build()
+                .validate()
+        };
+        let m = spec(0.25).unwrap();
+        let part = m.experts_part();
+        assert_eq!((part.total(), part.weight_grad()), (0.25, 0.25));
+        assert_eq!((part.checkpoint(), part.dropped()), (0.0, 0.25));
+        assert_eq!(part.delta(OpKind::InputGrad), 0.0);
+        assert_eq!(
+            (m.split(2).experts(), m.scaled(3.0).experts()),
+            (0.125, 0.75)
+        );
+        assert!(MemoryModel::uniform(2, m).has_experts());
+        assert!(!MemoryModel::uniform(2, StageMemory::default()).has_experts());
+        let err = spec(0.75).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("experts = 0.75 must lie between 0 and weight_grad = 0.5"),
+            "{err}"
+        );
     }
 }

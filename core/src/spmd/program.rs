@@ -12,9 +12,19 @@
 //! [`Instr::Drop`] after a forward whose activations are recomputed later (keep the stage input
 //! only; the recompute itself is a compute, `R`), [`Instr::Offload`] and [`Instr::Reload`] moving a
 //! forward's saved activations to host memory and back.
+//! A mixture of experts' all-to-alls ([`Instr::IssueAllToAll`], [`Instr::WaitAllToAll`]) are
+//! collectives of the expert ranks that run one pipeline rank's program, placed as the plan places
+//! them ([`crate::ir::all_to_all::TaskAllToAlls`]): a task's in-span all-to-alls (a forward's
+//! dispatch, a backward's dispatch-backward, a recompute's, an overlapped pair's four slots)
+//! directly after its `Compute`, each issued and waited for in the order its parts run them,
+//! then a forward's combine issued; that combine waited for before what needs the forward's
+//! output (the send of its activation, its loss, a compute on this rank that reads it); a
+//! backward's combine-backward issued once its output gradient is there and waited for before
+//! its compute. Programs of plans without all-to-all costs have none.
 //! A [`Message`] names what travels: an activation or a gradient of one microbatch across one stage
 //! boundary, with the tensor-shape slot of that boundary.
 
+use crate::ir::all_to_all::AllToAll;
 use crate::ir::ids::{MicrobatchId, RankId, StageId};
 use crate::ir::op::{Op, OpKind, Task, Work};
 use serde::{Deserialize, Serialize};
@@ -298,6 +308,11 @@ pub enum Instr {
     Offload(Work),
     /// Move the saved activations of this work's forward back from host memory.
     Reload(Work),
+    /// Start an all-to-all of a mixture of experts on this rank's expert group (see the module
+    /// doc for where it stands).
+    IssueAllToAll(AllToAll),
+    /// Wait until the all-to-all issued last with these fields has completed.
+    WaitAllToAll(AllToAll),
 }
 
 impl fmt::Display for Instr {
@@ -333,6 +348,8 @@ impl fmt::Display for Instr {
             Instr::Drop(w) => write!(f, "drop(stage {}, mb {})", w.stage, w.microbatch),
             Instr::Offload(w) => write!(f, "offload(stage {}, mb {})", w.stage, w.microbatch),
             Instr::Reload(w) => write!(f, "reload(stage {}, mb {})", w.stage, w.microbatch),
+            Instr::IssueAllToAll(a) => write!(f, "issue-{a}"),
+            Instr::WaitAllToAll(a) => write!(f, "wait-{a}"),
         }
     }
 }

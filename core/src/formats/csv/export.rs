@@ -176,7 +176,8 @@ fn comm_cells(op: &CommOp) -> (CommCell, Option<CommCell>) {
 
 /// The lowered CSV of projected programs: compute and communication actions in execution order.
 /// Sends are waited for right after their group when the programs are projected for blocking
-/// semantics, at the end of the rank's row otherwise.
+/// semantics, at the end of the rank's row otherwise. Markers and all-to-alls have no action in
+/// the format and are left out (see the module doc of [`super`]).
 pub fn lowered_csv(set: &ProgramSet) -> String {
     let instrs: usize = set.programs.iter().map(|p| p.instrs.len()).sum();
     let mut text = CsvText::with_capacity(instrs * 16);

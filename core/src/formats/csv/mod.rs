@@ -10,6 +10,9 @@
 //! projection): a lowered file is the whole program PyTorch's runtime runs, the scaling of the
 //! gradients by 1/M (at `REDUCE_GRAD`) included. Our markers (loss, free, gradient sync) have no
 //! PyTorch action and are not written; the importer adds the loss and the final flush back.
+//! Neither have a mixture of experts' all-to-alls (`IssueAllToAll`, `WaitAllToAll`, which the
+//! programs of plans with all-to-all costs hold): PyTorch's schedules run them inside a stage's
+//! forward and backward, so a lowered file leaves them out, and a file read back has none.
 //!
 //! PyTorch's format has one route, through stages 0, 1, 2, ... in order, and no weights shared
 //! between stages: [`pytorch_expressible`] says whether a plan fits it. The writers write any

@@ -4,6 +4,7 @@
 
 use crate::analysis::replay::describe_waits;
 use crate::ir::ids::RankId;
+use crate::spmd::all_to_all::A2aFault;
 use crate::spmd::params::{ParamFault, ParamUse};
 use crate::spmd::program::{CommOp, Message, Semantics};
 use crate::spmd::residency::ResidencyFault;
@@ -155,6 +156,16 @@ pub enum CommError {
         instr: usize,
         /// What is wrong.
         fault: ResidencyFault,
+    },
+    /// An all-to-all instruction is out of order.
+    #[error("rank {rank}, instruction {instr}: {fault}")]
+    AllToAll {
+        /// The rank.
+        rank: RankId,
+        /// The instruction.
+        instr: usize,
+        /// What is wrong.
+        fault: A2aFault,
     },
     /// The programs cannot finish under the given semantics.
     #[error("deadlock under {semantics} semantics: {}", describe_waits(.cycle))]

@@ -23,6 +23,10 @@
 //!    their order in each program follows the rules of [`crate::spmd::params`].
 //! 7. **Activation residency** (`Drop`, `R`, `Offload`, `Reload`): their order in each program
 //!    follows the rules of [`crate::spmd::residency`].
+//! 8. **All-to-alls** (a mixture of experts' `IssueAllToAll`, `WaitAllToAll`): each issued one
+//!    waited for exactly once, after its issue and before what needs its result, a task's
+//!    in-span ones (an overlapped pair's four) inside its span: the rules of
+//!    [`crate::spmd::all_to_all`].
 //!
 //! A set that completes under blocking semantics completes batched too: batching posts every
 //! operation no later and waits on no more (the first operation a batched run never posted would
@@ -48,6 +52,7 @@ pub use error::{CheckReport, CommError, Waiting};
 
 use crate::ir::problem::Problem;
 use crate::ir::slots::OpSlots;
+use crate::spmd::all_to_all::check_all_to_alls;
 use crate::spmd::params::check_params;
 use crate::spmd::program::{ProgramSet, Semantics};
 use crate::spmd::residency::check_residency;
@@ -85,6 +90,11 @@ pub fn check_programs(problem: &Problem, set: &ProgramSet) -> Result<CheckReport
         fault,
     })?;
     check_residency(problem, set).map_err(|(rank, instr, fault)| CommError::Residency {
+        rank,
+        instr,
+        fault,
+    })?;
+    check_all_to_alls(problem, set).map_err(|(rank, instr, fault)| CommError::AllToAll {
         rank,
         instr,
         fault,

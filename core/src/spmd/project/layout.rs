@@ -36,6 +36,8 @@ impl Layout {
             Event::Drop(w) => Instr::Drop(w),
             Event::Transfer(Task::Offload(w)) => Instr::Offload(w),
             Event::Transfer(t) => Instr::Reload(t.work()),
+            Event::Issue(a) => Instr::IssueAllToAll(a),
+            Event::Wait(a) => Instr::WaitAllToAll(a),
         };
         self.flush();
         self.instrs.push(instr);

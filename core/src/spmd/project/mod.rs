@@ -44,6 +44,7 @@
 //! instructions. Every key is distinct, so the merge is the one order a full sort of all events
 //! would give.
 
+mod all_to_all;
 mod events;
 mod layout;
 mod rank;
@@ -59,7 +60,8 @@ use crate::ir::facts::{Facts, Residency};
 use crate::ir::op::Task;
 use crate::ir::plan::Plan;
 use crate::spmd::program::{ProgramSet, Semantics};
-use rank::project_rank;
+use all_to_all::Experts;
+use rank::{project_rank, Shared};
 use receives::{senders, Receives, Starts};
 use std::borrow::Cow;
 
@@ -146,12 +148,24 @@ fn programs_of(
     let links = Links::of(source.problem());
     let senders = senders(source.problem());
     let dropped = source.recomputed_pairs();
+    let experts = Experts::of(source.costs());
+    let shared = Shared {
+        links: &links,
+        dropped: &dropped,
+        experts: experts.as_ref(),
+    };
     let starts = (options.recv == RecvPolicy::JustInTime).then(|| Starts::index(&links, timeline));
     let project = |ranks: std::ops::Range<usize>| {
-        let mut receives = Receives::new(&links, timeline, &senders, starts.as_ref());
+        let mut receives = Receives::new(
+            &links,
+            timeline,
+            &senders,
+            starts.as_ref(),
+            experts.as_ref(),
+        );
         let mut buffer = Vec::new();
         ranks
-            .map(|r| project_rank(&links, &dropped, &mut receives, &mut buffer, r, options))
+            .map(|r| project_rank(&shared, &mut receives, &mut buffer, r, options))
             .collect::<Vec<_>>()
     };
     let tasks: usize = timeline.iter().map(Vec::len).sum();

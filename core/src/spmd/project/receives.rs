@@ -2,17 +2,19 @@
 //! sending side and keyed on the time line ([`Receives`]), early where the message is produced
 //! or just in time before its consumer ([`Starts`], [`place_just_in_time`]).
 
+use super::all_to_all::{head, outputs_end, Experts};
 use super::events::{
     direction_bit, message_key, time_bits, Event, EventClass, EventKey, Keyed, Moment,
 };
 use crate::analysis::replay::TimedTask;
 use crate::ir::deps::Links;
 use crate::ir::ids::RankId;
-use crate::ir::op::{Op, OpKind};
+use crate::ir::op::{Op, OpKind, Work};
 use crate::ir::problem::Problem;
 use crate::ir::slots::OpSlots;
 use crate::spmd::messages::remote_outputs;
 use crate::spmd::program::{CommOp, Direction, Message};
+use std::collections::HashSet;
 
 /// Per rank, the ranks that send it something: the owners of the stages next to its own on a
 /// route, in rank order.
@@ -38,32 +40,38 @@ pub(super) fn senders(problem: &Problem) -> Vec<Vec<RankId>> {
 
 /// What finds a rank's receives: they are found from the sending side, walking each sender's
 /// timeline in order, where every output for the rank is a receive, early at the moment it is
-/// produced or just in time (see [`place_just_in_time`]). So a rank's list is a run of keys in
-/// order per sender, which a run-adaptive sort merges.
+/// produced (after the sender's tail all-to-all, where it has one) or just in time (see
+/// [`place_just_in_time`]). So a rank's list is a run of keys in order per sender, which a
+/// run-adaptive sort merges. An early receive of a gradient whose backward waits for a head
+/// all-to-all is followed by that all-to-all's issue.
 pub(super) struct Receives<'a> {
     links: &'a Links,
     timeline: &'a [Vec<TimedTask>],
     senders: &'a [Vec<RankId>],
     /// The tasks' starts, for just-in-time receives.
     starts: Option<&'a Starts>,
+    /// The plan's all-to-alls, if any.
+    experts: Option<&'a Experts<'a>>,
     /// The just-in-time receives being placed.
     late: Vec<LateReceive>,
 }
 
 impl<'a> Receives<'a> {
     /// A finder of receives on `timeline`, with `senders` per rank ([`senders`]); just in time
-    /// where `starts` are given.
+    /// where `starts` are given; after the tails of `experts`' all-to-alls.
     pub(super) fn new(
         links: &'a Links,
         timeline: &'a [Vec<TimedTask>],
         senders: &'a [Vec<RankId>],
         starts: Option<&'a Starts>,
+        experts: Option<&'a Experts<'a>>,
     ) -> Receives<'a> {
         Receives {
             links,
             timeline,
             senders,
             starts,
+            experts,
             late: Vec::new(),
         }
     }
@@ -73,8 +81,9 @@ impl<'a> Receives<'a> {
         &self.timeline[rank.index()]
     }
 
-    /// The receives of `rank`, keyed on the time line and sorted, into `events`.
-    pub(super) fn collect(&mut self, rank: RankId, events: &mut Vec<Keyed>) {
+    /// The receives of `rank`, keyed on the time line and sorted, into `events`; an early one
+    /// of a gradient for a backward among `heads` followed by the issue of its head all-to-all.
+    pub(super) fn collect(&mut self, rank: RankId, heads: &HashSet<Work>, events: &mut Vec<Keyed>) {
         events.clear();
         self.late.clear();
         for &from in &self.senders[rank.index()] {
@@ -86,13 +95,20 @@ impl<'a> Receives<'a> {
                     let message = output.message;
                     match self.starts {
                         None => {
-                            let produced = (time_bits(t.end), 2 * t.sequence as u64 + 1);
+                            let ready = outputs_end(self.experts, t);
+                            let produced = (time_bits(ready), 2 * t.sequence as u64 + 1);
                             let key = EventKey::new(
                                 produced,
                                 EventClass::Communication,
                                 direction_bit(&message),
                             );
                             events.push((key, Event::Comm(CommOp::Recv { from, message })));
+                            let consumer = message.consumer();
+                            if message.direction == Direction::Gradient && heads.contains(&consumer)
+                            {
+                                let key = EventKey::new(produced, EventClass::Communication, 2);
+                                events.push((key, Event::Issue(head(consumer))));
+                            }
                         }
                         Some(starts) => {
                             let consumer = starts.of_consumer(&message);

@@ -98,3 +98,96 @@ fn an_incomplete_plan_is_rejected_with_the_verifiers_violations() {
     .unwrap_err();
     assert!(err.to_string().contains("1I1"), "{err}");
 }
+
+/// 1F1B on two ranks and three microbatches with an overlapped pair on rank 0, all-to-alls of
+/// half a forward.
+fn with_experts() -> Plan {
+    use crate::ir::cost::StageCostsSpec;
+    use crate::ir::memory::StageMemory;
+    let costs = StageCostsSpec::builder()
+        .a2a(0.5)
+        .build()
+        .validate()
+        .unwrap();
+    crate::testing::plan_on(
+        crate::testing::problem(2, 3),
+        costs,
+        StageMemory::default(),
+        &[
+            "0F0 0F1 (0F2;0B0)OVERLAP_F_B 0B1 0B2",
+            "1F0 1B0 1F1 1B1 1F2 1B2",
+        ],
+    )
+}
+
+#[test]
+fn all_to_alls_sit_where_the_plan_runs_them() {
+    let set = projected(&with_experts(), RecvPolicy::Early, false);
+    // A forward's combine waited for under the next forward, before its send; the pair's four
+    // slots; a backward's head issued when its gradient arrives.
+    assert_eq!(
+        text(&set.programs[0])[..34],
+        [
+            "unshard(stage 0)",
+            "0F0",
+            "issue-dispatch(stage 0, mb 0)",
+            "wait-dispatch(stage 0, mb 0)",
+            "issue-combine(stage 0, mb 0)",
+            "0F1",
+            "issue-dispatch(stage 0, mb 1)",
+            "wait-dispatch(stage 0, mb 1)",
+            "issue-combine(stage 0, mb 1)",
+            "wait-combine(stage 0, mb 0)",
+            "[send-act(stage 0, mb 0) to rank 1]",
+            "free-output(stage 0, mb 0)",
+            "wait-combine(stage 0, mb 1)",
+            "[send-act(stage 0, mb 1) to rank 1, recv-grad(stage 0, mb 0) from rank 1]",
+            "free-output(stage 0, mb 1)",
+            "(0F2;0B0)OVERLAP_F_B",
+            "issue-combine-backward(stage 0, mb 0)",
+            "wait-combine-backward(stage 0, mb 0)",
+            "issue-dispatch(stage 0, mb 2)",
+            "wait-dispatch(stage 0, mb 2)",
+            "issue-dispatch-backward(stage 0, mb 0)",
+            "wait-dispatch-backward(stage 0, mb 0)",
+            "issue-combine(stage 0, mb 2)",
+            "wait-combine(stage 0, mb 2)",
+            "[send-act(stage 0, mb 2) to rank 1, recv-grad(stage 0, mb 1) from rank 1]",
+            "free-output(stage 0, mb 2)",
+            "issue-combine-backward(stage 0, mb 1)",
+            "wait-combine-backward(stage 0, mb 1)",
+            "0B1",
+            "issue-dispatch-backward(stage 0, mb 1)",
+            "wait-dispatch-backward(stage 0, mb 1)",
+            "[recv-grad(stage 0, mb 2) from rank 1]",
+            "issue-combine-backward(stage 0, mb 2)",
+            "wait-combine-backward(stage 0, mb 2)",
+        ]
+    );
+    // On the last stage the loss needs the combine at once; the loss starts the head.
+    assert_eq!(
+        text(&set.programs[1])[2..10],
+        [
+            "1F0",
+            "issue-dispatch(stage 1, mb 0)",
+            "wait-dispatch(stage 1, mb 0)",
+            "issue-combine(stage 1, mb 0)",
+            "wait-combine(stage 1, mb 0)",
+            "loss(stage 1, mb 0)",
+            "issue-combine-backward(stage 1, mb 0)",
+            "[recv-act(stage 1, mb 1) from rank 0]",
+        ]
+    );
+    // A gradient received just in time starts its head right before the backward.
+    let late = projected(&with_experts(), RecvPolicy::JustInTime, false);
+    let rank0 = text(&late.programs[0]);
+    let at = |s: &str| rank0.iter().position(|i| i == s).unwrap();
+    assert_eq!(
+        at("[recv-grad(stage 0, mb 2) from rank 1]") + 1,
+        at("issue-combine-backward(stage 0, mb 2)")
+    );
+    assert_eq!(at("wait-combine-backward(stage 0, mb 2)") + 2, at("0B2"));
+    for set in [set, late] {
+        crate::spmd::check::check_programs(with_experts().problem(), &set).unwrap();
+    }
+}
