@@ -87,7 +87,7 @@ fn rank() {
         &world,
         &plan,
         &settings.config,
-        1,
+        (1, 1),
         settings.deterministic,
         settings.receive_timeout,
     )
@@ -124,7 +124,7 @@ fn rank_predict(what: &str) {
         &world,
         &plan,
         &settings.config,
-        1,
+        (1, 1),
         false,
         settings.receive_timeout,
     )
