@@ -17,6 +17,10 @@ use ::mpi::topology::SimpleCommunicator;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// How long [`SharedMailbox::receive_napping`] sleeps between polls: a message waits about this
+/// long at most to be noticed.
+const NAP: Duration = Duration::from_micros(50);
+
 /// A [`Mailbox`] made where MPI runs at `MPI_THREAD_MULTIPLE`.
 struct Threaded(Mailbox);
 
@@ -92,8 +96,32 @@ impl SharedMailbox {
         tag: u16,
         timeout: Duration,
     ) -> Result<Option<Vec<u8>>, TransportFailure> {
-        let start = Instant::now();
         let mut backoff = Backoff::new();
+        self.poll_within(from, tag, timeout, || backoff.pause())
+    }
+
+    /// [`SharedMailbox::receive_within`] napping between polls from the first, never spinning
+    /// or yielding: for a thread that waits while another thread of its process computes (the
+    /// waiting half of an overlapped pair), whose polls would take that thread's processor.
+    pub fn receive_napping(
+        &self,
+        from: usize,
+        tag: u16,
+        timeout: Duration,
+    ) -> Result<Option<Vec<u8>>, TransportFailure> {
+        crate::timing::precise_timers();
+        self.poll_within(from, tag, timeout, || std::thread::sleep(NAP))
+    }
+
+    /// Polls for `from`'s next message with `tag` until `timeout`, `pause` between polls.
+    fn poll_within(
+        &self,
+        from: usize,
+        tag: u16,
+        timeout: Duration,
+        mut pause: impl FnMut(),
+    ) -> Result<Option<Vec<u8>>, TransportFailure> {
+        let start = Instant::now();
         loop {
             if let Some(bytes) = self.lock()?.0.try_receive(from, tag)? {
                 return Ok(Some(bytes));
@@ -101,7 +129,7 @@ impl SharedMailbox {
             if start.elapsed() > timeout {
                 return Ok(None);
             }
-            backoff.pause();
+            pause();
         }
     }
 

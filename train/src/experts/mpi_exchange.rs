@@ -30,7 +30,7 @@
 //! does: every process of the group updates the whole position with the same gradients.
 
 use super::exchange::{gone, lane, waited, Member, Message};
-use super::slot::while_waiting;
+use super::slot::{handed_over, while_waiting};
 use super::{ExpertParallel, ExpertRank};
 use crate::error::TrainError;
 use crate::mpi::WireTensor;
@@ -140,9 +140,11 @@ impl MpiExchange {
     /// `peer`'s message of this call of `phase`, decoded (an error after the timeout).
     fn receive(&self, phase: ExchangePhase, peer: ExpertRank) -> Result<Message, KernelError> {
         let from = peer.get() as usize;
-        let bytes = self
-            .mailbox
-            .receive_within(from, tag(phase), self.timeout)
+        let received = match handed_over() {
+            true => self.mailbox.receive_napping(from, tag(phase), self.timeout),
+            false => self.mailbox.receive_within(from, tag(phase), self.timeout),
+        };
+        let bytes = received
             .map_err(|e| self.at.error(phase, format!("{}: {e}", gone(peer))))?
             .ok_or_else(|| self.at.error(phase, waited(self.timeout, peer)))?;
         let what = |e: String| format!("expert rank {}'s rows: {e}", peer.get());

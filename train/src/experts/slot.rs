@@ -12,7 +12,7 @@
 //! [`while_waiting`] around their waits without knowing whether a pair is running (a thread that
 //! holds no slot just waits).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// One rank's compute stream: held by at most one thread at a time.
@@ -25,6 +25,8 @@ pub(crate) struct ComputeSlot {
 thread_local! {
     /// The slot this thread holds, if any.
     static HELD: RefCell<Option<Arc<ComputeSlot>>> = const { RefCell::new(None) };
+    /// Whether this thread gave its slot to the other half of its pair for a wait.
+    static HANDED_OVER: Cell<bool> = const { Cell::new(false) };
 }
 
 impl ComputeSlot {
@@ -88,11 +90,20 @@ pub(crate) fn while_waiting<T>(wait: impl FnOnce() -> T) -> T {
         None => wait(),
         Some(slot) => {
             slot.release();
+            HANDED_OVER.with(|handed| handed.set(true));
             let result = wait();
+            HANDED_OVER.with(|handed| handed.set(false));
             slot.acquire();
             result
         }
     }
+}
+
+/// Whether the calling thread is waiting inside [`while_waiting`] with its slot given to the
+/// other half of its pair: a wait that polls should then sleep between polls rather than spin,
+/// so as not to take the processor that half computes on.
+pub(crate) fn handed_over() -> bool {
+    HANDED_OVER.with(Cell::get)
 }
 
 #[cfg(test)]
@@ -137,6 +148,11 @@ mod tests {
     #[test]
     fn a_thread_without_a_slot_just_waits() {
         assert_eq!(while_waiting(|| 3), 3);
+        assert!(!while_waiting(handed_over));
+        let slot = ComputeSlot::new();
+        let held = slot.hold();
+        assert!(while_waiting(handed_over) && !handed_over());
+        drop(held);
         let slot = ComputeSlot::new();
         drop(slot.hold());
         // Free again: a second hold does not block.
