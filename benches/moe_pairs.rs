@@ -10,6 +10,11 @@
 //! (overlapped / in turn: below 1 is the overlap's gain). The runs' losses are checked equal
 //! bit for bit (`--deterministic`), so both did the same work.
 //!
+//! Each backend is measured twice: as the exchanges come (on one machine they cost almost
+//! nothing: shared memory, and the expert ranks run in step, so there is little to hide), and
+//! with every exchange made to last [`LATENCY`] from its issue (`--exchange-latency`: an
+//! emulated interconnect whose all-to-all takes that long, what the plan's `a2a` cost models).
+//!
 //! `cargo bench --features mpi --bench moe_pairs [-- ROUNDS]` (needs Open MPI, see README);
 //! without the feature it measures threads only.
 
@@ -46,6 +51,8 @@ const MODEL: &[&str] = &[
     "--deterministic",
 ];
 const ROUNDS: usize = 5;
+/// The emulated all-to-all's duration of the second measurement, in seconds.
+const LATENCY: &str = "0.003";
 
 /// One run's logged losses and step seconds.
 struct Run {
@@ -74,9 +81,16 @@ fn field(line: &str, name: &str) -> f64 {
     rest[..end].parse().expect("a number")
 }
 
-/// Runs `pipeweave train` (under `mpirun` when `mpi`), its pairs in turn when `in_turn`.
-fn run(binary: &Path, mpi: bool, in_turn: bool, log: &Path) -> Run {
-    let mut command = match mpi {
+/// How a measurement runs: under `mpirun` or on threads, with an emulated exchange latency.
+#[derive(Clone, Copy)]
+struct Setup {
+    mpi: bool,
+    latency: Option<&'static str>,
+}
+
+/// Runs `pipeweave train` as `setup` says, its pairs in turn when `in_turn`.
+fn run(binary: &Path, setup: Setup, in_turn: bool, log: &Path) -> Run {
+    let mut command = match setup.mpi {
         true => {
             let mut c = Command::new("mpirun");
             c.args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
@@ -98,6 +112,9 @@ fn run(binary: &Path, mpi: bool, in_turn: bool, log: &Path) -> Run {
     if in_turn {
         command.arg("--sequential-pairs");
     }
+    if let Some(latency) = setup.latency {
+        command.args(["--exchange-latency", latency]);
+    }
     let out = command.output().expect("pipeweave train starts");
     assert!(
         out.status.success(),
@@ -113,18 +130,26 @@ fn run(binary: &Path, mpi: bool, in_turn: bool, log: &Path) -> Run {
 }
 
 /// Alternating rounds of both runs; prints the figures and returns the median ratio.
-fn measure(binary: &Path, mpi: bool, rounds: usize, dir: &Path) -> f64 {
-    let backend = if mpi { "MPI (4 processes)" } else { "threads" };
-    println!("{backend}: {SCHEDULE}, 2 ranks x 2 expert ranks");
+fn measure(binary: &Path, setup: Setup, rounds: usize, dir: &Path) -> f64 {
+    let backend = if setup.mpi {
+        "MPI (4 processes)"
+    } else {
+        "threads"
+    };
+    let exchanges = match setup.latency {
+        Some(latency) => format!("each exchange lasting {latency} s"),
+        None => "exchanges as they come".to_string(),
+    };
+    println!("{backend}: {SCHEDULE}, 2 ranks x 2 expert ranks, {exchanges}");
     let mut ratios = Vec::new();
     for round in 0..rounds {
         let log = |name: &str| dir.join(format!("{name}-{round}.jsonl"));
         let (overlapped, in_turn) = if round % 2 == 0 {
-            let o = run(binary, mpi, false, &log("overlapped"));
-            (o, run(binary, mpi, true, &log("in-turn")))
+            let o = run(binary, setup, false, &log("overlapped"));
+            (o, run(binary, setup, true, &log("in-turn")))
         } else {
-            let t = run(binary, mpi, true, &log("in-turn"));
-            (run(binary, mpi, false, &log("overlapped")), t)
+            let t = run(binary, setup, true, &log("in-turn"));
+            (run(binary, setup, false, &log("overlapped")), t)
         };
         assert_eq!(
             overlapped.losses, in_turn.losses,
@@ -151,9 +176,15 @@ fn main() {
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_pipeweave"));
     let dir = std::env::temp_dir().join(format!("pipeweave-moe-pairs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a scratch folder");
-    measure(&binary, false, rounds, &dir);
-    if cfg!(feature = "mpi") {
-        measure(&binary, true, rounds, &dir);
+    let backends: &[bool] = if cfg!(feature = "mpi") {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    for &mpi in backends {
+        for latency in [None, Some(LATENCY)] {
+            measure(&binary, Setup { mpi, latency }, rounds, &dir);
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -127,6 +127,7 @@ fn ours(size: Size, ranks: u32, expression: &str) {
         variable_length: false,
         expert_ranks: 1,
         pairs: Pairs::Overlapped,
+        exchange_latency: Duration::ZERO,
     };
     let corpus = Corpus::default_sources().expect("the checkout's sources");
     let mut trainer = Trainer::new(&plan, &corpus, settings).expect("trainer");

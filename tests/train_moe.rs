@@ -74,6 +74,8 @@ fn moe_losses_are_bit_identical_across_schedules_ranks_and_expert_ranks() {
     cases.push(moe(SCHEDULES[0], 2, 2, 2) + " --dp 2");
     // The pairs' halves in turn rather than overlapped (the overlap's baseline).
     cases.push(moe(SCHEDULES[3], 2, 2, 4) + " --sequential-pairs");
+    // An emulated interconnect changes when the exchanges end, not what they carry.
+    cases.push(moe(SCHEDULES[3], 2, 2, 4) + " --exchange-latency 0.001");
     for (i, case) in cases.iter().enumerate() {
         let ours = losses(&format!("case-{i}"), case);
         assert_eq!(ours, reference, "{case} against one rank's MoE run");
@@ -149,6 +151,14 @@ fn bad_mixture_options_are_one_line_and_exit_2() {
     refused("--expert-parallel 2", "--expert-parallel needs --experts");
     refused("--aux-coefficient 0.1", "--aux-coefficient needs --experts");
     refused("--sequential-pairs", "--sequential-pairs needs --experts");
+    refused(
+        "--exchange-latency 0.1",
+        "--exchange-latency needs --experts",
+    );
+    refused(
+        "--experts 4 --expert-parallel 2 --exchange-latency=-1",
+        "--exchange-latency -1: must be between 0 and 10 seconds",
+    );
     refused("--experts 0", "--experts 0");
     refused("--experts 4 --top-k 0", "--top-k 0");
     refused("--experts 4 --expert-parallel 0", "--expert-parallel 0");

@@ -532,7 +532,12 @@ impl MpiCluster {
         };
         let at = (self.replica, self.rank, self.expert);
         let mailbox = Arc::clone(&group.mailbox);
-        let exchange = Arc::new(MpiExchange::new(at, mailbox, device.clone(), self.timeout)?);
+        let exchange = Arc::new(MpiExchange::new(
+            at,
+            mailbox,
+            device.clone(),
+            (self.timeout, model.exchange_latency()),
+        )?);
         let shared: Arc<dyn ExpertExchange> = exchange.clone();
         Ok(Some((parallel.placement(self.expert, shared)?, exchange)))
     }

@@ -22,7 +22,7 @@ use pipeweave_core::{CheckedPrograms, Plan, Problem, ProjectionOptions, RankId, 
 use pipeweave_kernels::{ExpertPlacement, GptConfig, StageModel};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Where the trainer's programs receive: just before the task that needs the message. A receive
 /// completes before the rank goes on, and the projection places early receives by the plan's
@@ -112,6 +112,8 @@ pub struct GptModel {
     experts: Option<ExpertParallel>,
     /// How the ranks run an overlapped pair's halves (with expert parallelism).
     pairs: Pairs,
+    /// The emulated all-to-all's least duration (`--exchange-latency`; zero: none).
+    exchange_latency: Duration,
 }
 
 impl GptModel {
@@ -157,6 +159,7 @@ impl GptModel {
             deterministic,
             experts: None,
             pairs: Pairs::default(),
+            exchange_latency: Duration::ZERO,
         })
     }
 
@@ -185,6 +188,18 @@ impl GptModel {
     /// How the ranks run an overlapped pair's halves.
     pub fn pairs(&self) -> Pairs {
         self.pairs
+    }
+
+    /// The same model with every expert exchange ending no sooner than `latency` after it was
+    /// issued (an emulated interconnect: see `--exchange-latency`).
+    pub fn with_exchange_latency(mut self, latency: Duration) -> GptModel {
+        self.exchange_latency = latency;
+        self
+    }
+
+    /// The emulated all-to-all's least duration.
+    pub fn exchange_latency(&self) -> Duration {
+        self.exchange_latency
     }
 
     /// Expert ranks per pipeline rank (1 without expert parallelism).
@@ -280,7 +295,8 @@ impl GptModel {
                 ))
             })
             .collect();
-        let mut groups = ExpertGroups::new(replicas, p, x_ranks, runner.options().receive_timeout);
+        let waits = (runner.options().receive_timeout, self.exchange_latency);
+        let mut groups = ExpertGroups::new(replicas, p, x_ranks, waits);
         let batch = Arc::new(batch.clone());
         let epoch = Instant::now();
         let pipelines = (0..replicas * x_ranks)

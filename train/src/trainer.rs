@@ -52,11 +52,9 @@ pub struct TrainSettings {
     pub eval_sequences: usize,
     /// What a checkpoint must share with a run that resumes it (the schedule and sizes).
     pub fingerprint: String,
-    /// How long a rank may wait for a message before the run stops with a report of who waits
-    /// on whom.
+    /// How long a rank may wait for a message before the run stops (reporting who waits on whom).
     pub receive_timeout: Duration,
-    /// Data-parallel replicas of the whole pipeline (the plan's microbatches are one replica's;
-    /// `shape.global_microbatches` is all replicas').
+    /// Data-parallel replicas (the plan's microbatches are one replica's, the shape's all theirs).
     pub replicas: u32,
     /// Faults to inject, for tests of failure handling: (world rank, step, what).
     pub injections: Vec<(u32, u64, Injection)>,
@@ -70,6 +68,8 @@ pub struct TrainSettings {
     pub expert_ranks: u32,
     /// How their overlapped pairs run (`--sequential-pairs`: in turn; [`Pairs`]).
     pub pairs: Pairs,
+    /// Each expert exchange's least duration (`--exchange-latency`; zero on a real run).
+    pub exchange_latency: Duration,
 }
 
 impl TrainSettings {
@@ -97,6 +97,7 @@ impl TrainSettings {
             variable_length: false,
             expert_ranks: 1,
             pairs: Pairs::Overlapped,
+            exchange_latency: Duration::ZERO,
         }
     }
 }
@@ -203,7 +204,8 @@ impl Trainer {
             settings.deterministic,
         )?
         .with_expert_parallel(settings.expert_ranks)?
-        .with_pairs(settings.pairs);
+        .with_pairs(settings.pairs)
+        .with_exchange_latency(settings.exchange_latency);
         let optimizers = model
             .models()
             .iter()

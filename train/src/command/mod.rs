@@ -148,6 +148,7 @@ pub fn run<P: Planner>(
         variable_length: options.variable_length,
         fingerprint: options.fingerprint(),
         expert_ranks,
+        exchange_latency: options.exchange_latency()?,
         pairs: match options.sequential_pairs {
             true => Pairs::InTurn,
             false => Pairs::Overlapped,

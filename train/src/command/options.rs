@@ -50,6 +50,11 @@ pub struct TrainOptions {
     /// default they run overlapped, each all-to-all under the other half's compute).
     #[arg(long)]
     pub sequential_pairs: bool,
+    /// Make every expert exchange last at least S seconds from its issue (with
+    /// --expert-parallel): an emulated interconnect, to measure what the overlapped pairs hide
+    /// where the all-to-all costs time. 0 (the default): the exchanges take what they take.
+    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    pub exchange_latency: f64,
     /// The scale of the mixture's load-balancing loss (with --experts), added to the training
     /// loss as its mean over microbatches summed over blocks (the logged loss stays the LM loss).
     #[arg(long, value_name = "C")]
@@ -175,6 +180,7 @@ impl TrainOptions {
                 ("--expert-parallel", self.expert_parallel.is_some()),
                 ("--aux-coefficient", self.aux_coefficient.is_some()),
                 ("--sequential-pairs", self.sequential_pairs),
+                ("--exchange-latency", self.exchange_latency != 0.0),
             ];
             return match given.iter().find(|(_, given)| *given) {
                 Some((option, _)) => Err(Failure::bad(format!(
@@ -214,6 +220,17 @@ impl TrainOptions {
         let config = MoeConfig::new(experts, top_k, hidden, coefficient)
             .map_err(|e| Failure::bad(format!("--aux-coefficient {coefficient}: {e}")))?;
         Ok(Some((config, ranks)))
+    }
+
+    /// `--exchange-latency` as a duration.
+    pub fn exchange_latency(&self) -> Result<Duration, Failure> {
+        let s = self.exchange_latency;
+        if !(s.is_finite() && (0.0..=10.0).contains(&s)) {
+            return Err(Failure::bad(format!(
+                "--exchange-latency {s}: must be between 0 and 10 seconds"
+            )));
+        }
+        Ok(Duration::from_secs_f64(s))
     }
 
     /// `--timeout` as a duration.

@@ -20,6 +20,7 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::settle;
 use super::slot::while_waiting;
 use super::ExpertRank;
 
@@ -125,6 +126,8 @@ pub(crate) struct ChannelExchange {
     /// Per phase's lane.
     inboxes: [Mutex<Inbox>; 2],
     timeout: Duration,
+    /// The emulated all-to-all's least duration ([`super::settle`]).
+    latency: Duration,
     failed: Arc<AtomicBool>,
 }
 
@@ -140,8 +143,14 @@ pub(crate) struct ExpertGroups {
 
 impl ExpertGroups {
     /// The groups of `replicas` pipelines of `ranks` ranks, each rank `experts` expert ranks;
-    /// a receive waits at most `timeout`.
-    pub(crate) fn new(replicas: u32, ranks: u32, experts: u32, timeout: Duration) -> Self {
+    /// a receive waits at most `timeout`, and an exchange ends no sooner than `latency` after it
+    /// was issued.
+    pub(crate) fn new(
+        replicas: u32,
+        ranks: u32,
+        experts: u32,
+        (timeout, latency): (Duration, Duration),
+    ) -> Self {
         let failed = Arc::new(AtomicBool::new(false));
         let mut endpoints = Vec::new();
         for replica in 0..replicas {
@@ -152,7 +161,7 @@ impl ExpertGroups {
                     expert: ExpertRank::new(x),
                 });
                 endpoints.extend(
-                    group(members.collect(), timeout, &failed)
+                    group(members.collect(), (timeout, latency), &failed)
                         .into_iter()
                         .map(Some),
                 );
@@ -186,7 +195,7 @@ impl ExpertGroups {
 /// The endpoints of one group, by expert rank: a channel for every ordered pair.
 fn group(
     members: Vec<Member>,
-    timeout: Duration,
+    (timeout, latency): (Duration, Duration),
     failed: &Arc<AtomicBool>,
 ) -> Vec<ChannelExchange> {
     type Lanes<T> = [Vec<(ExpertRank, T)>; 2];
@@ -210,6 +219,7 @@ fn group(
             to,
             inboxes: [combine, backward].map(|from| Mutex::new(Inbox { calls: 0, from })),
             timeout,
+            latency,
             failed: Arc::clone(failed),
         })
         .collect()
@@ -272,6 +282,7 @@ impl ExpertExchange for ChannelExchange {
                 return Err(self.error(phase, gone(*peer)));
             }
         }
+        let issued = Instant::now();
         let mut all = rows;
         for (peer, from) in &inbox.from {
             let message = while_waiting(|| self.receive(phase, *peer, from))?;
@@ -280,6 +291,7 @@ impl ExpertExchange for ChannelExchange {
                 .map_err(|what| self.error(phase, what))?;
             all.extend(rows);
         }
+        while_waiting(|| settle(issued, self.latency));
         Ok(all)
     }
 }
@@ -296,7 +308,7 @@ mod tests {
 
     #[test]
     fn each_rank_gets_every_ranks_rows() {
-        let mut groups = ExpertGroups::new(1, 2, 3, Duration::from_secs(5));
+        let mut groups = ExpertGroups::new(1, 2, 3, (Duration::from_secs(5), Duration::ZERO));
         let endpoints: Vec<ChannelExchange> = (0..3)
             .map(|x| groups.take(0, RankId::new(1), ExpertRank::new(x)).unwrap())
             .collect();
@@ -321,7 +333,7 @@ mod tests {
 
     #[test]
     fn the_two_phases_are_matched_apart_when_a_pair_calls_them_at_once() {
-        let mut groups = ExpertGroups::new(1, 1, 2, Duration::from_secs(5));
+        let mut groups = ExpertGroups::new(1, 1, 2, (Duration::from_secs(5), Duration::ZERO));
         let ours = groups.take(0, RankId::new(0), ExpertRank::new(0)).unwrap();
         let theirs = groups.take(0, RankId::new(0), ExpertRank::new(1)).unwrap();
         let experts = |all: Vec<ExpertRows>| {
@@ -348,7 +360,7 @@ mod tests {
 
     #[test]
     fn a_rank_stops_waiting_when_a_peer_is_gone_or_the_step_failed() {
-        let mut groups = ExpertGroups::new(1, 1, 2, Duration::from_secs(30));
+        let mut groups = ExpertGroups::new(1, 1, 2, (Duration::from_secs(30), Duration::ZERO));
         let ours = groups.take(0, RankId::new(0), ExpertRank::new(0)).unwrap();
         let theirs = groups.take(0, RankId::new(0), ExpertRank::new(1)).unwrap();
         groups.failure_flag().store(true, Ordering::Release);
@@ -369,8 +381,23 @@ mod tests {
     }
 
     #[test]
+    fn an_exchange_ends_no_sooner_than_its_latency() {
+        let latency = Duration::from_millis(80);
+        let mut groups = ExpertGroups::new(1, 1, 2, (Duration::from_secs(5), latency));
+        let ours = groups.take(0, RankId::new(0), ExpertRank::new(0)).unwrap();
+        let theirs = groups.take(0, RankId::new(0), ExpertRank::new(1)).unwrap();
+        let start = Instant::now();
+        std::thread::scope(|scope| {
+            let other = scope.spawn(|| theirs.exchange(ExchangePhase::Combine, rows(1)));
+            ours.exchange(ExchangePhase::Combine, rows(0)).unwrap();
+            other.join().unwrap().unwrap();
+        });
+        assert!(start.elapsed() >= latency, "{:?}", start.elapsed());
+    }
+
+    #[test]
     fn a_rank_waits_no_longer_than_the_timeout() {
-        let mut groups = ExpertGroups::new(1, 1, 2, Duration::from_millis(50));
+        let mut groups = ExpertGroups::new(1, 1, 2, (Duration::from_millis(50), Duration::ZERO));
         let ours = groups.take(0, RankId::new(0), ExpertRank::new(0)).unwrap();
         let _theirs = groups.take(0, RankId::new(0), ExpertRank::new(1)).unwrap();
         let err = ours.exchange(ExchangePhase::Combine, rows(0)).unwrap_err();

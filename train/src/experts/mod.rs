@@ -44,6 +44,7 @@ use pipeweave_kernels::{
 };
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// One of the `X` expert ranks of a pipeline rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -76,6 +77,15 @@ pub fn per_microbatch_aux(
         .with_aux_coefficient(moe.aux_coefficient() / microbatches.max(1) as f64)
         .map_err(TrainError::kernel_config("the load-balancing coefficient"))?;
     Ok(config.with_moe(scaled))
+}
+
+/// Waits until `latency` has passed since `issued`: an exchange issued then ends no sooner, as
+/// over an interconnect whose all-to-all takes that long (`--exchange-latency`, to measure what
+/// an overlapped pair hides where the exchange costs time; zero on a real run).
+pub(crate) fn settle(issued: Instant, latency: Duration) {
+    if let Some(rest) = latency.checked_sub(issued.elapsed()) {
+        std::thread::sleep(rest);
+    }
 }
 
 /// A model's expert parallelism: each expert rank's shard, and which rank's gradient each

@@ -30,6 +30,7 @@
 //! does: every process of the group updates the whole position with the same gradients.
 
 use super::exchange::{gone, lane, waited, Member, Message};
+use super::settle;
 use super::slot::{handed_over, while_waiting};
 use super::{ExpertParallel, ExpertRank};
 use crate::error::TrainError;
@@ -43,7 +44,7 @@ use rsmpi::collective::CommunicatorCollectives;
 use rsmpi::datatype::PartitionMut;
 use rsmpi::topology::SimpleCommunicator;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The first four bytes of every message.
 const MAGIC: [u8; 4] = *b"PWX1";
@@ -74,6 +75,8 @@ pub(crate) struct MpiExchange {
     /// Where received rows go.
     device: Device,
     timeout: Duration,
+    /// The emulated all-to-all's least duration ([`super::settle`]).
+    latency: Duration,
 }
 
 impl MpiExchange {
@@ -84,7 +87,7 @@ impl MpiExchange {
         (replica, rank, expert): (u32, pipeweave_core::RankId, ExpertRank),
         mailbox: Arc<SharedMailbox>,
         device: Device,
-        timeout: Duration,
+        (timeout, latency): (Duration, Duration),
     ) -> Result<MpiExchange, TrainError> {
         if mailbox.rank() != expert.get() as usize {
             return Err(TrainError::invariant(format!(
@@ -103,6 +106,7 @@ impl MpiExchange {
             calls: [Mutex::new(0), Mutex::new(0)],
             device,
             timeout,
+            latency,
         })
     }
 
@@ -169,6 +173,7 @@ impl ExpertExchange for MpiExchange {
                 .post(peer.get() as usize, tag(phase), bytes.clone())
                 .map_err(|e| self.at.error(phase, format!("{}: {e}", gone(peer))))?;
         }
+        let issued = Instant::now();
         let mut all = rows;
         for peer in self.peers() {
             let message = while_waiting(|| self.receive(phase, peer))?;
@@ -177,6 +182,7 @@ impl ExpertExchange for MpiExchange {
                 .map_err(|what| self.at.error(phase, what))?;
             all.extend(rows);
         }
+        while_waiting(|| settle(issued, self.latency));
         Ok(all)
     }
 }

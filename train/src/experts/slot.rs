@@ -101,7 +101,8 @@ pub(crate) fn while_waiting<T>(wait: impl FnOnce() -> T) -> T {
 
 /// Whether the calling thread is waiting inside [`while_waiting`] with its slot given to the
 /// other half of its pair: a wait that polls should then sleep between polls rather than spin,
-/// so as not to take the processor that half computes on.
+/// so as not to take the processor that half computes on (the MPI exchange's does).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) fn handed_over() -> bool {
     HANDED_OVER.with(Cell::get)
 }
