@@ -82,9 +82,11 @@ pub fn per_microbatch_aux(
 /// Waits until `latency` has passed since `issued`: an exchange issued then ends no sooner, as
 /// over an interconnect whose all-to-all takes that long (`--exchange-latency`, to measure what
 /// an overlapped pair hides where the exchange costs time; zero on a real run).
+/// The rank's compute slot is given up for the sleep only, so an exchange that needs none keeps
+/// it.
 pub(crate) fn settle(issued: Instant, latency: Duration) {
     if let Some(rest) = latency.checked_sub(issued.elapsed()) {
-        std::thread::sleep(rest);
+        slot::while_waiting(|| std::thread::sleep(rest));
     }
 }
 

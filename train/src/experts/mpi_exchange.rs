@@ -151,8 +151,34 @@ impl MpiExchange {
         let bytes = received
             .map_err(|e| self.at.error(phase, format!("{}: {e}", gone(peer))))?
             .ok_or_else(|| self.at.error(phase, waited(self.timeout, peer)))?;
+        self.decode(phase, peer, &bytes)
+    }
+
+    /// `peer`'s message of this call of `phase` if it has arrived (one poll).
+    fn arrived(
+        &self,
+        phase: ExchangePhase,
+        peer: ExpertRank,
+    ) -> Result<Option<Message>, KernelError> {
+        let from = peer.get() as usize;
+        let polled = self
+            .mailbox
+            .receive_within(from, tag(phase), Duration::ZERO);
+        match polled.map_err(|e| self.at.error(phase, format!("{}: {e}", gone(peer))))? {
+            Some(bytes) => self.decode(phase, peer, &bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// `peer`'s message decoded from `bytes`.
+    fn decode(
+        &self,
+        phase: ExchangePhase,
+        peer: ExpertRank,
+        bytes: &[u8],
+    ) -> Result<Message, KernelError> {
         let what = |e: String| format!("expert rank {}'s rows: {e}", peer.get());
-        read_message(&bytes, &self.device).map_err(|e| self.at.error(phase, what(e)))
+        read_message(bytes, &self.device).map_err(|e| self.at.error(phase, what(e)))
     }
 }
 
@@ -176,13 +202,17 @@ impl ExpertExchange for MpiExchange {
         let issued = Instant::now();
         let mut all = rows;
         for peer in self.peers() {
-            let message = while_waiting(|| self.receive(phase, peer))?;
+            // Rows already here are taken without giving the slot up.
+            let message = match self.arrived(phase, peer)? {
+                Some(message) => message,
+                None => while_waiting(|| self.receive(phase, peer))?,
+            };
             let rows = message
                 .rows_of(peer, call, phase)
                 .map_err(|what| self.at.error(phase, what))?;
             all.extend(rows);
         }
-        while_waiting(|| settle(issued, self.latency));
+        settle(issued, self.latency);
         Ok(all)
     }
 }

@@ -115,6 +115,8 @@ pub struct GptStage {
     recorder: Recorder,
     /// The rank's compute stream, where its pairs run overlapped ([`Pairs`]).
     slot: Option<Arc<ComputeSlot>>,
+    /// The thread running its pairs' forward halves, once a pair ran overlapped.
+    pair_worker: Option<pair::PairWorker>,
 }
 
 impl GptStage {
@@ -141,6 +143,7 @@ impl GptStage {
             recomputes: WeightRecomputes::default(),
             recorder: Recorder::new(epoch),
             slot: None,
+            pair_worker: None,
         })
     }
 

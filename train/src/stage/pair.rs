@@ -22,7 +22,9 @@ use crate::experts::slot::ComputeSlot;
 use candle_core::Tensor;
 use pipeweave_backends::StageError;
 use pipeweave_core::{Task, Work};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 /// How a rank runs the two halves of an overlapped F&B pair.
@@ -72,38 +74,38 @@ impl GptStage {
     ) -> Result<(Tensor, Option<Tensor>), StageError> {
         let input = self.forward_input(forward, input)?.input;
         let saved = self.saved_state(backward)?;
-        let forward_model = &self.stages.get(forward.stage)?.model;
+        let forward_model = self.stages.get(forward.stage)?.model.clone();
+        let (forward_slot, forward_input) = (Arc::clone(&slot), input.clone());
+        let worker = self.pair_worker.get_or_insert_with(PairWorker::start);
+        let ahead = worker.run(move || {
+            let _held = forward_slot.hold();
+            let start = Instant::now();
+            let ran = forward_model.forward(&forward_input);
+            (ran, start, Instant::now())
+        })?;
         let backward_model = &self.stages.get(backward.stage)?.model;
-        let (ahead, behind) = std::thread::scope(|scope| {
-            let ahead = scope.spawn(|| {
-                let _held = slot.hold();
-                let start = Instant::now();
-                let ran = forward_model.forward(&input);
-                (ran, start, Instant::now())
-            });
-            let behind = {
-                let _held = slot.hold();
-                let start = Instant::now();
-                let ran = backward_model
-                    .backward_input(saved, &grad_output)
-                    .map_err(kernel_failure(backward, "input-gradient backward"))
-                    .and_then(|(grad_input, pending)| {
-                        let between = Instant::now();
-                        let bytes = pending.held_bytes();
-                        let grads = backward_model
-                            .backward_weight(pending)
-                            .map_err(kernel_failure(backward, "weight-gradient backward"))?;
-                        Ok(Backward {
-                            grad_input,
-                            pending_bytes: bytes,
-                            grads,
-                            between,
-                        })
-                    });
-                (ran, start, Instant::now())
-            };
-            (ahead.join(), behind)
-        });
+        let behind = {
+            let _held = slot.hold();
+            let start = Instant::now();
+            let ran = backward_model
+                .backward_input(saved, &grad_output)
+                .map_err(kernel_failure(backward, "input-gradient backward"))
+                .and_then(|(grad_input, pending)| {
+                    let between = Instant::now();
+                    let bytes = pending.held_bytes();
+                    let grads = backward_model
+                        .backward_weight(pending)
+                        .map_err(kernel_failure(backward, "weight-gradient backward"))?;
+                    Ok(Backward {
+                        grad_input,
+                        pending_bytes: bytes,
+                        grads,
+                        between,
+                    })
+                });
+            (ran, start, Instant::now())
+        };
+        let ahead = ahead.recv();
         let (ran, start, end) = ahead.map_err(|_| {
             StageError::bug(format!(
                 "the forward half of the pair of {} and {} panicked",
@@ -129,6 +131,60 @@ impl GptStage {
         self.weight_grad_ran(backward, ran.grads)?;
         self.recorder.record_between(weight_grad, ran.between, end);
         Ok((output, ran.grad_input))
+    }
+}
+
+/// The thread of a rank that runs the forward halves of its overlapped pairs, for one step (one
+/// thread rather than one per pair: its thread-local buffers and allocator arena stay warm).
+pub(super) struct PairWorker {
+    jobs: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// A forward half, as the worker runs it.
+type Job = Box<dyn FnOnce() + Send>;
+
+impl PairWorker {
+    /// A worker thread waiting for forward halves.
+    fn start() -> PairWorker {
+        let (jobs, queue) = channel::<Job>();
+        let thread = std::thread::spawn(move || {
+            for job in queue {
+                job();
+            }
+        });
+        PairWorker {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        }
+    }
+
+    /// Hands `job` to the worker; its result arrives on the receiver (which fails if the job
+    /// panicked).
+    fn run<T: Send + 'static>(
+        &self,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<Receiver<T>, StageError> {
+        let (result, answer) = channel();
+        let job: Job = Box::new(move || {
+            let _ = result.send(job());
+        });
+        let sent = self.jobs.as_ref().map(|jobs| jobs.send(job));
+        match sent {
+            Some(Ok(())) => Ok(answer),
+            _ => Err(StageError::bug(
+                "the rank's pair worker is gone (an earlier forward half panicked)",
+            )),
+        }
+    }
+}
+
+impl Drop for PairWorker {
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
