@@ -10,6 +10,10 @@
 //! agree whichever half reaches its exchange first. The stage's bookkeeping (what is kept, the
 //! byte ledger, the gradients handed on, the timeline) runs after both halves, as in turn.
 //!
+//! The forward half runs on the rank's pair worker ([`PairWorker`]: one thread for the step,
+//! whose thread-local buffers stay warm from pair to pair), the backward half on the rank's own
+//! thread.
+//!
 //! [`Pairs::InTurn`] runs the halves one after the other (the baseline the overlap is measured
 //! against; `--sequential-pairs`); a rank without expert parallelism has nothing to overlap and
 //! always does. So do sequence-chunked stages (their chunk state is shared by a group's
