@@ -25,7 +25,7 @@
 use pipeweave::{build_plan, PipelineConfig};
 use pipeweave_kernels::GptConfig;
 use pipeweave_train::data::BatchShape;
-use pipeweave_train::{Corpus, LrSchedule, Pairs, TrainSettings, Trainer};
+use pipeweave_train::{Corpus, TrainSettings, Trainer};
 use std::process::Command;
 use std::time::Duration;
 
@@ -104,30 +104,19 @@ fn ours(size: Size, ranks: u32, expression: &str) {
         &PipelineConfig::new(ranks, size.microbatches).expect("sizes"),
     )
     .expect("the bench's plans build");
+    let shape = BatchShape::new(
+        size.seq_len,
+        size.microbatch_size,
+        size.microbatches as usize,
+    )
+    .expect("valid shape");
+    // TrainSettings::new's short run (a constant 1e-3, seed 1, f32, sums as they arrive), with
+    // one held-out sequence and a long timeout.
     let settings = TrainSettings {
-        config,
-        shape: BatchShape::new(
-            size.seq_len,
-            size.microbatch_size,
-            size.microbatches as usize,
-        )
-        .expect("valid shape"),
-        lr: LrSchedule::constant(1e-3).expect("valid learning rate"),
-        max_grad_norm: 1.0,
-        seed: 1,
-        deterministic: false,
-        recompute: false,
-        dtype: candle_core::DType::F32,
         eval_sequences: 1,
         fingerprint: "bench".to_string(),
         receive_timeout: Duration::from_secs(600),
-        replicas: 1,
-        injections: Vec::new(),
-        layers_per_stage: None,
-        variable_length: false,
-        expert_ranks: 1,
-        pairs: Pairs::Overlapped,
-        exchange_latency: Duration::ZERO,
+        ..TrainSettings::new(config, shape)
     };
     let corpus = Corpus::default_sources().expect("the checkout's sources");
     let mut trainer = Trainer::new(&plan, &corpus, settings).expect("trainer");
