@@ -110,6 +110,32 @@ impl std::fmt::Display for Member {
     }
 }
 
+/// Every rank's rows of call `call` of `phase`, the transports' common receiving half: this
+/// rank's `rows`, then each of `peers`' message, taken at once where it has already arrived
+/// (`arrived`: the slot kept) or else waited for with the rank's compute slot given up (`wait`),
+/// checked against the call (`error` names where); the call then ends no sooner than `latency`
+/// after `issued` ([`settle`]).
+pub(super) fn gather_rows<P>(
+    (phase, call): (ExchangePhase, u64),
+    rows: Vec<ExpertRows>,
+    peers: impl IntoIterator<Item = (ExpertRank, P)>,
+    mut arrived: impl FnMut(ExpertRank, &P) -> Result<Option<Message>, KernelError>,
+    mut wait: impl FnMut(ExpertRank, &P) -> Result<Message, KernelError>,
+    error: impl Fn(String) -> KernelError,
+    (issued, latency): (Instant, Duration),
+) -> Result<Vec<ExpertRows>, KernelError> {
+    let mut all = rows;
+    for (peer, from) in peers {
+        let message = match arrived(peer, &from)? {
+            Some(message) => message,
+            None => while_waiting(|| wait(peer, &from))?,
+        };
+        all.extend(message.rows_of(peer, call, phase).map_err(&error)?);
+    }
+    settle(issued, latency);
+    Ok(all)
+}
+
 /// What an endpoint receives from in one phase: one channel per peer, and its calls so far.
 #[derive(Debug)]
 struct Inbox {
@@ -283,20 +309,16 @@ impl ExpertExchange for ChannelExchange {
             }
         }
         let issued = Instant::now();
-        let mut all = rows;
-        for (peer, from) in &inbox.from {
-            // Rows already here are taken without giving the slot up.
-            let message = match from.try_recv() {
-                Ok(message) => message,
-                Err(_) => while_waiting(|| self.receive(phase, *peer, from))?,
-            };
-            let rows = message
-                .rows_of(*peer, call, phase)
-                .map_err(|what| self.error(phase, what))?;
-            all.extend(rows);
-        }
-        settle(issued, self.latency);
-        Ok(all)
+        gather_rows(
+            (phase, call),
+            rows,
+            inbox.from.iter().map(|(peer, from)| (*peer, from)),
+            // Disconnected too: the wait says the peer is gone.
+            |_, from| Ok(from.try_recv().ok()),
+            |peer, from| self.receive(phase, peer, from),
+            |what| self.error(phase, what),
+            (issued, self.latency),
+        )
     }
 }
 

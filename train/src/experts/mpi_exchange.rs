@@ -29,9 +29,8 @@
 //! holder its experts') and takes each parameter from its owner, as the threads backend's merge
 //! does: every process of the group updates the whole position with the same gradients.
 
-use super::exchange::{gone, lane, waited, Member, Message};
-use super::settle;
-use super::slot::{handed_over, while_waiting};
+use super::exchange::{gather_rows, gone, lane, waited, Member, Message};
+use super::slot::handed_over;
 use super::{ExpertParallel, ExpertRank};
 use crate::error::TrainError;
 use crate::mpi::WireTensor;
@@ -200,20 +199,15 @@ impl ExpertExchange for MpiExchange {
                 .map_err(|e| self.at.error(phase, format!("{}: {e}", gone(peer))))?;
         }
         let issued = Instant::now();
-        let mut all = rows;
-        for peer in self.peers() {
-            // Rows already here are taken without giving the slot up.
-            let message = match self.arrived(phase, peer)? {
-                Some(message) => message,
-                None => while_waiting(|| self.receive(phase, peer))?,
-            };
-            let rows = message
-                .rows_of(peer, call, phase)
-                .map_err(|what| self.at.error(phase, what))?;
-            all.extend(rows);
-        }
-        settle(issued, self.latency);
-        Ok(all)
+        gather_rows(
+            (phase, call),
+            rows,
+            self.peers().map(|peer| (peer, ())),
+            |peer, ()| self.arrived(phase, peer),
+            |peer, ()| self.receive(phase, peer),
+            |what| self.at.error(phase, what),
+            (issued, self.latency),
+        )
     }
 }
 
